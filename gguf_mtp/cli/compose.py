@@ -1,0 +1,72 @@
+"""``gguf-mtp compose TARGET DRAFT -o OUTDIR``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..compose import ComposeReport, compose
+from .common import add_output_flags, human_bytes, print_json, short
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compose",
+        help="splice an MTP draft into a (sharded, quantized) target as its final block",
+        description="Splice the NextN block of DRAFT into TARGET without re-quantizing: every target tensor "
+        "is copied byte for byte, the draft block is appended to the last shard, metadata is patched.",
+    )
+    p.add_argument("target", help="the target GGUF, or any shard of a <prefix>-NNNNN-of-NNNNN.gguf set")
+    p.add_argument("draft", help="the MTP draft GGUF (blk.0.* or blk.N.* tensors)")
+    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR", help="folder for the composite")
+    p.add_argument("--block", type=int, help="NextN block index (default and only value: the target's block count)")
+    p.add_argument(
+        "--set-kv", action="append", default=[], metavar="KEY[:TYPE]=VALUE",
+        help="set a metadata key (an existing key keeps its type; a new key needs TYPE); repeatable",
+    )
+    p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
+    p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
+    p.add_argument("--verify", action="store_true", help="verify the composite after writing it")
+    p.add_argument("--no-llama", action="store_true", help="with --verify: skip the llama.cpp load")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def describe(report: ComposeReport) -> list[str]:
+    """The human-readable report of a compose run."""
+    plan = report.plan
+    verb = "would write" if report.dry_run else "wrote"
+    lines = [
+        f"target: {plan.target.arch}, {len(plan.target.headers)} file(s), {plan.target.tensor_count} tensors, "
+        f"blocks 0..{plan.block - 1}",
+        f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
+        + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
+    ]
+    for f in plan.files:
+        lines.append(f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                     + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "") + ")")
+        lines.extend(
+            f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes
+        )
+    if report.dry_run:
+        lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+    else:
+        rate = report.bytes_written / report.seconds / 2**20 if report.seconds else 0
+        lines.append(f"done: {human_bytes(report.bytes_written)} in {report.seconds:.2f} s ({rate:.0f} MiB/s)")
+    if report.verification is not None:
+        lines.extend(report.verification.describe())
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    report = compose(
+        args.target, args.draft, args.output_dir, block=args.block, set_kv=args.set_kv, basename=args.basename,
+        dry_run=args.dry_run, force=args.force, progress=not (args.quiet or args.json), verify=args.verify,
+        llama=False if args.no_llama else None,
+    )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(describe(report)))
+    if report.verification is not None and not report.verification.ok:
+        return 2
+    return 0

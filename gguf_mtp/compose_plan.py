@@ -1,0 +1,412 @@
+"""Plan a composition: which files, which KVs, which tensors from where. Pure: reads only headers.
+
+The plan is the whole truth of a compose run: ``--dry-run`` prints it, tests assert on it, and
+:mod:`gguf_mtp.output` writes exactly what it says. Nothing here is specific to one architecture:
+what counts as a block, a per-layer array or a NextN block comes from ``{arch}.block_count``,
+``{arch}.nextn_predict_layers`` and array lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFValueType
+
+from .constants import (
+    BLOCK_TENSOR,
+    DRAFT_GLOBAL_TENSORS,
+    KEY_ALIGNMENT,
+    KEY_ARCHITECTURE,
+    KEY_BLOCK_COUNT,
+    KEY_EMBEDDING_LENGTH,
+    KEY_NEXTN_PREDICT_LAYERS,
+    KEY_SPLIT_TENSORS_COUNT,
+    KEY_TOKENS,
+    KEY_VOCAB_SIZE,
+    NOT_PER_LAYER_ARRAYS,
+    split_file_name,
+)
+from .errors import BadGGUFError, IncompatibleDraftError, KVEditError
+from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
+from .kv_edit import INT_RANGES, KVOverride, check_int, resolve_override
+from .output import Bytes, CopyRange, OutputFile, Zeros
+from .shards import ShardSet
+
+__all__ = [
+    "CompositionPlan",
+    "KVChange",
+    "PlannedFile",
+    "per_layer_keys",
+    "plan_composition",
+    "vocab_size",
+]
+
+
+@dataclass(frozen=True)
+class KVChange:
+    """One metadata change in one output file (``old`` is ``None`` for an added key)."""
+
+    file: str
+    key: str
+    type_name: str
+    old: Any
+    new: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "key": self.key, "type": self.type_name, "old": self.old, "new": self.new}
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One output file of a plan."""
+
+    output: OutputFile
+    source: Path  # the target file it is derived from
+    tensors: tuple[TensorInfo, ...]
+    added_tensors: tuple[str, ...]
+    kv_changes: tuple[KVChange, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "source": str(self.source),
+            "tensors": len(self.tensors),
+            "added_tensors": list(self.added_tensors),
+            "kv_changes": [c.to_dict() for c in self.kv_changes],
+            "bytes": self.output.size,
+        }
+
+
+@dataclass(frozen=True)
+class CompositionPlan:
+    """Everything a compose run will write."""
+
+    target: ShardSet
+    draft: ShardSet
+    block: int  # index of the first NextN block in the composite (= the target's trunk block count)
+    nextn_blocks: int
+    files: tuple[PlannedFile, ...]
+    renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
+    dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
+
+    @property
+    def outputs(self) -> list[OutputFile]:
+        return [f.output for f in self.files]
+
+    @property
+    def kv_changes(self) -> list[KVChange]:
+        return [c for f in self.files for c in f.kv_changes]
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(f.output.size for f in self.files)
+
+
+def vocab_size(model: ShardSet | GGUFHeader) -> int | None:
+    """The vocabulary size a model states (``{arch}.vocab_size`` or its token list), if any."""
+    header = model.first if isinstance(model, ShardSet) else model
+    arch = header.get(KEY_ARCHITECTURE)
+    value = header.get(KEY_VOCAB_SIZE.format(arch=arch))
+    if isinstance(value, int):
+        return value
+    tokens = header.kvs.get(KEY_TOKENS)
+    return tokens.array_length if tokens is not None else None
+
+
+def per_layer_keys(header: GGUFHeader, arch: str, block_count: int) -> list[KeyValue]:
+    """The per-layer arrays of a model: ``{arch}.*`` arrays exactly ``block_count`` long."""
+    prefix = f"{arch}."
+    return [
+        kv
+        for key, kv in header.kvs.items()
+        if key.startswith(prefix)
+        and kv.is_array
+        and kv.array_length == block_count
+        and key[len(prefix) :] not in NOT_PER_LAYER_ARRAYS
+    ]
+
+
+def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
+    arch = target.arch
+    draft_arch = draft.get(KEY_ARCHITECTURE)
+    if draft_arch != arch:
+        raise IncompatibleDraftError(f"draft is for architecture {draft_arch!r}, the target is {arch!r}", draft.name)
+    key = KEY_EMBEDDING_LENGTH.format(arch=arch)
+    width, draft_width = target.get(key), draft.get(key)
+    if draft_width is None:
+        raise IncompatibleDraftError(f"draft does not state {key}", draft.name)
+    if width != draft_width:
+        raise IncompatibleDraftError(f"draft {key} = {draft_width}, the target's is {width}", draft.name)
+    target_vocab, draft_vocab = vocab_size(target), vocab_size(draft)
+    if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
+        raise IncompatibleDraftError(f"draft vocabulary has {draft_vocab} tokens, the target's {target_vocab}", draft.name)
+
+
+def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInfo], list[str]]:
+    """(first draft block, number of blocks, block tensors, dropped globals) of a draft."""
+    by_block: dict[int, list[TensorInfo]] = {}
+    dropped: list[str] = []
+    for _, tensor in draft.iter_tensors():
+        match = BLOCK_TENSOR.match(tensor.name)
+        if match:
+            by_block.setdefault(int(match["block"]), []).append(tensor)
+        elif tensor.name in DRAFT_GLOBAL_TENSORS:
+            dropped.append(tensor.name)
+        else:
+            raise IncompatibleDraftError(
+                f"tensor {tensor.name!r} is outside any block; a draft may only carry blk.* tensors "
+                f"and {', '.join(DRAFT_GLOBAL_TENSORS)}",
+                draft.name,
+            )
+    if not by_block:
+        raise IncompatibleDraftError("draft has no blk.* tensors", draft.name)
+    indices = sorted(by_block)
+    first, count = indices[0], len(indices)
+    if indices != list(range(first, first + count)) or first not in (0, block):
+        shown = ", ".join(f"blk.{i}" for i in indices)
+        raise IncompatibleDraftError(
+            f"draft blocks {shown}: expected blk.0 (renamed to blk.{block}) or blk.{block} (the target's trunk "
+            "block count), contiguous",
+            draft.name,
+        )
+    declared = draft.get(KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch))
+    if declared is not None and declared != count:
+        raise IncompatibleDraftError(f"draft declares nextn_predict_layers = {declared} but carries {count} block(s)", draft.name)
+    tensors = [t for i in indices for t in by_block[i]]
+    return first, count, tensors, dropped
+
+
+def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUFValueType) -> Any:
+    """The draft's value of per-layer ``key`` for its block ``draft_block``."""
+    kv = draft.kv(key)
+    if kv is None:
+        raise IncompatibleDraftError(
+            f"the target's per-layer array {key} needs a value for the NextN block, and the draft has no {key}",
+            draft.name,
+        )
+    if kv.is_array:
+        values = kv.value
+        if draft_block >= len(values):
+            raise IncompatibleDraftError(
+                f"{key} has {len(values)} entries, none for the draft's block {draft_block}", draft.name
+            )
+        value = values[draft_block]
+    else:
+        value = kv.value
+    what = f"{draft.name}: {key}[{draft_block}]"
+    if element_type in INT_RANGES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise IncompatibleDraftError(f"{key} = {value!r} is not an integer", draft.name)
+        try:
+            return check_int(value, element_type, what)
+        except KVEditError as e:
+            raise IncompatibleDraftError(str(e)) from None
+    if element_type in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise IncompatibleDraftError(f"{key} = {value!r} is not a number", draft.name)
+        return float(value)
+    if element_type == GGUFValueType.BOOL and isinstance(value, bool):
+        return value
+    raise IncompatibleDraftError(f"{key}: cannot extend an array of {element_type.name} with {value!r}", draft.name)
+
+
+_RESERVED_KEYS = ("split.", "GGUF.")
+
+
+def _model_kv_edits(
+    target: ShardSet, draft: ShardSet, draft_first: int, n_blocks: int, overrides: Sequence[KVOverride]
+) -> dict[str, KeyValue]:
+    """The new shard-1 KVs, by key (replacing or adding), of a composition."""
+    arch = target.arch
+    block = target.trunk_block_count
+    edits: dict[str, KeyValue] = {}
+
+    count_key = KEY_BLOCK_COUNT.format(arch=arch)
+    count_kv = target.kv(count_key)
+    assert count_kv is not None  # ShardSet.block_count checked it
+    if count_kv.vtype not in INT_RANGES:
+        raise BadGGUFError(f"{count_key} has type {count_kv.type_name}, not an integer type", target.name)
+    new_count = check_int(block + n_blocks, count_kv.vtype, f"{target.name}: {count_key}")
+    edits[count_key] = encode_kv(count_key, count_kv.vtype, new_count)
+
+    nextn_key = KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
+    nextn_kv = target.kv(nextn_key)
+    nextn_type = nextn_kv.vtype if nextn_kv is not None and nextn_kv.vtype in INT_RANGES else GGUFValueType.UINT32
+    edits[nextn_key] = encode_kv(nextn_key, nextn_type, n_blocks)
+
+    for kv in per_layer_keys(target.first, arch, block):
+        etype = kv.element_type
+        assert etype is not None
+        if etype not in INT_RANGES and etype not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL):
+            raise BadGGUFError(f"per-layer array {kv.key} has {etype.name} items; cannot extend it", target.name)
+        extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
+        items = kv.typed_value.items
+        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, items + extra))
+
+    for override in overrides:
+        key = override.key
+        if key.startswith(_RESERVED_KEYS) or key in (KEY_ALIGNMENT, KEY_ARCHITECTURE, count_key):
+            raise KVEditError(f"--set-kv {override}: {key} is managed by compose and cannot be set")
+        resolved = resolve_override(override, target.kv(key))
+        if key == nextn_key and resolved.value != n_blocks:
+            raise KVEditError(
+                f"--set-kv {override}: the composite carries {n_blocks} NextN block(s), so {key} must be {n_blocks}"
+            )
+        edits[key] = resolved
+    return edits
+
+
+def _apply_edits(
+    header: GGUFHeader, edits: dict[str, KeyValue], file_name: str
+) -> tuple[list[KeyValue], list[KVChange]]:
+    """The header's KVs with ``edits`` applied in place (new keys appended), and the changes made."""
+    kvs: list[KeyValue] = []
+    changes: list[KVChange] = []
+    for key, kv in header.kvs.items():
+        new = edits.get(key)
+        if new is None:
+            kvs.append(kv)
+            continue
+        kvs.append(new)
+        if new.raw != kv.raw:
+            changes.append(KVChange(file_name, key, new.type_name, kv.value, new.value))
+    for key, new in edits.items():
+        if key not in header.kvs:
+            kvs.append(new)
+            changes.append(KVChange(file_name, key, new.type_name, None, new.value))
+    return kvs, changes
+
+
+def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
+    if basename is None:
+        return [output_dir / Path(h.path).name for h in target.headers]
+    if "/" in basename or basename in ("", ".", ".."):
+        raise KVEditError(f"--basename {basename!r} must be a plain file name prefix")
+    count = len(target.headers)
+    if not target.is_split:
+        return [output_dir / f"{basename}.gguf"]
+    return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
+
+
+def _appended_layout(
+    start: int, alignment: int, tensors: Iterable[tuple[TensorInfo, str]], draft_path: Path, draft_data_offset: int
+) -> tuple[list[TensorInfo], list[Zeros | CopyRange], int]:
+    """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end)."""
+    infos: list[TensorInfo] = []
+    segments: list[Zeros | CopyRange] = []
+    position = start
+    for tensor, new_name in tensors:
+        offset = align_up(position, alignment)
+        if offset > position:
+            segments.append(Zeros(offset - position))
+        infos.append(TensorInfo(new_name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
+        segments.append(CopyRange(draft_path, draft_data_offset + tensor.offset, tensor.nbytes))
+        position = offset + tensor.nbytes
+    return infos, segments, position
+
+
+def plan_composition(
+    target: ShardSet,
+    draft: ShardSet,
+    output_dir: Path,
+    *,
+    block: int | None = None,
+    set_kv: Sequence[KVOverride] = (),
+    basename: str | None = None,
+) -> CompositionPlan:
+    """Plan the splice of ``draft``'s NextN block(s) into ``target`` as its final block(s).
+
+    Args:
+        target: the model to extend (one file or a split set), trunk only.
+        draft: a single-file GGUF whose block tensors are ``blk.0.*`` or ``blk.N.*``.
+        output_dir: where the composite's files go.
+        block: the NextN block index; only the target's trunk block count is accepted.
+        set_kv: extra metadata overrides for the model KVs.
+        basename: name the outputs ``NAME-0000k-of-0000n.gguf`` instead of the target's names.
+
+    Raises:
+        IncompatibleDraftError: the draft does not fit the target.
+        KVEditError: an override is invalid.
+        BadGGUFError: the target's metadata is unusable.
+    """
+    if draft.is_split:
+        raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
+    _check_compatible(target, draft)
+    if target.nextn_predict_layers:
+        raise IncompatibleDraftError(
+            f"target already has {target.nextn_predict_layers} NextN block(s) "
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first",
+            target.name,
+        )
+    trunk = target.block_count
+    if trunk < 1:
+        raise BadGGUFError(f"{target.arch_key(KEY_BLOCK_COUNT)} = {trunk}: no trunk blocks", target.name)
+    if block is not None and block != trunk:
+        raise IncompatibleDraftError(
+            f"--block {block}: the NextN block must follow the trunk, so it can only be {trunk} "
+            f"(the target's {target.arch_key(KEY_BLOCK_COUNT)})",
+            target.name,
+        )
+    existing = sorted(i for i in target.block_indices() if i >= trunk)
+    if existing:
+        raise IncompatibleDraftError(
+            f"target already has tensors of blk.{existing[0]} (its block_count is {trunk})", target.name
+        )
+    draft_first, n_blocks, draft_tensors, dropped = _draft_blocks(draft, trunk)
+
+    renamed: list[tuple[TensorInfo, str]] = []
+    for tensor in draft_tensors:
+        match = BLOCK_TENSOR.match(tensor.name)
+        assert match
+        new_name = f"blk.{int(match['block']) - draft_first + trunk}.{match['rest']}"
+        if new_name in target.tensor_locations:
+            raise IncompatibleDraftError(f"draft tensor {new_name!r} already exists in the target", draft.name)
+        renamed.append((tensor, new_name))
+
+    edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
+    draft_header = draft.first
+    last = len(target.headers) - 1
+    files: list[PlannedFile] = []
+    for index, (header, final) in enumerate(zip(target.headers, _output_names(target, output_dir, basename))):
+        file_edits = dict(edits) if index == 0 else {}
+        count_kv = header.kvs.get(KEY_SPLIT_TENSORS_COUNT)
+        if count_kv is not None:
+            if count_kv.vtype not in INT_RANGES:
+                raise BadGGUFError(f"{KEY_SPLIT_TENSORS_COUNT} has type {count_kv.type_name}", header.path)
+            new_total = check_int(count_kv.value + len(renamed), count_kv.vtype, f"{header.path}: {KEY_SPLIT_TENSORS_COUNT}")
+            file_edits[KEY_SPLIT_TENSORS_COUNT] = encode_kv(KEY_SPLIT_TENSORS_COUNT, count_kv.vtype, new_total)
+        kvs, changes = _apply_edits(header, file_edits, final.name)
+
+        tensors = list(header.tensors)
+        data: list[Zeros | CopyRange] = []
+        if header.data_size:
+            data.append(CopyRange(Path(header.path), header.data_offset, header.data_size))
+        added: list[str] = []
+        if index == last:
+            # Offsets and padding of appended tensors use the alignment of the file they are written to.
+            infos, segments, _ = _appended_layout(
+                header.data_size, header.alignment, renamed, Path(draft_header.path), draft_header.data_offset
+            )
+            tensors += infos
+            data += segments
+            added = [t.name for t in infos]
+        head = serialize_header(header.version, kvs, tensors, header.alignment)
+        output = OutputFile(final, (Bytes(head), *data))
+        files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(added), tuple(changes)))
+
+    return CompositionPlan(
+        target=target,
+        draft=draft,
+        block=trunk,
+        nextn_blocks=n_blocks,
+        files=tuple(files),
+        renamed=tuple((t.name, new) for t, new in renamed),
+        dropped=tuple(dropped),
+    )

@@ -1,0 +1,68 @@
+"""Defaults, environment switches and the small tables of GGUF knowledge gguf-mtp relies on.
+
+Facts about the GGUF format itself (value types, quantization block sizes, key names) come from
+gguf-py (:mod:`gguf.constants`); this module only holds what gguf-py does not say.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gguf import Keys
+
+#: Set to any non-empty value to turn every progress bar off.
+ENV_DISABLE_PROGRESS = "GGUF_MTP_DISABLE_PROGRESS"
+
+#: Model KV keys, as gguf-py spells them (``{arch}`` is filled in with ``general.architecture``).
+KEY_ARCHITECTURE = Keys.General.ARCHITECTURE
+KEY_ALIGNMENT = Keys.General.ALIGNMENT
+KEY_BLOCK_COUNT = Keys.LLM.BLOCK_COUNT
+KEY_NEXTN_PREDICT_LAYERS = Keys.LLM.NEXTN_PREDICT_LAYERS
+KEY_EMBEDDING_LENGTH = Keys.LLM.EMBEDDING_LENGTH
+KEY_VOCAB_SIZE = Keys.LLM.VOCAB_SIZE
+KEY_SPLIT_NO = Keys.Split.LLM_KV_SPLIT_NO
+KEY_SPLIT_COUNT = Keys.Split.LLM_KV_SPLIT_COUNT
+KEY_SPLIT_TENSORS_COUNT = Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT
+KEY_TOKENS = Keys.Tokenizer.LIST
+
+#: Arrays under ``{arch}.`` that are *not* per-layer even when their length happens to equal the
+#: block count (a 4-block test model has a 4-entry ``rope.dimension_sections``).
+NOT_PER_LAYER_ARRAYS = frozenset(
+    {
+        "rope.dimension_sections",
+        "rope.scaling.factors",
+        "attention.sliding_window_pattern_sizes",
+        "classifier.output_labels",
+    }
+)
+
+#: Non-block tensors a llama.cpp ``--mtp`` export or our ``--standalone`` draft carries; compose leaves
+#: them out (the composite reuses the trunk's), anything else outside a block is refused.
+DRAFT_GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight")
+
+#: ``<prefix>-NNNNN-of-NNNNN.gguf``: llama.cpp's split naming (``llama_split_path``), 1-based.
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+#: ``blk.N.rest``
+BLOCK_TENSOR = re.compile(r"^blk\.(?P<block>\d+)\.(?P<rest>.+)$")
+
+#: Temporary outputs are ``.<final name>.<pid>.partial`` in the output folder.
+PARTIAL_SUFFIX = ".partial"
+
+#: Bytes moved per kernel copy call (one progress bar update each).
+COPY_CHUNK = 64 * 1024 * 1024
+
+#: The most header bytes gguf-mtp reads before it calls a GGUF header malformed (tokenizers with a
+#: quarter million tokens stay far below this).
+MAX_HEADER_BYTES = int(os.environ.get("GGUF_MTP_MAX_HEADER_BYTES", 512 * 1024 * 1024))
+
+
+def split_file_name(prefix: str, number: int, count: int) -> str:
+    """The llama.cpp name of shard ``number`` (1-based) of ``count``."""
+    return f"{prefix}-{number:05d}-of-{count:05d}.gguf"
+
+
+def progress_disabled() -> bool:
+    """Whether progress bars were turned off globally through :data:`ENV_DISABLE_PROGRESS`."""
+    return bool(os.environ.get(ENV_DISABLE_PROGRESS))

@@ -1,0 +1,345 @@
+"""Write planned output files safely and fast.
+
+A planned file is a list of segments: literal bytes (a header), a byte range of an input file copied
+verbatim, or zero padding. Copies go through the kernel (``copy_file_range``, then ``sendfile``, then a
+plain read/write loop where neither works), so tensor data never passes through Python buffers, and
+memory stays flat whatever the size.
+
+Safety rules: every output is written under a temporary name in its final folder, fsynced, and only
+renamed into place once every file of the set is complete; any failure or interrupt removes the
+temporary files; an output is never allowed to be one of the inputs (links included); an existing
+output is only replaced with ``force``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .constants import COPY_CHUNK, PARTIAL_SUFFIX, progress_disabled
+from .errors import OutputWriteError, UnsafeOutputError
+
+__all__ = [
+    "Bytes",
+    "CopyRange",
+    "OutputFile",
+    "Segment",
+    "Zeros",
+    "check_outputs",
+    "copy_method",
+    "progress_bar",
+    "write_outputs",
+]
+
+#: Which kernel path copies use: ``auto`` (copy_file_range, falling back), or one forced method.
+ENV_COPY_METHOD = "GGUF_MTP_COPY_METHOD"
+_COPY_METHODS = ("auto", "copy_file_range", "sendfile", "readwrite")
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Literal bytes (a serialised header)."""
+
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class CopyRange:
+    """``nbytes`` bytes of ``source`` starting at absolute ``offset``, copied verbatim."""
+
+    source: Path
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """Zero padding."""
+
+    nbytes: int
+
+
+Segment = Bytes | CopyRange | Zeros
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file to write: its final path and its contents as segments, in order."""
+
+    path: Path
+    segments: tuple[Segment, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def sources(self) -> set[Path]:
+        return {s.source for s in self.segments if isinstance(s, CopyRange)}
+
+
+def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B") -> tqdm:
+    """A tqdm bar on stderr, off when disabled, when stderr is not a terminal, or globally off."""
+    disable = not enabled or progress_disabled() or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
+
+
+def copy_method() -> str:
+    method = os.environ.get(ENV_COPY_METHOD, "auto")
+    if method not in _COPY_METHODS:
+        raise OutputWriteError(f"{ENV_COPY_METHOD}={method!r}: use one of {', '.join(_COPY_METHODS)}")
+    return method
+
+
+_FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY, errno.EPERM}
+
+
+def _copy(src_fd: int, dst_fd: int, offset: int, nbytes: int, bar: tqdm, method: str) -> str:
+    """Append ``nbytes`` of ``src_fd`` at ``offset`` to ``dst_fd``; returns the method that worked."""
+    end = offset + nbytes
+    if method in ("auto", "copy_file_range") and hasattr(os, "copy_file_range"):
+        try:
+            while offset < end:
+                n = os.copy_file_range(src_fd, dst_fd, min(COPY_CHUNK, end - offset), offset)
+                if n == 0:
+                    raise OutputWriteError(f"input ended early (at byte {offset:,})")
+                offset += n
+                bar.update(n)
+            return "copy_file_range"
+        except OSError as e:
+            if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
+                raise
+    if method in ("auto", "sendfile") and hasattr(os, "sendfile"):
+        try:
+            while offset < end:
+                n = os.sendfile(dst_fd, src_fd, offset, min(COPY_CHUNK, end - offset))
+                if n == 0:
+                    raise OutputWriteError(f"input ended early (at byte {offset:,})")
+                offset += n
+                bar.update(n)
+            return "sendfile"
+        except OSError as e:
+            if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
+                raise
+    while offset < end:
+        chunk = os.pread(src_fd, min(8 * 1024 * 1024, end - offset), offset)
+        if not chunk:
+            raise OutputWriteError(f"input ended early (at byte {offset:,})")
+        view = memoryview(chunk)
+        while view:
+            written = os.write(dst_fd, view)
+            view = view[written:]
+        offset += len(chunk)
+        bar.update(len(chunk))
+    return "readwrite"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _partial_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_partials(final: Path) -> None:
+    """Remove temporary files a killed earlier run left for ``final`` (their writer is gone)."""
+    prefix = f".{final.name}."
+    with suppress(OSError):
+        for entry in os.scandir(final.parent):
+            name = entry.name
+            if name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX):
+                pid = name[len(prefix) : -len(PARTIAL_SUFFIX)]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
+    """Refuse outputs that are inputs (through any link), collide, exist without ``force``, or cannot be
+    written (read-only folder, not enough free space).
+
+    Raises:
+        UnsafeOutputError: one line naming the file and the reason.
+    """
+    finals = [f.path for f in files]
+    if len({os.path.abspath(p) for p in finals}) != len(finals):
+        raise UnsafeOutputError("two outputs would have the same name", finals[0].parent)
+    all_inputs = list(inputs) + [s for f in files for s in f.sources]
+    for final in finals:
+        for source in all_inputs:
+            if _same_file(final, source) or os.path.abspath(final) == os.path.abspath(source):
+                raise UnsafeOutputError(f"output would overwrite the input {source}", final)
+        if final.is_dir():
+            raise UnsafeOutputError("output name is a folder", final)
+        if (final.exists() or final.is_symlink()) and not force:
+            raise UnsafeOutputError("output exists (use --force to replace it)", final)
+    folders = {f.parent for f in finals}
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise UnsafeOutputError("output folder is not a folder", folder)
+        probe = folder
+        while not probe.exists():
+            probe = probe.parent
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise UnsafeOutputError("output folder is not writable", probe)
+    needed = sum(f.size for f in files)
+    probe = finals[0].parent
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    # Files replaced with --force free their space only after the rename: do not count it.
+    if needed > free:
+        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while writing, so temporary files are cleaned up either way."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+        # Past a file-size limit, let write() fail with EFBIG (cleaned up) instead of dying of SIGXFSZ.
+        previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGXFSZ, previous_xfsz)
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """What :func:`write_outputs` did."""
+
+    bytes_written: int
+    seconds: float
+    copy_methods: tuple[str, ...]
+
+
+def write_outputs(
+    files: Sequence[OutputFile], *, inputs: Sequence[Path] = (), force: bool = False, progress: bool = True,
+    desc: str = "writing",
+) -> WriteStats:
+    """Write every planned file atomically: all appear under their final names, or none does.
+
+    Args:
+        files: the planned outputs.
+        inputs: input files that must never be overwritten (segment sources are added automatically).
+        force: replace existing outputs.
+        progress: show a byte progress bar on stderr (only when it is a terminal).
+
+    Raises:
+        UnsafeOutputError: see :func:`check_outputs`.
+        OutputWriteError: an I/O error while writing (the message says which file and why); temporary
+            files were removed and no output was renamed into place.
+    """
+    check_outputs(files, inputs, force=force)
+    started = time.perf_counter()
+    method = copy_method()
+    partials: list[Path] = []
+    methods: set[str] = set()
+    total = sum(f.size for f in files)
+    current = files[0].path if files else Path()
+    try:
+        with _sigterm_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
+            for planned in files:
+                current = planned.path
+                planned.path.parent.mkdir(parents=True, exist_ok=True)
+                _remove_stale_partials(planned.path)
+                partial = _partial_path(planned.path)
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+                partials.append(partial)
+                try:
+                    sources: dict[Path, int] = {}
+                    try:
+                        for segment in planned.segments:
+                            if isinstance(segment, Bytes):
+                                _write_all(fd, segment.data)
+                                bar.update(segment.nbytes)
+                            elif isinstance(segment, Zeros):
+                                _write_all(fd, b"\0" * segment.nbytes)
+                                bar.update(segment.nbytes)
+                            else:
+                                if segment.source not in sources:
+                                    sources[segment.source] = os.open(segment.source, os.O_RDONLY)
+                                methods.add(_copy(sources[segment.source], fd, segment.offset, segment.nbytes, bar, method))
+                    finally:
+                        for source_fd in sources.values():
+                            os.close(source_fd)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if os.path.getsize(partial) != planned.size:
+                    raise OutputWriteError(f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path)
+            # The entry point (shard 1) appears last, so a set that is visible is a complete set.
+            for planned, partial in reversed(list(zip(files, partials))):
+                current = planned.path
+                os.replace(partial, planned.path)
+                partials.remove(partial)
+            for folder in {f.path.parent for f in files}:
+                _fsync_dir(folder)
+    except OSError as e:
+        _discard(partials)
+        reason = e.strerror or str(e)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            reason = f"{reason} (disk full or file too large)"
+        raise OutputWriteError(f"writing failed: {reason}; no output was left behind", current) from None
+    except BaseException:
+        _discard(partials)
+        raise
+    return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)))
+
+
+def _discard(partials: list[Path]) -> None:
+    for partial in partials:
+        with suppress(OSError):
+            os.unlink(partial)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,64 @@
+"""Independent views of GGUF files for assertions: gguf-py's own GGUFReader, not our parser."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader, GGUFValueType
+
+from gguf_mtp.shards import find_shard_paths
+
+
+def reader_tensors(first: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+    """name -> (ggml type, shape, raw bytes) over every shard, read with gguf-py."""
+    out: dict[str, tuple[int, tuple[int, ...], bytes]] = {}
+    for path in find_shard_paths(first)[0]:
+        reader = GGUFReader(path)
+        for t in reader.tensors:
+            raw = bytes(reader.data[t.data_offset : t.data_offset + t.n_bytes])
+            out[t.name] = (int(t.tensor_type), tuple(int(d) for d in t.shape), raw)
+    return out
+
+
+def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
+    """key -> (types, contents) of one file, read with gguf-py."""
+    reader = GGUFReader(path)
+    return {
+        name: (list(field.types), field.contents())
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.")
+    }
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()
+    }
+
+
+def copy_model(first: Path, dest: Path) -> Path:
+    """Copy every file of a model into ``dest``; returns the copy of ``first``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in find_shard_paths(first)[0]:
+        shutil.copy2(path, dest / path.name)
+    return dest / first.name
+
+
+def shard_files(first: Path) -> list[Path]:
+    return find_shard_paths(first)[0]
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def size(path: Path) -> int:
+    return os.path.getsize(path)
