@@ -79,7 +79,12 @@ def plan(
 ) -> CompositionPlan:
     """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written)."""
     return plan_composition(
-        open_model(target), open_model(draft), Path(output_dir), block=block, set_kv=_overrides(set_kv), basename=basename
+        open_model(target),
+        open_model(draft),
+        Path(output_dir),
+        block=block,
+        set_kv=_overrides(set_kv),
+        basename=basename,
     )
 
 
@@ -134,15 +139,16 @@ def compose(
     composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename)
     report = ComposeReport(composition, dry_run)
     if composition.dropped:
-        report.notes.append(
-            f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's"
-        )
+        report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report
     stats = write_outputs(
-        composition.outputs, inputs=[*composition.target.paths, *composition.draft.paths], force=force,
-        progress=progress, desc="compose",
+        composition.outputs,
+        inputs=[*composition.target.paths, *composition.draft.paths],
+        force=force,
+        progress=progress,
+        desc="compose",
     )
     report.bytes_written = stats.bytes_written
     report.copy_methods = stats.copy_methods
@@ -150,8 +156,11 @@ def compose(
         from .verify import verify as verify_composite
 
         report.verification = verify_composite(
-            composition.files[0].path, target=composition.target.paths[0], draft=composition.draft.paths[0],
-            llama=llama, progress=progress,
+            composition.files[0].path,
+            target=composition.target.paths[0],
+            draft=composition.draft.paths[0],
+            llama=llama,
+            progress=progress,
         )
     report.seconds = time.perf_counter() - started
     return report

@@ -146,7 +146,9 @@ def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
         raise IncompatibleDraftError(f"draft {key} = {draft_width}, the target's is {width}", draft.name)
     target_vocab, draft_vocab = vocab_size(target), vocab_size(draft)
     if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
-        raise IncompatibleDraftError(f"draft vocabulary has {draft_vocab} tokens, the target's {target_vocab}", draft.name)
+        raise IncompatibleDraftError(
+            f"draft vocabulary has {draft_vocab} tokens, the target's {target_vocab}", draft.name
+        )
 
 
 def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInfo], list[str]]:
@@ -178,7 +180,9 @@ def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInf
         )
     declared = draft.get(KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch))
     if declared is not None and declared != count:
-        raise IncompatibleDraftError(f"draft declares nextn_predict_layers = {declared} but carries {count} block(s)", draft.name)
+        raise IncompatibleDraftError(
+            f"draft declares nextn_predict_layers = {declared} but carries {count} block(s)", draft.name
+        )
     tensors = [t for i in indices for t in by_block[i]]
     return first, count, tensors, dropped
 
@@ -254,7 +258,10 @@ def _model_kv_edits(
         key = override.key
         if key.startswith(_RESERVED_KEYS) or key in (KEY_ALIGNMENT, KEY_ARCHITECTURE, count_key):
             raise KVEditError(f"--set-kv {override}: {key} is managed by compose and cannot be set")
-        resolved = resolve_override(override, target.kv(key))
+        existing = target.kv(key)
+        if existing is None and key == nextn_key and override.type_name is None:
+            existing = edits[nextn_key]  # the key compose adds: an untyped override takes its type
+        resolved = resolve_override(override, existing)
         if key == nextn_key and resolved.value != n_blocks:
             raise KVEditError(
                 f"--set-kv {override}: the composite carries {n_blocks} NextN block(s), so {key} must be {n_blocks}"
@@ -293,6 +300,30 @@ def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> l
     if not target.is_split:
         return [output_dir / f"{basename}.gguf"]
     return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
+
+
+def _data_section(header: GGUFHeader) -> list[Zeros | CopyRange]:
+    """The target file's tensor data, copied verbatim, padded to the packed layout llama.cpp requires.
+
+    Raises:
+        BadGGUFError: the tensors are not back to back in table order (llama.cpp could not load it).
+    """
+    misplaced = header.first_misplaced_tensor()
+    if misplaced is not None:
+        tensor, expected = misplaced
+        raise BadGGUFError(
+            f"tensor {tensor.name!r} is at data offset {tensor.offset:,}, but llama.cpp requires {expected:,} "
+            "(tensors back to back in table order, each padded to the alignment)",
+            header.path,
+        )
+    size = header.packed_data_size
+    copied = min(size, header.data_size)
+    segments: list[Zeros | CopyRange] = []
+    if copied:
+        segments.append(CopyRange(Path(header.path), header.data_offset, copied))
+    if size > copied:  # the file ends without the last tensor's padding
+        segments.append(Zeros(size - copied))
+    return segments
 
 
 def _appended_layout(
@@ -380,19 +411,19 @@ def plan_composition(
         if count_kv is not None:
             if count_kv.vtype not in INT_RANGES:
                 raise BadGGUFError(f"{KEY_SPLIT_TENSORS_COUNT} has type {count_kv.type_name}", header.path)
-            new_total = check_int(count_kv.value + len(renamed), count_kv.vtype, f"{header.path}: {KEY_SPLIT_TENSORS_COUNT}")
+            new_total = check_int(
+                count_kv.value + len(renamed), count_kv.vtype, f"{header.path}: {KEY_SPLIT_TENSORS_COUNT}"
+            )
             file_edits[KEY_SPLIT_TENSORS_COUNT] = encode_kv(KEY_SPLIT_TENSORS_COUNT, count_kv.vtype, new_total)
         kvs, changes = _apply_edits(header, file_edits, final.name)
 
         tensors = list(header.tensors)
-        data: list[Zeros | CopyRange] = []
-        if header.data_size:
-            data.append(CopyRange(Path(header.path), header.data_offset, header.data_size))
+        data = _data_section(header)
         added: list[str] = []
         if index == last:
             # Offsets and padding of appended tensors use the alignment of the file they are written to.
             infos, segments, _ = _appended_layout(
-                header.data_size, header.alignment, renamed, Path(draft_header.path), draft_header.data_offset
+                header.packed_data_size, header.alignment, renamed, Path(draft_header.path), draft_header.data_offset
             )
             tensors += infos
             data += segments

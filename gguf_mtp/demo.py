@@ -24,7 +24,9 @@ def run_demo(
     work.mkdir(parents=True, exist_ok=True)
     target = write_target(work / "target", shards=3, name="Tiny-Nemotron-UD-Q4_K_XL")
     draft = write_draft(work / "mtp-draft.gguf", block=0, with_globals=True)
-    say(f"1. wrote a tiny nemotron_h_moe target in 3 shards (blocks M,*,E; Q4_K/Q6_K/Q8_0/IQ4_XS/BF16): {target.parent}")
+    say(
+        f"1. wrote a tiny nemotron_h_moe target in 3 shards (blocks M,*,E; Q4_K/Q6_K/Q8_0/IQ4_XS/BF16): {target.parent}"
+    )
     say(f"2. wrote an MTP draft with one NextN block blk.0 (18 tensors, BF16): {draft}")
     report = compose(target, draft, work / "composite", force=True, progress=False)
     plan = report.plan

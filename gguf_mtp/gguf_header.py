@@ -12,6 +12,7 @@ gguf-py's tables (:class:`gguf.GGUFValueType`, :class:`gguf.GGMLQuantizationType
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -220,6 +221,22 @@ class GGUFHeader:
         """Data-relative end of the last tensor's bytes (0 when the file has no tensors)."""
         return max((t.offset + t.nbytes for t in self.tensors), default=0)
 
+    @property
+    def packed_data_size(self) -> int:
+        """Size of the data section when tensors sit back to back in table order, each padded to the
+        alignment: the only layout llama.cpp's loader accepts (``gguf_init``: "tensor has offset X,
+        expected Y")."""
+        return sum(align_up(t.nbytes, self.alignment) for t in self.tensors)
+
+    def first_misplaced_tensor(self) -> tuple[TensorInfo, int] | None:
+        """The first tensor not where the packed layout puts it, with its expected offset; else None."""
+        expected = 0
+        for tensor in self.tensors:
+            if tensor.offset != expected:
+                return tensor, expected
+            expected += align_up(tensor.nbytes, self.alignment)
+        return None
+
 
 # --------------------------------------------------------------------------------------------- decode
 
@@ -250,11 +267,14 @@ def _decode_value(buf: bytes | memoryview, pos: int, vtype: GGUFValueType) -> tu
 class _Buffer:
     """The header bytes read so far, grown on demand from ``read_at`` (never past the file end)."""
 
-    def __init__(self, read_at: Callable[[int, int], bytes], file_size: int, path: str, limit: int) -> None:
+    def __init__(
+        self, read_at: Callable[[int, int], bytes], file_size: int, path: str, limit: int, min_read: int = 1 << 20
+    ) -> None:
         self.read_at = read_at
         self.file_size = file_size
         self.path = path
         self.limit = limit
+        self.min_read = min_read
         self.data = bytearray()
         self.section = "the file header"
 
@@ -263,10 +283,14 @@ class _Buffer:
         if end <= len(self.data):
             return
         if end > self.file_size:
-            raise BadGGUFError(f"truncated in {self.section} (needs byte {end:,}, file has {self.file_size:,})", self.path)
+            raise BadGGUFError(
+                f"truncated in {self.section} (needs byte {end:,}, file has {self.file_size:,})", self.path
+            )
         if end > self.limit:
-            raise BadGGUFError(f"header larger than the {self.limit:,}-byte limit while reading {self.section}", self.path)
-        want = min(max(end - len(self.data), len(self.data), 1 << 20), self.file_size - len(self.data))
+            raise BadGGUFError(
+                f"header larger than the {self.limit:,}-byte limit while reading {self.section}", self.path
+            )
+        want = min(max(end - len(self.data), len(self.data), self.min_read), self.file_size - len(self.data))
         chunk = self.read_at(len(self.data), want)
         if len(chunk) < end - len(self.data):
             raise BadGGUFError(f"truncated in {self.section} (short read at byte {len(self.data):,})", self.path)
@@ -317,7 +341,12 @@ def _skip_value(buf: _Buffer, pos: int, vtype: GGUFValueType, what: str, depth: 
 
 
 def parse_header(
-    read_at: Callable[[int, int], bytes], file_size: int, path: str, *, limit: int = MAX_HEADER_BYTES
+    read_at: Callable[[int, int], bytes],
+    file_size: int,
+    path: str,
+    *,
+    limit: int = MAX_HEADER_BYTES,
+    min_read: int = 1 << 20,
 ) -> GGUFHeader:
     """Parse a GGUF header from a random-access byte source.
 
@@ -326,6 +355,8 @@ def parse_header(
         file_size: total size of the file (bounds every count and offset).
         path: the file's name, used in error messages.
         limit: the most header bytes to read before giving up.
+        min_read: the fewest bytes asked of ``read_at`` at a time (reads grow by doubling from there; a
+            remote source asks for little, a local file for 1 MiB).
 
     Returns:
         The parsed :class:`GGUFHeader`; tensor sizes, alignment, overlaps and file bounds are checked.
@@ -333,7 +364,7 @@ def parse_header(
     Raises:
         BadGGUFError: the bytes are not a well-formed GGUF header, or a tensor lies outside the file.
     """
-    buf = _Buffer(read_at, file_size, path, limit)
+    buf = _Buffer(read_at, file_size, path, limit, min_read)
     buf.need(24)
     if bytes(buf.data[:4]) != struct.pack("<I", GGUF_MAGIC):
         raise BadGGUFError(f"not a GGUF file (magic {bytes(buf.data[:4])!r}, expected b'GGUF')", path)
@@ -401,7 +432,10 @@ def _check_tensors(
         if name in seen:
             raise BadGGUFError(f"duplicate tensor name {name!r}", path)
         seen.add(name)
-        if ggml_type not in GGMLQuantizationType._value2member_map_ or GGMLQuantizationType(ggml_type) not in GGML_QUANT_SIZES:
+        if (
+            ggml_type not in GGMLQuantizationType._value2member_map_
+            or GGMLQuantizationType(ggml_type) not in GGML_QUANT_SIZES
+        ):
             raise BadGGUFError(f"tensor {name!r}: unknown ggml type {ggml_type}", path)
         if any(d >= 1 << 62 for d in shape):
             raise BadGGUFError(f"tensor {name!r}: absurd shape {list(shape)}", path)
@@ -410,7 +444,9 @@ def _check_tensors(
         except ValueError as e:
             raise BadGGUFError(f"tensor {name!r}: {e}", path) from None
         if offset % alignment:
-            raise BadGGUFError(f"tensor {name!r}: offset {offset:,} is not a multiple of the alignment {alignment}", path)
+            raise BadGGUFError(
+                f"tensor {name!r}: offset {offset:,} is not a multiple of the alignment {alignment}", path
+            )
         if offset + nbytes > data_size:
             raise BadGGUFError(
                 f"tensor {name!r} ({GGMLQuantizationType(ggml_type).name}, {nbytes:,} bytes at data offset {offset:,}) "
@@ -419,7 +455,7 @@ def _check_tensors(
             )
         tensors.append(TensorInfo(name, tuple(shape), ggml_type, offset, nbytes))
     by_offset = sorted(tensors, key=lambda t: t.offset)
-    for before, after in zip(by_offset, by_offset[1:]):
+    for before, after in itertools.pairwise(by_offset):
         if before.offset + before.nbytes > after.offset:
             raise BadGGUFError(
                 f"tensors {before.name!r} and {after.name!r} overlap ({before.nbytes:,} bytes at {before.offset:,}, "
@@ -511,9 +547,7 @@ def encode_tensor_info(info: TensorInfo) -> bytes:
     )
 
 
-def serialize_header(
-    version: int, kvs: Iterable[KeyValue], tensors: Sequence[TensorInfo], alignment: int
-) -> bytes:
+def serialize_header(version: int, kvs: Iterable[KeyValue], tensors: Sequence[TensorInfo], alignment: int) -> bytes:
     """A complete header (magic .. tensor table), zero-padded to ``alignment`` so data may follow."""
     kv_list = list(kvs)
     parts = [struct.pack("<IIQQ", GGUF_MAGIC, version, len(tensors), len(kv_list))]

@@ -16,7 +16,7 @@ from gguf import GGUFValueType
 from .errors import KVEditError
 from .gguf_header import TYPE_BY_NAME, KeyValue, describe_type, encode_kv
 
-__all__ = ["KVOverride", "INT_RANGES", "check_int", "parse_set_kv", "resolve_override"]
+__all__ = ["INT_RANGES", "KVOverride", "check_int", "parse_set_kv", "resolve_override"]
 
 INT_RANGES: dict[GGUFValueType, tuple[int, int]] = {
     GGUFValueType.UINT8: (0, 2**8 - 1),
@@ -119,6 +119,8 @@ def resolve_override(override: KVOverride, existing: KeyValue | None) -> KeyValu
             )
     else:
         if override.type_name is None:
-            raise KVEditError(f"{what}: {override.key} is a new key, so give its type: {override.key}:TYPE={override.text}")
+            raise KVEditError(
+                f"{what}: {override.key} is a new key, so give its type: {override.key}:TYPE={override.text}"
+            )
         vtype = TYPE_BY_NAME[override.type_name]
     return encode_kv(override.key, vtype, _parse_value(override.text, vtype, what))

@@ -72,9 +72,13 @@ class LlamaCheck:
 
 
 def _reason(stderr: str) -> str | None:
+    """llama.cpp's most specific complaint: its "error loading model: ..." line, else the last error."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    hits = [line for line in lines if _REASON.search(line)]
-    return (hits[-1] if hits else (lines[-1] if lines else None))
+    for line in reversed(lines):
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[1].strip()
+    hits = [line for line in lines if _REASON.search(line) and "failed to load model" not in line]
+    return hits[-1] if hits else (lines[-1] if lines else None)
 
 
 def check_with_llama(
@@ -118,10 +122,16 @@ def check_with_llama(
                 continue
     if report is not None:
         for key, value in report.items():
-            if hasattr(result, key) and key not in ("path", "log_tail"):
+            if hasattr(result, key) and key not in ("path", "log_tail", "stage"):
                 setattr(result, key, value)
     if proc.returncode != 0 and result.error is None:
         result.error = f"llama.cpp exited with status {proc.returncode}: {_reason(proc.stderr) or 'no message'}"
+        # the child reports after every step: a crash during a step is that step's failure
+        stage = (report or {}).get("stage")
+        if stage == "trunk" and result.trunk_decode_ok is None:
+            result.trunk_decode_ok = False
+        if stage == "mtp" and result.mtp_decode_ok is None:
+            result.mtp_decode_ok = False
     elif not result.loaded and result.error is None:
         result.error = _reason(proc.stderr) or "load failed"
     return result
@@ -134,7 +144,9 @@ def _finite(values: Any, n: int) -> bool:
     return all(math.isfinite(values[i]) for i in range(n))
 
 
-def _decode(llama: Any, ctx: Any, tokens: list[int], embd_rows: list[list[float]] | None, n_vocab: int) -> tuple[int, bool]:
+def _decode(
+    llama: Any, ctx: Any, tokens: list[int], embd_rows: list[list[float]] | None, n_vocab: int
+) -> tuple[int, bool]:
     import ctypes
 
     n = len(tokens)
@@ -163,6 +175,12 @@ def _decode(llama: Any, ctx: Any, tokens: list[int], embd_rows: list[list[float]
         return rc, finite
     finally:
         llama.llama_batch_free(batch)
+
+
+def _emit(report: dict[str, Any], stage: str) -> None:
+    """Print the report so far: if the next step aborts the process, the parent still knows this much."""
+    sys.stdout.write(json.dumps(report | {"stage": stage}) + "\n")
+    sys.stdout.flush()
 
 
 def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
@@ -196,6 +214,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
         return llama.llama_init_from_model(model, cparams)
 
     if trunk:
+        _emit(out, "trunk")
         ctx = context(llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             out["trunk_decode_ok"] = False
@@ -205,6 +224,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
             out["trunk_decode_ok"] = rc == 0 and finite
             llama.llama_free(ctx)
     if mtp and out["n_layer_nextn"] > 0:
+        _emit(out, "mtp")
         ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
         if not ctx:
             out["mtp_decode_ok"] = False
@@ -227,9 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mtp", action="store_true")
     parser.add_argument("--no-trunk", action="store_true")
     args = parser.parse_args(argv)
-    report = _child(args.path, not args.no_mtp, not args.no_trunk)
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
+    _emit(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
     return 0
 
 

@@ -257,7 +257,11 @@ class WriteStats:
 
 
 def write_outputs(
-    files: Sequence[OutputFile], *, inputs: Sequence[Path] = (), force: bool = False, progress: bool = True,
+    files: Sequence[OutputFile],
+    *,
+    inputs: Sequence[Path] = (),
+    force: bool = False,
+    progress: bool = True,
     desc: str = "writing",
 ) -> WriteStats:
     """Write every planned file atomically: all appear under their final names, or none does.
@@ -302,7 +306,9 @@ def write_outputs(
                             else:
                                 if segment.source not in sources:
                                     sources[segment.source] = os.open(segment.source, os.O_RDONLY)
-                                methods.add(_copy(sources[segment.source], fd, segment.offset, segment.nbytes, bar, method))
+                                methods.add(
+                                    _copy(sources[segment.source], fd, segment.offset, segment.nbytes, bar, method)
+                                )
                     finally:
                         for source_fd in sources.values():
                             os.close(source_fd)
@@ -310,7 +316,9 @@ def write_outputs(
                 finally:
                     os.close(fd)
                 if os.path.getsize(partial) != planned.size:
-                    raise OutputWriteError(f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path)
+                    raise OutputWriteError(
+                        f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path
+                    )
             # The entry point (shard 1) appears last, so a set that is visible is a complete set.
             for planned, partial in reversed(list(zip(files, partials))):
                 current = planned.path

@@ -197,7 +197,9 @@ def open_model(path: str | os.PathLike[str]) -> ShardSet:
     for header in headers[1:]:
         other = header.get(KEY_ARCHITECTURE)
         if other is not None and other != arch:
-            raise ShardSetError(f"shard is from another model ({KEY_ARCHITECTURE} {other!r}, not {arch!r})", header.path)
+            raise ShardSetError(
+                f"shard is from another model ({KEY_ARCHITECTURE} {other!r}, not {arch!r})", header.path
+            )
     seen: dict[str, str] = {}
     for header in headers:
         for tensor in header.tensors:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter, GGMLQuantizationType, MODEL_ARCH, MODEL_ARCH_NAMES
+from gguf import GGML_QUANT_SIZES, MODEL_ARCH, MODEL_ARCH_NAMES, ExpertGatingFuncType, GGMLQuantizationType, GGUFWriter
 
 from .gguf_header import KeyValue, read_header, serialize_header
 
@@ -123,7 +123,8 @@ def _nemotron_block(kind: str) -> list[TensorSpec]:
     ]
     norm = [("attn_norm.weight", ("n_embd",), "one")]
     if kind == "M":
-        return norm + [
+        return [
+            *norm,
             ("ssm_in.weight", ("n_embd", "ssm_in_width"), "matrix"),
             ("ssm_conv1d.weight", ("ssm_conv", "conv_width"), "small"),
             ("ssm_conv1d.bias", ("conv_width",), "zero"),
@@ -171,7 +172,8 @@ def _glm4moe_block(kind: str) -> list[TensorSpec]:
         ("ffn_down_shexp.weight", ("n_ff_exp", "n_embd"), "matrix"),
     ]
     if kind == "D":
-        return common + [
+        return [
+            *common,
             ("ffn_gate.weight", ("n_embd", "n_ff_dense"), "matrix"),
             ("ffn_up.weight", ("n_embd", "n_ff_dense"), "matrix"),
             ("ffn_down.weight", ("n_ff_dense", "n_embd"), "matrix"),
@@ -179,12 +181,16 @@ def _glm4moe_block(kind: str) -> list[TensorSpec]:
     if kind == "E":
         return common + moe
     if kind == "nextn":
-        return common + moe + [
-            ("nextn.eh_proj.weight", ("2n_embd", "n_embd"), "matrix"),
-            ("nextn.enorm.weight", ("n_embd",), "one"),
-            ("nextn.hnorm.weight", ("n_embd",), "one"),
-            ("nextn.shared_head_norm.weight", ("n_embd",), "one"),
-        ]
+        return (
+            common
+            + moe
+            + [
+                ("nextn.eh_proj.weight", ("2n_embd", "n_embd"), "matrix"),
+                ("nextn.enorm.weight", ("n_embd",), "one"),
+                ("nextn.hnorm.weight", ("n_embd",), "one"),
+                ("nextn.shared_head_norm.weight", ("n_embd",), "one"),
+            ]
+        )
     raise ValueError(f"unknown glm4moe block kind {kind!r}")
 
 
@@ -257,7 +263,7 @@ class TinyFamily:
             writer.add_leading_dense_block_count(1)
             writer.add_rope_dimension_count(hp.head_dim // 2)
             writer.add_rope_freq_base(1_000_000.0)
-            writer.add_expert_gating_func(2)  # sigmoid
+            writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
         writer.add_tokenizer_model("no_vocab")
 
 
@@ -311,7 +317,12 @@ def _f32_payload(shape: Sequence[int], kind: str, rng: np.random.Generator) -> n
 
 
 def _add_tensor(
-    writer: GGUFWriter, name: str, shape: Sequence[int], kind: str, qtype: GGMLQuantizationType, rng: np.random.Generator
+    writer: GGUFWriter,
+    name: str,
+    shape: Sequence[int],
+    kind: str,
+    qtype: GGMLQuantizationType,
+    rng: np.random.Generator,
 ) -> None:
     if kind != "matrix" or qtype == Q.F32:
         writer.add_tensor(name, _f32_payload(shape, "small" if kind == "matrix" else kind, rng))
@@ -417,8 +428,18 @@ def write_target(
         raise ValueError("general.alignment is only supported for single-file tiny models")
     full = pattern + ("+" if with_nextn else "")
     _write(
-        path, family, full, hparams, blocks=list(enumerate(_kinds(full))), globals_=True, quant=quant, shards=shards,
-        metadata_only_first=metadata_only_first, alignment=alignment, seed=seed, nextn=1 if with_nextn else 0,
+        path,
+        family,
+        full,
+        hparams,
+        blocks=list(enumerate(_kinds(full))),
+        globals_=True,
+        quant=quant,
+        shards=shards,
+        metadata_only_first=metadata_only_first,
+        alignment=alignment,
+        seed=seed,
+        nextn=1 if with_nextn else 0,
         per_layer_from=full,
     )
     return _first_file(path, shards)
@@ -449,8 +470,19 @@ def write_draft(
     if index not in (0, len(pattern)):
         layers = "*" * index + "+"
     _write(
-        path, family, layers, hparams, blocks=[(index, "nextn")], globals_=with_globals, quant=quant, shards=1,
-        metadata_only_first=False, alignment=alignment, seed=seed, nextn=1, per_layer_from=layers,
+        path,
+        family,
+        layers,
+        hparams,
+        blocks=[(index, "nextn")],
+        globals_=with_globals,
+        quant=quant,
+        shards=1,
+        metadata_only_first=False,
+        alignment=alignment,
+        seed=seed,
+        nextn=1,
+        per_layer_from=layers,
     )
     return path
 

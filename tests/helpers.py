@@ -35,9 +35,7 @@ def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()
-    }
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()}
 
 
 def copy_model(first: Path, dest: Path) -> Path:
@@ -62,3 +60,29 @@ def flip_byte(path: Path, offset: int) -> None:
 
 def size(path: Path) -> int:
     return os.path.getsize(path)
+
+
+def rewrite_gguf(
+    src: Path,
+    dst: Path,
+    *,
+    set_kvs: dict[str, Any] | None = None,
+    drop_tensors: tuple[str, ...] = (),
+) -> Path:
+    """Copy one GGUF file with some KVs replaced (``key -> KeyValue`` or ``None`` to delete) and some
+    tensors left out of the tensor table (their bytes stay as dead space; offsets are unchanged).
+    For crafting deliberately broken files in tests."""
+    from gguf_mtp.gguf_header import read_header, serialize_header
+
+    header = read_header(src)
+    edits = set_kvs or {}
+    kvs = [edits.get(k, kv) if k in edits else kv for k, kv in header.kvs.items()]
+    kvs = [kv for kv in kvs if kv is not None]
+    kvs += [kv for k, kv in edits.items() if k not in header.kvs and kv is not None]
+    tensors = [t for t in header.tensors if t.name not in drop_tensors]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        fout.write(serialize_header(header.version, kvs, tensors, header.alignment))
+        fin.seek(header.data_offset)
+        shutil.copyfileobj(fin, fout)
+    return dst

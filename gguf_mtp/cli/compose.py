@@ -20,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR", help="folder for the composite")
     p.add_argument("--block", type=int, help="NextN block index (default and only value: the target's block count)")
     p.add_argument(
-        "--set-kv", action="append", default=[], metavar="KEY[:TYPE]=VALUE",
+        "--set-kv",
+        action="append",
+        default=[],
+        metavar="KEY[:TYPE]=VALUE",
         help="set a metadata key (an existing key keeps its type; a new key needs TYPE); repeatable",
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
@@ -42,11 +45,12 @@ def describe(report: ComposeReport) -> list[str]:
         + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
     ]
     for f in plan.files:
-        lines.append(f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
-                     + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "") + ")")
-        lines.extend(
-            f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes
+        lines.append(
+            f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+            + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
+            + ")"
         )
+        lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
     if report.dry_run:
         lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
     else:
@@ -59,8 +63,16 @@ def describe(report: ComposeReport) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     report = compose(
-        args.target, args.draft, args.output_dir, block=args.block, set_kv=args.set_kv, basename=args.basename,
-        dry_run=args.dry_run, force=args.force, progress=not (args.quiet or args.json), verify=args.verify,
+        args.target,
+        args.draft,
+        args.output_dir,
+        block=args.block,
+        set_kv=args.set_kv,
+        basename=args.basename,
+        dry_run=args.dry_run,
+        force=args.force,
+        progress=not (args.quiet or args.json),
+        verify=args.verify,
         llama=False if args.no_llama else None,
     )
     if args.json:
