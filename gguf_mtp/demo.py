@@ -1,4 +1,14 @@
-"""The demo: the whole job on an embedded tiny model, offline, in seconds."""
+"""The demo: the whole flow on an embedded tiny model, offline, in seconds.
+
+It is what a newcomer runs first (``python -m gguf_mtp demo``): the same steps as the real pipeline
+for Nemotron 3 Super, on a model small enough to write on the spot:
+
+1. a tiny ``nemotron_h_moe`` target quant in 3 shards (as a Hub GGUF repo ships it, without MTP);
+2. a tiny MTPv2-style head *checkpoint* (safetensors + config.json, as NVIDIA ships it);
+3. convert the head to a GGUF draft block; 4. compose it into the target as its last block;
+5. verify the composite (bytes against both inputs; llama.cpp loads it and runs the NextN block);
+6. inspect it (the MTP verdict); 7. a publish dry run (the model card that would be uploaded).
+"""
 
 from __future__ import annotations
 
@@ -7,41 +17,84 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .cli.common import human_bytes
 from .compose import compose
-from .llama_check import INSTALL_HINT, check_with_llama, llama_cpp_available
-from .tiny_models import write_draft, write_target
+from .convert import convert
+from .inspect import inspect
+from .llama_check import INSTALL_HINT, llama_cpp_available
+from .model_card import Provenance
+from .publish import CARD_NAME, publish
+from .tiny_checkpoints import write_mtpv2_checkpoint
+from .tiny_models import write_target
+from .verify import verify
 
 __all__ = ["run_demo"]
+
+TARGET_NAME = "Tiny-Nemotron-UD-Q4_K_XL"
 
 
 def run_demo(
     work_dir: str | os.PathLike[str] | None = None, *, llama: bool | None = None, say: Callable[[str], None] = print
 ) -> bool:
-    """Write a tiny 3-shard ``nemotron_h_moe`` target and an MTP draft, compose them and load the result
-    with llama.cpp (when installed). Prints what happens through ``say``; returns success.
+    """Run the whole flow on a tiny model in ``work_dir`` (default: a new temporary folder).
+
+    Args:
+        work_dir: where the files go; an earlier demo's files there are replaced.
+        llama: load the composite with llama.cpp (default: when llama-cpp-python is installed).
+        say: where the progress lines go.
+
+    Returns:
+        Whether the composite verified (and, with llama.cpp, loaded and ran its NextN block).
     """
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="gguf-mtp-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    target = write_target(work / "target", shards=3, name="Tiny-Nemotron-UD-Q4_K_XL")
-    draft = write_draft(work / "mtp-draft.gguf", block=0, with_globals=True)
-    say(
-        f"1. wrote a tiny nemotron_h_moe target in 3 shards (blocks M,*,E; Q4_K/Q6_K/Q8_0/IQ4_XS/BF16): {target.parent}"
+    target = write_target(work / "target", shards=3, name=TARGET_NAME)
+    target_files = sorted(target.parent.glob(f"{TARGET_NAME}-*-of-*.gguf"))
+    say(f"1. target: a tiny nemotron_h_moe quant in {len(target_files)} shards, blocks M,*,E, no MTP "
+        f"({human_bytes(sum(p.stat().st_size for p in target_files))}): {target.parent}")
+    head = write_mtpv2_checkpoint(work / "head-checkpoint")
+    safetensors = sorted(head.glob("*.safetensors"))
+    say(f"2. head: an MTPv2 checkpoint like NVIDIA's (config.json + {len(safetensors)} BF16 safetensors files): {head}")
+
+    converted = convert(head, work / "mtp-draft.gguf", target=target, force=True, progress=False)
+    plan = converted.plan
+    say(f"3. convert: {len(plan.tensors)} head tensors -> NextN block blk.{plan.block} "
+        f"({human_bytes(converted.output.stat().st_size)}): {converted.output}")
+
+    composed = compose(target, converted.output, work / "composite", force=True, progress=False)
+    cplan = composed.plan
+    arch_prefix = f"{cplan.target.arch}."
+    scalars = [c for c in cplan.files[0].kv_changes if not isinstance(c.new, list)]
+    arrays = len(cplan.files[0].kv_changes) - len(scalars)
+    changes = ", ".join(
+        f"{c.key.removeprefix(arch_prefix)} {c.old}->{c.new}" if c.old is not None
+        else f"{c.key.removeprefix(arch_prefix)} = {c.new} (new)" for c in scalars
     )
-    say(f"2. wrote an MTP draft with one NextN block blk.0 (18 tensors, BF16): {draft}")
-    report = compose(target, draft, work / "composite", force=True, progress=False)
-    plan = report.plan
-    changes = ", ".join(f"{c.key.split('.', 1)[1]} {c.old}->{c.new}" for c in plan.files[0].kv_changes)
-    say(
-        f"3. composed: {plan.target.tensor_count} target tensors copied byte for byte + {len(plan.renamed)} "
-        f"NextN tensors as blk.{plan.block}; {changes}"
-    )
-    composite = report.output_paths[0]
+    say(f"4. compose: {cplan.target.tensor_count} target tensors copied byte for byte + {len(cplan.renamed)} as "
+        f"blk.{cplan.block}; {changes}; {arrays} per-layer arrays extended")
+    composite = composed.output_paths[0]
+
     use_llama = llama_cpp_available() if llama is None else llama
+    verified = verify(composite, target=target, draft=converted.output, llama=use_llama, progress=False)
+    passed = sum(c.ok is True for c in verified.checks)
+    if verified.ok:
+        say(f"5. verify: {passed} checks passed" + (f"; {verified.llama.summary()}" if verified.llama else ""))
+    else:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in verified.failures)
+        say(f"5. verify: FAILED {failed}")
     if not use_llama:
-        say(f"4. llama.cpp check skipped (llama-cpp-python not installed: {INSTALL_HINT})")
-        say(f"composite: {composite}")
-        return True
-    check = check_with_llama(composite)
-    say(f"4. {check.summary()}")
+        say(f"   (llama.cpp check skipped: {INSTALL_HINT})")
+
+    summary = inspect(composite)
+    say(f"6. inspect: {summary.mtp_verdict}; {summary.block_count} blocks, {summary.tensor_count} tensors")
+
+    card = publish(
+        composite, "you/Tiny-Nemotron-MTP-GGUF", dry_run=True, progress=False,
+        provenance=Provenance(target_repo="unsloth/Tiny-Nemotron-GGUF", head_source="nvidia/Tiny-Nemotron-MTPv2"),
+    )
+    card_path = work / CARD_NAME
+    card_path.write_text(card.card, encoding="utf-8")
+    how = card.plan.mode.replace("-", " ")
+    say(f"7. publish --dry-run: would upload {len(card.files)} files + {CARD_NAME} as {how}; card: {card_path}")
     say(f"composite: {composite}")
-    return check.ok
+    return verified.ok

@@ -26,6 +26,7 @@ from typing import Any
 
 from gguf import GGUFValueType
 
+from .blocks import missing_nextn_tensors
 from .cli.common import human_bytes
 from .constants import (
     BLOCK_TENSOR,
@@ -36,7 +37,7 @@ from .constants import (
     KEY_VOCAB_SIZE,
 )
 from .errors import BadGGUFError, IncompatibleDraftError
-from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
+from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header, serialize_header
 from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
@@ -101,7 +102,7 @@ def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextN
     Raises:
         NoNextNBlockError: ``nextn_predict_layers`` is 0 or absent.
         BadGGUFError: a tensor belongs to a block at or beyond ``block_count``, or (with
-            ``require_tensors``) a declared NextN block has no tensors.
+            ``require_tensors``) a declared NextN block has no tensors or lacks one llama.cpp requires.
     """
     block_count, count = model.block_count, model.nextn_predict_layers
     first = block_count - count
@@ -133,6 +134,13 @@ def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextN
             f"blk.{first}..blk.{block_count - 1}, but blk.{missing[0]} has no tensors",
             model.name,
         )
+    if require_tensors:
+        names = [t.name for _, t in tensors]
+        for block in range(first, block_count):
+            lacking = missing_nextn_tensors(names, model.arch, block)
+            if lacking:
+                # llama.cpp would load such a block and silently never use it.
+                raise BadGGUFError(f"NextN block blk.{block} is incomplete: no {', '.join(lacking)}", model.name)
     return NextNBlocks(model, first, count, tuple(tensors))
 
 
@@ -150,7 +158,6 @@ class ExtractionPlan:
     standalone: bool
     header: GGUFHeader
     output: OutputFile
-    tensor_sources: dict[str, CopyRange]  # draft tensor name -> its bytes in the source
     left_out_kvs: tuple[str, ...]  # source KVs not carried
     added_kvs: tuple[str, ...]  # KVs the draft states that the source did not
 
@@ -196,27 +203,22 @@ def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list
     return kvs, left_out, added
 
 
-def _layout(
-    tensors: list[tuple[Path, int, TensorInfo]], alignment: int
-) -> tuple[list[TensorInfo], list[Segment], dict[str, CopyRange]]:
-    """Place tensors one after the other at ``alignment``: (infos, data segments, sources by name)."""
+def _layout(tensors: list[tuple[Path, int, TensorInfo]], alignment: int) -> tuple[list[TensorInfo], list[Segment]]:
+    """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments)."""
     infos: list[TensorInfo] = []
     segments: list[Segment] = []
-    sources: dict[str, CopyRange] = {}
     position = 0
     for path, data_offset, tensor in tensors:
         offset = align_up(position, alignment)
         if offset > position:
             segments.append(Zeros(offset - position))
         infos.append(TensorInfo(tensor.name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
-        source = CopyRange(path, data_offset + tensor.offset, tensor.nbytes)
-        segments.append(source)
-        sources[tensor.name] = source
+        segments.append(CopyRange(path, data_offset + tensor.offset, tensor.nbytes))
         position = offset + tensor.nbytes
     end = align_up(position, alignment)
     if end > position:
         segments.append(Zeros(end - position))  # like llama.cpp's writer: every tensor padded
-    return infos, segments, sources
+    return infos, segments
 
 
 def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standalone: bool = False) -> ExtractionPlan:
@@ -250,20 +252,13 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
         if tensor.name in wanted
     ]
     alignment = source.first.alignment
-    infos, segments, sources = _layout(picked, alignment)
+    infos, segments = _layout(picked, alignment)
     kvs, left_out, added = _draft_kvs(source, standalone)
     head = serialize_header(source.first.version, kvs, infos, alignment)
     path = Path(output)
-    data_size = sum(s.nbytes for s in segments)
-    header = GGUFHeader(
-        path=str(path),
-        version=source.first.version,
-        kvs={kv.key: kv for kv in kvs},
-        tensors=tuple(infos),
-        alignment=alignment,
-        header_size=len(head),  # padded: what follows is the data section
-        data_offset=len(head),
-        file_size=len(head) + data_size,
+    # Read back what will be written with the strict parser: the plan's header is the file's own.
+    header = parse_header(
+        lambda offset, size: head[offset : offset + size], len(head) + sum(s.nbytes for s in segments), str(path)
     )
     return ExtractionPlan(
         source=source,
@@ -271,7 +266,6 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
         standalone=standalone,
         header=header,
         output=OutputFile(path, (Bytes(head), *segments)),
-        tensor_sources=sources,
         left_out_kvs=tuple(left_out),
         added_kvs=tuple(added),
     )
@@ -333,7 +327,8 @@ def _notes(plan: ExtractionPlan) -> Iterator[str]:
     skipped_tokenizer = [k for k in plan.left_out_kvs if k.startswith("tokenizer.")]
     if skipped_tokenizer:
         yield (
-            f"left out the tokenizer ({len(skipped_tokenizer)} KVs): a composite keeps its target's; "
+            f"left out the tokenizer ({len(skipped_tokenizer)} KV{'s' * (len(skipped_tokenizer) != 1)}): "
+            "a composite keeps its target's; "
             "use --standalone for a file llama.cpp loads on its own"
         )
     for key in plan.added_kvs:

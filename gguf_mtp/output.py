@@ -1,7 +1,8 @@
 """Write planned output files safely and fast.
 
 A planned file is a list of segments: literal bytes (a header), a byte range of an input file copied
-verbatim, or zero padding. Copies go through the kernel (``copy_file_range``, then ``sendfile``, then a
+verbatim, zero padding, or bytes generated on the fly in bounded chunks (converted tensor data).
+Copies go through the kernel (``copy_file_range``, then ``sendfile``, then a
 plain read/write loop where neither works), so tensor data never passes through Python buffers, and
 memory stays flat whatever the size.
 
@@ -19,10 +20,11 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -32,6 +34,7 @@ from .errors import OutputWriteError, UnsafeOutputError
 __all__ = [
     "Bytes",
     "CopyRange",
+    "Generated",
     "OutputFile",
     "Segment",
     "Zeros",
@@ -73,7 +76,16 @@ class Zeros:
     nbytes: int
 
 
-Segment = Bytes | CopyRange | Zeros
+@dataclass(frozen=True)
+class Generated:
+    """``nbytes`` bytes produced by ``chunks()`` one bounded buffer at a time (data transformed on the way,
+    e.g. a tensor converted from BF16 to F32), so memory stays flat whatever the total."""
+
+    nbytes: int
+    chunks: Callable[[], Iterable[Any]]  # each chunk supports the buffer protocol (bytes, numpy array)
+
+
+Segment = Bytes | CopyRange | Zeros | Generated
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,17 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:
+    written = 0
+    for chunk in segment.chunks():
+        data = memoryview(chunk).cast("B")
+        _write_all(fd, data)
+        written += len(data)
+        bar.update(len(data))
+    if written != segment.nbytes:
+        raise OutputWriteError(f"a generated segment gave {written:,} bytes, planned {segment.nbytes:,}")
 
 
 def _partial_path(final: Path) -> Path:
@@ -303,6 +326,8 @@ def write_outputs(
                             elif isinstance(segment, Zeros):
                                 _write_all(fd, b"\0" * segment.nbytes)
                                 bar.update(segment.nbytes)
+                            elif isinstance(segment, Generated):
+                                _write_generated(fd, segment, bar)
                             else:
                                 if segment.source not in sources:
                                     sources[segment.source] = os.open(segment.source, os.O_RDONLY)

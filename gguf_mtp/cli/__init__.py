@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import GGUFMTPError
 
 #: Subcommands, each a module of this package with ``register(subparsers)``.
-COMMANDS = ("compose", "demo")
+COMMANDS = ("convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,51 @@
+"""``gguf-mtp convert SOURCE -o DRAFT.gguf``."""
+
+from __future__ import annotations
+
+import argparse
+
+from conversion import supported_architectures
+from conversion.base import OUTTYPES
+
+from ..convert import convert
+from .common import add_output_flags, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "convert",
+        help="convert an MTP head checkpoint (safetensors) into a GGUF draft",
+        description="Convert the MTP (NextN) head of a Hugging Face checkpoint into a GGUF draft that "
+        "`gguf-mtp compose` splices into the target, or with --standalone into an MTP-only model llama.cpp "
+        f"loads by itself. Supported: {', '.join(supported_architectures())}.",
+    )
+    p.add_argument("source", metavar="SOURCE",
+                   help="checkpoint folder (config.json + *.safetensors) or Hub repo id; from the Hub only "
+                        "config.json, the index and the shards holding mtp.* tensors are downloaded")
+    p.add_argument("-o", "--output", required=True, metavar="DRAFT.gguf", help="the GGUF file to write")
+    p.add_argument("--target", metavar="TARGET.gguf",
+                   help="the model the head belongs to (any shard of a split set): gives the block index and is "
+                        "checked against the head")
+    p.add_argument("--block", type=int, metavar="N", help="NextN block index when there is no --target")
+    p.add_argument("--outtype", choices=sorted(OUTTYPES),
+                   help="type of the matrices (norms, biases, router: F32); default: the source dtype, copied as is")
+    p.add_argument("--standalone", action="store_true",
+                   help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
+                        "output and the metadata of --target")
+    p.add_argument("--revision", metavar="REV", help="Hub revision (branch, tag or commit) of a repo-id SOURCE")
+    p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = convert(
+        args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
+        standalone=args.standalone, revision=args.revision, dry_run=args.dry_run, force=args.force,
+        progress=not (args.quiet or args.json),
+    )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.describe()))
+    return 0

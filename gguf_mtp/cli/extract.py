@@ -1,0 +1,53 @@
+"""``gguf-mtp extract SOURCE [-o DRAFT.gguf] [--standalone]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..constants import SPLIT_NAME
+from ..extract import extract
+from .common import add_output_flags, print_json
+
+
+def default_output(source: str, standalone: bool) -> Path:
+    """``mtp-<model name>.gguf`` in the current folder (the shard suffix of a split source left out)."""
+    name = Path(source).name
+    match = SPLIT_NAME.match(name)
+    stem = match["prefix"] if match else Path(name).stem
+    return Path(f"mtp-{stem}.gguf" if standalone else f"mtp-draft-{stem}.gguf")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "extract",
+        help="copy the NextN (MTP) block(s) of a model into a draft GGUF that compose accepts",
+        description="Copy the NextN block(s) of SOURCE (the last {arch}.nextn_predict_layers blocks) byte for byte "
+        "into a draft GGUF, with the metadata compose needs. With --standalone the file also carries the source's "
+        "token_embd/output_norm/output and tokenizer: an MTP-only model for llama-server --spec-draft-model.",
+    )
+    p.add_argument("source", help="a GGUF with NextN blocks, or any shard of a <prefix>-NNNNN-of-NNNNN.gguf set")
+    p.add_argument(
+        "-o", "--output", metavar="DRAFT.gguf",
+        help="the file (or folder) to write to (default name: mtp-draft-<name>.gguf, or mtp-<name>.gguf with "
+        "--standalone, in the current folder)",
+    )
+    p.add_argument("--standalone", action="store_true", help="write an MTP-only model llama.cpp loads on its own")
+    p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    output = Path(args.output) if args.output else default_output(args.source, args.standalone)
+    if output.is_dir():
+        output = output / default_output(args.source, args.standalone)
+    report = extract(
+        args.source, output, standalone=args.standalone, force=args.force, dry_run=args.dry_run,
+        progress=not (args.quiet or args.json),
+    )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.describe()))
+    return 0

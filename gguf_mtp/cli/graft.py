@@ -1,0 +1,44 @@
+"""``gguf-mtp graft --from SOURCE --into TARGET -o OUTDIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..graft import graft
+from .common import add_output_flags, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "graft",
+        help="move the NextN (MTP) block of one model into another (extract + compose + verify)",
+        description="Take the NextN block(s) of SOURCE and splice them into TARGET, a trunk-only model of the same "
+        "architecture, trunk, width and vocabulary (e.g. a community quant that dropped its MTP layers). Nothing "
+        "is re-quantized; every byte is a kernel copy; the result is verified with llama.cpp.",
+    )
+    p.add_argument("--from", dest="source", required=True, metavar="SOURCE", help="the model that has the NextN block")
+    p.add_argument("--into", dest="target", required=True, metavar="TARGET", help="the trunk-only model to extend")
+    p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR", help="folder for the composite")
+    p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
+    p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
+    p.add_argument("--no-verify", action="store_true", help="do not verify the composite after writing it")
+    p.add_argument("--no-llama", action="store_true", help="verify without loading the composite with llama.cpp")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = graft(
+        args.source, args.target, args.output_dir, basename=args.basename, force=args.force,
+        verify=not args.no_verify, llama=False if args.no_llama else None, dry_run=args.dry_run,
+        progress=not (args.quiet or args.json),
+    )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.describe()))
+    if not report.ok:
+        print(f"gguf-mtp: error: {report.output_paths[0]}: the grafted model failed verification", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,68 @@
+"""``gguf-mtp pipeline --target-repo ... --target-files ... --head-repo ... [--out-repo ...]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..pipeline import PipelineReport, run_pipeline
+from .common import add_output_flags, print_json
+
+DEFAULT_WORK_DIR = "gguf-mtp-work"
+
+
+def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
+    """The pipeline's options (shared with ``scripts/hf_job.py``, which forwards them to a Hub Job)."""
+    p.add_argument("--target-repo", required=True, metavar="OWNER/REPO", help="the Hub repo of the target quant")
+    p.add_argument("--target-files", required=True, metavar="PATTERN",
+                   help="the target model in it: 'DIR/NAME-*-of-*.gguf' (exactly that split set), one shard's "
+                   "name, or a single file's name")
+    p.add_argument("--head-repo", required=True, metavar="OWNER/HEAD",
+                   help="the MTP head checkpoint: Hub repo id (only its MTP files are downloaded) or local folder")
+    p.add_argument("--out-repo", metavar="OWNER/NAME", help="publish the composite there (default: do not publish)")
+    p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, metavar="DIR",
+                   help=f"state, draft and composite; re-running resumes (default: ./{DEFAULT_WORK_DIR})")
+    p.add_argument("--keep", action="store_true", help="keep the draft and composite after publishing")
+    p.add_argument("--target-revision", metavar="REV", help="revision of the target repo (default: main)")
+    p.add_argument("--head-revision", metavar="REV", help="revision of the head repo (default: main)")
+    p.add_argument("--out-revision", metavar="BRANCH", help="branch to publish to (default: main)")
+    p.add_argument("--private", action="store_true", help="create --out-repo private")
+    p.add_argument("--basename", metavar="NAME", help="composite file prefix (default: the target's + '-MTP')")
+    p.add_argument("--outtype", choices=("bf16", "f16", "f32", "q8_0"),
+                   help="type of the head's matrices (default: as in the checkpoint)")
+    p.add_argument("--cache-dir", metavar="DIR", help="Hub cache for the target (default: huggingface_hub's)")
+    p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "pipeline",
+        help="download target + head, convert, compose, verify, publish (resumable)",
+        description="From two Hub repos to a verified (and, with --out-repo, published) MTP composite: downloads "
+        "exactly the target's shard set and the head's MTP files, converts, composes, verifies (llama.cpp "
+        "included when installed) and publishes. Re-running in the same --work-dir reuses every finished stage "
+        "whose recorded outputs still match their size and sha256.",
+    )
+    add_pipeline_arguments(p)
+    add_output_flags(p, dry_run=False)
+    p.set_defaults(run=run)
+
+
+def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
+    """Run the pipeline with parsed :func:`add_pipeline_arguments` options."""
+    return run_pipeline(
+        target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
+        out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, target_revision=args.target_revision,
+        head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
+        basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
+        llama=False if args.no_llama else None, progress=not (getattr(args, "quiet", False) or
+                                                             getattr(args, "json", False)),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = pipeline_from_args(args)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.describe()))
+    return 0

@@ -1,0 +1,65 @@
+"""``gguf-mtp publish OUTDIR --repo OWNER/NAME``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..model_card import Provenance
+from ..publish import CARD_NAME, publish
+from .common import add_output_flags, print_json
+
+
+def add_provenance_flags(p: argparse.ArgumentParser) -> None:
+    """Where the composite came from, for the model card."""
+    g = p.add_argument_group("provenance (shown in the model card)")
+    g.add_argument("--target-repo", metavar="OWNER/REPO", help="the Hub repo of the target quant")
+    g.add_argument("--target-revision", metavar="REV", help="the target repo's revision (commit) used")
+    g.add_argument("--target-file", action="append", default=[], metavar="PATH",
+                   help="a target file's path in its repo (repeatable)")
+    g.add_argument("--head-repo", metavar="OWNER/REPO", help="the MTP head checkpoint's repo (or folder)")
+    g.add_argument("--head-revision", metavar="REV", help="the head repo's revision used")
+    g.add_argument("--base-model", metavar="OWNER/REPO", help="the original model (front matter base_model)")
+
+
+def provenance_from_args(args: argparse.Namespace) -> Provenance:
+    return Provenance(
+        target_repo=args.target_repo, target_revision=args.target_revision, target_files=tuple(args.target_file),
+        head_source=args.head_repo, head_revision=args.head_revision, base_model=args.base_model,
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "publish",
+        help="upload a composite and a generated model card to the Hugging Face Hub",
+        description="Upload every shard of the composite in OUTDIR plus a generated README.md to a Hub repo: "
+        "one commit for a set that fits, resumably (card last) for a large one. The token and write access are "
+        "checked before anything is hashed or uploaded; afterwards the Hub's sizes and sha256 are compared with "
+        "the local files. --dry-run needs no token and no network.",
+    )
+    p.add_argument("outdir", metavar="OUTDIR", help="folder holding the composite (or any of its files)")
+    p.add_argument("--repo", required=True, metavar="OWNER/NAME",
+                   help="the Hub repo to publish to (created if missing)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--revision", metavar="BRANCH", help="commit to this branch (created if missing)")
+    p.add_argument("--upload-mode", choices=("auto", "one-commit", "resumable"), default="auto",
+                   help="one commit, resumable, or by size (default: auto)")
+    add_provenance_flags(p)
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = publish(
+        args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
+        provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
+    )
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    print("\n".join(report.describe()))
+    if args.dry_run:
+        print(f"\n----- {CARD_NAME} -----")
+        sys.stdout.write(report.card)
+    return 0

@@ -1,0 +1,48 @@
+"""``gguf-mtp verify COMPOSITE``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..verify import verify
+from .common import print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "verify",
+        help="prove a composite is right: structure, bytes against target and draft, llama.cpp load + MTP step",
+        description="Check a composite GGUF: every shard present and readable, split.* right in every shard, "
+        "tensors sized and placed as llama.cpp requires, per-layer arrays as long as block_count, NextN "
+        "tensors present; with --target every target tensor byte-identical and the metadata unchanged "
+        "except what compose changes; with --draft every draft block tensor byte-identical; and llama.cpp "
+        "loads the composite and runs one MTP decode step. Exit status 0 only when no check fails.",
+    )
+    p.add_argument("composite", help="the composite GGUF, or any shard of its split set")
+    p.add_argument("--target", help="the target it was composed from (compare every tensor and KV)")
+    p.add_argument("--draft", help="the MTP draft it was composed from (compare every block tensor)")
+    llama = p.add_mutually_exclusive_group()
+    llama.add_argument(
+        "--llama", dest="llama", action="store_const", const=True, default=None,
+        help="require the llama.cpp check (fail when llama-cpp-python is missing; default: run it when installed)",
+    )
+    llama.add_argument("--no-llama", dest="llama", action="store_const", const=False, help="skip the llama.cpp check")
+    p.add_argument(
+        "--allow-kv", action="append", default=[], metavar="KEY",
+        help="a key the composite may change or add besides those compose manages (e.g. a --set-kv key); repeatable",
+    )
+    p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = verify(
+        args.composite, target=args.target, draft=args.draft, llama=args.llama,
+        progress=not (args.quiet or args.json), allow_kv=args.allow_kv,
+    )
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.describe()))
+    return 0 if report.ok else 2

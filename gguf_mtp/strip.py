@@ -1,0 +1,321 @@
+"""``strip``: a trunk-only copy of a model with NextN (MTP) blocks -- the inverse of ``compose``.
+
+The NextN tensors leave the tensor tables, ``{arch}.block_count`` drops to the trunk count (its type
+kept), ``{arch}.nextn_predict_layers`` is removed (what llama.cpp's converters write for a model
+without MTP, and what a target had before ``compose`` added the key), every per-layer array is cut
+back to the trunk, and ``split.tensors.count`` is lowered in every shard. Every other KV and tensor is
+kept byte for byte, so stripping a composite gives back its target, and ``compose`` of the stripped
+model with the extracted block gives back the composite.
+
+Tensor data moves with the kernel. Where the NextN tensors sit at the end of a shard (as ``compose``
+puts them) every other tensor keeps its data offset and the shard is one copy up to where the NextN
+data began; where they sit in the middle, the tensors after them move up (still kernel copies), as
+llama.cpp wants every tensor right after the previous one (rounded up to the alignment).
+A model whose metadata declares a NextN block with no tensors (a converter that dropped them) is
+repaired the same way: only its metadata changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFValueType
+
+from .cli.common import human_bytes, short
+from .compose_plan import KVChange, per_layer_keys
+from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
+from .errors import BadGGUFError
+from .extract import NextNBlocks, find_nextn_blocks
+from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
+from .kv_edit import INT_RANGES, check_int
+from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
+from .shards import ShardSet, open_model
+
+__all__ = ["StripPlan", "StripReport", "StrippedFile", "plan_strip", "strip"]
+
+
+@dataclass(frozen=True)
+class StrippedFile:
+    """One output file of a strip: a source shard without its NextN tensors."""
+
+    output: OutputFile
+    source: Path
+    tensors: tuple[TensorInfo, ...]
+    removed_tensors: tuple[str, ...]
+    moved_tensors: tuple[str, ...]  # tensors whose data offset changed (they followed NextN data)
+    kv_changes: tuple[KVChange, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "source": str(self.source),
+            "tensors": len(self.tensors),
+            "removed_tensors": list(self.removed_tensors),
+            "moved_tensors": list(self.moved_tensors),
+            "kv_changes": [c.to_dict() for c in self.kv_changes],
+            "bytes": self.output.size,
+        }
+
+
+@dataclass(frozen=True)
+class StripPlan:
+    """Everything a strip run will write."""
+
+    source: ShardSet
+    nextn: NextNBlocks
+    files: tuple[StrippedFile, ...]
+
+    @property
+    def outputs(self) -> list[OutputFile]:
+        return [f.output for f in self.files]
+
+    @property
+    def removed(self) -> list[str]:
+        return [name for f in self.files for name in f.removed_tensors]
+
+    @property
+    def kv_changes(self) -> list[KVChange]:
+        return [c for f in self.files for c in f.kv_changes]
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(f.output.size for f in self.files)
+
+
+def _int_kv(header: GGUFHeader, key: str, value: int) -> KeyValue:
+    """``key`` of ``header`` set to ``value`` in the key's own integer type."""
+    kv = header.kvs[key]
+    if kv.vtype not in INT_RANGES:
+        raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", header.path)
+    return encode_kv(key, kv.vtype, check_int(value, kv.vtype, f"{header.path}: {key}"))
+
+
+def _model_kv_edits(model: ShardSet, trunk: int) -> dict[str, KeyValue | None]:
+    """Shard-1 edits by key (``None`` removes the key)."""
+    first = model.first
+    count_key = model.arch_key(KEY_BLOCK_COUNT)
+    edits: dict[str, KeyValue | None] = {count_key: _int_kv(first, count_key, trunk)}
+    edits[model.arch_key(KEY_NEXTN_PREDICT_LAYERS)] = None
+    for kv in per_layer_keys(first, model.arch, model.block_count):
+        array = kv.typed_value
+        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(array.element_type, array.items[:trunk]))
+    return edits
+
+
+def _edit_kvs(
+    header: GGUFHeader, edits: dict[str, KeyValue | None], file_name: str
+) -> tuple[list[KeyValue], list[KVChange]]:
+    """The header's KVs with ``edits`` applied in place (``None`` removes), and the changes made."""
+    kvs: list[KeyValue] = []
+    changes: list[KVChange] = []
+    for key, kv in header.kvs.items():
+        if key not in edits:
+            kvs.append(kv)
+            continue
+        new = edits[key]
+        if new is None:
+            changes.append(KVChange(file_name, key, kv.type_name, kv.value, None))
+            continue
+        kvs.append(new)
+        if new.raw != kv.raw:
+            changes.append(KVChange(file_name, key, new.type_name, kv.value, new.value))
+    return kvs, changes
+
+
+def _shard_layout(
+    header: GGUFHeader, removed: frozenset[str]
+) -> tuple[list[TensorInfo], list[Segment], list[str]]:
+    """(tensor table, data segments, moved tensor names) of one shard without the ``removed`` tensors.
+
+    llama.cpp reads a data section densely: each tensor at the previous one's end rounded up to the
+    alignment, in table order. So the kept tensors are placed that way; runs of them that keep their
+    distance to each other are copied as one range (padding included), so a shard whose NextN tensors
+    sit at the end is one copy and keeps every offset.
+    """
+    path = Path(header.path)
+    tensors: list[TensorInfo] = []
+    position = 0
+    for tensor in (t for t in header.tensors if t.name not in removed):
+        offset = align_up(position, header.alignment)
+        tensors.append(TensorInfo(tensor.name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
+        position = offset + tensor.nbytes
+    old = header.tensor_by_name
+    segments: list[Segment] = []
+    written = 0
+    # Consecutive tensors that moved by the same distance (none, mostly) are one verbatim copy.
+    for _, group in itertools.groupby(tensors, key=lambda t: old[t.name].offset - t.offset):
+        run = list(group)
+        first, last = run[0], run[-1]
+        if first.offset > written:
+            segments.append(Zeros(first.offset - written))
+        start = old[first.name].offset
+        segments.append(CopyRange(path, header.data_offset + start, old[last.name].offset + last.nbytes - start))
+        written = last.offset + last.nbytes
+    end = align_up(written, header.alignment)
+    if end > written:
+        segments.append(Zeros(end - written))
+    return tensors, segments, [t.name for t in tensors if t.offset != old[t.name].offset]
+
+
+def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPlan:
+    """Plan a trunk-only copy of ``source`` in ``output_dir`` (pure: reads headers only).
+
+    Args:
+        source: a model with NextN blocks (one file or a split set).
+        output_dir: folder for the output; files keep the source's names.
+
+    Returns:
+        The :class:`StripPlan`.
+
+    Raises:
+        NoNextNBlockError: the source has no NextN block.
+        BadGGUFError: the source is an MTP-only file (no trunk block tensors) or its metadata is unusable.
+    """
+    nextn = find_nextn_blocks(source, require_tensors=False)
+    trunk = nextn.first
+    if not any(i < trunk for i in source.block_indices()):
+        raise BadGGUFError(
+            f"an MTP-only model (no tensors of blocks 0..{trunk - 1}): stripping its NextN block would leave nothing",
+            source.name,
+        )
+    removed = nextn.names
+    model_edits = _model_kv_edits(source, trunk)
+    output_dir = Path(output_dir)
+    files: list[StrippedFile] = []
+    for index, header in enumerate(source.headers):
+        final = output_dir / Path(header.path).name
+        edits = dict(model_edits) if index == 0 else {}
+        if KEY_SPLIT_TENSORS_COUNT in header.kvs:
+            total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value
+            edits[KEY_SPLIT_TENSORS_COUNT] = _int_kv(header, KEY_SPLIT_TENSORS_COUNT, total - len(removed))
+        kvs, changes = _edit_kvs(header, edits, final.name)
+        tensors, segments, moved = _shard_layout(header, removed)
+        head = serialize_header(header.version, kvs, tensors, header.alignment)
+        files.append(
+            StrippedFile(
+                output=OutputFile(final, (Bytes(head), *segments)),
+                source=Path(header.path),
+                tensors=tuple(tensors),
+                removed_tensors=tuple(t.name for t in header.tensors if t.name in removed),
+                moved_tensors=tuple(moved),
+                kv_changes=tuple(changes),
+            )
+        )
+    return StripPlan(source, nextn, tuple(files))
+
+
+@dataclass
+class StripReport:
+    """What a strip run did (or, with ``dry_run``, would do)."""
+
+    plan: StripPlan
+    dry_run: bool
+    bytes_written: int = 0
+    seconds: float = 0.0
+    copy_methods: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def output_paths(self) -> list[Path]:
+        return [f.path for f in self.plan.files]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        plan = self.plan
+        return {
+            "command": "strip",
+            "dry_run": self.dry_run,
+            "source": [str(p) for p in plan.source.paths],
+            "architecture": plan.source.arch,
+            "nextn_blocks": list(plan.nextn.indices),
+            "files": [f.to_dict() for f in plan.files],
+            "tensors": {
+                "source": plan.source.tensor_count,
+                "removed": len(plan.removed),
+                "total": plan.source.tensor_count - len(plan.removed),
+            },
+            "kv_changes": [c.to_dict() for c in plan.kv_changes],
+            "bytes_to_write": plan.bytes_to_write,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "copy_methods": list(self.copy_methods),
+            "notes": list(self.notes),
+        }
+
+    def describe(self) -> list[str]:
+        """The human-readable report."""
+        plan = self.plan
+        verb = "would write" if self.dry_run else "wrote"
+        lines = [
+            f"source: {plan.source.arch}, {len(plan.source.headers)} file(s), {plan.source.tensor_count} tensors, "
+            f"NextN block(s) {plan.nextn.describe()} ({len(plan.removed)} tensors) removed",
+        ]
+        for f in plan.files:
+            extra = f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else ""
+            extra += f", {len(f.moved_tensors)} moved up" if f.moved_tensors else ""
+            lines.append(f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors{extra})")
+            lines.extend(
+                f"    {c.key} ({c.type_name}): {short(c.old)} -> {'(removed)' if c.new is None else short(c.new)}"
+                for c in f.kv_changes
+            )
+        lines.extend(f"note: {n}" for n in self.notes)
+        if self.dry_run:
+            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+        else:
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s")
+        return lines
+
+
+def strip(
+    source: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: bool = True,
+) -> StripReport:
+    """Write a trunk-only copy of ``source`` (its NextN blocks removed) to ``output_dir``.
+
+    Args:
+        source: a GGUF with NextN blocks: one file or any shard of a ``<prefix>-NNNNN-of-NNNNN.gguf`` set.
+        output_dir: folder for the output (created if missing); files keep the source's names.
+        force: replace existing outputs (never inputs).
+        dry_run: plan only; write nothing.
+        progress: show a progress bar on stderr when it is a terminal.
+
+    Returns:
+        A :class:`StripReport`.
+
+    Raises:
+        NoNextNBlockError: the source has no NextN block.
+        BadGGUFError, ShardSetError: the source is malformed, incomplete or MTP-only.
+        UnsafeOutputError: an output is an input, exists (without ``force``) or cannot be written.
+        OutputWriteError: writing failed; nothing was left behind.
+
+    Example:
+        >>> strip("Model-Q8_0-00001-of-00003.gguf", "trunk-only/")  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    model = open_model(source)
+    plan = plan_strip(model, output_dir)
+    report = StripReport(plan, dry_run)
+    if not plan.removed:
+        report.notes.append(
+            f"no NextN tensors were present ({plan.nextn.describe()} was declared but empty): only the metadata "
+            "was repaired"
+        )
+    if not dry_run:
+        stats = write_outputs(plan.outputs, inputs=model.paths, force=force, progress=progress, desc="strip")
+        report.bytes_written = stats.bytes_written
+        report.copy_methods = stats.copy_methods
+    report.seconds = time.perf_counter() - started
+    return report

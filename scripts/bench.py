@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Benchmark gguf-mtp against the physical limit (``cp``) and the nearest upstream tool.
+
+Measures wall time and peak memory, alternating runs and keeping medians, of:
+
+- ``gguf-mtp compose`` of a split target (+ draft) vs ``cp`` of the same files onto the same disk;
+- ``gguf-mtp compose`` of a single-file target vs gguf-py's ``gguf_new_metadata.py`` copying that file
+  with one metadata change;
+- ``gguf-mtp convert`` of a synthetic MTPv2 head (512 experts per stack) vs ``cp`` of its safetensors;
+
+at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
+``docs/benchmarks/``. Inputs are generated once into ``--work-dir`` and reused.
+
+Examples::
+
+    .venv/bin/python scripts/bench.py                     # the full run (sizes 1G,3G,4G, 5 rounds)
+    .venv/bin/python scripts/bench.py --quick --out-dir /tmp/bench   # seconds, tiny inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_inputs import (
+    NEMOTRON_SUPER_PATTERN,
+    HeadSpec,
+    SyntheticTarget,
+    TargetSpec,
+    ensure_draft,
+    ensure_head,
+    ensure_target,
+    head_files,
+    parse_size,
+    size_label,
+)
+from bench_lib import CACHE_MODES, Command, Sample, load_average, machine_info, median_ratio, run_alternating, summarise
+from bench_report import write_report
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+#: Goals from issue 6 (medians on the project's 2-core machine).
+MAX_COMPOSE_OVER_CP = 1.15
+MAX_COMPOSE_RSS = 150 * 2**20
+MAX_COMPOSE_RSS_GROWTH = 0.10  # "flat": at most 10 % more at the largest size than at the smallest
+MAX_CONVERT_RSS = 2**30
+
+QUICK_HEAD = HeadSpec(n_embd=512, n_head=8, n_head_kv=2, head_dim=64, n_expert=64, n_expert_used=2, expert_ff=256,
+                      shared_ff=512, moe_latent=256, files=2)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    work_dir: Path
+    out_dir: Path
+    sizes: tuple[int, ...]
+    headline: int
+    repeat: int
+    shards: int
+    pattern: str
+    cache: str
+    head: HeadSpec | None
+    quick: bool = False
+
+
+def _env() -> dict[str, str]:
+    return {"GGUF_MTP_DISABLE_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _runs(config: BenchConfig, name: str) -> Path:
+    return config.work_dir / "runs" / name
+
+
+def target_group(config: BenchConfig, sharded: SyntheticTarget, single: SyntheticTarget, draft: Path) -> list[Command]:
+    """compose (split) | cp (split + draft) | compose (single file) | gguf_new_metadata.py (single file)."""
+    size = sharded.spec.size
+    env = _env()
+    return [
+        Command("compose", "sharded", size,
+                (PYTHON, "-m", "gguf_mtp", "compose", str(sharded.first), str(draft), "-o",
+                 str(_runs(config, "compose-sharded")), "--quiet"),
+                (*sharded.paths, draft), _runs(config, "compose-sharded"), env),
+        # The same bytes compose moves: every target file and the draft.
+        Command("cp", "sharded", size,
+                ("cp", *map(str, sharded.paths), str(draft), str(_runs(config, "cp-sharded")) + "/"),
+                (*sharded.paths, draft), _runs(config, "cp-sharded"), env),
+        Command("compose", "single", size,
+                (PYTHON, "-m", "gguf_mtp", "compose", str(single.first), str(draft), "-o",
+                 str(_runs(config, "compose-single")), "--quiet", "--set-kv", "general.name=bench"),
+                (single.first, draft), _runs(config, "compose-single"), env),
+        Command("gguf_new_metadata", "single", size,
+                (PYTHON, "-m", "gguf.scripts.gguf_new_metadata", "--general-name", "bench", "--force",
+                 str(single.first), str(_runs(config, "new-metadata") / "bench.gguf")),
+                (single.first,), _runs(config, "new-metadata"), env),
+    ]
+
+
+def head_group(config: BenchConfig, checkpoint: Path, head: HeadSpec) -> list[Command]:
+    """convert (head -> draft) | cp (the head's safetensors)."""
+    files = head_files(checkpoint)
+    inputs = tuple(sorted(p for p in checkpoint.iterdir() if p.is_file()))
+    size = sum(p.stat().st_size for p in files)
+    env = _env()
+    return [
+        Command("convert", "head", size,
+                (PYTHON, "-m", "gguf_mtp", "convert", str(checkpoint), "-o",
+                 str(_runs(config, "convert") / "draft.gguf"), "--block", str(head.block)),
+                inputs, _runs(config, "convert"), env),
+        Command("cp", "head", size, ("cp", *map(str, files), str(_runs(config, "cp-head")) + "/"),
+                inputs, _runs(config, "cp-head"), env),
+    ]
+
+
+def startup_group() -> list[Command]:
+    """The floor every gguf-mtp command starts from: the interpreter with gguf-mtp (numpy, gguf) imported."""
+    return [Command("startup", "none", 0, (PYTHON, "-m", "gguf_mtp", "--version"), env=_env())]
+
+
+def convert_available() -> str | None:
+    """Why convert cannot be benchmarked in this checkout, or None when it can."""
+    missing = [m for m in ("gguf_mtp.convert", "gguf_mtp.tiny_checkpoints") if importlib.util.find_spec(m) is None]
+    return f"not measured: this checkout has no {', '.join(missing)}" if missing else None
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _describe(sample: Sample) -> str:
+    size = f"{size_label(sample.size)} " if sample.size else ""
+    return (f"  round {sample.round + 1}: {size}{sample.tool} ({sample.case}): {sample.seconds:.2f} s, "
+            f"peak RSS {sample.peak_rss / 2**20:.0f} MiB")
+
+
+def run_benchmark(config: BenchConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Generate (or reuse) the inputs, run every group, and return the results (see ``results.json``)."""
+    config.work_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    groups: list[list[Command]] = []
+    inputs: dict[str, Any] = {"targets": []}
+    for size in config.sizes:
+        sharded = ensure_target(config.work_dir, TargetSpec(size, config.shards, config.pattern), log=log)
+        single = ensure_target(config.work_dir, TargetSpec(size, 1, config.pattern), log=log)
+        draft = ensure_draft(config.work_dir, sharded.hparams, log=log)
+        inputs["targets"].append({
+            "size": size, "shards": config.shards, "blocks": len(config.pattern), "experts": sharded.hparams.n_expert,
+            "sharded_bytes": sharded.nbytes, "single_bytes": single.nbytes, "draft_bytes": draft.stat().st_size,
+        })
+        groups.append(target_group(config, sharded, single, draft))
+    if config.head is not None:
+        reason = convert_available()
+        if reason:
+            notes.append(f"convert {reason}")
+            log(f"convert {reason}")
+        else:
+            checkpoint = ensure_head(config.work_dir, config.head, log=log)
+            files = head_files(checkpoint)
+            inputs["head"] = {**asdict(config.head), "safetensors_bytes": sum(p.stat().st_size for p in files),
+                              "files": len(files), "real_widths": config.head.has_real_widths}
+            groups.append(head_group(config, checkpoint, config.head))
+    groups.append(startup_group())
+
+    load_before = load_average()
+    samples: list[Sample] = []
+    for group in groups:
+        names = " | ".join(f"{c.tool} ({c.case})" for c in group)
+        log(f"measuring {size_label(group[0].size) if group[0].size else ''} {names}, {config.repeat} round(s)")
+        samples += run_alternating(group, repeat=config.repeat, cache=config.cache,
+                                   log_dir=config.work_dir / "logs", report=lambda s: log(_describe(s)))
+    load_after = load_average()
+
+    summaries = summarise(samples)
+    ratios = _ratios(samples, config)
+    return {
+        "schema": 1,
+        "machine": machine_info(config.work_dir),
+        "conditions": {"cache": config.cache, "load_before": load_before, "load_after": load_after},
+        "config": {
+            "sizes": list(config.sizes), "headline": config.headline, "repeat": config.repeat,
+            "shards": config.shards, "blocks": len(config.pattern), "quick": config.quick,
+        },
+        "inputs": inputs,
+        "samples": [asdict(s) for s in samples],
+        "summary": [s.to_dict() for s in summaries],
+        "ratios": ratios,
+        "targets": _targets(summaries, ratios, config),
+        "notes": notes,
+    }
+
+
+def _ratios(samples: list[Sample], config: BenchConfig) -> dict[str, dict[str, float | None]]:
+    pairs = {
+        "compose_vs_cp": (("compose", "sharded"), ("cp", "sharded")),
+        "compose_vs_gguf_new_metadata": (("compose", "single"), ("gguf_new_metadata", "single")),
+    }
+    ratios = {
+        name: {str(size): median_ratio(samples, a, b, size) for size in config.sizes} for name, (a, b) in pairs.items()
+    }
+    head = [s.size for s in samples if s.case == "head"]
+    if head:
+        ratios["convert_vs_cp"] = {str(head[0]): median_ratio(samples, ("convert", "head"), ("cp", "head"), head[0])}
+    return ratios
+
+
+def _targets(summaries: list, ratios: dict, config: BenchConfig) -> list[dict[str, Any]]:
+    """Each goal of issue 6 with what was measured and whether it was met."""
+    by_key = {(s.tool, s.case, s.size): s for s in summaries}
+    headline = str(config.headline)
+    results = []
+    ratio = ratios["compose_vs_cp"].get(headline)
+    results.append({"goal": f"compose / cp <= {MAX_COMPOSE_OVER_CP} at {size_label(config.headline)}",
+                    "measured": None if ratio is None else round(ratio, 3),
+                    "met": ratio is not None and ratio <= MAX_COMPOSE_OVER_CP})
+    compose_rss = {size: max(by_key[(t, c, size)].max_rss for t, c in (("compose", "sharded"), ("compose", "single")))
+                   for size in config.sizes}
+    worst = max(compose_rss.values())
+    results.append({"goal": f"compose peak RSS <= {MAX_COMPOSE_RSS // 2**20} MiB",
+                    "measured": f"{worst / 2**20:.0f} MiB", "met": worst <= MAX_COMPOSE_RSS})
+    smallest, largest = min(config.sizes), max(config.sizes)
+    growth = compose_rss[largest] / compose_rss[smallest] - 1
+    results.append({"goal": f"compose peak RSS flat from {size_label(smallest)} to {size_label(largest)} "
+                            f"(<= {MAX_COMPOSE_RSS_GROWTH:.0%} growth)",
+                    "measured": f"{compose_rss[smallest] / 2**20:.0f} -> {compose_rss[largest] / 2**20:.0f} MiB "
+                                f"({growth:+.1%})",
+                    "met": len(config.sizes) > 1 and growth <= MAX_COMPOSE_RSS_GROWTH})
+    ratio = ratios["compose_vs_gguf_new_metadata"].get(headline)
+    results.append({"goal": f"compose faster than gguf_new_metadata.py, same file ({size_label(config.headline)})",
+                    "measured": None if ratio is None else f"{ratio:.2f}x the time ({1 / ratio:.1f}x faster)",
+                    "met": ratio is not None and ratio < 1})
+    convert = next((s for s in summaries if s.tool == "convert"), None)
+    experts = config.head.n_expert if config.head else "?"
+    results.append({"goal": f"convert peak RSS < {MAX_CONVERT_RSS // 2**20} MiB (head with {experts}-expert stacks)",
+                    "measured": None if convert is None else f"{convert.max_rss / 2**20:.0f} MiB",
+                    "met": convert is not None and convert.max_rss < MAX_CONVERT_RSS})
+    return results
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(sorted({parse_size(s) for s in text.split(",") if s.strip()}))
+    if not sizes:
+        raise argparse.ArgumentTypeError("give at least one size")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__.split("Examples::", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--work-dir", type=Path, default=REPO / ".cache" / "bench",
+                   help="where generated inputs are cached and outputs are written (default: .cache/bench)")
+    p.add_argument("--out-dir", type=Path, default=REPO / "docs" / "benchmarks",
+                   help="where README.md, results.json and bench.png go (default: docs/benchmarks)")
+    p.add_argument("--sizes", type=_sizes, help="target sizes, comma-separated (default: 1G,3G,4G)")
+    p.add_argument("--headline", type=parse_size, help="size the goals are checked at (default: 3G, or the largest)")
+    p.add_argument("--repeat", type=int, help="rounds per command; medians are reported (default: 5)")
+    p.add_argument("--shards", type=int, default=3, help="files of the split target (default: 3)")
+    p.add_argument("--cache", choices=CACHE_MODES, default="cold",
+                   help="page cache before each run: inputs evicted (cold, default) or read in (warm)")
+    p.add_argument("--head-expert-ff", type=int,
+                   help="rows per expert of the synthetic head (default: 1344; the real head has 2688)")
+    p.add_argument("--no-convert", action="store_true", help="skip the convert benchmark")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny inputs and one round (sizes 8M,16M, a 3-block target, a 64-expert head): a smoke test")
+    p.add_argument("--clean", action="store_true", help="delete the work folder (the generated inputs) at the end")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    quick = args.quick
+    sizes = args.sizes or tuple(map(parse_size, ("8M", "16M") if quick else ("1G", "3G", "4G")))
+    headline = args.headline or (parse_size("3G") if parse_size("3G") in sizes else max(sizes))
+    if headline not in sizes:
+        raise SystemExit(f"bench: --headline {size_label(headline)} is not one of --sizes")
+    head = None
+    if not args.no_convert:
+        head = QUICK_HEAD if quick else HeadSpec()
+        if args.head_expert_ff:
+            head = replace(head, expert_ff=args.head_expert_ff)
+    return BenchConfig(
+        work_dir=args.work_dir.resolve(), out_dir=args.out_dir.resolve(), sizes=sizes, headline=headline,
+        repeat=args.repeat or (1 if quick else 5), shards=args.shards,
+        pattern="M*E" if quick else NEMOTRON_SUPER_PATTERN, cache=args.cache, head=head, quick=quick,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    try:
+        results = run_benchmark(config)
+    finally:
+        if args.clean:
+            shutil.rmtree(config.work_dir, ignore_errors=True)
+    written = write_report(results, config.out_dir)
+    for target in results["targets"]:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    _log("wrote " + ", ".join(str(p) for p in written))
+    print(json.dumps(results["ratios"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

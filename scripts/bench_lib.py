@@ -1,0 +1,388 @@
+"""Measure commands fairly: wall time and peak memory of a subprocess, runs alternated, medians kept.
+
+One run of a :class:`Command`:
+
+1. its output folder is emptied and everything is synced, then the page cache is put in the same state
+   for every command: ``cold`` evicts the command's inputs (``posix_fadvise(DONTNEED)``: what
+   ``drop_caches`` does, for just these files, and allowed without root), ``warm`` reads them in first;
+2. the clock starts, the command runs as a subprocess, and its outputs are fsynced before the clock
+   stops: gguf-mtp fsyncs what it writes, ``cp`` and ``gguf_new_metadata.py`` do not, so the script does
+   it for them inside the timed region (otherwise they would be timed writing into memory);
+3. peak RSS is the kernel's high-water mark of each process of the command's tree (``VmHWM`` in
+   ``/proc/PID/status``, summed over the processes alive at a poll), polled every 5 ms until it exits;
+   the high-water mark only grows, so a poll misses at most the growth of the last 5 ms. Not
+   ``ru_maxrss``: on Linux a child starts from its parent's peak (``fork`` copies the counter and
+   ``exec`` keeps the larger), so ``wait4`` or ``RUSAGE_CHILDREN`` deltas would report this script's own
+   memory for a small command. The peak of anonymous memory (``RssAnon``: what a tool allocates, not
+   file pages it maps) is sampled alongside.
+
+Commands of one group run alternately (A B C A B C ...), so slow drifts of a shared machine hit them alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CACHE_MODES",
+    "Command",
+    "Sample",
+    "Summary",
+    "machine_info",
+    "measure",
+    "median_ratio",
+    "run_alternating",
+    "summarise",
+]
+
+CACHE_MODES = ("cold", "warm")
+_SAMPLE_SECONDS = 0.005
+_READ_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Command:
+    """One thing to measure.
+
+    Attributes:
+        tool: what runs (``compose``, ``cp``, ``gguf_new_metadata``, ``convert``, ``startup``).
+        case: which input it works on (``sharded``, ``single``, ``head``, ``none``).
+        size: bytes of that input (the x axis of the plot).
+        argv: the command line.
+        inputs: files whose cache state is reset before each run.
+        output_dir: the folder it writes into; emptied before and after each run.
+    """
+
+    tool: str
+    case: str
+    size: int
+    argv: tuple[str, ...]
+    inputs: tuple[Path, ...] = ()
+    output_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return self.tool, self.case, self.size
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured run."""
+
+    tool: str
+    case: str
+    size: int
+    round: int
+    seconds: float
+    peak_rss: int  # bytes
+    peak_anon: int  # bytes
+    bytes_out: int
+
+
+class CommandFailed(RuntimeError):
+    """A measured command exited with a non-zero status."""
+
+
+# -------------------------------------------------------------------------------------- page cache
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _preload(path: Path) -> None:
+    buffer = bytearray(_READ_CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+
+
+def set_cache_state(paths: Sequence[Path], mode: str) -> None:
+    """Put ``paths`` out of (``cold``) or into (``warm``) the page cache, after syncing everything."""
+    if mode not in CACHE_MODES:
+        raise ValueError(f"cache mode must be one of {CACHE_MODES}, not {mode!r}")
+    os.sync()  # dirty pages cannot be evicted, and earlier runs' writeback must not land in this one
+    for path in paths:
+        (_evict if mode == "cold" else _preload)(path)
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def _proc_kib(pid: int, field_name: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    pids, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        pids.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                stack.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+class _TreeSampler(threading.Thread):
+    """Polls the process tree of ``pid``: the sum of each live process's RSS high-water mark (``VmHWM``,
+    which only grows, so a poll misses at most the growth of the last interval) and of its anonymous RSS."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_rss_kib = 0
+        self.peak_anon_kib = 0
+        self._stop_event = threading.Event()
+
+    def poll(self) -> None:
+        pids = _tree(self.pid)
+        self.peak_rss_kib = max(self.peak_rss_kib, sum(_proc_kib(p, "VmHWM:") for p in pids))
+        self.peak_anon_kib = max(self.peak_anon_kib, sum(_proc_kib(p, "RssAnon:") for p in pids))
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.poll()
+            self._stop_event.wait(_SAMPLE_SECONDS)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+# ----------------------------------------------------------------------------------------- running
+
+
+def _fsync_tree(folder: Path) -> int:
+    """fsync every file under ``folder``; returns their total size."""
+    total = 0
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return total
+
+
+def _empty(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None) -> Sample:
+    """Run ``command`` once under the rules of this module and measure it.
+
+    Raises:
+        CommandFailed: the command exited with a non-zero status (its output tail is in the message).
+    """
+    _empty(command.output_dir)
+    if command.output_dir is not None:
+        command.output_dir.mkdir(parents=True)
+    set_cache_state(command.inputs, cache)
+    env = {**os.environ, **command.env}
+    log_path = log_file or Path(os.devnull)
+    with open(log_path, "wb") as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        sampler = _TreeSampler(process.pid)
+        sampler.start()
+        try:
+            # Not ru_maxrss: a child's ru_maxrss starts from its parent's peak (fork copies it, and
+            # exec keeps the larger), so it would report this script's memory, not the command's.
+            _, status = os.waitpid(process.pid, 0)
+        finally:
+            sampler.stop()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        bytes_out = _fsync_tree(command.output_dir) if command.output_dir is not None else 0
+        seconds = time.perf_counter() - started
+    try:
+        if process.returncode != 0:
+            tail = Path(log_path).read_text(errors="replace")[-2000:] if log_file else ""
+            raise CommandFailed(f"{' '.join(command.argv)} exited with {process.returncode}\n{tail}")
+    finally:
+        _empty(command.output_dir)
+    return Sample(
+        tool=command.tool,
+        case=command.case,
+        size=command.size,
+        round=round_no,
+        seconds=seconds,
+        peak_rss=sampler.peak_rss_kib * 1024,
+        peak_anon=sampler.peak_anon_kib * 1024,
+        bytes_out=bytes_out,
+    )
+
+
+def run_alternating(
+    group: Sequence[Command],
+    *,
+    repeat: int,
+    cache: str,
+    log_dir: Path,
+    report: Callable[[Sample], None] = lambda s: None,
+) -> list[Sample]:
+    """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for round_no in range(repeat):
+        for command in group:
+            log_file = log_dir / f"{command.tool}-{command.case}.log"
+            sample = measure(command, cache=cache, round_no=round_no, log_file=log_file)
+            samples.append(sample)
+            report(sample)
+    return samples
+
+
+# --------------------------------------------------------------------------------------- summaries
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Medians (and spread) of the samples of one command."""
+
+    tool: str
+    case: str
+    size: int
+    runs: int
+    median_seconds: float
+    min_seconds: float
+    max_seconds: float
+    median_rss: int
+    max_rss: int
+    max_anon: int
+    bytes_out: int
+
+    @property
+    def throughput(self) -> float:
+        """Bytes written per second, at the median time."""
+        return self.bytes_out / self.median_seconds if self.median_seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "throughput_bytes_per_s": round(self.throughput)}
+
+
+def summarise(samples: Sequence[Sample]) -> list[Summary]:
+    """One :class:`Summary` per (tool, case, size), in the order the commands first ran."""
+    groups: dict[tuple[str, str, int], list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault((sample.tool, sample.case, sample.size), []).append(sample)
+    return [
+        Summary(
+            tool=tool,
+            case=case,
+            size=size,
+            runs=len(runs),
+            median_seconds=statistics.median(s.seconds for s in runs),
+            min_seconds=min(s.seconds for s in runs),
+            max_seconds=max(s.seconds for s in runs),
+            median_rss=int(statistics.median(s.peak_rss for s in runs)),
+            max_rss=max(s.peak_rss for s in runs),
+            max_anon=max(s.peak_anon for s in runs),
+            bytes_out=max(s.bytes_out for s in runs),
+        )
+        for (tool, case, size), runs in groups.items()
+    ]
+
+
+def median_ratio(
+    samples: Sequence[Sample], numerator: tuple[str, str], denominator: tuple[str, str], size: int
+) -> float | None:
+    """Median over rounds of time(numerator) / time(denominator): each pair ran back to back, under the
+    same conditions, so their ratio is steadier than a ratio of medians."""
+    by_round: dict[int, dict[tuple[str, str], float]] = {}
+    for s in samples:
+        if s.size == size:
+            by_round.setdefault(s.round, {})[(s.tool, s.case)] = s.seconds
+    ratios = [r[numerator] / r[denominator] for r in by_round.values() if numerator in r and denominator in r]
+    return statistics.median(ratios) if ratios else None
+
+
+# ----------------------------------------------------------------------------------------- machine
+
+
+def _first_line(path: str, prefix: str) -> str | None:
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            if line.startswith(prefix):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _filesystem(path: Path) -> str:
+    best, found = "", "?"
+    target = str(path.resolve())
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            device, mount, fstype, *_ = line.split()
+            if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                best, found = mount, f"{fstype} on {device}"
+    return found
+
+
+def _version(command: Sequence[str]) -> str | None:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False).stdout
+        return out.splitlines()[0].strip() if out else None
+    return None
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(work_dir: Path) -> dict[str, Any]:
+    """Where and with what the benchmark ran."""
+    mem_kib = _first_line("/proc/meminfo", "MemTotal")
+    repo = Path(__file__).resolve().parent.parent
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _first_line("/proc/cpuinfo", "model name") or platform.processor(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": int(mem_kib.split()[0]) * 1024 if mem_kib else None,
+        "kernel": platform.release(),
+        "filesystem": _filesystem(work_dir),
+        "python": platform.python_version(),
+        "gguf": _package_version("gguf"),
+        "gguf_mtp": _package_version("gguf-mtp"),
+        "cp": _version(["cp", "--version"]),
+        "commit": _version(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
+        "executable": sys.executable,
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]

@@ -1,0 +1,226 @@
+"""Render benchmark results: ``README.md`` (tables), ``results.json`` (everything) and ``bench.png``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LABELS", "render_markdown", "write_plot", "write_report"]
+
+#: (tool, case) -> how tables and the plot name it.
+LABELS = {
+    ("compose", "sharded"): "gguf-mtp compose, split target",
+    ("cp", "sharded"): "cp, split target + draft",
+    ("compose", "single"): "gguf-mtp compose, single file",
+    ("gguf_new_metadata", "single"): "gguf_new_metadata.py, single file",
+    ("convert", "head"): "gguf-mtp convert, MTP head",
+    ("cp", "head"): "cp, head safetensors",
+    ("startup", "none"): "python -m gguf_mtp --version",
+}
+_PLOTTED = [
+    (("compose", "sharded"), "tab:blue", "o-"),
+    (("cp", "sharded"), "tab:gray", "s--"),
+    (("compose", "single"), "tab:cyan", "o:"),
+    (("gguf_new_metadata", "single"), "tab:red", "^-"),
+]
+
+PLOT_NAME = "bench.png"
+
+
+def _size(n: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:g} {unit}" if value == int(value) else f"{value:.2f} {unit}"
+    return f"{n} B"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f}" if n >= 10 * 2**20 else f"{n / 2**20:.1f}"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 2**20:.0f} MiB/s" if bytes_per_s else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _label(row: dict[str, Any]) -> str:
+    return LABELS.get((row["tool"], row["case"]), f"{row['tool']} ({row['case']})")
+
+
+def _headline_rows(results: dict[str, Any]) -> list[str]:
+    summary = {(r["tool"], r["case"], r["size"]): r for r in results["summary"]}
+    headline = results["config"]["headline"]
+    rows = []
+    comparisons = [
+        ("compose_vs_cp", ("compose", "sharded"), ("cp", "sharded"), headline,
+         f"compose a {results['config']['shards']}-file target vs `cp` of the same files (+ draft)"),
+        ("compose_vs_gguf_new_metadata", ("compose", "single"), ("gguf_new_metadata", "single"), headline,
+         "compose a single-file target vs `gguf_new_metadata.py` (one metadata change)"),
+    ]
+    if "convert_vs_cp" in results["ratios"]:
+        head_size = int(next(iter(results["ratios"]["convert_vs_cp"])))
+        comparisons.append(("convert_vs_cp", ("convert", "head"), ("cp", "head"), head_size,
+                            f"convert a {_size(head_size)} MTP head vs `cp` of its safetensors"))
+    for name, ours, theirs, size, what in comparisons:
+        a, b = summary.get((*ours, size)), summary.get((*theirs, size))
+        if a is None or b is None:
+            continue
+        ratio = results["ratios"][name].get(str(size))
+        rows.append(
+            f"| {what} | {_size(size)} | {a['median_seconds']:.2f} s, {_mib(a['max_rss'])} MiB "
+            f"| {b['median_seconds']:.2f} s, {_mib(b['max_rss'])} MiB | **{_ratio(ratio)}** |"
+        )
+    return rows
+
+
+def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> str:
+    """The ``README.md`` of a results folder."""
+    m, c, cond = results["machine"], results["config"], results["conditions"]
+    memory = f"{m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "RAM unknown"
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Latest results of `scripts/bench.py` ({m['date']}, commit {m.get('commit') or '?'}): "
+        f"{c['repeat']} alternating round(s) per command, medians.",
+        "",
+        f"Machine: {m['cpus']} CPU(s) ({m['cpu']}), {memory}, {m['filesystem']}, Linux {m['kernel']}, "
+        f"Python {m['python']}, gguf {m['gguf']}, {m.get('cp') or 'cp'}. "
+        f"Load average (1, 5, 15 min) before {cond['load_before']}, after {cond['load_after']} "
+        "(other work shared the machine).",
+        "",
+        *([("**Smoke run** (`--quick`): tiny inputs where start-up dominates; the goals are meant for "
+             "the full run."), ""] if c.get("quick") else []),
+        "## Headline",
+        "",
+        "| comparison | input | gguf-mtp (time, peak RSS) | baseline (time, peak RSS) | time ratio |",
+        "|---|---|---|---|---|",
+        *_headline_rows(results),
+        "",
+        "A time ratio is the median over rounds of gguf-mtp's time divided by the baseline's in the same round.",
+        "",
+        "## Goals (issue 6)",
+        "",
+        "| goal | measured | met |",
+        "|---|---|---|",
+        *(f"| {t['goal']} | {t['measured'] if t['measured'] is not None else 'not measured'} | "
+          f"{'yes' if t['met'] else '**no**'} |" for t in results["targets"]),
+        "",
+    ]
+    if plot:
+        lines += [f"![time and peak RSS vs target size]({plot})", ""]
+    lines += [
+        "## All results",
+        "",
+        "| input | command | runs | median time | min - max | written | throughput | peak RSS (median / max) "
+        "| peak anonymous |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["summary"]:
+        lines.append(
+            f"| {_size(r['size']) if r['size'] else '-'} | {_label(r)} | {r['runs']} | {r['median_seconds']:.2f} s "
+            f"| {r['min_seconds']:.2f} - {r['max_seconds']:.2f} s | {_size(r['bytes_out']) if r['bytes_out'] else '-'} "
+            f"| {_rate(r['throughput_bytes_per_s'])} | {_mib(r['median_rss'])} / {_mib(r['max_rss'])} MiB "
+            f"| {_mib(r['max_anon'])} MiB |"
+        )
+    lines += ["", "## Inputs", ""]
+    for t in results["inputs"]["targets"]:
+        lines.append(
+            f"- {_size(t['size'])} target: `nemotron_h_moe`, {t['blocks']} blocks, {t['experts']} experts per MoE "
+            f"block, mixed quant types (Q4_K, Q6_K, Q8_0, IQ4_XS, Q5_K, BF16, F16) holding random bytes; "
+            f"{t['shards']} files ({_size(t['sharded_bytes'])}) and one file ({_size(t['single_bytes'])}); "
+            f"BF16 draft {_size(t['draft_bytes'])}."
+        )
+    head = results["inputs"].get("head")
+    if head:
+        lines.append(
+            f"- MTP head: NVIDIA MTPv2 layout, BF16, {head['files']} safetensors files "
+            f"({_size(head['safetensors_bytes'])}): "
+            f"hidden {head['n_embd']}, {head['n_head']}/{head['n_head_kv']} heads of {head['head_dim']}, "
+            f"{head['n_expert']} experts of {head['expert_ff']} x {head['moe_latent']} per stack, shared expert "
+            f"{head['shared_ff']}"
+            + (" (Nemotron 3 Super's widths, scaled down only in length: its experts have 2688 rows)."
+               if head.get("real_widths") else " (tiny widths).")
+        )
+    lines += [f"- Note: {note}" for note in results.get("notes", [])]
+    lines += [
+        "",
+        "## Method",
+        "",
+        "- Each command runs as a subprocess; the commands of one input alternate (A B C D A B C D ...).",
+        f"- Page cache: {_cache_text(cond['cache'])}",
+        "- Every output is fsynced inside the timed region: gguf-mtp does it itself; for `cp` and "
+        "`gguf_new_metadata.py` the script fsyncs their files right after they exit.",
+        "- `cp` copies exactly the bytes compose writes (every target file and the draft) onto the same disk: "
+        "on a filesystem without reflinks that is the physical limit. `gguf_new_metadata.py` can neither add "
+        "tensors nor read split files, so it copies the single-file target with a new `general.name`; compose "
+        "does the same change (`--set-kv general.name=bench`) and also appends the draft.",
+        "- Peak RSS is the kernel's high-water mark of the command's process (`VmHWM`, summed over its process "
+        "tree), polled every 5 ms until it exits. It counts file pages a tool maps, which is why "
+        "`gguf_new_metadata.py` (it memory-maps its input) grows with the file; peak anonymous memory "
+        "(`RssAnon`, sampled alongside) is what a tool really allocates. `ru_maxrss` is not used: a child "
+        "inherits its parent's peak across fork and exec, so it would show this script's memory.",
+        "",
+        "Regenerate: `make bench` or `.venv/bin/python scripts/bench.py` (inputs are cached in `.cache/bench/`; "
+        "`--clean` deletes them afterwards; `--quick` is a seconds-long smoke run).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cache_text(mode: str) -> str:
+    if mode == "cold":
+        return ("cold for every run: all dirty data is synced and each command's inputs are evicted with "
+                "`posix_fadvise(POSIX_FADV_DONTNEED)` (what `drop_caches` does, for just those files; "
+                "`/proc/sys/vm/drop_caches` is not writable here).")
+    return "warm for every run: each command's inputs are read into the page cache first."
+
+
+def write_plot(results: dict[str, Any], path: Path) -> Path:
+    """Time and peak RSS against target size, for compose, cp and gguf_new_metadata.py."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    rows = [r for r in results["summary"] if r["case"] in ("sharded", "single")]
+    fig, (ax_time, ax_rss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, color, style in _PLOTTED:
+        points = sorted((r["size"], r) for r in rows if (r["tool"], r["case"]) == key)
+        if not points:
+            continue
+        x = [size / 2**30 for size, _ in points]
+        ax_time.plot(x, [r["median_seconds"] for _, r in points], style, color=color, label=LABELS[key])
+        ax_rss.plot(x, [r["max_rss"] / 2**20 for _, r in points], style, color=color, label=LABELS[key])
+    ax_time.set(xlabel="target size (GiB)", ylabel="median wall time (s)", title="time (fsync included)")
+    ax_rss.set(xlabel="target size (GiB)", ylabel="peak RSS (MiB, log scale)", title="peak memory", yscale="log")
+    ax_rss.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax_rss.yaxis.set_minor_formatter(NullFormatter())
+    for ax in (ax_time, ax_rss):
+        ax.grid(True, alpha=0.3)
+        ax.set_xlim(left=0)
+    ax_time.set_ylim(bottom=0)
+    ax_time.legend(fontsize=8)
+    m = results["machine"]
+    fig.suptitle(f"gguf-mtp benchmark: {m['cpus']} CPUs, {m['filesystem']}, {results['conditions']['cache']} cache, "
+                 f"median of {results['config']['repeat']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write ``results.json``, ``bench.png`` and ``README.md`` into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "results.json"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    plot = write_plot(results, out_dir / PLOT_NAME)
+    readme = out_dir / "README.md"
+    readme.write_text(render_markdown(results, plot.name))
+    return [readme, json_path, plot]

@@ -1,0 +1,136 @@
+"""A stand-in for ``huggingface_hub.HfApi`` that records every call and keeps what was "uploaded".
+
+It answers like the Hub where publish and the pipeline look at the answers: ``get_paths_info`` reports
+the size of each stored file, an LFS sha256 for ``.gguf`` files and a git blob id for the others;
+``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from huggingface_hub.errors import HfHubHTTPError
+
+from gguf_mtp.digests import git_blob_sha1
+
+
+def http_error(status: int, message: str = "") -> HfHubHTTPError:
+    """An HfHubHTTPError as huggingface_hub raises it for an HTTP ``status``."""
+    response = SimpleNamespace(status_code=status, headers={}, request=None)
+    return HfHubHTTPError(message or f"{status} Client Error", response=response)
+
+
+class RecordingHub:
+    """Records ``(method, args, kwargs)`` in ``calls``; stored files live in ``files``."""
+
+    def __init__(self, *, user: str = "me", role: str = "write", fail: dict[str, BaseException] | None = None,
+                 tamper: dict[str, dict[str, Any]] | None = None, source: Path | None = None) -> None:
+        self.user = user
+        self.role = role
+        self.fail = fail or {}
+        self.tamper = tamper or {}  # name -> fields the "Hub" reports wrongly (size / sha256)
+        self.source = source  # local folder laid out as the repo, for snapshot_download / list_repo_files
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.files: dict[str, dict[str, Any]] = {}
+        self.commits: list[list[str]] = []
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _record(self, method: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((method, args, kwargs))
+        if method in self.fail:
+            raise self.fail[method]
+
+    @property
+    def methods(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def _store(self, folder: Path, patterns: list[str]) -> list[str]:
+        names = []
+        for path in sorted(Path(folder).rglob("*")):
+            rel = path.relative_to(folder).as_posix()
+            if not path.is_file() or rel.startswith(".cache/"):
+                continue
+            if not any(fnmatch.fnmatch(rel, p) for p in patterns):
+                continue
+            data_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            entry = {"size": path.stat().st_size}
+            if rel.endswith(".gguf"):
+                entry["sha256"] = data_sha
+                entry["blob_id"] = hashlib.sha1(rel.encode()).hexdigest()  # an LFS pointer's id: unrelated
+            else:
+                entry["sha256"] = None
+                entry["blob_id"] = git_blob_sha1(path.read_bytes())
+            entry.update(self.tamper.get(rel, {}))
+            self.files[rel] = entry
+            names.append(rel)
+        return names
+
+    # ------------------------------------------------------------------ HfApi methods
+    def whoami(self, token: Any = None) -> dict[str, Any]:
+        self._record("whoami", token=token)
+        return {"name": self.user, "auth": {"accessToken": {"role": self.role}}}
+
+    def create_repo(self, repo_id: str, **kwargs: Any) -> str:
+        self._record("create_repo", repo_id, **kwargs)
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_branch(self, repo_id: str, **kwargs: Any) -> None:
+        self._record("create_branch", repo_id, **kwargs)
+
+    def auth_check(self, repo_id: str, **kwargs: Any) -> None:
+        self._record("auth_check", repo_id, **kwargs)
+
+    def upload_folder(self, *, repo_id: str, folder_path: str, allow_patterns: list[str], **kwargs: Any) -> Any:
+        self._record("upload_folder", repo_id=repo_id, folder_path=folder_path, allow_patterns=allow_patterns, **kwargs)
+        self.commits.append(self._store(Path(folder_path), allow_patterns))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/{len(self.commits):040x}")
+
+    def delete_file(self, path_in_repo: str, repo_id: str, **kwargs: Any) -> None:
+        self._record("delete_file", path_in_repo, repo_id, **kwargs)
+        self.files.pop(path_in_repo, None)
+        self.commits.append([f"-{path_in_repo}"])
+
+    def get_paths_info(self, repo_id: str, paths: list[str], **kwargs: Any) -> list[Any]:
+        self._record("get_paths_info", repo_id, list(paths), **kwargs)
+        out = []
+        for p in paths:
+            if p in self.files:
+                f = self.files[p]
+                lfs = SimpleNamespace(sha256=f["sha256"], size=f["size"]) if f["sha256"] else None
+                out.append(SimpleNamespace(path=p, size=f["size"], lfs=lfs, blob_id=f["blob_id"]))
+        return out
+
+    def list_repo_files(self, repo_id: str, **kwargs: Any) -> list[str]:
+        self._record("list_repo_files", repo_id, **kwargs)
+        assert self.source is not None
+        return sorted(p.relative_to(self.source).as_posix() for p in self.source.rglob("*") if p.is_file())
+
+    def snapshot_download(self, repo_id: str, *, allow_patterns: list[str], cache_dir: str | None = None,
+                          **kwargs: Any) -> str:
+        self._record("snapshot_download", repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir, **kwargs)
+        assert self.source is not None and cache_dir is not None
+        snapshot = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        for p in sorted(self.source.rglob("*")):
+            rel = p.relative_to(self.source).as_posix()
+            if p.is_file() and any(fnmatch.fnmatch(rel, pat) for pat in allow_patterns):
+                dest = snapshot / rel
+                if kwargs.get("force_download") or not dest.exists():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(p, dest)
+        return str(snapshot)
+
+
+class LargeFolderHub(RecordingHub):
+    """A stand-in for a huggingface_hub that still has ``upload_large_folder`` (before 1.0)."""
+
+    def upload_large_folder(self, *, repo_id: str, folder_path: str, allow_patterns: list[str], **kwargs: Any) -> None:
+        self._record("upload_large_folder", repo_id=repo_id, folder_path=folder_path, allow_patterns=allow_patterns,
+                     **kwargs)
+        names = self._store(Path(folder_path), allow_patterns)
+        # Resumable uploads commit in pieces: one commit per file here.
+        self.commits.extend([n] for n in names)

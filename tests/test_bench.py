@@ -1,0 +1,188 @@
+"""The benchmark script (``scripts/bench.py``): its inputs, its measuring rules, and one end-to-end smoke run.
+
+No timing assertions: only that the right things are measured, on the right inputs, and reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gguf_mtp import open_model, plan
+from gguf_mtp.constants import KEY_SPLIT_TENSORS_COUNT
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from bench_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
+from bench_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
+
+MiB = 2**20
+CONVERT_AVAILABLE = all(importlib.util.find_spec(m) for m in ("gguf_mtp.convert", "gguf_mtp.tiny_checkpoints"))
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """``bench.py --quick`` run once into a temporary folder: (its output folder, results.json)."""
+    root = tmp_path_factory.mktemp("bench")
+    out = root / "out"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work"), "--out-dir", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _summary(results: dict, tool: str, case: str) -> list[dict]:
+    return [r for r in results["summary"] if (r["tool"], r["case"]) == (tool, case)]
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def test_parse_size_reads_binary_units() -> None:
+    assert parse_size("3G") == 3 * 2**30
+    assert parse_size("512M") == 512 * MiB
+    assert parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size("4096") == 4096
+    with pytest.raises(ValueError):
+        parse_size("0M")
+
+
+def test_synthetic_split_target_is_a_valid_split_set_of_the_requested_size(tmp_path: Path) -> None:
+    target = ensure_target(tmp_path, TargetSpec(parse_size("8M"), shards=3, pattern="M*E"), log=lambda _: None)
+    model = open_model(target.paths[1])  # any shard finds its siblings
+    assert [p.name for p in model.paths] == [f"bench-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert model.arch == "nemotron_h_moe" and model.block_count == 3
+    assert all(h.get(KEY_SPLIT_TENSORS_COUNT) == model.tensor_count for h in model.headers)
+    assert all(set(h.kvs) == {"split.no", "split.count", KEY_SPLIT_TENSORS_COUNT} for h in model.headers[1:])
+    assert all(h.first_misplaced_tensor() is None for h in model.headers)  # the layout llama.cpp accepts
+    assert abs(target.nbytes - 8 * MiB) < 0.05 * 8 * MiB
+    assert model.headers[-1].file_size == model.headers[-1].data_offset + model.headers[-1].packed_data_size
+
+
+def test_size_is_reached_through_the_expert_count_at_a_fixed_tensor_count(tmp_path: Path) -> None:
+    small = ensure_target(tmp_path, TargetSpec(parse_size("8M"), shards=1, pattern="M*E"), log=lambda _: None)
+    large = ensure_target(tmp_path, TargetSpec(parse_size("24M"), shards=1, pattern="M*E"), log=lambda _: None)
+    assert open_model(small.first).tensor_count == open_model(large.first).tensor_count
+    assert large.hparams.n_expert > 2 * small.hparams.n_expert
+    assert abs(large.nbytes - 24 * MiB) < 0.05 * 24 * MiB
+
+
+def test_compose_accepts_the_synthetic_target_and_its_draft(tmp_path: Path) -> None:
+    target = ensure_target(tmp_path, TargetSpec(parse_size("8M"), shards=3, pattern="M*E"), log=lambda _: None)
+    draft = ensure_draft(tmp_path, target.hparams, log=lambda _: None)
+    composition = plan(target.first, draft, tmp_path / "out")
+    assert composition.block == 3
+    assert len(composition.renamed) == 18
+
+
+def test_generated_inputs_are_reused_while_their_parameters_do_not_change(tmp_path: Path) -> None:
+    spec = TargetSpec(parse_size("8M"), shards=3, pattern="M*E")
+    messages: list[str] = []
+    first = ensure_target(tmp_path, spec, log=messages.append)
+    stamps = [p.stat().st_mtime_ns for p in first.paths]
+    again = ensure_target(tmp_path, spec, log=messages.append)
+    assert [p.stat().st_mtime_ns for p in again.paths] == stamps
+    assert len(messages) == 1
+    ensure_target(tmp_path, TargetSpec(parse_size("8M"), shards=3, pattern="M*E", seed=7), log=messages.append)
+    assert len(messages) == 2  # another seed is another input
+
+
+# --------------------------------------------------------------------------------------- measuring
+
+
+def _python(code: str, tool: str = "python") -> Command:
+    return Command(tool, "none", 0, (sys.executable, "-c", code))
+
+
+def test_peak_rss_is_the_commands_own_not_inherited_from_the_benchmark() -> None:
+    ballast = b"\x01" * (300 * MiB)  # the measuring process is big; a small child must not look big
+    small = measure(_python("pass"))
+    big = measure(_python("import time; b = b'\\x01' * (200 * 2**20); time.sleep(0.3)"))
+    assert len(ballast) == 300 * MiB
+    assert small.peak_rss < 60 * MiB
+    assert big.peak_rss >= 200 * MiB
+    assert big.peak_anon >= 200 * MiB
+
+
+def test_runs_alternate_and_outputs_are_counted_then_removed(tmp_path: Path) -> None:
+    source = tmp_path / "in.bin"
+    source.write_bytes(os.urandom(1 << 20))
+    out = tmp_path / "out"
+    copy = Command("cp", "x", source.stat().st_size, ("cp", str(source), str(out) + "/"), (source,), out)
+    noop = _python("pass", tool="noop")
+    samples = run_alternating([copy, noop], repeat=2, cache="cold", log_dir=tmp_path / "logs")
+    assert [(s.tool, s.round) for s in samples] == [("cp", 0), ("noop", 0), ("cp", 1), ("noop", 1)]
+    assert [s.bytes_out for s in samples if s.tool == "cp"] == [1 << 20, 1 << 20]
+    assert not out.exists()
+
+
+def test_a_failing_command_is_reported_with_its_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    failing = Command("cp", "x", 0, ("cp", str(tmp_path / "missing"), str(out) + "/"), (), out)
+    with pytest.raises(CommandFailed, match="No such file"):
+        measure(failing, log_file=tmp_path / "cp.log")
+    assert not out.exists()
+
+
+def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
+    def sample(tool: str, round_no: int, seconds: float) -> Sample:
+        return Sample(tool, "c", 1, round_no, seconds, 0, 0, 0)
+
+    samples = [sample("a", 0, 4.0), sample("b", 0, 2.0), sample("a", 1, 1.0), sample("b", 1, 1.0),
+               sample("a", 2, 3.0), sample("b", 2, 2.0)]
+    assert median_ratio(samples, ("a", "c"), ("b", "c"), 1) == 1.5
+    assert median_ratio(samples, ("a", "c"), ("b", "c"), 2) is None
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+
+def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path, dict]) -> None:
+    _, results = quick_run
+    sizes = results["config"]["sizes"]
+    pairs = [("compose", "sharded"), ("cp", "sharded"), ("compose", "single"), ("gguf_new_metadata", "single")]
+    for tool, case in pairs:
+        rows = _summary(results, tool, case)
+        assert sorted(r["size"] for r in rows) == sizes, (tool, case)
+        assert all(r["median_seconds"] > 0 and r["max_rss"] > 0 for r in rows)
+    for name in ("compose_vs_cp", "compose_vs_gguf_new_metadata"):
+        assert all(results["ratios"][name][str(size)] > 0 for size in sizes)
+
+
+def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Path, dict]) -> None:
+    _, results = quick_run
+    compose = {r["size"]: r["bytes_out"] for r in _summary(results, "compose", "sharded")}
+    cp = {r["size"]: r["bytes_out"] for r in _summary(results, "cp", "sharded")}
+    targets = {t["size"]: t["sharded_bytes"] + t["draft_bytes"] for t in results["inputs"]["targets"]}
+    # compose re-serialises headers (a few bytes more for the new keys), cp copies files as they are.
+    assert all(abs(compose[s] - cp[s]) < 4096 and cp[s] == targets[s] for s in targets)
+
+
+@pytest.mark.skipif(not CONVERT_AVAILABLE, reason="this checkout has no gguf_mtp.convert yet")
+def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:
+    _, results = quick_run
+    (convert,) = _summary(results, "convert", "head")
+    (cp,) = _summary(results, "cp", "head")
+    assert convert["size"] == cp["size"] == results["inputs"]["head"]["safetensors_bytes"]
+    assert convert["bytes_out"] > 0 and convert["max_rss"] > 0
+    assert results["ratios"]["convert_vs_cp"][str(cp["size"])] > 0
+
+
+def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> None:
+    out, results = quick_run
+    readme = (out / "README.md").read_text()
+    assert "| compose a 3-file target vs `cp` of the same files (+ draft) | 16 MiB |" in readme
+    assert "vs `gguf_new_metadata.py`" in readme
+    assert all(t["goal"] in readme for t in results["targets"])
+    assert "![time and peak RSS vs target size](bench.png)" in readme
+    png = (out / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000

@@ -1,0 +1,189 @@
+"""convert from a Hub repo id: only the MTP shards are fetched; offline and token problems are one clear line.
+
+No network: the Hub cache is laid out by hand (``convert_support.fill_hub_cache``) with the tree
+listing of every file, so huggingface_hub itself refuses a request for a file that was never
+"downloaded"; HTTP answers come from a loopback server started here.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from convert_support import fill_hub_cache
+from helpers import reader_kvs, reader_tensors
+from huggingface_hub import constants as hf_constants
+from huggingface_hub.errors import LocalEntryNotFoundError
+
+from gguf_mtp.convert import convert
+from gguf_mtp.errors import CheckpointError
+from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+
+REPO = "nvidia/Tiny-Nemotron-MTPv2"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TRUNK_SHARD = "model-00001-of-00003.safetensors"
+BLOCK = 3
+
+
+@pytest.fixture(scope="module")
+def full_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A full-model checkpoint whose first shard holds only trunk tensors."""
+    return write_mtpv2_checkpoint(tmp_path_factory.mktemp("full") / "repo", files=3, with_trunk=True)
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hub cache and HF_HUB_OFFLINE=1 (huggingface_hub reads both at import: patch its constants)."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.fixture
+def snapshot_requests(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Every snapshot_download call's keyword arguments (the real function still runs)."""
+    calls: list[dict[str, object]] = []
+    real = huggingface_hub.snapshot_download
+
+    def recording(*args: object, **kwargs: object) -> str:
+        calls.append(dict(kwargs, args=args))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", recording)
+    return calls
+
+
+def test_hub_source_requests_only_config_index_and_mtp_shards(
+    full_checkpoint: Path, offline_cache: Path, snapshot_requests: list[dict[str, object]], tmp_path: Path
+) -> None:
+    fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
+    report = convert(REPO, tmp_path / "draft.gguf", block=BLOCK, progress=False)
+    wanted = ["config.json", "model.safetensors.index.json", "model-00002-of-00003.safetensors",
+              "model-00003-of-00003.safetensors"]
+    assert [c["allow_patterns"] for c in snapshot_requests] == [wanted]
+    assert report.to_dict()["download"]["allow_patterns"] == wanted
+    local = convert(full_checkpoint, tmp_path / "local.gguf", block=BLOCK, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local)
+    assert reader_kvs(report.output)["general.name"][1] == "Tiny-Nemotron-MTPv2 MTP head"
+
+
+def test_hub_cache_in_these_tests_refuses_files_never_downloaded(full_checkpoint: Path, offline_cache: Path) -> None:
+    # The guard the test above relies on: asking for the trunk shard fails, so it was never asked for.
+    fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
+    with pytest.raises(LocalEntryNotFoundError):
+        huggingface_hub.snapshot_download(REPO, allow_patterns=["*.safetensors"])
+
+
+def test_hub_revision_is_passed_through(full_checkpoint: Path, offline_cache: Path,
+                                        snapshot_requests: list[dict[str, object]], tmp_path: Path) -> None:
+    fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,), commit=COMMIT)
+    report = convert(REPO, tmp_path / "draft.gguf", block=BLOCK, revision=COMMIT, dry_run=True)
+    assert snapshot_requests[0]["revision"] == COMMIT
+    assert report.download is not None and report.download.folder.name == COMMIT
+
+
+def test_hub_index_without_mtp_tensors_is_refused_before_any_shard_download(
+    tmp_path: Path, offline_cache: Path, snapshot_requests: list[dict[str, object]]
+) -> None:
+    folder = write_mtpv2_checkpoint(tmp_path / "repo", files=2)
+    index = folder / "model.safetensors.index.json"
+    index.write_text(index.read_text().replace('"mtp.', '"backbone.'))
+    fill_hub_cache(offline_cache, REPO, folder)
+    with pytest.raises(CheckpointError, match="lists no mtp.\\* tensor: this checkpoint has no MTP head"):
+        convert(REPO, tmp_path / "draft.gguf", block=BLOCK)
+    assert snapshot_requests == []
+
+
+# -------------------------------------------------------------------- the command line, as users run it
+
+
+def _run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "gguf_mtp", "convert", *args], capture_output=True, text=True,
+                          env=full_env, timeout=120, check=False)
+
+
+def test_cli_offline_with_nothing_cached_is_one_clear_line(tmp_path: Path) -> None:
+    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"],
+                    {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "HF_HUB_OFFLINE is set and config.json is not in the Hub cache" in done.stderr
+
+
+def test_cli_offline_with_a_filled_cache_converts(full_checkpoint: Path, tmp_path: Path) -> None:
+    fill_hub_cache(tmp_path / "hf" / "hub", REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
+    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3", "--json"],
+                    {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "d.gguf").stat().st_size > 0
+
+
+class _RefusingHub(http.server.BaseHTTPRequestHandler):
+    """Answers every request like the Hub answers a private repo to a missing or refused token."""
+
+    status = 401
+    error_code = "RepoNotFound"
+
+    def _refuse(self) -> None:
+        self.send_response(self.status)
+        self.send_header("X-Error-Code", self.error_code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = _refuse
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_hub() -> Iterator[tuple[str, type[_RefusingHub]]]:
+    handler = type("Handler", (_RefusingHub,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _hub_env(endpoint: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost", **extra}
+
+
+def test_cli_refused_token_is_one_clear_line(refusing_hub: tuple[str, type], tmp_path: Path) -> None:
+    endpoint, _ = refusing_hub
+    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"],
+                    _hub_env(endpoint, tmp_path, HF_TOKEN="hf_not_a_valid_token"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1
+    assert f"{REPO}: repository not found, or private and the token was refused" in done.stderr
+
+
+def test_cli_missing_token_is_one_clear_line(refusing_hub: tuple[str, type], tmp_path: Path) -> None:
+    endpoint, _ = refusing_hub
+    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"], _hub_env(endpoint, tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "no token is set (set HF_TOKEN)" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_cli_gated_repo_is_one_clear_line(refusing_hub: tuple[str, type], tmp_path: Path) -> None:
+    endpoint, handler = refusing_hub
+    handler.status, handler.error_code = 403, "GatedRepo"
+    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"], _hub_env(endpoint, tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert f"{REPO} is gated: accept its terms" in done.stderr and done.stderr.count("\n") == 1

@@ -1,0 +1,127 @@
+"""The extract, strip and graft commands: plans, JSON reports, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import file_hashes, reader_tensors
+
+from gguf_mtp.cli import main
+from gguf_mtp.gguf_header import read_header
+from gguf_mtp.tiny_models import with_hparams, write_target
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shard 1 of a 2-shard model with a NextN block, as llama.cpp's converter writes it."""
+    return write_target(tmp_path_factory.mktemp("cli-src"), with_nextn=True, shards=2, quant="Q8_0", name="Model-Q8_0")
+
+
+@pytest.fixture(scope="module")
+def trunk_quant(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trunk-only "community quant" of the same model."""
+    return write_target(tmp_path_factory.mktemp("cli-dst"), shards=2, name="Model-UD-Q4_K_XL", seed=5)
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_extract_json_lists_the_nextn_tensors_it_wrote(
+    mtp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["extract", str(mtp_model), "-o", str(tmp_path / "draft.gguf"), "--json"]) == 0
+    report = _json(capsys)
+    assert report["command"] == "extract" and report["nextn_blocks"] == [3]
+    assert len(report["tensors"]) == 18 and report["bytes_written"] == (tmp_path / "draft.gguf").stat().st_size
+
+
+def test_extract_names_its_output_after_the_model_by_default(
+    mtp_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    second_shard = mtp_model.with_name("Model-Q8_0-00002-of-00002.gguf")
+    assert main(["extract", str(second_shard), "-q"]) == 0
+    assert main(["extract", str(mtp_model), "--standalone", "-q"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mtp-Model-Q8_0.gguf", "mtp-draft-Model-Q8_0.gguf"]
+    assert "standalone MTP-only model" in capsys.readouterr().out
+    (tmp_path / "drafts").mkdir()
+    assert main(["extract", str(mtp_model), "-o", "drafts", "-q"]) == 0
+    assert [p.name for p in (tmp_path / "drafts").iterdir()] == ["mtp-draft-Model-Q8_0.gguf"]
+
+
+def test_extract_of_a_model_without_nextn_block_exits_2_with_one_line(
+    trunk_quant: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["extract", str(trunk_quant), "-o", str(tmp_path / "d.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(trunk_quant) in err and "no NextN (MTP) block" in err
+
+
+def test_strip_dry_run_prints_the_metadata_changes_and_writes_nothing(
+    mtp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["strip", str(mtp_model), "-o", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "nemotron_h_moe.block_count (u32): 4 -> 3" in out
+    assert "nemotron_h_moe.nextn_predict_layers (u32): 1 -> (removed)" in out
+    assert "nothing was written" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_strip_json_counts_the_removed_tensors(
+    mtp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["strip", str(mtp_model), "-o", str(tmp_path / "out"), "--json"]) == 0
+    report = _json(capsys)
+    assert report["tensors"]["removed"] == 18
+    assert report["tensors"]["total"] == report["tensors"]["source"] - 18
+    written = sum(len(read_header(Path(f["path"])).tensors) for f in report["files"])
+    assert written == report["tensors"]["total"]
+
+
+def test_strip_refuses_existing_outputs_without_force(
+    mtp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["strip", str(mtp_model), "-o", str(tmp_path / "out"), "-q"]) == 0
+    before = file_hashes(tmp_path / "out")
+    assert main(["strip", str(mtp_model), "-o", str(tmp_path / "out"), "-q"]) == 2
+    assert "use --force" in capsys.readouterr().err
+    assert file_hashes(tmp_path / "out") == before
+    assert main(["strip", str(mtp_model), "-o", str(tmp_path / "out"), "-q", "--force"]) == 0
+
+
+def test_graft_dry_run_shows_the_plan_and_writes_nothing(
+    mtp_model: Path, trunk_quant: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["graft", "--from", str(mtp_model), "--into", str(trunk_quant), "-o", str(tmp_path / "out"), "--dry-run"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "NextN block(s) blk.3, 18 tensors" in out and "+18 NextN" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_graft_json_reports_the_composite(
+    mtp_model: Path, trunk_quant: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["graft", "--from", str(mtp_model), "--into", str(trunk_quant), "-o", str(out), "--json", "--no-llama"]
+    assert main(args) == 0
+    report = _json(capsys)
+    assert report["command"] == "graft" and report["block"] == 3 and report["tensors"]["added"] == 18
+    assert report["ok"] is True and report["verification"]["ok"] is True
+    grafted = reader_tensors(out / trunk_quant.name)
+    assert grafted["blk.3.nextn.eh_proj.weight"] == reader_tensors(mtp_model)["blk.3.nextn.eh_proj.weight"]
+
+
+def test_graft_across_vocabularies_exits_2_naming_what_differs(
+    mtp_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = write_target(tmp_path / "other", hparams=with_hparams(n_vocab=1024), name="other")
+    assert main(["graft", "--from", str(mtp_model), "--into", str(other), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "vocabularies (nemotron_h_moe.vocab_size) differ: 512 in the source, 1024 in the target" in err
+    assert not (tmp_path / "out").exists()

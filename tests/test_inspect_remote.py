@@ -1,0 +1,408 @@
+"""inspect hf://...: only header bytes cross the network, fetched with HTTP range requests.
+
+A loopback server stands in for the Hub: it serves files at ``/{owner}/{repo}/resolve/{revision}/{path}``
+(optionally redirecting to a CDN path first, as the Hub does), honours ``Range``, answers 404 like the
+Hub, and counts every body byte it sends. ``HF_ENDPOINT`` points at it; nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from gguf import GGUFValueType
+from helpers import shard_files
+
+from gguf_mtp import BadGGUFError, HubError, compose
+from gguf_mtp.cli import main
+from gguf_mtp.gguf_header import encode_kv, read_header
+from gguf_mtp.inspect import inspect
+from gguf_mtp.remote import FIRST_READ, HubFile
+from gguf_mtp.tiny_models import add_raw_kvs, write_target
+
+REPO = "tiny-org/Tiny-Nemotron-GGUF"
+FOLDER = "UD-Q4_K_XL"
+
+
+@dataclass
+class Served:
+    """One request the loopback Hub answered, and the body bytes it sent for it."""
+
+    method: str
+    path: str
+    byte_range: str | None
+    authorization: str | None
+    sent: int = 0
+
+
+@dataclass
+class HubStandIn:
+    """What the loopback Hub serves and what it saw."""
+
+    root: Path  # files live at root/{owner}/{repo}/{revision}/{path}
+    url: str = ""
+    redirect: bool = False
+    ignore_range: bool = False
+    log: list[Served] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, files: list[Path], folder: str = FOLDER, revision: str = "main") -> None:
+        dest = self.root / REPO / revision / folder
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy(f, dest / f.name)
+
+    @property
+    def requests(self) -> list[tuple[str, str, str | None]]:
+        """(method, path, Range header) of every request since the last reset."""
+        return [(r.method, r.path, r.byte_range) for r in self.log]
+
+    @property
+    def authorization(self) -> list[str | None]:
+        return [r.authorization for r in self.log]
+
+    @property
+    def total_sent(self) -> int:
+        return sum(r.sent for r in self.log)
+
+    def sent(self, name: str) -> int:
+        """Body bytes sent for the file called ``name`` since the last reset."""
+        return sum(r.sent for r in self.log if r.path.endswith("/" + name))
+
+    def reset(self) -> None:
+        # A new list: a late writer of an earlier test updates its own, now forgotten, record.
+        with self.lock:
+            self.log = []
+
+
+_RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<rev>[^/]+)/(?P<path>.+)$")
+
+
+def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # keep test output quiet
+            pass
+
+        def _file(self) -> Path | None:
+            match = _RESOLVE.match(self.path) or _CDN.match(self.path)
+            if not match:
+                return None
+            if hub.redirect and self.path.startswith("/") and not self.path.startswith("/cdn/"):
+                return Path("redirect")
+            repo, rev, path = match["repo"], unquote(match["rev"]), unquote(match["path"])
+            if not (hub.root / repo).is_dir():
+                self._error(404, "RepoNotFound")
+                return Path("answered")
+            file = hub.root / repo / rev / path
+            return file if file.is_file() else None
+
+        def _error(self, status: int, code: str) -> None:
+            body = json.dumps({"error": code}).encode()
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _serve(self, head: bool) -> None:
+            record = Served(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
+            with hub.lock:
+                hub.log.append(record)
+            file = self._file()
+            if file == Path("answered"):
+                return
+            if file == Path("redirect"):
+                match = _RESOLVE.match(self.path)
+                assert match
+                self.send_response(302)
+                self.send_header("Location", f"/cdn/{match['repo']}/{match['rev']}/{match['path']}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if file is None:
+                self._error(404, "EntryNotFound")
+                return
+            size = file.stat().st_size
+            start, end = 0, size - 1
+            status = 200
+            ranged = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range") or "")
+            if ranged and not hub.ignore_range:
+                start = int(ranged[1])
+                end = min(int(ranged[2]) if ranged[2] else size - 1, size - 1)
+                status = 206
+                if start >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+            self.send_response(status)
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(end - start + 1))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            if head:
+                return
+            with open(file, "rb") as f:
+                f.seek(start)
+                try:
+                    while record.sent < end - start + 1:
+                        chunk = f.read(min(64 * 1024, end - start + 1 - record.sent))
+                        self.wfile.write(chunk)
+                        record.sent += len(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client hung up once it had enough
+
+        def do_GET(self) -> None:
+            self._serve(head=False)
+
+        def do_HEAD(self) -> None:
+            self._serve(head=True)
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
+    hub = HubStandIn(tmp_path_factory.mktemp("hub"))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    httpd.daemon_threads = True
+    hub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield hub
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def hub(server: HubStandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> HubStandIn:
+    """The loopback Hub, with HF_ENDPOINT pointing at it, online, no stored token, counters reset."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    server.redirect = False
+    server.ignore_range = False
+    server.reset()
+    return server
+
+
+@pytest.fixture(scope="module")
+def composite(nemotron_split: Path, nemotron_draft0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = compose(nemotron_split, nemotron_draft0, tmp_path_factory.mktemp("composite"), progress=False)
+    return report.output_paths[0]
+
+
+@pytest.fixture(scope="module")
+def published(server: HubStandIn, composite: Path) -> str:
+    """The composite on the loopback Hub; returns the hf:// address of its first shard."""
+    server.publish(shard_files(composite))
+    return f"hf://{REPO}/{FOLDER}/{composite.name}"
+
+
+def _comparable(summary_dict: dict) -> dict:
+    """A summary without what differs between a local and a remote reading of the same files."""
+    result = {k: v for k, v in summary_dict.items() if k not in ("source", "remote", "bytes_fetched", "http_requests")}
+    result["files"] = [{k: v for k, v in f.items() if k != "name"} for f in result["files"]]
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- tests
+
+
+def test_remote_summary_equals_the_local_one(hub: HubStandIn, published: str, composite: Path) -> None:
+    remote = inspect(published, tensors=True)
+    assert remote.remote
+    assert _comparable(remote.to_dict()) == _comparable(inspect(composite, tensors=True).to_dict())
+    assert remote.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert [s.name for s in remote.shards] == [
+        f"hf://{REPO}/{FOLDER}/{p.name}" for p in shard_files(composite)
+    ]
+
+
+def test_only_header_bytes_are_transferred(hub: HubStandIn, published: str, composite: Path) -> None:
+    summary = inspect(published)
+    files = shard_files(composite)
+    total_size = sum(p.stat().st_size for p in files)
+    # every request asked for bytes that start inside the file's header, never in its data section
+    data_offsets = {p.name: read_header(p).data_offset for p in files}
+    for method, path, byte_range in hub.requests:
+        assert method == "GET" and byte_range is not None
+        start = int(re.match(r"bytes=(\d+)-", byte_range)[1])  # type: ignore[index]
+        assert start < data_offsets[path.rsplit("/", 1)[1]]
+    # bounded: one first read per file (the headers are a few KiB), far below the files' size
+    assert len(hub.requests) == 3
+    assert hub.total_sent <= 3 * FIRST_READ
+    assert hub.total_sent < total_size / 20
+    assert summary.bytes_fetched == hub.total_sent
+    assert summary.http_requests == 3
+
+
+def test_a_large_header_is_read_in_growing_ranges_and_no_further(
+    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = write_target(tmp_path / "big", shards=2, name="Big-Vocab")
+    tokens = [f"<token-{i:06d}-{'x' * 24}>" for i in range(12_000)]  # ~470 KiB of tokenizer, like a real shard 1
+    add_raw_kvs(first, [encode_kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, tokens, GGUFValueType.STRING)])
+    hub.publish(shard_files(first), folder="big")
+    header = read_header(first)
+    assert header.data_offset > 6 * FIRST_READ
+
+    summary = inspect(f"hf://{REPO}/big/{first.name}")
+
+    assert summary.tensor_count == sum(s.tensors for s in inspect(first).shards)
+    assert summary.shards[0].header_bytes == header.data_offset
+    first_file_requests = [r for r in hub.requests if r[1].endswith(first.name)]
+    assert len(first_file_requests) > 2  # 64 KiB, then doubling
+    assert header.data_offset <= hub.sent(first.name) <= 2 * header.data_offset
+
+
+def test_header_bound_stops_reading(hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = write_target(tmp_path / "huge", name="huge-header")
+    tokens = [f"token-{i:06d}" for i in range(20_000)]
+    add_raw_kvs(first, [encode_kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, tokens, GGUFValueType.STRING)])
+    hub.publish([first], folder="huge")
+    monkeypatch.setattr("gguf_mtp.shard_scan.MAX_REMOTE_HEADER_BYTES", 200_000)
+
+    with pytest.raises(BadGGUFError, match="header larger than the 200,000-byte limit"):
+        inspect(f"hf://{REPO}/huge/{first.name}")
+    assert hub.total_sent <= 200_000
+
+
+def test_redirect_to_a_cdn_is_followed(hub: HubStandIn, published: str) -> None:
+    hub.redirect = True
+    assert inspect(published).mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert any(path.startswith("/cdn/") for _, path, _ in hub.requests)
+
+
+def test_revision_selects_the_files(hub: HubStandIn, nemotron_split: Path) -> None:
+    hub.publish(shard_files(nemotron_split), folder="rev", revision="v1.0")
+    address = f"hf://{REPO}/rev/{nemotron_split.name}"
+    assert inspect(f"{address}@v1.0").mtp_verdict == "MTP: no"
+    assert inspect(f"hf://{REPO}@v1.0/rev/{nemotron_split.name}").tensor_count == 26
+    with pytest.raises(HubError, match=r"no file rev/.* in tiny-org/Tiny-Nemotron-GGUF"):
+        inspect(address)  # not on main
+    assert all("/resolve/v1.0/" in path or "/resolve/main/" in path for _, path, _ in hub.requests)
+
+
+def test_token_is_sent(hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_loopbacktesttoken")
+    inspect(published)
+    assert hub.authorization and all(a == "Bearer hf_loopbacktesttoken" for a in hub.authorization)
+
+
+def test_missing_sibling_on_the_hub_is_reported(hub: HubStandIn, composite: Path) -> None:
+    files = shard_files(composite)
+    hub.publish([files[0], files[2]], folder="gap")
+    summary = inspect(f"hf://{REPO}/gap/{files[2].name}")
+    assert summary.problems[0] == f"shard 2 ({files[1].name}) is missing (3 files expected)"
+    assert summary.shards[1].size is None
+
+
+def test_missing_file_is_one_clear_error(hub: HubStandIn) -> None:
+    with pytest.raises(HubError, match=r"no file nowhere/model\.gguf in tiny-org/Tiny-Nemotron-GGUF"):
+        inspect(f"hf://{REPO}/nowhere/model.gguf")
+
+
+def test_missing_repository_is_one_clear_error(hub: HubStandIn) -> None:
+    with pytest.raises(HubError, match=r"repository tiny-org/no-such-repo not found"):
+        inspect("hf://tiny-org/no-such-repo/model.gguf")
+
+
+def test_offline_mode_is_one_clear_error_and_no_request(
+    hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set"):
+        inspect(published)
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HF_HUB_OFFLINE" in err
+    assert hub.requests == []
+
+
+def test_server_ignoring_ranges_is_read_no_further_than_needed(hub: HubStandIn, published: str) -> None:
+    hub.ignore_range = True
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.bytes_fetched is not None and summary.bytes_fetched <= 3 * 2 * FIRST_READ
+    assert summary.total_size > 10 * summary.bytes_fetched
+
+
+def test_server_ignoring_ranges_cannot_serve_a_long_header(hub: HubStandIn, tmp_path: Path) -> None:
+    first = write_target(tmp_path / "long", name="long-header")
+    tokens = [f"token-{i:06d}" for i in range(20_000)]
+    add_raw_kvs(first, [encode_kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, tokens, GGUFValueType.STRING)])
+    hub.publish([first], folder="long")
+    hub.ignore_range = True
+    with pytest.raises(HubError, match="the server does not support HTTP range requests"):
+        inspect(f"hf://{REPO}/long/{first.name}")
+
+
+def test_cli_json_on_a_hub_file(hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", published, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["remote"] is True
+    assert report["mtp_verdict"] == "MTP: yes (1 block, blk.3)"
+    assert report["bytes_fetched"] == hub.total_sent
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("hf://o/r/a.gguf", HubFile("o/r", "a.gguf")),
+        ("hf://o/r/d/e/a-00001-of-00003.gguf@main", HubFile("o/r", "d/e/a-00001-of-00003.gguf", "main")),
+        ("hf://o/r@v1/x/a.gguf", HubFile("o/r", "x/a.gguf", "v1")),
+        ("hf://o/r/a.gguf@refs/pr/1", HubFile("o/r", "a.gguf", "refs/pr/1")),
+        ("hf://datasets/o/r/x/a.gguf", HubFile("o/r", "x/a.gguf", None, "dataset")),
+    ],
+)
+def test_hub_addresses_parse(address: str, expected: HubFile) -> None:
+    assert HubFile.parse(address) == expected
+
+
+@pytest.mark.parametrize("address", ["hf://o/r", "hf://o", "hf://o/r/", "hf:///r/a.gguf", "hf://o/r/a.gguf@"])
+def test_incomplete_hub_addresses_are_refused(address: str) -> None:
+    with pytest.raises(HubError, match="expected hf://OWNER/REPO/path/to/file.gguf"):
+        HubFile.parse(address)
+
+
+def test_hub_address_round_trips_and_finds_siblings() -> None:
+    named = HubFile.parse("hf://o/r/q/m-00001-of-00003.gguf@v2")
+    assert str(named) == "hf://o/r/q/m-00001-of-00003.gguf@v2"
+    assert str(named.sibling("m-00002-of-00003.gguf")) == "hf://o/r/q/m-00002-of-00003.gguf@v2"
+
+
+def test_verify_checks_a_hub_composite_from_its_headers(hub: HubStandIn, published: str) -> None:
+    from gguf_mtp.verify import verify
+
+    report = verify(published, progress=False)
+    assert report.ok, report.describe()
+    assert report.check("llama.cpp").status == "skip"
+    assert "remote" in report.check("llama.cpp").detail
+    assert hub.total_sent <= 3 * FIRST_READ
+
+
+def test_verify_needs_local_files_to_compare_bytes(hub: HubStandIn, published: str, nemotron_split: Path) -> None:
+    from gguf_mtp.verify import verify
+
+    with pytest.raises(BadGGUFError, match="needs the composite on disk"):
+        verify(published, target=nemotron_split, progress=False)

@@ -1,0 +1,475 @@
+"""pipeline: exactly the target's shard set, convert -> compose -> verify -> publish, and resuming that checks
+finished stages instead of trusting them."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from helpers import flip_byte
+from hub_standin import RecordingHub
+
+import gguf_mtp.verify
+from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
+from gguf_mtp.pipeline import STATE_NAME, run_pipeline, select_target_files
+from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.tiny_models import write_target
+
+TARGET_REPO = "unsloth/Tiny-Nemotron-GGUF"
+HEAD_REPO = "nvidia/Tiny-Nemotron-MTPv2"
+PREFIX = "Tiny-Nemotron-UD-Q4_K_XL"
+PATTERN = f"UD-Q4_K_XL/{PREFIX}-*-of-*.gguf"
+SHARDS = [f"UD-Q4_K_XL/{PREFIX}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+COMMIT = "c0ffee" + "0" * 34
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def target_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder laid out like the target's Hub repo, with the strays a glob would also catch."""
+    root = tmp_path_factory.mktemp("target-repo")
+    write_target(root / "UD-Q4_K_XL", shards=3, name=PREFIX)
+    # an earlier composite and an mmproj file sit next to the shards, as on real repos
+    write_target(root / "UD-Q4_K_XL", shards=3, name=f"{PREFIX}-MTPv2", seed=7)
+    (root / "UD-Q4_K_XL" / f"mmproj-{PREFIX}.gguf").write_bytes(b"GGUF not a text model")
+    (root / "README.md").write_text("target card\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def head_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_mtpv2_checkpoint(tmp_path_factory.mktemp("head") / "Tiny-Nemotron-MTPv2")
+
+
+def put_in_hub_cache(cache: Path, repo_id: str, source: Path, commit: str = COMMIT) -> Path:
+    """Lay ``source``'s files out as huggingface_hub's cache does: ``blobs/<hash>``, relative links in
+    ``snapshots/<commit>/`` and ``refs/main``; returns the snapshot folder."""
+    storage = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = storage / "snapshots" / commit
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        rel = path.relative_to(source)
+        blob = storage / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, blob)
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (storage / "refs").mkdir(parents=True, exist_ok=True)
+    (storage / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory: pytest.TempPathFactory, target_repo: Path, head_checkpoint: Path) -> Path:
+    home = tmp_path_factory.mktemp("hf-home")
+    put_in_hub_cache(home / "hub", TARGET_REPO, target_repo)
+    put_in_hub_cache(home / "hub", HEAD_REPO, head_checkpoint, commit="beef" + "0" * 36)
+    return home
+
+
+def run_cli(work: Path, hf_home: Path, *extra: str) -> dict:
+    """Run ``python -m gguf_mtp pipeline`` offline against the prepared Hub cache; returns its JSON report."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GGUF_MTP_DISABLE_PROGRESS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN,
+         "--head-repo", HEAD_REPO, "--work-dir", str(work), "--json", *extra],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in report["stages"]}
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, hf_home: Path) -> tuple[Path, dict]:
+    work = tmp_path_factory.mktemp("pipeline") / "work"
+    return work, run_cli(work, hf_home)
+
+
+@pytest.fixture
+def work_copy(first_run: tuple[Path, dict], tmp_path: Path) -> Path:
+    """A private copy of the finished work folder (its records are relative, so it can move)."""
+    work, _ = first_run
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    return copy
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------- offline, from the Hub cache
+
+
+def test_offline_run_from_the_hub_cache_goes_through_every_stage(first_run: tuple[Path, dict]) -> None:
+    work, report = first_run
+    assert statuses(report) == {"target": "ran", "draft": "ran", "compose": "ran", "verify": "ran",
+                                "publish": "skipped"}
+    composite = [Path(p) for p in report["composite"]]
+    assert [p.name for p in composite] == [f"{PREFIX}-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert all(p.is_file() and p.parent == work / "composite" for p in composite)
+    assert report["verification"]["ok"] is True
+
+
+def test_only_the_exact_shard_set_is_used_not_the_stray_composite_or_mmproj(first_run: tuple[Path, dict]) -> None:
+    _, report = first_run
+    names = [Path(p).name for p in report["target"]]
+    assert names == [s.rpartition("/")[2] for s in SHARDS]
+
+
+def test_composite_loads_in_llama_cpp(first_run: tuple[Path, dict]) -> None:
+    _, report = first_run
+    from gguf_mtp.llama_check import llama_cpp_available
+
+    if not llama_cpp_available():
+        pytest.skip("llama-cpp-python is not installed")
+    names = [c["name"] for c in report["verification"]["checks"] if c["ok"]]
+    assert any("llama" in n for n in names)
+
+
+def test_state_file_records_each_stage_output_with_size_and_sha256(first_run: tuple[Path, dict]) -> None:
+    work, _ = first_run
+    state = json.loads((work / STATE_NAME).read_text())
+    compose_outputs = state["stages"]["compose"]["outputs"]
+    assert [o["path"] for o in compose_outputs] == [f"composite/{PREFIX}-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for o in compose_outputs:
+        assert o["size"] == (work / o["path"]).stat().st_size and o["sha256"] == _sha256(work / o["path"])
+    assert set(state["stages"]) == {"target", "draft", "compose", "verify"}
+    assert not list(work.glob(f".{STATE_NAME}.*"))  # no temporary state file left
+
+
+def test_rerun_reuses_every_finished_stage_without_rewriting_it(work_copy: Path, hf_home: Path) -> None:
+    composite = sorted((work_copy / "composite").glob("*.gguf"))
+    before = {p: p.stat().st_mtime_ns for p in [*composite, work_copy / "draft" / "mtp-draft.gguf"]}
+    report = run_cli(work_copy, hf_home)
+    assert statuses(report) == {"target": "reused", "draft": "reused", "compose": "reused", "verify": "reused",
+                                "publish": "skipped"}
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_corrupted_composite_shard_is_detected_and_composed_again(work_copy: Path, hf_home: Path) -> None:
+    shard = sorted((work_copy / "composite").glob("*.gguf"))[1]
+    good = _sha256(shard)
+    flip_byte(shard, shard.stat().st_size // 2)
+    report = run_cli(work_copy, hf_home)
+    assert statuses(report)["compose"] == "redone"
+    assert statuses(report)["draft"] == "reused" and statuses(report)["target"] == "reused"
+    assert _sha256(shard) == good
+    # the new composite is byte-identical to the verified one, so that verification still holds
+    assert statuses(report)["verify"] == "reused"
+
+
+def test_truncated_draft_is_converted_again_and_later_stages_still_hold(work_copy: Path, hf_home: Path) -> None:
+    draft = work_copy / "draft" / "mtp-draft.gguf"
+    with open(draft, "r+b") as f:
+        f.truncate(draft.stat().st_size - 1)
+    report = run_cli(work_copy, hf_home)
+    assert statuses(report)["draft"] == "redone"
+    assert statuses(report)["compose"] == "reused"
+
+
+def test_changed_parameter_redoes_the_stages_it_affects(work_copy: Path, hf_home: Path) -> None:
+    report = run_cli(work_copy, hf_home, "--basename", "Renamed-MTP")
+    assert statuses(report)["draft"] == "reused"
+    assert statuses(report)["compose"] == "redone"
+    assert statuses(report)["verify"] == "redone"
+    assert sorted(p.name for p in (work_copy / "composite").iterdir()) == [
+        f"Renamed-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)
+    ]  # the folder was recreated: no file of the earlier name is left
+
+
+def test_offline_run_with_a_remembered_listing_needs_only_the_shard_set_cached(
+    tmp_path: Path, target_repo: Path, head_checkpoint: Path
+) -> None:
+    """A cache filled online holds only the shards, but remembers the whole repo listing (strays included)."""
+    tree_cache = pytest.importorskip("huggingface_hub._tree_cache")  # huggingface_hub >= 1.x keeps listings
+    shards_only = tmp_path / "shards-only"
+    for rel in SHARDS:
+        (shards_only / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target_repo / rel, shards_only / rel)
+    home = tmp_path / "hf-home"
+    put_in_hub_cache(home / "hub", TARGET_REPO, shards_only)
+    put_in_hub_cache(home / "hub", HEAD_REPO, head_checkpoint, commit="beef" + "0" * 36)
+    listing = {
+        p.relative_to(target_repo).as_posix(): tree_cache.TreeCacheEntry(size=p.stat().st_size, blob_id="0" * 40)
+        for p in target_repo.rglob("*") if p.is_file()
+    }
+    storage = home / "hub" / f"models--{TARGET_REPO.replace('/', '--')}"
+    tree_cache.write_tree_cache(str(storage), COMMIT, listing)
+    report = run_cli(tmp_path / "work", home, "--no-llama")
+    assert [Path(p).name for p in report["target"]] == [s.rpartition("/")[2] for s in SHARDS]
+
+
+def test_offline_without_the_files_in_the_cache_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HOME": str(tmp_path / "empty-home"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN,
+         "--head-repo", HEAD_REPO, "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gguf-mtp: error:") and proc.stderr.strip().count("\n") == 0
+    assert TARGET_REPO in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- online path (stand-in Hub)
+
+
+@pytest.fixture
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+def _run(hub: RecordingHub, tmp_path: Path, head: Path, **kwargs: object) -> object:
+    options = dict(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=str(head), work_dir=tmp_path / "work",
+                   cache_dir=tmp_path / "cache", api=hub, llama=False, progress=False, say=lambda line: None)
+    options |= kwargs
+    return run_pipeline(**options)
+
+
+def test_download_asks_for_exactly_the_shard_set(online: None, target_repo: Path, head_checkpoint: Path,
+                                                  tmp_path: Path) -> None:
+    hub = RecordingHub(source=target_repo)
+    _run(hub, tmp_path, head_checkpoint)
+    download = next(c for c in hub.calls if c[0] == "snapshot_download")
+    assert download[2]["allow_patterns"] == SHARDS
+    cached = sorted(p.name for p in (tmp_path / "cache").rglob("*.gguf"))
+    assert cached == sorted(s.rpartition("/")[2] for s in SHARDS)
+
+
+def test_publishes_with_provenance_when_out_repo_is_given(online: None, target_repo: Path, head_checkpoint: Path,
+                                                          tmp_path: Path) -> None:
+    hub = RecordingHub(source=target_repo)
+    report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
+    names = sorted(p.name for p in report.composite)
+    assert hub.commits == [sorted([*names, "README.md"])]
+    card = report.published.card
+    assert f"[{TARGET_REPO}](https://huggingface.co/{TARGET_REPO}) at `{'0' * 40}`" in card
+    assert f"`{SHARDS[0]}`" in card
+    for path in report.composite:
+        assert _sha256(path) in card
+
+
+def test_published_work_files_are_removed_unless_kept(online: None, target_repo: Path, head_checkpoint: Path,
+                                                      tmp_path: Path) -> None:
+    report = _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
+    assert not (tmp_path / "work" / "composite").exists() and not (tmp_path / "work" / "draft").exists()
+    assert any("--keep" in n for n in report.notes)
+
+
+def test_rerun_after_publish_checks_the_hub_and_reuploads_what_it_lost(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = RecordingHub(source=target_repo)
+    _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
+    again = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
+    assert again.stage("publish").status == "reused" and len(hub.commits) == 1
+    del hub.files[f"{PREFIX}-MTP-00002-of-00003.gguf"]
+    third = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
+    assert third.stage("publish").status == "redone" and len(hub.commits) == 2
+
+
+def test_corrupted_target_in_the_cache_is_downloaded_again(online: None, target_repo: Path, head_checkpoint: Path,
+                                                           tmp_path: Path) -> None:
+    hub = RecordingHub(source=target_repo)
+    first = _run(hub, tmp_path, head_checkpoint)
+    shard = first.target[2]
+    flip_byte(shard, shard.stat().st_size - 10)
+    second = _run(hub, tmp_path, head_checkpoint)
+    assert second.stage("target").status == "redone"
+    downloads = [c for c in hub.calls if c[0] == "snapshot_download"]
+    assert downloads[-1][2]["force_download"] is True
+    assert _sha256(shard) == _sha256(target_repo / SHARDS[2])
+    assert [second.stage(s).status for s in ("draft", "compose", "verify")] == ["reused"] * 3
+
+
+def test_failed_verification_stops_before_publishing(online: None, target_repo: Path, head_checkpoint: Path,
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing_verify(composite: object, **kwargs: object) -> gguf_mtp.verify.VerifyReport:
+        report = gguf_mtp.verify.VerifyReport(str(composite))
+        report.checks.append(gguf_mtp.verify.Check("target bytes", False, "blk.1.attn_q.weight differs"))
+        return report
+
+    monkeypatch.setattr(gguf_mtp.verify, "verify", failing_verify)
+    hub = RecordingHub(source=target_repo)
+    with pytest.raises(VerificationError, match="blk.1.attn_q.weight differs"):
+        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
+    assert "upload_folder" not in hub.methods
+    state = json.loads((tmp_path / "work" / STATE_NAME).read_text())
+    assert "verify" not in state["stages"]
+
+
+def test_second_pipeline_in_the_same_work_folder_is_refused(online: None, target_repo: Path, head_checkpoint: Path,
+                                                            tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with open(work / ".gguf-mtp-pipeline.lock", "a+b") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(UnsafeOutputError, match="another pipeline is running"):
+            _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+
+
+def test_hub_refusal_while_listing_is_a_hub_error(online: None, head_checkpoint: Path, tmp_path: Path) -> None:
+    from hub_standin import http_error
+
+    hub = RecordingHub(fail={"list_repo_files": http_error(404)})
+    with pytest.raises(HubError, match=f"{TARGET_REPO} not found"):
+        _run(hub, tmp_path, head_checkpoint)
+
+
+# ------------------------------------------------------------------------------------------- choosing the files (pure)
+
+LISTING = [
+    "README.md",
+    *SHARDS,
+    *[f"UD-Q4_K_XL/{PREFIX}-MTPv2-0000{i}-of-00003.gguf" for i in (1, 2, 3)],
+    f"UD-Q4_K_XL/mmproj-{PREFIX}.gguf",
+    "Q8_0/Tiny-Nemotron-Q8_0.gguf",
+    f"UD-Q2_K_XL/{PREFIX}-00001-of-00002.gguf",
+]
+
+
+def test_split_glob_selects_exactly_that_prefix() -> None:
+    assert select_target_files(LISTING, PATTERN) == SHARDS
+
+
+def test_one_shard_name_selects_its_whole_set() -> None:
+    assert select_target_files(LISTING, SHARDS[1]) == SHARDS
+
+
+def test_single_file_name_selects_that_file() -> None:
+    assert select_target_files(LISTING, "Q8_0/Tiny-Nemotron-Q8_0.gguf") == ["Q8_0/Tiny-Nemotron-Q8_0.gguf"]
+
+
+def test_incomplete_split_set_is_refused() -> None:
+    with pytest.raises(ShardSetError, match="missing Tiny-Nemotron-UD-Q4_K_XL-00002-of-00002.gguf"):
+        select_target_files(LISTING, f"UD-Q2_K_XL/{PREFIX}-*-of-*.gguf")
+
+
+def test_loose_glob_matching_two_models_is_refused() -> None:
+    with pytest.raises(ShardSetError, match="matches 2 models"):
+        select_target_files(LISTING, f"UD-Q4_K_XL/{PREFIX}*.gguf")
+
+
+def test_pattern_matching_nothing_is_refused() -> None:
+    with pytest.raises(ShardSetError, match="matches no file"):
+        select_target_files(LISTING, "IQ1_S/Nope-*-of-*.gguf")
+
+
+def test_two_shard_counts_of_one_prefix_are_refused() -> None:
+    listing = [*SHARDS, f"UD-Q4_K_XL/{PREFIX}-00001-of-00001.gguf"]
+    with pytest.raises(ShardSetError, match="split sets of 1 and 3 shards"):
+        select_target_files(listing, PATTERN)
+
+
+# ------------------------------------------------------------------------------------------- scripts/hf_job.py
+
+HF_JOB = Path(__file__).resolve().parent.parent / "scripts" / "hf_job.py"
+PIPELINE_ARGS = ["--target-repo", TARGET_REPO, "--target-files", PATTERN, "--head-repo", HEAD_REPO]
+
+
+@pytest.fixture(scope="module")
+def hf_job() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_job", HF_JOB)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class JobsStandIn:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def run_uv_job(self, script: str, **kwargs: object) -> object:
+        from types import SimpleNamespace
+
+        self.calls.append({"script": script, **kwargs})
+        return SimpleNamespace(id="job-123", url="https://huggingface.co/jobs/me/job-123")
+
+
+def test_hf_job_script_has_a_pep723_block_that_needs_only_huggingface_hub() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    text = HF_JOB.read_text()
+    block = re.search(r"^# /// script\n((?:#.*\n)+?)# ///$", text, re.MULTILINE)
+    assert block is not None
+    metadata = tomllib.loads("".join(line[2:] + "\n" for line in block.group(1).splitlines()))
+    assert metadata["dependencies"] == ["huggingface_hub>=0.30"]
+    assert "requires-python" in metadata
+
+
+def test_hf_job_submits_the_pipeline_with_the_token_as_a_secret(hf_job: object, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    api = JobsStandIn()
+    rc = hf_job.main(["--flavor", "cpu-performance", "--timeout", "3h", "--package", "gguf-mtp[llama] @ git+x",
+                      "--", *PIPELINE_ARGS, "--out-repo", "me/Out", "--keep"], api=api)
+    assert rc == 0
+    (call,) = api.calls
+    assert call["script"] == str(HF_JOB) and call["secrets"] == {"HF_TOKEN": "hf_secret"}
+    assert call["flavor"] == "cpu-performance" and call["timeout"] == "3h"
+    assert call["dependencies"] == ["gguf-mtp[llama] @ git+x"]
+    assert call["script_args"] == ["--local", *PIPELINE_ARGS, "--out-repo", "me/Out", "--keep"]
+    assert "hf_secret" not in str(call.get("env"))
+    assert "job-123" in capsys.readouterr().out
+
+
+def test_hf_job_refuses_a_job_that_would_not_publish(hf_job: object, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    api = JobsStandIn()
+    assert hf_job.main(PIPELINE_ARGS, api=api) == 2
+    assert api.calls == [] and "--out-repo" in capsys.readouterr().err
+
+
+def test_hf_job_without_a_token_submits_nothing(hf_job: object, no_token_env: None,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    api = JobsStandIn()
+    assert hf_job.main([*PIPELINE_ARGS, "--out-repo", "me/Out"], api=api) == 2
+    assert api.calls == [] and "no Hugging Face token" in capsys.readouterr().err
+
+
+def test_hf_job_dry_run_shows_the_request_without_the_token(hf_job: object, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"], api=JobsStandIn()) == 0
+    out = capsys.readouterr().out
+    assert "run_uv_job(" in out and "'--local'" in out and "hf_secret" not in out
+
+
+def test_hf_job_local_mode_runs_the_pipeline_here(hf_home: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(HF_JOB), "--local", "--", *PIPELINE_ARGS, "--work-dir", str(tmp_path / "w"), "--json",
+         "--no-llama"], capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert statuses(json.loads(proc.stdout))["compose"] == "ran"
+
+
+@pytest.fixture
+def no_token_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))

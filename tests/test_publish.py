@@ -1,0 +1,401 @@
+"""publish: token and access checked first, one commit for a small set, resumable with the card last for a
+large one, a card that tells the truth about the files, and the Hub's record compared afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from helpers import copy_model, shard_files
+from hub_standin import LargeFolderHub, RecordingHub, http_error
+
+import gguf_mtp.publish as publish_module
+from gguf_mtp import HubError, ShardSetError, VerificationError, __version__, compose
+from gguf_mtp.cli import main
+from gguf_mtp.digests import FileDigest
+from gguf_mtp.model_card import Provenance
+from gguf_mtp.publish import CARD_NAME, STAGING_NAME, publish
+
+REPO = "me/Tiny-Nemotron-MTP"
+PROVENANCE = Provenance(
+    target_repo="unsloth/Tiny-Nemotron-GGUF", target_revision="a" * 40,
+    target_files=("UD-Q4_K_XL/Tiny-Nemotron-UD-Q4_K_XL-00001-of-00003.gguf",),
+    head_source="nvidia/Tiny-Nemotron-MTPv2", head_revision="main", base_model="nvidia/Tiny-Nemotron",
+)
+
+
+@pytest.fixture(scope="module")
+def built_composite(nemotron_split: Path, nemotron_draft0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("published") / "composite"
+    compose(nemotron_split, nemotron_draft0, out, progress=False)
+    return out
+
+
+@pytest.fixture
+def composite(built_composite: Path, tmp_path: Path) -> Path:
+    """A private copy of the 3-shard composite folder (publish stages inside it)."""
+    first = sorted(built_composite.glob("*-00001-of-*.gguf"))[0]
+    return copy_model(first, tmp_path / "composite").parent
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    return "hf_test_token"
+
+
+@pytest.fixture
+def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture
+def hashing_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Fails the test if publish hashes anything (records the attempt)."""
+    attempts: list[object] = []
+
+    def refuse(paths: object, **kwargs: object) -> None:
+        attempts.append(paths)
+        raise AssertionError("hashed files before the Hub checks passed")
+
+    monkeypatch.setattr(publish_module, "digest_files", refuse)
+    return attempts
+
+
+def _shards(folder: Path) -> list[Path]:
+    return shard_files(sorted(folder.glob("*-00001-of-*.gguf"))[0])
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+UPLOADS = ("upload_folder", "upload_large_folder", "delete_file")
+
+
+# ------------------------------------------------------------------------------------------- the one-commit path
+
+
+def test_small_set_goes_up_as_one_commit_with_every_shard_and_the_card(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    report = publish(composite, REPO, api=hub, provenance=PROVENANCE, progress=False)
+    names = sorted(p.name for p in _shards(composite))
+    assert hub.commits == [sorted([*names, CARD_NAME])]
+    assert [m for m in hub.methods if m in UPLOADS] == ["upload_folder"]
+    assert report.plan.mode == "one-commit"
+    assert report.commit_url and report.commit_url.startswith(f"https://huggingface.co/{REPO}/commit/")
+
+
+def test_checks_token_and_write_access_before_uploading(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    assert hub.methods[:4] == ["whoami", "create_repo", "auth_check", "upload_folder"]
+    assert hub.calls[1][2]["exist_ok"] is True
+    assert hub.calls[2][2]["write"] is True
+    assert all(kwargs.get("token", token) == token for _, _, kwargs in hub.calls)
+
+
+def test_uploaded_bytes_are_the_composite_and_the_remote_check_passes(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    report = publish(composite, REPO, api=hub, progress=False)
+    for shard in _shards(composite):
+        assert hub.files[shard.name]["sha256"] == _sha256(shard)
+        assert hub.files[shard.name]["size"] == shard.stat().st_size
+    assert {c.name for c in report.checks} == {*(p.name for p in _shards(composite)), CARD_NAME}
+    assert all(c.ok for c in report.checks)
+    assert hub.methods[-1] == "get_paths_info"
+
+
+def test_only_the_models_files_are_uploaded_not_other_files_in_the_folder(composite: Path, token: str) -> None:
+    (composite / "notes.txt").write_text("not for the Hub")
+    (composite / "mtp-draft.gguf.partial").write_bytes(b"half a file")
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    assert set(hub.files) == {*(p.name for p in _shards(composite)), CARD_NAME}
+
+
+def test_revision_commits_to_a_branch_created_first(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, revision="mtp", progress=False)
+    assert "create_branch" in hub.methods
+    assert hub.methods.index("create_branch") < hub.methods.index("upload_folder")
+    upload = next(c for c in hub.calls if c[0] == "upload_folder")
+    assert upload[2]["revision"] == "mtp"
+
+
+def test_private_is_passed_to_create_repo(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, private=True, progress=False)
+    assert next(c for c in hub.calls if c[0] == "create_repo")[2]["private"] is True
+
+
+def test_staging_is_recreated_so_a_stale_link_is_never_uploaded(composite: Path, token: str, tmp_path: Path) -> None:
+    first = _shards(composite)[0]
+    stale = tmp_path / "stale.gguf"
+    stale.write_bytes(b"GGUF stale bytes from an earlier run")
+    staging = composite / STAGING_NAME
+    staging.mkdir()
+    os.symlink(stale, staging / first.name)
+    (staging / CARD_NAME).write_text("an old card")
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    assert hub.files[first.name]["sha256"] == _sha256(first)
+    assert not staging.exists()  # removed after a successful publish
+
+
+def test_given_digests_are_reused_instead_of_hashing_again(
+    composite: Path, token: str, hashing_forbidden: list[object]
+) -> None:
+    known = {str(p): FileDigest(p, p.stat().st_size, _sha256(p)) for p in _shards(composite)}
+    report = publish(composite, REPO, api=RecordingHub(), digests=known, progress=False)
+    assert [f.sha256 for f in report.files] == [known[str(p)].sha256 for p in _shards(composite)]
+
+
+# ------------------------------------------------------------------------------------------- the resumable path
+
+
+def test_large_set_goes_up_resumably_and_the_card_is_committed_last(composite: Path, token: str) -> None:
+    hub = LargeFolderHub()
+    report = publish(composite, REPO, api=hub, one_commit_max_bytes=1, progress=False)
+    names = sorted(p.name for p in _shards(composite))
+    assert report.plan.mode == "resumable"
+    large = next(c for c in hub.calls if c[0] == "upload_large_folder")
+    assert sorted(large[2]["allow_patterns"]) == names  # no card in the resumable part
+    assert hub.commits[-1] == [CARD_NAME]
+    assert sorted(n for commit in hub.commits[:-1] for n in commit) == names
+    # the shards were checked on the Hub before the card went up
+    card_upload = max(i for i, m in enumerate(hub.methods) if m == "upload_folder")
+    assert "get_paths_info" in hub.methods[hub.methods.index("upload_large_folder") : card_upload]
+    assert report.upload_method == "upload_large_folder"
+
+
+def test_large_set_removes_an_earlier_card_before_uploading_files(composite: Path, token: str) -> None:
+    hub = LargeFolderHub()
+    hub.files[CARD_NAME] = {"size": 10, "sha256": None, "blob_id": "0" * 40}
+    report = publish(composite, REPO, api=hub, one_commit_max_bytes=1, progress=False)
+    assert hub.methods.index("delete_file") < hub.methods.index("upload_large_folder")
+    assert hub.files[CARD_NAME]["size"] == len(report.card.encode())
+
+
+def test_large_set_uses_upload_folder_where_huggingface_hub_has_no_upload_large_folder(
+    composite: Path, token: str
+) -> None:
+    hub = RecordingHub()  # huggingface_hub >= 1.0: upload_folder itself is resumable
+    report = publish(composite, REPO, api=hub, upload_mode="resumable", progress=False)
+    assert report.upload_method == "upload_folder"
+    assert hub.commits[-1] == [CARD_NAME]
+    assert CARD_NAME not in hub.commits[0]
+
+
+def test_file_count_alone_can_select_the_resumable_path(composite: Path, token: str) -> None:
+    report = publish(composite, REPO, api=LargeFolderHub(), one_commit_max_files=2, progress=False)
+    assert report.plan.mode == "resumable"
+
+
+# ------------------------------------------------------------------------------------------- refusals come first
+
+
+def test_missing_token_stops_before_any_hub_call_or_hashing(
+    composite: Path, no_token: None, hashing_forbidden: list[object]
+) -> None:
+    hub = RecordingHub()
+    with pytest.raises(HubError, match="no Hugging Face token"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert hub.calls == [] and hashing_forbidden == []
+
+
+def test_refused_token_stops_before_upload_and_hashing(
+    composite: Path, token: str, hashing_forbidden: list[object]
+) -> None:
+    hub = RecordingHub(fail={"whoami": http_error(401)})
+    with pytest.raises(HubError, match="refused the token"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert not set(hub.methods) & set(UPLOADS) and hashing_forbidden == []
+
+
+def test_read_only_token_is_refused_before_anything_is_created(
+    composite: Path, token: str, hashing_forbidden: list[object]
+) -> None:
+    hub = RecordingHub(role="read")
+    with pytest.raises(HubError, match="read-only"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert hub.methods == ["whoami"]
+
+
+def test_no_write_access_stops_before_upload_and_hashing(
+    composite: Path, token: str, hashing_forbidden: list[object]
+) -> None:
+    hub = RecordingHub(fail={"auth_check": http_error(403)})
+    with pytest.raises(HubError, match=r"no write access to me/Tiny-Nemotron-MTP \(403\)"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert not set(hub.methods) & set(UPLOADS) and hashing_forbidden == []
+
+
+def test_namespace_without_permission_fails_at_create_repo(composite: Path, token: str) -> None:
+    hub = RecordingHub(fail={"create_repo": http_error(403)})
+    with pytest.raises(HubError, match="403"):
+        publish(composite, "someone-else/Model", api=hub, progress=False)
+    assert not set(hub.methods) & set(UPLOADS)
+
+
+def test_offline_publish_is_refused_in_one_line(composite: Path) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_TOKEN="hf_test_token")
+    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "HF_HUB_OFFLINE" in proc.stderr
+
+
+def test_dry_run_works_offline_without_a_token_and_prints_the_card(composite: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO, "--dry-run"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for shard in _shards(composite):
+        assert f"{shard.name}  {shard.stat().st_size:,} bytes  sha256 {_sha256(shard)}" in proc.stdout
+    assert f"----- {CARD_NAME} -----" in proc.stdout and "--spec-type draft-mtp" in proc.stdout
+    assert not (composite / STAGING_NAME).exists()
+
+
+def test_bad_repo_id_is_refused(composite: Path, token: str) -> None:
+    with pytest.raises(HubError, match="not a Hub repo id"):
+        publish(composite, "just-a-name", api=RecordingHub(), progress=False)
+
+
+def test_folder_with_two_models_is_refused(composite: Path, nemotron_single: Path, token: str) -> None:
+    copy_model(nemotron_single, composite)
+    with pytest.raises(ShardSetError, match="holds 2 models"):
+        publish(composite, REPO, api=RecordingHub(), progress=False)
+
+
+def test_incomplete_shard_set_is_refused(composite: Path, token: str) -> None:
+    _shards(composite)[1].unlink()
+    hub = RecordingHub()
+    with pytest.raises(ShardSetError, match="missing"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert hub.calls == []
+
+
+def test_model_without_nextn_block_is_refused(nemotron_split: Path, token: str) -> None:
+    with pytest.raises(VerificationError, match="not an MTP composite"):
+        publish(nemotron_split, REPO, api=RecordingHub(), progress=False)
+
+
+# ------------------------------------------------------------------------------------------- after the upload
+
+
+def test_size_mismatch_on_the_hub_is_a_hub_error(composite: Path, token: str) -> None:
+    last = _shards(composite)[-1].name
+    hub = RecordingHub(tamper={last: {"size": 123}})
+    with pytest.raises(HubError, match=rf"{re.escape(last)} on the Hub does not match: size on the Hub 123 bytes"):
+        publish(composite, REPO, api=hub, progress=False)
+
+
+def test_sha256_mismatch_on_the_hub_is_a_hub_error(composite: Path, token: str) -> None:
+    first = _shards(composite)[0].name
+    hub = RecordingHub(tamper={first: {"sha256": "f" * 64}})
+    with pytest.raises(HubError, match="sha256 on the Hub f{64}"):
+        publish(composite, REPO, api=hub, progress=False)
+
+
+def test_resumable_mismatch_holds_the_card_back(composite: Path, token: str) -> None:
+    first = _shards(composite)[0].name
+    hub = LargeFolderHub(tamper={first: {"sha256": "0" * 64}})
+    with pytest.raises(HubError, match=f"{CARD_NAME} was not uploaded"):
+        publish(composite, REPO, api=hub, one_commit_max_bytes=1, progress=False)
+    assert CARD_NAME not in hub.files
+
+
+def test_changed_card_on_the_hub_is_a_hub_error(composite: Path, token: str) -> None:
+    hub = RecordingHub(tamper={CARD_NAME: {"blob_id": "1" * 40}})
+    with pytest.raises(HubError, match="model card on the Hub differs"):
+        publish(composite, REPO, api=hub, progress=False)
+
+
+# ------------------------------------------------------------------------------------------- the model card
+
+
+def _card_rows(card: str) -> dict[str, tuple[int, str]]:
+    rows = re.findall(r"^\| `([^`]+\.gguf)` \| ([\d,]+) bytes [^|]*\| `([0-9a-f]{64})` \|$", card, re.MULTILINE)
+    return {name: (int(size.replace(",", "")), sha) for name, size, sha in rows}
+
+
+def test_card_lists_every_file_with_its_real_size_and_sha256(composite: Path) -> None:
+    report = publish(composite, REPO, dry_run=True, progress=False)
+    expected = {p.name: (p.stat().st_size, _sha256(p)) for p in _shards(composite)}
+    assert _card_rows(report.card) == expected
+
+
+def test_card_names_sources_version_llama_release_and_serve_command(composite: Path) -> None:
+    card = publish(composite, REPO, dry_run=True, provenance=PROVENANCE, progress=False).card
+    first = _shards(composite)[0].name
+    assert f"llama-server -m {first} --spec-type draft-mtp --spec-draft-n-max 3" in card
+    assert "llama.cpp release b11025 or later" in card
+    assert f"gguf-mtp/) {__version__}" in card
+    assert "[unsloth/Tiny-Nemotron-GGUF](https://huggingface.co/unsloth/Tiny-Nemotron-GGUF) at `" + "a" * 40 in card
+    assert "`UD-Q4_K_XL/Tiny-Nemotron-UD-Q4_K_XL-00001-of-00003.gguf`" in card
+    assert "[nvidia/Tiny-Nemotron-MTPv2](https://huggingface.co/nvidia/Tiny-Nemotron-MTPv2) at `main`" in card
+    assert "`blk.3`: 18 tensors" in card
+
+
+def test_card_front_matter_has_base_model_tags_and_library(composite: Path) -> None:
+    card = publish(composite, REPO, dry_run=True, provenance=PROVENANCE, progress=False).card
+    data = huggingface_hub.ModelCard(card).data.to_dict()
+    assert data["base_model"] == "nvidia/Tiny-Nemotron"
+    assert data["base_model_relation"] == "quantized"
+    assert data["library_name"] == "gguf"
+    assert {"gguf", "mtp", "nemotron_h_moe"} <= set(data["tags"])
+
+
+def test_card_without_provenance_says_so(composite: Path) -> None:
+    card = publish(composite, REPO, dry_run=True, progress=False).card
+    assert "| target quant | not recorded |" in card and "| MTP head | not recorded |" in card
+
+
+def test_uploaded_card_is_the_rendered_card(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    report = publish(composite, REPO, api=hub, provenance=PROVENANCE, progress=False)
+    from gguf_mtp.digests import git_blob_sha1
+
+    assert hub.files[CARD_NAME]["blob_id"] == git_blob_sha1(report.card.encode())
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_dry_run_json_lists_files_card_and_mode(composite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["publish", str(composite), "--repo", REPO, "--dry-run", "--json", "--head-repo", "nvidia/H"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["dry_run"] is True and out["mode"] == "one-commit"
+    assert [f["name"] for f in out["files"]] == [p.name for p in _shards(composite)]
+    assert "nvidia/H" in out["card"]
+
+
+def test_hf_token_in_the_environment_overrides_the_stored_login(
+    composite: Path, no_token: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = tmp_path / "stored-token"
+    stored.write_text("hf_stored_login")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(stored))
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    assert hub.calls[0][2]["token"] == "hf_stored_login"
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    assert {kwargs["token"] for _, _, kwargs in hub.calls if "token" in kwargs} == {"hf_from_env"}
