@@ -21,6 +21,7 @@ __all__ = [
     "MappedTensor",
     "TensorSource",
     "get_model_class",
+    "model_class_for_arch",
     "model_class_for_config",
     "supported_architectures",
     "tensor_segments",
@@ -69,3 +70,18 @@ def model_class_for_config(config: dict[str, Any], where: str | None = None) -> 
     raise CheckpointError(
         f"architecture {archs[0]!r} is not supported; supported: {', '.join(supported_architectures())}", where
     )
+
+
+def model_class_for_arch(arch: str) -> type[HeadModel]:
+    """The converter class whose heads become GGUF architecture ``arch`` (``nemotron_h_moe``).
+
+    Raises:
+        CheckpointError: no converter writes ``arch``.
+    """
+    for hf_arch in FAMILY_MODULES:
+        get_model_class(hf_arch)
+    model_class = HeadModel._classes_by_arch.get(arch)
+    if model_class is None:
+        known = ", ".join(sorted(HeadModel._classes_by_arch))
+        raise CheckpointError(f"no MTP head converter writes architecture {arch!r}; known: {known}")
+    return model_class

@@ -17,7 +17,6 @@ BF16 out) are copied by the kernel instead of passing through numpy.
 from __future__ import annotations
 
 import io
-import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from gguf_mtp.shards import ShardSet
 
 __all__ = [
     "FILE_TYPES",
+    "FLOAT_DTYPES",
     "OUTTYPES",
     "ExpertStack",
     "HeadGGUFWriter",
@@ -55,11 +55,8 @@ __all__ = [
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
-    "supported_architectures",
     "tensor_segments",
 ]
-
-logger = logging.getLogger("gguf_mtp.conversion")
 
 Q = GGMLQuantizationType
 
@@ -156,7 +153,8 @@ def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int) -> Iterator[np.ndarray]:
-    """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks)."""
+    """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks).
+    A chunk may share memory with the next one: consume it before asking for the next."""
     rows_per_chunk = max(1, chunk_bytes // max(1, part.row_size * 4))
     buffer: np.ndarray | None = None
     fd = os.open(part.path, os.O_RDONLY)
@@ -328,6 +326,9 @@ class HeadModel:
         """The hyperparameters a target model must share with the head."""
         return []
 
+    def begin_tensors(self) -> None:
+        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back."""
+
     def finish_tensors(self) -> None:
         """Called after the last tensor: complain about anything held back and never yielded."""
 
@@ -390,6 +391,7 @@ class HeadModel:
         """
         expected = self.expected_shapes()
         mapped: dict[str, TensorSource] = {}
+        self.begin_tensors()
         for tensor in self.head_tensors():
             for name, source in self.modify_tensors(tensor):
                 if name in mapped:
@@ -435,10 +437,10 @@ class HeadModel:
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.
-            self.notes.append(
-                f"{name.format(bid='N')}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
-                f"{block_size}; written as F16"
-            )
+            note = (f"{name.format(bid='N')}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
+                    f"{block_size}; written as F16")
+            if note not in self.notes:
+                self.notes.append(note)
             return Q.F16
         return outtype
 
@@ -507,11 +509,6 @@ class HeadModel:
             MappedTensor(name.format(bid=block), source, self.output_type(name, source, outtype))
             for name, source in self.map_tensors()
         ]
-
-
-def supported_architectures() -> list[str]:
-    """HF architecture names with a registered converter (after the family modules are imported)."""
-    return sorted(HeadModel._classes)
 
 
 @dataclass

@@ -102,9 +102,12 @@ class NemotronHMTPModel(HeadModel):
         self.n_ff_shexp: int = hp(["moe_shared_expert_intermediate_size"])
         self.moe_latent: int | None = hp(["moe_latent_size"], optional=True)
         self.vocab_size: int | None = hp(["vocab_size"], optional=True)
-        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED}
+        self._experts: dict[str, ExpertStack] = {}
 
     # ------------------------------------------------------------------------------------ tensors
+
+    def begin_tensors(self) -> None:
+        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED}
 
     def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         renamed = _RENAMES.get(tensor.name)

@@ -161,6 +161,7 @@ def compose(
             draft=composition.draft.paths[0],
             llama=llama,
             progress=progress,
+            allow_kv=[o.key for o in _overrides(set_kv)],  # what --set-kv changed on purpose
         )
     report.seconds = time.perf_counter() - started
     return report

@@ -194,6 +194,70 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
         writer.add_copied_kv(encode_kv(nextn_key, kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32, 1))
 
 
+@dataclass(frozen=True)
+class _OutputTensor:
+    """One tensor to lay out: what the header says about it, and how its bytes are made."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order
+    ggml_type: int
+    nbytes: int
+    segments: tuple[Segment, ...]
+    sources: tuple[str, ...]
+    source_dtype: str
+    how: str
+
+
+def _head_item(tensor: MappedTensor) -> _OutputTensor:
+    return _OutputTensor(tensor.name, tensor.source.ggml_shape, tensor.ggml_type, tensor.nbytes,
+                         tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
+
+
+def _target_globals(target: ShardSet) -> list[_OutputTensor]:
+    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies."""
+    items = []
+    for name in DRAFT_GLOBAL_TENSORS:
+        if name not in target.tensor_locations:
+            if name == "output.weight":  # a tied output: llama.cpp falls back to token_embd
+                continue
+            raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+        shard, info = target.tensor_locations[name]
+        header = target.headers[shard]
+        copy = CopyRange(Path(header.path), header.data_offset + info.offset, info.nbytes)
+        items.append(_OutputTensor(name, info.shape, info.ggml_type, info.nbytes, (copy,), (name,), info.type_name,
+                                   "copy from target"))
+    return items
+
+
+def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path
+            ) -> tuple[bytes, list[Segment], list[PlannedTensor], list[KeyValue]]:
+    """Register ``items`` with gguf-py's writer, render the header, and lay the data out after it as
+    gguf-py places it (each tensor padded to the alignment): (header, data segments, tensors, KVs)."""
+    for item in items:
+        writer.add_planned_tensor(item.name, item.shape, item.ggml_type, item.nbytes)
+    header = writer.render_header()
+    alignment = writer.data_alignment
+    data_size = sum(align_up(item.nbytes, alignment) for item in items)
+    # Read the rendered header back with the strict parser: what is streamed is exactly what it says.
+    parsed = parse_header(lambda offset, n: header[offset : offset + n], len(header) + data_size, os.fspath(path))
+    if parsed.data_offset != len(header):
+        raise AssertionError("the rendered header is not padded to the data alignment")
+    segments: list[Segment] = []
+    planned: list[PlannedTensor] = []
+    position = 0
+    for item, info in zip(items, parsed.tensors, strict=True):
+        if (info.name, info.offset, info.nbytes) != (item.name, position, item.nbytes):
+            raise AssertionError(f"gguf-py laid {info.name} out at {info.offset}, expected {position}")
+        segments += item.segments
+        padding = align_up(item.nbytes, alignment) - item.nbytes
+        if padding:
+            segments.append(Zeros(padding))
+        position += item.nbytes + padding
+        planned.append(PlannedTensor(item.name, info.shape, info.type_name, info.nbytes, info.offset, item.sources,
+                                     item.source_dtype, item.how))
+    return header, segments, planned, list(parsed.kvs.values())
+
+
 def plan_conversion(
     checkpoint: Checkpoint,
     output: str | os.PathLike[str],
@@ -233,62 +297,17 @@ def plan_conversion(
     alignment = target.first.alignment if standalone and target is not None else None
     writer = HeadGGUFWriter(model.arch, alignment=alignment)
     label = source or checkpoint.folder.name
-    globals_: list[tuple[str, int, Any]] = []  # (name, shard index, TensorInfo) copied from the target
+    items = [_head_item(t) for t in head]
     if standalone:
         assert target is not None
         _standalone_kvs(model, writer, index, target)
-        locations = target.tensor_locations
-        for name in DRAFT_GLOBAL_TENSORS:
-            if name in locations:
-                shard, info = locations[name]
-                globals_.append((name, shard, info))
-            elif name != "output.weight":  # llama.cpp ties output to token_embd when absent
-                raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+        token_embd, *head_of_model = _target_globals(target)
+        # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
+        items = [token_embd, *items, *head_of_model]
     else:
         _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head")
-
-    # Tensor order: as llama.cpp's converter writes an --mtp export (token_embd, the block, the head).
-    order: list[tuple[str, MappedTensor | tuple[int, Any]]] = []
-    by_name = {name: (shard, info) for name, shard, info in globals_}
-    if "token_embd.weight" in by_name:
-        order.append(("token_embd.weight", by_name["token_embd.weight"]))
-    order += [(t.name, t) for t in head]
-    order += [(n, by_name[n]) for n in ("output_norm.weight", "output.weight") if n in by_name]
-
-    for name, item in order:
-        if isinstance(item, MappedTensor):
-            writer.add_planned_tensor(name, item.source.ggml_shape, item.ggml_type, item.nbytes)
-        else:
-            info = item[1]
-            writer.add_planned_tensor(name, info.shape, info.ggml_type, info.nbytes)
-    header = writer.render_header()
-    data_size = sum(align_up(item.nbytes if isinstance(item, MappedTensor) else item[1].nbytes, writer.data_alignment)
-                    for _, item in order)
     path = Path(output)
-    # The header gguf-py rendered, read back with our strict parser: what we stream is what it says.
-    parsed = parse_header(lambda offset, n: header[offset : offset + n], len(header) + data_size, os.fspath(path))
-    if parsed.data_offset != len(header):
-        raise AssertionError("rendered header is not padded to the alignment")
-
-    segments: list[Segment] = [Bytes(header)]
-    planned: list[PlannedTensor] = []
-    for (name, item), info in zip(order, parsed.tensors):
-        assert info.name == name
-        if isinstance(item, MappedTensor):
-            pieces = tensor_segments(item)
-            planned.append(PlannedTensor(name, info.shape, info.type_name, info.nbytes, info.offset,
-                                         item.source.names, item.source.dtype, _how(item)))
-        else:
-            shard, target_info = item
-            assert target is not None
-            header_of = target.headers[shard]
-            pieces = [CopyRange(Path(header_of.path), header_of.data_offset + target_info.offset, target_info.nbytes)]
-            planned.append(PlannedTensor(name, info.shape, info.type_name, info.nbytes, info.offset,
-                                         (name,), target_info.type_name, "copy from target"))
-        segments += pieces
-        padding = align_up(info.nbytes, writer.data_alignment) - info.nbytes
-        if padding:
-            segments.append(Zeros(padding))
+    header, segments, planned, kvs = _layout(writer, items, path)
 
     return ConversionPlan(
         source=label,
@@ -298,9 +317,9 @@ def plan_conversion(
         block=index,
         standalone=standalone,
         outtype=wanted_type.name.lower() if wanted_type is not None else "source",
-        output=OutputFile(path, tuple(segments)),
+        output=OutputFile(path, (Bytes(header), *segments)),
         tensors=tuple(planned),
-        kvs=tuple(parsed.kvs.values()),
+        kvs=tuple(kvs),
         target=target,
         notes=tuple(model.notes),
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -473,7 +474,8 @@ def read_header(path: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES) 
     """
     name = os.fspath(path)
     try:
-        fd = os.open(name, os.O_RDONLY)
+        # O_NONBLOCK: opening a named pipe must not wait for a writer (it is refused just below).
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise BadGGUFError("no such file", name) from None
     except IsADirectoryError:
@@ -481,7 +483,12 @@ def read_header(path: str | os.PathLike[str], *, limit: int = MAX_HEADER_BYTES) 
     except OSError as e:
         raise BadGGUFError(f"cannot open: {e.strerror}", name) from None
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise BadGGUFError("is a directory, not a GGUF file", name)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadGGUFError("is not a regular file (a pipe, socket or device); give a GGUF file", name)
+        size = info.st_size
         try:
             return parse_header(lambda offset, n: os.pread(fd, n, offset), size, name, limit=limit)
         except IsADirectoryError:

@@ -11,7 +11,9 @@ Token rule (the Hub's own): ``HF_TOKEN`` in the environment overrides the stored
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from .errors import HubError
 __all__ = [
     "RemoteFile",
     "cached_repo_files",
+    "check_repo_id",
     "check_write_access",
     "delete_remote_file",
     "download_files",
@@ -146,6 +149,19 @@ def _call(what: str, repo: str, fn: Callable[..., T], *args: Any, **kwargs: Any)
         return fn(*args, **kwargs)
 
 
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def check_repo_id(repo: str) -> None:
+    """Refuse what is not an ``OWNER/NAME`` repo id, before any Hub call.
+
+    Raises:
+        HubError: ``repo`` is malformed.
+    """
+    if not _REPO_ID.match(repo) or ".." in repo or len(repo) > 96 * 2:
+        raise HubError(f"{repo!r} is not a Hub repo id (OWNER/NAME)")
+
+
 def check_write_access(
     api: Any, repo: str, *, token: str | None, private: bool = False, revision: str | None = None
 ) -> str:
@@ -160,6 +176,7 @@ def check_write_access(
     Raises:
         HubError: offline, no token, the token is refused or read-only, or the repo cannot be written.
     """
+    check_repo_id(repo)
     require_online(f"publish to {repo}")
     if not token:
         raise HubError(f"cannot publish to {repo}: no Hugging Face token ({_LOGIN_HINT})")
@@ -174,9 +191,19 @@ def check_write_access(
     if revision and revision != "main":
         _call(f"create branch {revision} in {repo}", repo, api.create_branch, repo, branch=revision, token=token,
               repo_type="model", exist_ok=True)
-    if hasattr(api, "auth_check"):
+    if _accepts(getattr(api, "auth_check", None), "write"):
         _call(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
     return user
+
+
+def _accepts(method: Any, parameter: str) -> bool:
+    """Whether ``method`` exists and takes ``parameter`` (older huggingface_hub releases lack some)."""
+    if method is None:
+        return False
+    try:
+        return parameter in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def upload_one_commit(

@@ -24,7 +24,7 @@ from huggingface_hub.file_download import _CACHED_NO_EXIST
 from .errors import CheckpointError, HubError
 from .safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_index
 
-__all__ = ["HubCheckpoint", "download_head", "is_repo_id"]
+__all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 
@@ -72,6 +72,8 @@ def _hub_errors(repo_id: str, revision: str | None, what: str) -> Iterator[None]
             ) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HubError(f"{repo_id}{at}: cannot reach the Hub and {what} is not cached ({first})") from None
+    except hf_errors.RemoteEntryNotFoundError:
+        raise HubError(f"{repo_id}{at} has no {what}") from None
     except hf_errors.HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         if status in (401, 403):

@@ -177,7 +177,7 @@ class ModelSummary:
         )
         for shard in self.shards:
             lines.append("  " + _shard_line(shard, len(self.shards)))
-        lines.append("split: consistent" if not self.problems else f"problems ({len(self.problems)}):")
+        lines.append("consistency: ok" if not self.problems else f"problems ({len(self.problems)}):")
         lines.extend(f"  {p}" for p in self.problems)
         lines.append(
             "tensor types: "

@@ -213,11 +213,19 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
     """Refuse outputs that are inputs (through any link), collide, exist without ``force``, or cannot be
-    written (read-only folder, not enough free space).
+    written (read-only folder, not enough free space, a name the filesystem refuses).
 
     Raises:
         UnsafeOutputError: one line naming the file and the reason.
     """
+    try:
+        _check_outputs(files, inputs, force=force)
+    except OSError as e:  # a name too long, a symlink loop, a folder we may not look into
+        where = e.filename if e.filename is not None else (files[0].path if files else None)
+        raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", where) from None
+
+
+def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
     finals = [f.path for f in files]
     if len({os.path.abspath(p) for p in finals}) != len(finals):
         raise UnsafeOutputError("two outputs would have the same name", finals[0].parent)

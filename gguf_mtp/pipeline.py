@@ -373,6 +373,10 @@ def run_pipeline(
     report = PipelineReport(work)
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
+    if out_repo:
+        # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
+        say(f"[0/5] publish: checking the token and write access to {out_repo}")
+        hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
     with _work_lock(work):
         runner = _Runner(work, say, progress)
         target, commit = _stage_target(runner, report, hub_api, token, target_repo, target_files, target_revision,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -60,7 +59,6 @@ STAGING_NAME = ".gguf-mtp-publish"
 #: What huggingface_hub's resumable upload keeps in the staging folder; kept so a re-run resumes.
 _RESUME_CACHE = ".cache"
 _UPLOAD_MODES = ("auto", "one-commit", "resumable")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 @dataclass(frozen=True)
@@ -217,8 +215,7 @@ def plan_publish(
         HubError: ``repo`` is not ``OWNER/NAME``, or ``upload_mode`` is unknown.
         VerificationError: the model has no NextN block (nothing MTP to publish).
     """
-    if not _REPO_ID.match(repo) or ".." in repo:
-        raise HubError(f"{repo!r} is not a Hub repo id (OWNER/NAME)")
+    hub.check_repo_id(repo)
     if upload_mode not in _UPLOAD_MODES:
         raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
     if model.nextn_predict_layers == 0:

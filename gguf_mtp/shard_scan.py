@@ -10,6 +10,7 @@ functions compare the files the way llama.cpp's loader does and return one messa
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -152,16 +153,19 @@ def _cut_off(header: GGUFHeader, size: int, strict: BadGGUFError) -> str:
 def _read_local(number: int, path: Path) -> ShardScan:
     name = os.fspath(path)
     try:
-        fd = os.open(name, os.O_RDONLY)
+        # O_NONBLOCK: a named pipe must not make us wait for a writer (it is refused just below).
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return ShardScan(number, name, None, None, error="missing")
     except OSError as e:
         return ShardScan(number, name, 0, None, error=f"cannot open: {e.strerror}")
     try:
-        size = os.fstat(fd).st_size
-        return _read(number, name, size, lambda offset, n: os.pread(fd, n, offset), MAX_HEADER_BYTES, 1 << 20)
-    except IsADirectoryError:
-        return ShardScan(number, name, 0, None, error="is a directory, not a GGUF file")
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            return ShardScan(number, name, 0, None, error="is a directory, not a GGUF file")
+        if not stat.S_ISREG(info.st_mode):
+            return ShardScan(number, name, 0, None, error="is not a regular file (a pipe, socket or device)")
+        return _read(number, name, info.st_size, lambda offset, n: os.pread(fd, n, offset), MAX_HEADER_BYTES, 1 << 20)
     finally:
         os.close(fd)
 

@@ -10,6 +10,7 @@ name twice.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,9 +42,13 @@ def find_shard_paths(path: str | os.PathLike[str]) -> tuple[list[Path], str | No
         BadGGUFError: ``path`` itself does not exist.
     """
     path = Path(path)
-    if not path.exists():
-        raise BadGGUFError("no such file", path)
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadGGUFError("no such file", path) from None
+    except OSError as e:  # a name too long, a symlink loop, a folder we may not enter
+        raise BadGGUFError(f"cannot open: {e.strerror or e}", path) from None
+    if stat.S_ISDIR(mode):
         raise BadGGUFError("is a directory, not a GGUF file", path)
     match = SPLIT_NAME.match(path.name)
     if not match:
@@ -161,6 +166,9 @@ def _check_split_keys(headers: list[GGUFHeader], prefix: str) -> None:
             if count == 1:
                 continue
             raise ShardSetError(f"shard {number + 1} of {count} has no split.* keys", header.path)
+        for key, value in ((KEY_SPLIT_NO, no), (KEY_SPLIT_COUNT, n), (KEY_SPLIT_TENSORS_COUNT, total)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ShardSetError(f"{key} must be an integer, not {value!r}", header.path)
         if n != count:
             raise ShardSetError(f"split.count = {n}, but the file name says {count} shards", header.path)
         if no != number:

@@ -182,6 +182,7 @@ def _layout(model: ScannedModel) -> tuple[_Layout | None, str | None]:
 
 def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error: str | None) -> list[Check]:
     n_files = model.count
+    readable = "" if all(s.header is not None for s in model.shards) else "readable "
     n_tensors = sum(len(h.tensors) for h in model.headers)
     tensor_bytes = sum(t.nbytes for h in model.headers for t in h.tensors)
     checks = [
@@ -189,7 +190,9 @@ def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error
         _check(
             "split keys",
             split_key_problems(model) + architecture_problems(model),
-            f"split.no 0..{n_files - 1} and split.count {n_files} in every shard" if model.is_split else "single file",
+            f"split.no 0..{n_files - 1} and split.count {n_files} in every {readable}shard"
+            if model.is_split
+            else "single file",
         ),
         _check(
             "split.tensors.count",
@@ -418,6 +421,12 @@ def _kv_problems(
                     problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
                 elif new.value != old.value:
                     changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
+            elif key == nextn_key and index == 0:  # a target may state 0 explicitly
+                expected = layout.nextn if layout else 0
+                if new.vtype != old.vtype or new.value != expected:
+                    problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
+                elif new.value != old.value:
+                    changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
             elif key == KEY_SPLIT_TENSORS_COUNT:
                 expected = old.value + added
                 if new.vtype != old.vtype or new.value != expected:
@@ -522,10 +531,6 @@ def verify(
     )
     target_set = open_model(target) if target is not None else None
     draft_set = open_model(draft) if draft is not None else None
-    if target_set is not None and draft_set is not None and os.fspath(target_set.paths[0]) == os.fspath(
-        draft_set.paths[0]
-    ):
-        raise BadGGUFError("--target and --draft are the same file", draft_set.name)
 
     layout, layout_error = _layout(model)
     report.checks += _structural_checks(model, layout, layout_error)
@@ -596,9 +601,11 @@ def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | Non
         problems, changes = _kv_problems(target, model, layout, added, set(allow_kv))
     except GGUFMTPError as e:
         return Check("target metadata", False, str(e))
-    n_kvs = sum(len(h.kvs) for h in target.headers)
+    compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]
+    n_kvs = sum(len(h.kvs) for h in compared)
+    where = "" if len(compared) == len(target.headers) else f" of the {len(compared)} readable shard(s)"
     return _check(
         "target metadata",
         problems,
-        f"all {n_kvs} target KVs unchanged" + (f" except {', '.join(changes)}" if changes else ""),
+        f"all {n_kvs} target KVs{where} unchanged" + (f" except {', '.join(changes)}" if changes else ""),
     )

@@ -20,8 +20,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -54,6 +54,8 @@ MAX_COMPOSE_OVER_CP = 1.15
 MAX_COMPOSE_RSS = 150 * 2**20
 MAX_COMPOSE_RSS_GROWTH = 0.10  # "flat": at most 10 % more at the largest size than at the smallest
 MAX_CONVERT_RSS = 2**30
+#: Above this 1-minute load average the report says the machine was busy (a measured command adds ~1).
+BUSY_LOAD = 1.5
 
 QUICK_HEAD = HeadSpec(n_embd=512, n_head=8, n_head_kv=2, head_dim=64, n_expert=64, n_expert_used=2, expert_ff=256,
                       shared_ff=512, moe_latent=256, files=2)
@@ -126,12 +128,6 @@ def startup_group() -> list[Command]:
     return [Command("startup", "none", 0, (PYTHON, "-m", "gguf_mtp", "--version"), env=_env())]
 
 
-def convert_available() -> str | None:
-    """Why convert cannot be benchmarked in this checkout, or None when it can."""
-    missing = [m for m in ("gguf_mtp.convert", "gguf_mtp.tiny_checkpoints") if importlib.util.find_spec(m) is None]
-    return f"not measured: this checkout has no {', '.join(missing)}" if missing else None
-
-
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -158,33 +154,39 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = _log) -> dic
         })
         groups.append(target_group(config, sharded, single, draft))
     if config.head is not None:
-        reason = convert_available()
-        if reason:
-            notes.append(f"convert {reason}")
-            log(f"convert {reason}")
-        else:
-            checkpoint = ensure_head(config.work_dir, config.head, log=log)
-            files = head_files(checkpoint)
-            inputs["head"] = {**asdict(config.head), "safetensors_bytes": sum(p.stat().st_size for p in files),
-                              "files": len(files), "real_widths": config.head.has_real_widths}
-            groups.append(head_group(config, checkpoint, config.head))
+        checkpoint = ensure_head(config.work_dir, config.head, log=log)
+        files = head_files(checkpoint)
+        inputs["head"] = {**asdict(config.head), "safetensors_bytes": sum(p.stat().st_size for p in files),
+                          "files": len(files), "real_widths": config.head.has_real_widths}
+        groups.append(head_group(config, checkpoint, config.head))
     groups.append(startup_group())
 
     load_before = load_average()
+    loads = [load_before[0]]
+
+    def on_sample(sample: Sample) -> None:
+        loads.append(load_average()[0])
+        log(_describe(sample))
+
     samples: list[Sample] = []
     for group in groups:
         names = " | ".join(f"{c.tool} ({c.case})" for c in group)
         log(f"measuring {size_label(group[0].size) if group[0].size else ''} {names}, {config.repeat} round(s)")
         samples += run_alternating(group, repeat=config.repeat, cache=config.cache,
-                                   log_dir=config.work_dir / "logs", report=lambda s: log(_describe(s)))
+                                   log_dir=config.work_dir / "logs", report=on_sample)
     load_after = load_average()
+    if max(loads) > BUSY_LOAD:
+        notes.append(f"the 1-minute load average reached {max(loads)} on {os.cpu_count()} CPUs (the measured "
+                     "command itself accounts for about 1; the rest is other work on the machine): single runs "
+                     "vary, medians of alternating runs and same-round ratios damp that")
 
     summaries = summarise(samples)
     ratios = _ratios(samples, config)
     return {
         "schema": 1,
         "machine": machine_info(config.work_dir),
-        "conditions": {"cache": config.cache, "load_before": load_before, "load_after": load_after},
+        "conditions": {"cache": config.cache, "load_before": load_before, "load_after": load_after,
+                       "load_max": max(loads)},
         "config": {
             "sizes": list(config.sizes), "headline": config.headline, "repeat": config.repeat,
             "shards": config.shards, "blocks": len(config.pattern), "quick": config.quick,

@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.constants import KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT, split_file_name
 from gguf_mtp.gguf_header import KeyValue, TensorInfo, align_up, encode_kv, read_header, serialize_header, tensor_nbytes
+from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
 
 # The tiny-model builders know the nemotron_h_moe block layout and its KV set; the benchmark reuses
 # that knowledge rather than keeping a second copy (they are private because only fixtures need them).
@@ -335,13 +336,7 @@ def head_files(folder: Path) -> list[Path]:
 
 def ensure_head(work_dir: Path, spec: HeadSpec, *, log: Callable[[str], None] = print) -> Path:
     """The checkpoint folder of ``spec`` under ``work_dir``, written by
-    :func:`gguf_mtp.tiny_checkpoints.write_mtpv2_checkpoint` unless an identical one is cached.
-
-    Raises:
-        ImportError: this checkout has no ``gguf_mtp.tiny_checkpoints`` yet.
-    """
-    from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
-
+    :func:`gguf_mtp.tiny_checkpoints.write_mtpv2_checkpoint` unless an identical one is cached."""
     folder = work_dir / f"head-e{spec.n_expert}-f{spec.expert_ff}-d{spec.n_embd}"
     params = {"version": GENERATOR_VERSION, **asdict(spec)}
     checkpoint = folder / "checkpoint"

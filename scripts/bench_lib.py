@@ -4,7 +4,8 @@ One run of a :class:`Command`:
 
 1. its output folder is emptied and everything is synced, then the page cache is put in the same state
    for every command: ``cold`` evicts the command's inputs (``posix_fadvise(DONTNEED)``: what
-   ``drop_caches`` does, for just these files, and allowed without root), ``warm`` reads them in first;
+   ``drop_caches`` does, for just these files, and allowed without root: ``/proc/sys/vm/drop_caches``
+   is read-only in containers such as the project's machine), ``warm`` reads them in first;
 2. the clock starts, the command runs as a subprocess, and its outputs are fsynced before the clock
    stops: gguf-mtp fsyncs what it writes, ``cp`` and ``gguf_new_metadata.py`` do not, so the script does
    it for them inside the timed region (otherwise they would be timed writing into memory);
@@ -203,6 +204,15 @@ def _empty(folder: Path | None) -> None:
 def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None) -> Sample:
     """Run ``command`` once under the rules of this module and measure it.
 
+    Args:
+        command: what to run.
+        cache: ``cold`` (evict its inputs first) or ``warm`` (read them in first).
+        round_no: recorded in the sample, to pair runs of one round.
+        log_file: where the command's stdout and stderr go (default: discarded).
+
+    Returns:
+        The :class:`Sample`; the command's outputs are deleted again.
+
     Raises:
         CommandFailed: the command exited with a non-zero status (its output tail is in the message).
     """
@@ -252,7 +262,18 @@ def run_alternating(
     log_dir: Path,
     report: Callable[[Sample], None] = lambda s: None,
 ) -> list[Sample]:
-    """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...)."""
+    """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...).
+
+    Args:
+        group: the commands to compare.
+        repeat: rounds.
+        cache: see :func:`measure`.
+        log_dir: each command's output goes to ``<tool>-<case>.log`` there (the last run's).
+        report: called with each sample as soon as it is measured.
+
+    Returns:
+        The samples, in the order they ran.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     samples = []
     for round_no in range(repeat):

@@ -90,8 +90,8 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
         "",
         f"Machine: {m['cpus']} CPU(s) ({m['cpu']}), {memory}, {m['filesystem']}, Linux {m['kernel']}, "
         f"Python {m['python']}, gguf {m['gguf']}, {m.get('cp') or 'cp'}. "
-        f"Load average (1, 5, 15 min) before {cond['load_before']}, after {cond['load_after']} "
-        "(other work shared the machine).",
+        f"Load average (1, 5, 15 min) before {cond['load_before']}, after {cond['load_after']}; highest 1-min "
+        f"value between runs {cond.get('load_max', '?')}.",
         "",
         *([("**Smoke run** (`--quick`): tiny inputs where start-up dominates; the goals are meant for "
              "the full run."), ""] if c.get("quick") else []),
@@ -175,8 +175,8 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
 def _cache_text(mode: str) -> str:
     if mode == "cold":
         return ("cold for every run: all dirty data is synced and each command's inputs are evicted with "
-                "`posix_fadvise(POSIX_FADV_DONTNEED)` (what `drop_caches` does, for just those files; "
-                "`/proc/sys/vm/drop_caches` is not writable here).")
+                "`posix_fadvise(POSIX_FADV_DONTNEED)`: what `drop_caches` does, for just those files, so it needs "
+                "no root and leaves the rest of the machine's cache alone.")
     return "warm for every run: each command's inputs are read into the page cache first."
 
 

@@ -82,8 +82,8 @@ class RecordingHub:
     def create_branch(self, repo_id: str, **kwargs: Any) -> None:
         self._record("create_branch", repo_id, **kwargs)
 
-    def auth_check(self, repo_id: str, **kwargs: Any) -> None:
-        self._record("auth_check", repo_id, **kwargs)
+    def auth_check(self, repo_id: str, *, repo_type: str | None = None, token: Any = None, write: bool = False) -> None:
+        self._record("auth_check", repo_id, repo_type=repo_type, token=token, write=write)
 
     def upload_folder(self, *, repo_id: str, folder_path: str, allow_patterns: list[str], **kwargs: Any) -> Any:
         self._record("upload_folder", repo_id=repo_id, folder_path=folder_path, allow_patterns=allow_patterns, **kwargs)

@@ -25,6 +25,7 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from gguf_mtp.gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv, read_header, serialize_header
+from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.tiny_models import GLM4MOE, with_hparams, write_draft, write_target
 
 __all__ = ["CORPUS", "Inputs", "Malformed", "Sources", "build_sources"]
@@ -48,19 +49,12 @@ class Sources:
     wide_draft: Path  # a draft with n_embd 512
     big_vocab_draft: Path  # a draft with 512 tokens
     nextn_target: Path  # the target with its NextN block already in place (blocks M * E +)
-    checkpoint: Path | None = None  # an MTPv2 checkpoint folder matching the target (needs convert)
+    checkpoint: Path  # an NVIDIA-style MTPv2 head checkpoint folder matching the target
 
 
 def build_sources(folder: Path) -> Sources:
     """Write the valid inputs of the corpus into ``folder`` (about 12 MB in all)."""
     hp = SMALL
-    checkpoint = None
-    try:
-        from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
-    except ImportError:  # the converter's fixtures are built in parallel; checkpoint cases need them
-        write_mtpv2_checkpoint = None
-    if write_mtpv2_checkpoint is not None:
-        checkpoint = write_mtpv2_checkpoint(folder / "checkpoint", hparams=hp, trunk_pattern=TRUNK)
     return Sources(
         target=write_target(folder / "single", hparams=hp, pattern=TRUNK, name="tiny"),
         split=write_target(folder / "split", hparams=hp, pattern=TRUNK, shards=3, name="Tiny-Q4"),
@@ -71,7 +65,7 @@ def build_sources(folder: Path) -> Sources:
         wide_draft=write_draft(folder / "drafts" / "wide-mtp.gguf", hparams=with_hparams(n_vocab=256)),
         big_vocab_draft=write_draft(folder / "drafts" / "vocab-mtp.gguf", hparams=replace(hp, n_vocab=512)),
         nextn_target=write_target(folder / "nextn", hparams=hp, pattern=TRUNK, with_nextn=True, name="tiny-mtp"),
-        checkpoint=checkpoint,
+        checkpoint=write_mtpv2_checkpoint(folder / "checkpoint", hparams=hp, trunk_pattern=TRUNK),
     )
 
 
@@ -81,7 +75,6 @@ class Inputs:
 
     argv: tuple[str, ...]
     blamed: Path  # the error line must name this file (its name, at least)
-    inspectable: bool = False  # the blamed file is itself a malformed GGUF: ``inspect`` must refuse it too
 
     def command(self, out: Path) -> list[str]:
         """The full command line, writing into ``out`` (a folder for compose, a file path for convert)."""
@@ -89,8 +82,8 @@ class Inputs:
         return [*self.argv, "-o", str(destination)]
 
 
-def compose_args(target: Path, draft: Path, blamed: Path, *, inspectable: bool = False) -> Inputs:
-    return Inputs(("compose", str(target), str(draft)), blamed, inspectable)
+def compose_args(target: Path, draft: Path, blamed: Path) -> Inputs:
+    return Inputs(("compose", str(target), str(draft)), blamed)
 
 
 @dataclass(frozen=True)
@@ -98,7 +91,7 @@ class Malformed:
     """One entry of the corpus."""
 
     name: str
-    kind: str  # "gguf", "split set", "target", "draft", "checkpoint"
+    kind: str  # "gguf" (the file's bytes), "path", "split set", "target" (metadata), "draft", "checkpoint"
     broken: str  # what is wrong, in one line
     expect: str  # a phrase the error line must contain
     build: Callable[[Sources, Path], Inputs] = field(repr=False)
@@ -265,8 +258,8 @@ def _broken_target(src: Sources, work: Path) -> tuple[Path, Layout]:
     return target, layout(target)
 
 
-def _target_case(target: Path, src: Sources, *, inspectable: bool = True) -> Inputs:
-    return compose_args(target, src.draft0, target, inspectable=inspectable)
+def _target_case(target: Path, src: Sources) -> Inputs:
+    return compose_args(target, src.draft0, target)
 
 
 # ------------------------------------------------------------------------------------ GGUF file level
@@ -483,29 +476,37 @@ def duplicate_tensor_name(src: Sources, work: Path) -> Inputs:
     return _target_case(target, src)
 
 
-@malformed("gguf", "the target is a directory", "is a directory")
+@malformed("gguf", "the tensor table lists the tensors in reverse order of their data", "llama.cpp requires")
+def tensors_not_packed(src: Sources, work: Path) -> Inputs:
+    header = read_header(src.target)
+    target = rewrite(src.target, work / src.target.name, tensors=header.tensors[::-1])
+    return _target_case(target, src)
+
+
+@malformed("path", "the target is a directory", "is a directory")
 def target_is_directory(src: Sources, work: Path) -> Inputs:
     target = work / "tiny.gguf"
     target.mkdir(parents=True)
-    return _target_case(target, src, inspectable=False)
+    return _target_case(target, src)
 
 
-@malformed("gguf", "the target does not exist", "no such file")
+@malformed("path", "the target does not exist", "no such file")
 def target_missing(src: Sources, work: Path) -> Inputs:
-    return _target_case(work / "missing.gguf", src, inspectable=False)
+    return _target_case(work / "missing.gguf", src)
 
 
-@malformed("gguf", "the target is a named pipe (reading it would block forever)", "not a regular file")
+@malformed("path", "the target is a named pipe (reading it would block forever)", "not a regular file")
 def target_is_fifo(src: Sources, work: Path) -> Inputs:
     work.mkdir(parents=True, exist_ok=True)
     target = work / "pipe.gguf"
     os.mkfifo(target)
-    return _target_case(target, src, inspectable=False)
+    return _target_case(target, src)
 
 
-@malformed("gguf", "the target's name is longer than the filesystem allows", "File name too long")
+@malformed("path", "the target's name is longer than the filesystem allows", "File name too long")
 def target_name_too_long(src: Sources, work: Path) -> Inputs:
-    return _target_case(work / ("x" * 300 + ".gguf"), src, inspectable=False)
+    work.mkdir(parents=True, exist_ok=True)
+    return _target_case(work / ("x" * 300 + ".gguf"), src)
 
 
 # ----------------------------------------------------------------------------------------- split sets
@@ -562,7 +563,7 @@ def shard_of_other_architecture(src: Sources, work: Path) -> Inputs:
     return _split_case(shards, src, shards[1])
 
 
-@malformed("split set", "every shard says split.tensors.count = 27, they hold 26", "split.tensors.count = 27, but the 3")
+@malformed("split set", "every shard says split.tensors.count = 27; they hold 26", "split.tensors.count = 27, but")
 def split_tensors_count_stale(src: Sources, work: Path) -> Inputs:
     shards = copy_split(src.split, work)
     for shard in shards:
@@ -702,7 +703,9 @@ def draft_without_embedding_length(src: Sources, work: Path) -> Inputs:
 def draft_mixed_block_indices(src: Sources, work: Path) -> Inputs:
     names = [t.name for t in read_header(src.draft0).tensors if t.name.startswith("blk.")]
     half = set(names[: len(names) // 2])
-    draft = rename_tensors(src.draft0, work / src.draft0.name, lambda n: n.replace("blk.0.", "blk.3.") if n in half else n)
+    draft = rename_tensors(
+        src.draft0, work / src.draft0.name, lambda n: n.replace("blk.0.", "blk.3.") if n in half else n
+    )
     return _draft_case(src, draft)
 
 
@@ -712,9 +715,10 @@ def draft_block_is_a_trunk_block(src: Sources, work: Path) -> Inputs:
     return _draft_case(src, draft)
 
 
-@malformed("draft", "the draft carries rope_freqs.weight outside any block", "'rope_freqs.weight' is outside any block")
+@malformed("draft", "the draft carries rope_freqs.weight outside any block", "'rope_freqs.weight' is outside any")
 def draft_stray_global_tensor(src: Sources, work: Path) -> Inputs:
-    draft = rename_tensors(src.draft0, work / src.draft0.name, lambda n: "rope_freqs.weight" if n == "output.weight" else n)
+    stray = "rope_freqs.weight"
+    draft = rename_tensors(src.draft0, work / src.draft0.name, lambda n: stray if n == "output.weight" else n)
     return _draft_case(src, draft)
 
 
@@ -729,14 +733,15 @@ def draft_declares_more_blocks(src: Sources, work: Path) -> Inputs:
     return _draft_with(src, work, set_=[encode_kv(arch_key("nextn_predict_layers"), U32, 2)])
 
 
-@malformed("draft", "the draft lacks feed_forward_length, a per-layer array", "the draft has no nemotron_h_moe.feed_forward")
+@malformed("draft", "the draft lacks feed_forward_length, a per-layer array", "the draft has no nemotron_h_moe.feed")
 def draft_missing_per_layer_array(src: Sources, work: Path) -> Inputs:
     return _draft_with(src, work, drop=[arch_key("feed_forward_length")])
 
 
-@malformed("draft", "a blk.3 draft whose per-layer arrays have one entry", "has 1 entries, none for the draft's block 3")
+@malformed("draft", "a blk.3 draft whose per-layer arrays have one entry", "1 entries, none for the draft's block 3")
 def draft_per_layer_array_too_short(src: Sources, work: Path) -> Inputs:
-    short = [encode_kv(arch_key(k), ARR, GGUFArray(I32, (2,))) for k in ("attention.head_count_kv", "feed_forward_length")]
+    keys = ("attention.head_count_kv", "feed_forward_length")
+    short = [encode_kv(arch_key(k), ARR, GGUFArray(I32, (2,))) for k in keys]
     return _draft_with(src, work, src.draftN, set_=short)
 
 
@@ -760,15 +765,13 @@ def draft_is_a_split_set(src: Sources, work: Path) -> Inputs:
 def draft_truncated_in_data(src: Sources, work: Path) -> Inputs:
     draft = copy(src.draft0, work)
     truncate(draft, read_header(draft).file_size - 4096)
-    return Inputs(("compose", str(src.target), str(draft)), draft, inspectable=True)
+    return Inputs(("compose", str(src.target), str(draft)), draft)
 
 
 # ---------------------------------------------------------------------------------------- checkpoints
 
 
 def _checkpoint(src: Sources, work: Path) -> Path:
-    if src.checkpoint is None:
-        raise LookupError("no checkpoint fixture (gguf_mtp.tiny_checkpoints is missing)")
     folder = work / "checkpoint"
     shutil.copytree(src.checkpoint, folder)
     return folder
@@ -786,35 +789,38 @@ def _weight_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def _safetensors_header(path: Path) -> tuple[int, dict]:
+def _safetensors_header(path: Path) -> dict:
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        return length, json.loads(f.read(length))
+        return json.loads(f.read(length))
 
 
-def _write_safetensors_header(path: Path, header: dict, old_length: int) -> None:
-    """Replace a safetensors file's JSON header, keeping its data (padded to the old length)."""
+def _rewrite_safetensors(path: Path, header: dict) -> None:
+    """Give a safetensors file another JSON header; the data after it is kept (offsets are relative to it)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + length)
+        data = f.read()
     text = json.dumps(header, separators=(",", ":")).encode()
-    assert len(text) <= old_length
-    text += b" " * (old_length - len(text))
-    patch(path, 8, text)
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(u64(len(text)) + text + data)
 
 
-@malformed("checkpoint", "config.json is not JSON", "config.json")
+@malformed("checkpoint", "config.json is not JSON", "not valid JSON")
 def checkpoint_config_not_json(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     (folder / "config.json").write_text("{'hidden_size': 256,")
     return _convert_case(src, folder, folder / "config.json")
 
 
-@malformed("checkpoint", "the checkpoint folder has no config.json", "config.json")
+@malformed("checkpoint", "the checkpoint folder has no config.json", "no config.json")
 def checkpoint_without_config(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     (folder / "config.json").unlink()
     return _convert_case(src, folder, folder / "config.json")
 
 
-@malformed("checkpoint", "a safetensors file's JSON header is garbage", "safetensors")
+@malformed("checkpoint", "a safetensors file's JSON header is garbage", "corrupt safetensors header (not JSON")
 def checkpoint_safetensors_corrupt_header(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     weights = _weight_files(folder)[0]
@@ -822,7 +828,7 @@ def checkpoint_safetensors_corrupt_header(src: Sources, work: Path) -> Inputs:
     return _convert_case(src, folder, weights)
 
 
-@malformed("checkpoint", "a safetensors file's header length runs past its end", "safetensors")
+@malformed("checkpoint", "a safetensors file's header length runs past its end", "safetensors header: it claims")
 def checkpoint_safetensors_header_past_end(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     weights = _weight_files(folder)[0]
@@ -830,20 +836,20 @@ def checkpoint_safetensors_header_past_end(src: Sources, work: Path) -> Inputs:
     return _convert_case(src, folder, weights)
 
 
-@malformed("checkpoint", "a tensor's data_offsets run past the end of its safetensors file", "safetensors")
+@malformed("checkpoint", "a tensor's data_offsets run past the end of its safetensors file", "runs past the end")
 def checkpoint_tensor_past_end(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     weights = _weight_files(folder)[-1]
-    length, header = _safetensors_header(weights)
+    header = _safetensors_header(weights)
     name = next(k for k in header if k != "__metadata__")
     begin, end = header[name]["data_offsets"]
     size = weights.stat().st_size
     header[name]["data_offsets"] = [size, size + end - begin]
-    _write_safetensors_header(weights, header, length)
+    _rewrite_safetensors(weights, header)
     return _convert_case(src, folder, weights)
 
 
-@malformed("checkpoint", "the index names a safetensors file that does not exist", "missing")
+@malformed("checkpoint", "the index names a safetensors file that does not exist", "which is missing")
 def checkpoint_index_points_to_missing_file(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     weights = _weight_files(folder)[-1]
@@ -851,7 +857,7 @@ def checkpoint_index_points_to_missing_file(src: Sources, work: Path) -> Inputs:
     return _convert_case(src, folder, weights)
 
 
-@malformed("checkpoint", "the index file is not JSON", "model.safetensors.index.json")
+@malformed("checkpoint", "the index file is not JSON", "not a valid index")
 def checkpoint_index_not_json(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     index = folder / "model.safetensors.index.json"
@@ -859,15 +865,14 @@ def checkpoint_index_not_json(src: Sources, work: Path) -> Inputs:
     return _convert_case(src, folder, index)
 
 
-@malformed("checkpoint", "the checkpoint has no MTP tensors", "MTP")
+@malformed("checkpoint", "the checkpoint has no MTP tensors", "no MTP head")
 def checkpoint_without_mtp_tensors(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     index_path = folder / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     for weights in _weight_files(folder):
-        length, header = _safetensors_header(weights)
-        renamed = {k.replace("mtp.", "backbone.", 1) if k.startswith("mtp.") else k: v for k, v in header.items()}
-        _write_safetensors_header(weights, renamed, length)
-    index["weight_map"] = {k.replace("mtp.", "backbone.", 1): v for k, v in index["weight_map"].items()}
+        header = _safetensors_header(weights)
+        _rewrite_safetensors(weights, {k.replace("mtp.", "xyz.", 1): v for k, v in header.items()})
+    index["weight_map"] = {k.replace("mtp.", "xyz.", 1): v for k, v in index["weight_map"].items()}
     index_path.write_text(json.dumps(index))
     return _convert_case(src, folder, folder)

@@ -5,7 +5,6 @@ No timing assertions: only that the right things are measured, on the right inpu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,7 +23,6 @@ from bench_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # 
 from bench_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
 
 MiB = 2**20
-CONVERT_AVAILABLE = all(importlib.util.find_spec(m) for m in ("gguf_mtp.convert", "gguf_mtp.tiny_checkpoints"))
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +103,10 @@ def _python(code: str, tool: str = "python") -> Command:
 
 def test_peak_rss_is_the_commands_own_not_inherited_from_the_benchmark() -> None:
     ballast = b"\x01" * (300 * MiB)  # the measuring process is big; a small child must not look big
-    small = measure(_python("pass"))
+    small = measure(_python("import time; time.sleep(0.3)"))
     big = measure(_python("import time; b = b'\\x01' * (200 * 2**20); time.sleep(0.3)"))
     assert len(ballast) == 300 * MiB
-    assert small.peak_rss < 60 * MiB
+    assert 1 * MiB < small.peak_rss < 60 * MiB
     assert big.peak_rss >= 200 * MiB
     assert big.peak_anon >= 200 * MiB
 
@@ -167,7 +165,6 @@ def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Pat
     assert all(abs(compose[s] - cp[s]) < 4096 and cp[s] == targets[s] for s in targets)
 
 
-@pytest.mark.skipif(not CONVERT_AVAILABLE, reason="this checkout has no gguf_mtp.convert yet")
 def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:
     _, results = quick_run
     (convert,) = _summary(results, "convert", "head")

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 from helpers import file_hashes, reader_kvs, reader_tensors
 
-from conversion import get_model_class, tensor_segments
+from conversion import get_model_class, model_class_for_arch, supported_architectures, tensor_segments
 from gguf_mtp.cli import main
 from gguf_mtp.convert import convert
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, UnsafeOutputError
@@ -93,6 +93,13 @@ def _sources_f32(head: Path, names: list[str]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- names
+
+
+def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architecture() -> None:
+    by_hf = get_model_class("NemotronHForCausalLM")
+    assert model_class_for_arch(ARCH) is by_hf
+    assert by_hf.hf_architectures == ("NemotronHForCausalLM",)
+    assert supported_architectures() == ["NemotronHForCausalLM"]
 
 
 def test_draft_holds_exactly_the_18_nextn_tensors_as_llama_cpp_names_them(draft_tensors: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -212,7 +213,7 @@ def test_cli_text_report_ends_with_the_verdict(nemotron_split: Path, capsys: pyt
     assert main(["inspect", str(nemotron_split), "--tensors"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "MTP: no"
-    assert "split: consistent" in out
+    assert "consistency: ok" in out
     assert any(line.strip().startswith("blk.1.attn_q.weight") and "Q4_K" in line for line in out)
 
 
@@ -229,3 +230,10 @@ def test_inspect_never_writes(composite: Path, tmp_path: Path) -> None:
     inspect(folder / composite.name, tensors=True)
     assert {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()} == before
     shutil.rmtree(folder)
+
+
+def test_a_named_pipe_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(BadGGUFError, match=r"model\.gguf: is not a regular file"):
+        inspect(fifo)

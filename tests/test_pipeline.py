@@ -318,6 +318,16 @@ def test_failed_verification_stops_before_publishing(online: None, target_repo: 
     assert "verify" not in state["stages"]
 
 
+def test_no_write_access_to_out_repo_stops_before_downloading(online: None, target_repo: Path,
+                                                              head_checkpoint: Path, tmp_path: Path) -> None:
+    from hub_standin import http_error
+
+    hub = RecordingHub(source=target_repo, fail={"auth_check": http_error(403)})
+    with pytest.raises(HubError, match="no write access to me/Tiny-MTP"):
+        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
+    assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
+
+
 def test_second_pipeline_in_the_same_work_folder_is_refused(online: None, target_repo: Path, head_checkpoint: Path,
                                                             tmp_path: Path) -> None:
     work = tmp_path / "work"

@@ -6,10 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from gguf import GGUFValueType
+from helpers import copy_model
 
 from gguf_mtp import BadGGUFError, compose
 from gguf_mtp.cli import main
+from gguf_mtp.gguf_header import encode_kv
 from gguf_mtp.llama_check import INSTALL_HINT
+from gguf_mtp.shards import open_model
+from gguf_mtp.tiny_models import add_raw_kvs
 from gguf_mtp.verify import Check, VerifyReport, verify
 
 STRUCTURAL = ["files", "split keys", "split.tensors.count", "tensor names", "tensor data", "per-layer arrays",
@@ -68,8 +73,6 @@ def test_bytes_of_target_and_draft_are_all_compared(split_composite: Path, nemot
     assert "all 18 draft block tensors" in draft.detail and "as blk.3" in draft.detail
     assert "left out token_embd.weight, output_norm.weight, output.weight" in draft.detail
     # every byte of every tensor of both inputs: 26 target tensors + 18 draft block tensors
-    from gguf_mtp.shards import open_model
-
     target_bytes = sum(t.nbytes for _, t in open_model(nemotron_split).iter_tensors())
     draft_bytes = sum(t.nbytes for _, t in open_model(nemotron_draft0).iter_tensors() if t.name.startswith("blk."))
     assert report.bytes_compared == target_bytes + draft_bytes
@@ -198,3 +201,29 @@ def test_a_standalone_draft_runs_the_mtp_step_only(nemotron_draft0: Path) -> Non
     report = verify(nemotron_draft0, llama=True, progress=False)
     assert report.ok, report.describe()
     assert report.llama is not None and report.llama.trunk_decode_ok is None
+
+
+def test_target_stating_zero_nextn_layers_may_change_it(
+    nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
+) -> None:
+    target = copy_model(nemotron_split, tmp_path / "target")
+    add_raw_kvs(target, [encode_kv("nemotron_h_moe.nextn_predict_layers", GGUFValueType.UINT32, 0)])
+    composite = _compose(target, nemotron_draft0, tmp_path / "out")
+    metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
+    assert metadata.ok, metadata.detail
+    assert "nextn_predict_layers 0->1" in metadata.detail
+
+
+def test_compose_verify_accepts_the_keys_set_kv_changed(
+    nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
+) -> None:
+    report = compose(
+        nemotron_split, nemotron_draft0, tmp_path, progress=False, verify=True, llama=False,
+        set_kv=["general.name=renamed", "general.note:str=with MTP"],
+    )
+    assert report.verification.ok, report.verification.describe()
+    plain = verify(report.output_paths[0], target=nemotron_split, llama=False, progress=False)
+    assert set(plain.check("target metadata").detail.split("; ")) == {
+        "general.name changed: 'tiny-nemotron_h_moe' (str) -> 'renamed' (str)",
+        "general.note was added ('with MTP' (str))",
+    }

@@ -226,4 +226,4 @@ def test_llama_cpp_refuses_an_unextended_array(broken: list[Path]) -> None:
     rewrite(broken[0], kvs={key: encode_kv(key, GGUFValueType.ARRAY, [0, 0, 256], GGUFValueType.INT32)})
     llama = verify(broken[0], llama=True, progress=False).check("llama.cpp")
     assert llama.status == "fail"
-    assert "array length" in llama.detail or "feed_forward_length" in llama.detail
+    assert "feed_forward_length has wrong array length; expected 4, got 3" in llama.detail
