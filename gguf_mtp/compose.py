@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .compose_plan import CompositionPlan, plan_composition
+from .formatting import human_bytes, short
 from .kv_edit import KVOverride, parse_set_kv
 from .output import write_outputs
 from .shards import open_model
@@ -32,6 +33,32 @@ class ComposeReport:
     @property
     def output_paths(self) -> list[Path]:
         return [f.path for f in self.plan.files]
+
+    def describe(self) -> list[str]:
+        """The human-readable report (what the CLI prints)."""
+        plan = self.plan
+        verb = "would write" if self.dry_run else "wrote"
+        lines = [
+            f"target: {plan.target.arch}, {len(plan.target.headers)} file(s), {plan.target.tensor_count} tensors, "
+            f"blocks 0..{plan.block - 1}",
+            f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
+            + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
+        ]
+        for f in plan.files:
+            lines.append(
+                f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
+                + ")"
+            )
+            lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
+        if self.dry_run:
+            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+        else:
+            rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s ({rate:.0f} MiB/s)")
+        if self.verification is not None:
+            lines.extend(self.verification.describe())
+        return lines
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable view (the ``--json`` report)."""

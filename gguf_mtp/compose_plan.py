@@ -143,7 +143,7 @@ def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
     if draft_width is None:
         raise IncompatibleDraftError(f"draft does not state {key}", draft.name)
     if width != draft_width:
-        raise IncompatibleDraftError(f"draft {key} = {draft_width}, the target's is {width}", draft.name)
+        raise IncompatibleDraftError(f"draft {key} = {draft_width!r}, the target's is {width!r}", draft.name)
     target_vocab, draft_vocab = vocab_size(target), vocab_size(draft)
     if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
         raise IncompatibleDraftError(
@@ -181,7 +181,7 @@ def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInf
     declared = draft.get(KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch))
     if declared is not None and declared != count:
         raise IncompatibleDraftError(
-            f"draft declares nextn_predict_layers = {declared} but carries {count} block(s)", draft.name
+            f"draft declares nextn_predict_layers = {declared!r} but carries {count} block(s)", draft.name
         )
     tensors = [t for i in indices for t in by_block[i]]
     return first, count, tensors, dropped
@@ -222,6 +222,10 @@ def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUF
 
 
 _RESERVED_KEYS = ("split.", "GGUF.")
+
+#: llama.cpp's ``GGML_MAX_NAME``: its GGUF reader refuses a tensor name of this many bytes or more, and
+#: renaming ``blk.0.x`` to ``blk.88.x`` makes a name longer.
+GGML_MAX_NAME = 64
 
 
 def _model_kv_edits(
@@ -393,12 +397,25 @@ def plan_composition(
     draft_first, n_blocks, draft_tensors, dropped = _draft_blocks(draft, trunk)
 
     renamed: list[tuple[TensorInfo, str]] = []
+    renamed_from: dict[str, str] = {}
     for tensor in draft_tensors:
         match = BLOCK_TENSOR.match(tensor.name)
         assert match
         new_name = f"blk.{int(match['block']) - draft_first + trunk}.{match['rest']}"
         if new_name in target.tensor_locations:
             raise IncompatibleDraftError(f"draft tensor {new_name!r} already exists in the target", draft.name)
+        if new_name in renamed_from:  # blk.0.x and blk.00.x are both block 0
+            raise IncompatibleDraftError(
+                f"draft tensors {renamed_from[new_name]!r} and {tensor.name!r} would both become {new_name!r}",
+                draft.name,
+            )
+        if len(new_name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
+            raise IncompatibleDraftError(
+                f"draft tensor {tensor.name!r} would be named {new_name!r}, longer than the "
+                f"{GGML_MAX_NAME - 1} bytes llama.cpp allows",
+                draft.name,
+            )
+        renamed_from[new_name] = tensor.name
         renamed.append((tensor, new_name))
 
     edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)

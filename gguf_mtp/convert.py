@@ -30,9 +30,9 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from conversion.base import FILE_TYPES, FLOAT_DTYPES, OUTTYPES
 
-from .cli.common import human_bytes, short
 from .constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from .errors import BadGGUFError, CheckpointError, GGUFMTPError, IncompatibleDraftError
+from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, KeyValue, align_up, encode_kv, parse_header
 from .hub_checkpoint import HubCheckpoint, download_head, is_repo_id
 from .kv_edit import INT_RANGES, check_int

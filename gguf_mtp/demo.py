@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .cli.common import human_bytes
 from .compose import compose
 from .convert import convert
+from .formatting import human_bytes
 from .inspect import inspect
 from .llama_check import INSTALL_HINT, llama_cpp_available
 from .model_card import Provenance

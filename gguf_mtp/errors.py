@@ -31,6 +31,10 @@ class IncompatibleDraftError(GGUFMTPError):
     """The draft cannot be spliced into the target (other architecture, width, block index, ...)."""
 
 
+class NoNextNBlockError(IncompatibleDraftError):
+    """The model has no NextN (MTP) block to extract, strip or graft."""
+
+
 class KVEditError(GGUFMTPError):
     """A ``--set-kv`` override is malformed or does not fit the key's type."""
 

@@ -27,7 +27,6 @@ from typing import Any
 from gguf import GGUFValueType
 
 from .blocks import missing_nextn_tensors
-from .cli.common import human_bytes
 from .constants import (
     BLOCK_TENSOR,
     DRAFT_GLOBAL_TENSORS,
@@ -36,7 +35,8 @@ from .constants import (
     KEY_TOKENS,
     KEY_VOCAB_SIZE,
 )
-from .errors import BadGGUFError, IncompatibleDraftError
+from .errors import BadGGUFError, NoNextNBlockError
+from .formatting import human_bytes
 from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header, serialize_header
 from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
 from .shards import ShardSet, open_model
@@ -45,7 +45,6 @@ __all__ = [
     "ExtractReport",
     "ExtractionPlan",
     "NextNBlocks",
-    "NoNextNBlockError",
     "extract",
     "find_nextn_blocks",
     "plan_extraction",
@@ -55,10 +54,6 @@ __all__ = [
 #: the split keys (a draft is one file).
 _DRAFT_SKIPPED_PREFIXES = ("tokenizer.", "split.")
 _STANDALONE_SKIPPED_PREFIXES = ("split.",)
-
-
-class NoNextNBlockError(IncompatibleDraftError):
-    """The model has no NextN (MTP) block to extract."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli.common import human_bytes, short
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition, vocab_size
 from .constants import (
     KEY_BLOCK_COUNT,
@@ -33,6 +32,7 @@ from .constants import (
 )
 from .errors import IncompatibleDraftError
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
+from .formatting import human_bytes, short
 from .gguf_header import KeyValue
 from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
 from .shards import ShardSet, open_model

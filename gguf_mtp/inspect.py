@@ -23,6 +23,7 @@ from .constants import (
     KEY_SPLIT_TENSORS_COUNT,
 )
 from .errors import BadGGUFError
+from .formatting import human_bytes
 from .shard_scan import ScannedModel, consistency_problems, scan_model
 
 __all__ = ["ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
@@ -172,7 +173,7 @@ class ModelSummary:
             lines.append(f"layers: {_kinds_line(self.layer_kinds, self.trunk_blocks or 0)}")
         files = f"{len(self.shards)} files" if len(self.shards) > 1 else "1 file"
         lines.append(
-            f"files: {files}, {_human(self.total_size)}, {self.tensor_count} tensors"
+            f"files: {files}, {human_bytes(self.total_size)}, {self.tensor_count} tensors"
             + (f", alignment {self.alignment}" if self.alignment else "")
         )
         for shard in self.shards:
@@ -181,7 +182,7 @@ class ModelSummary:
         lines.extend(f"  {p}" for p in self.problems)
         lines.append(
             "tensor types: "
-            + ", ".join(f"{t.type_name} {t.count} ({_human(t.nbytes)})" for t in self.types)
+            + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in self.types)
         )
         if self.tensors is not None:
             lines.append("tensors:")
@@ -189,22 +190,14 @@ class ModelSummary:
             for t in self.tensors:
                 shape = "x".join(str(d) for d in t.shape)
                 where = f"  shard {t.shard}" if len(self.shards) > 1 else ""
-                lines.append(f"  {t.name:<{width}}  {t.type_name:<7} {shape:<18} {_human(t.nbytes):>10}{where}")
+                lines.append(f"  {t.name:<{width}}  {t.type_name:<7} {shape:<18} {human_bytes(t.nbytes):>10}{where}")
         if self.remote:
             lines.append(
-                f"fetched {_human(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
-                f"the files hold {_human(self.total_size)}"
+                f"fetched {human_bytes(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
+                f"the files hold {human_bytes(self.total_size)}"
             )
         lines.append(self.mtp_verdict)
         return lines
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _kinds_line(kinds: tuple[str, ...], trunk: int) -> str:
@@ -231,7 +224,7 @@ def _shard_line(shard: ShardSummary, count: int) -> str:
             f"  split.no={shard.split_no} split.count={shard.split_count} "
             f"split.tensors.count={shard.split_tensors_count}"
         )
-    return f"{label}  {_human(shard.size)}  {shard.tensors} tensors{split}"
+    return f"{label}  {human_bytes(shard.size)}  {shard.tensors} tensors{split}"
 
 
 def _shard_summaries(model: ScannedModel) -> tuple[ShardSummary, ...]:

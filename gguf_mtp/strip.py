@@ -26,11 +26,11 @@ from typing import Any
 
 from gguf import GGUFValueType
 
-from .cli.common import human_bytes, short
 from .compose_plan import KVChange, per_layer_keys
 from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from .errors import BadGGUFError
 from .extract import NextNBlocks, find_nextn_blocks
+from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
 from .kv_edit import INT_RANGES, check_int
 from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs

@@ -755,6 +755,33 @@ def draft_per_layer_value_out_of_range(src: Sources, work: Path) -> Inputs:
     return _draft_with(src, work, set_=[encode_kv(arch_key("feed_forward_length"), ARR, GGUFArray(I64, (2**40,)))])
 
 
+@malformed("draft", "the draft's embedding_length is the string '256'", "embedding_length = '256', the target's is 256")
+def draft_width_is_a_string(src: Sources, work: Path) -> Inputs:
+    return _draft_with(src, work, set_=[encode_kv(arch_key("embedding_length"), STR, "256")])
+
+
+@malformed("draft", "the draft's nextn_predict_layers is the string '1'", "nextn_predict_layers = '1' but carries 1")
+def draft_nextn_layers_is_a_string(src: Sources, work: Path) -> Inputs:
+    return _draft_with(src, work, set_=[encode_kv(arch_key("nextn_predict_layers"), STR, "1")])
+
+
+@malformed("draft", "blk.0.attn_norm.weight and blk.00.attn_norm.weight: both block 0", "would both become 'blk.3.")
+def draft_names_collide_after_renaming(src: Sources, work: Path) -> Inputs:
+    twin = "blk.00.attn_norm.weight"
+    draft = rename_tensors(src.draft0, work / src.draft0.name, lambda n: twin if n == "blk.0.nextn.enorm.weight" else n)
+    return _draft_case(src, draft)
+
+
+@malformed("draft", "a draft tensor name of 64 bytes (llama.cpp allows 63)", "longer than the 63 bytes llama.cpp")
+def draft_name_too_long(src: Sources, work: Path) -> Inputs:
+    long_name = "blk.0.nextn." + "x" * (64 - len("blk.0.nextn.") - len(".weight")) + ".weight"
+    assert len(long_name) == 64
+    draft = rename_tensors(
+        src.draft0, work / src.draft0.name, lambda n: long_name if n == "blk.0.nextn.enorm.weight" else n
+    )
+    return _draft_case(src, draft)
+
+
 @malformed("draft", "the draft is a split set", "a draft must be a single GGUF file, not a split set")
 def draft_is_a_split_set(src: Sources, work: Path) -> Inputs:
     shards = copy_split(src.split, work / "draft")

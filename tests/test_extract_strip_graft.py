@@ -9,7 +9,8 @@ from gguf import GGUFValueType
 from helpers import file_hashes, reader_kvs, reader_tensors, rewrite_gguf, shard_files
 
 from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, compose, open_model
-from gguf_mtp.extract import NoNextNBlockError, extract, find_nextn_blocks
+from gguf_mtp.errors import NoNextNBlockError
+from gguf_mtp.extract import extract, find_nextn_blocks
 from gguf_mtp.gguf_header import GGUFArray, align_up, encode_kv, read_header
 from gguf_mtp.graft import _slice, graft
 from gguf_mtp.llama_check import check_with_llama

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -18,11 +19,11 @@ import pytest
 from helpers import flip_byte
 from hub_standin import RecordingHub
 
-import gguf_mtp.verify
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.pipeline import STATE_NAME, run_pipeline, select_target_files
 from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.tiny_models import write_target
+from gguf_mtp.verify import Check, VerifyReport
 
 TARGET_REPO = "unsloth/Tiny-Nemotron-GGUF"
 HEAD_REPO = "nvidia/Tiny-Nemotron-MTPv2"
@@ -83,9 +84,26 @@ def run_cli(work: Path, hf_home: Path, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GGUF_MTP_DISABLE_PROGRESS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN,
-         "--head-repo", HEAD_REPO, "--work-dir", str(work), "--json", *extra],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "gguf_mtp",
+            "pipeline",
+            "--target-repo",
+            TARGET_REPO,
+            "--target-files",
+            PATTERN,
+            "--head-repo",
+            HEAD_REPO,
+            "--work-dir",
+            str(work),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -119,8 +137,13 @@ def _sha256(path: Path) -> str:
 
 def test_offline_run_from_the_hub_cache_goes_through_every_stage(first_run: tuple[Path, dict]) -> None:
     work, report = first_run
-    assert statuses(report) == {"target": "ran", "draft": "ran", "compose": "ran", "verify": "ran",
-                                "publish": "skipped"}
+    assert statuses(report) == {
+        "target": "ran",
+        "draft": "ran",
+        "compose": "ran",
+        "verify": "ran",
+        "publish": "skipped",
+    }
     composite = [Path(p) for p in report["composite"]]
     assert [p.name for p in composite] == [f"{PREFIX}-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     assert all(p.is_file() and p.parent == work / "composite" for p in composite)
@@ -158,8 +181,13 @@ def test_rerun_reuses_every_finished_stage_without_rewriting_it(work_copy: Path,
     composite = sorted((work_copy / "composite").glob("*.gguf"))
     before = {p: p.stat().st_mtime_ns for p in [*composite, work_copy / "draft" / "mtp-draft.gguf"]}
     report = run_cli(work_copy, hf_home)
-    assert statuses(report) == {"target": "reused", "draft": "reused", "compose": "reused", "verify": "reused",
-                                "publish": "skipped"}
+    assert statuses(report) == {
+        "target": "reused",
+        "draft": "reused",
+        "compose": "reused",
+        "verify": "reused",
+        "publish": "skipped",
+    }
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
@@ -208,7 +236,8 @@ def test_offline_run_with_a_remembered_listing_needs_only_the_shard_set_cached(
     put_in_hub_cache(home / "hub", HEAD_REPO, head_checkpoint, commit="beef" + "0" * 36)
     listing = {
         p.relative_to(target_repo).as_posix(): tree_cache.TreeCacheEntry(size=p.stat().st_size, blob_id="0" * 40)
-        for p in target_repo.rglob("*") if p.is_file()
+        for p in target_repo.rglob("*")
+        if p.is_file()
     }
     storage = home / "hub" / f"models--{TARGET_REPO.replace('/', '--')}"
     tree_cache.write_tree_cache(str(storage), COMMIT, listing)
@@ -220,9 +249,24 @@ def test_offline_without_the_files_in_the_cache_is_one_line(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= {"HF_HOME": str(tmp_path / "empty-home"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN,
-         "--head-repo", HEAD_REPO, "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "gguf_mtp",
+            "pipeline",
+            "--target-repo",
+            TARGET_REPO,
+            "--target-files",
+            PATTERN,
+            "--head-repo",
+            HEAD_REPO,
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("gguf-mtp: error:") and proc.stderr.strip().count("\n") == 0
@@ -240,14 +284,24 @@ def online(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(hub: RecordingHub, tmp_path: Path, head: Path, **kwargs: object) -> object:
-    options = dict(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=str(head), work_dir=tmp_path / "work",
-                   cache_dir=tmp_path / "cache", api=hub, llama=False, progress=False, say=lambda line: None)
+    options = dict(
+        target_repo=TARGET_REPO,
+        target_files=PATTERN,
+        head_repo=str(head),
+        work_dir=tmp_path / "work",
+        cache_dir=tmp_path / "cache",
+        api=hub,
+        llama=False,
+        progress=False,
+        say=lambda line: None,
+    )
     options |= kwargs
     return run_pipeline(**options)
 
 
-def test_download_asks_for_exactly_the_shard_set(online: None, target_repo: Path, head_checkpoint: Path,
-                                                  tmp_path: Path) -> None:
+def test_download_asks_for_exactly_the_shard_set(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     hub = RecordingHub(source=target_repo)
     _run(hub, tmp_path, head_checkpoint)
     download = next(c for c in hub.calls if c[0] == "snapshot_download")
@@ -256,8 +310,9 @@ def test_download_asks_for_exactly_the_shard_set(online: None, target_repo: Path
     assert cached == sorted(s.rpartition("/")[2] for s in SHARDS)
 
 
-def test_publishes_with_provenance_when_out_repo_is_given(online: None, target_repo: Path, head_checkpoint: Path,
-                                                          tmp_path: Path) -> None:
+def test_publishes_with_provenance_when_out_repo_is_given(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     hub = RecordingHub(source=target_repo)
     report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
     names = sorted(p.name for p in report.composite)
@@ -269,8 +324,9 @@ def test_publishes_with_provenance_when_out_repo_is_given(online: None, target_r
         assert _sha256(path) in card
 
 
-def test_published_work_files_are_removed_unless_kept(online: None, target_repo: Path, head_checkpoint: Path,
-                                                      tmp_path: Path) -> None:
+def test_published_work_files_are_removed_unless_kept(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     report = _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
     assert not (tmp_path / "work" / "composite").exists() and not (tmp_path / "work" / "draft").exists()
     assert any("--keep" in n for n in report.notes)
@@ -288,8 +344,9 @@ def test_rerun_after_publish_checks_the_hub_and_reuploads_what_it_lost(
     assert third.stage("publish").status == "redone" and len(hub.commits) == 2
 
 
-def test_corrupted_target_in_the_cache_is_downloaded_again(online: None, target_repo: Path, head_checkpoint: Path,
-                                                           tmp_path: Path) -> None:
+def test_corrupted_target_in_the_cache_is_downloaded_again(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     hub = RecordingHub(source=target_repo)
     first = _run(hub, tmp_path, head_checkpoint)
     shard = first.target[2]
@@ -302,14 +359,16 @@ def test_corrupted_target_in_the_cache_is_downloaded_again(online: None, target_
     assert [second.stage(s).status for s in ("draft", "compose", "verify")] == ["reused"] * 3
 
 
-def test_failed_verification_stops_before_publishing(online: None, target_repo: Path, head_checkpoint: Path,
-                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing_verify(composite: object, **kwargs: object) -> gguf_mtp.verify.VerifyReport:
-        report = gguf_mtp.verify.VerifyReport(str(composite))
-        report.checks.append(gguf_mtp.verify.Check("target bytes", False, "blk.1.attn_q.weight differs"))
+def test_failed_verification_stops_before_publishing(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_verify(composite: object, **kwargs: object) -> VerifyReport:
+        report = VerifyReport(str(composite))
+        report.checks.append(Check("target bytes", False, "blk.1.attn_q.weight differs"))
         return report
 
-    monkeypatch.setattr(gguf_mtp.verify, "verify", failing_verify)
+    # the package exports the function `verify`; patch the module it lives in
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.verify"), "verify", failing_verify)
     hub = RecordingHub(source=target_repo)
     with pytest.raises(VerificationError, match="blk.1.attn_q.weight differs"):
         _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
@@ -318,8 +377,9 @@ def test_failed_verification_stops_before_publishing(online: None, target_repo: 
     assert "verify" not in state["stages"]
 
 
-def test_no_write_access_to_out_repo_stops_before_downloading(online: None, target_repo: Path,
-                                                              head_checkpoint: Path, tmp_path: Path) -> None:
+def test_no_write_access_to_out_repo_stops_before_downloading(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     from hub_standin import http_error
 
     hub = RecordingHub(source=target_repo, fail={"auth_check": http_error(403)})
@@ -328,8 +388,9 @@ def test_no_write_access_to_out_repo_stops_before_downloading(online: None, targ
     assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
 
 
-def test_second_pipeline_in_the_same_work_folder_is_refused(online: None, target_repo: Path, head_checkpoint: Path,
-                                                            tmp_path: Path) -> None:
+def test_second_pipeline_in_the_same_work_folder_is_refused(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     with open(work / ".gguf-mtp-pipeline.lock", "a+b") as held:
@@ -428,12 +489,27 @@ def test_hf_job_script_has_a_pep723_block_that_needs_only_huggingface_hub() -> N
     assert "requires-python" in metadata
 
 
-def test_hf_job_submits_the_pipeline_with_the_token_as_a_secret(hf_job: object, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_hf_job_submits_the_pipeline_with_the_token_as_a_secret(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     api = JobsStandIn()
-    rc = hf_job.main(["--flavor", "cpu-performance", "--timeout", "3h", "--package", "gguf-mtp[llama] @ git+x",
-                      "--", *PIPELINE_ARGS, "--out-repo", "me/Out", "--keep"], api=api)
+    rc = hf_job.main(
+        [
+            "--flavor",
+            "cpu-performance",
+            "--timeout",
+            "3h",
+            "--package",
+            "gguf-mtp[llama] @ git+x",
+            "--",
+            *PIPELINE_ARGS,
+            "--out-repo",
+            "me/Out",
+            "--keep",
+        ],
+        api=api,
+    )
     assert rc == 0
     (call,) = api.calls
     assert call["script"] == str(HF_JOB) and call["secrets"] == {"HF_TOKEN": "hf_secret"}
@@ -444,23 +520,26 @@ def test_hf_job_submits_the_pipeline_with_the_token_as_a_secret(hf_job: object, 
     assert "job-123" in capsys.readouterr().out
 
 
-def test_hf_job_refuses_a_job_that_would_not_publish(hf_job: object, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_hf_job_refuses_a_job_that_would_not_publish(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     api = JobsStandIn()
     assert hf_job.main(PIPELINE_ARGS, api=api) == 2
     assert api.calls == [] and "--out-repo" in capsys.readouterr().err
 
 
-def test_hf_job_without_a_token_submits_nothing(hf_job: object, no_token_env: None,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_hf_job_without_a_token_submits_nothing(
+    hf_job: object, no_token_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     api = JobsStandIn()
     assert hf_job.main([*PIPELINE_ARGS, "--out-repo", "me/Out"], api=api) == 2
     assert api.calls == [] and "no Hugging Face token" in capsys.readouterr().err
 
 
-def test_hf_job_dry_run_shows_the_request_without_the_token(hf_job: object, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_hf_job_dry_run_shows_the_request_without_the_token(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"], api=JobsStandIn()) == 0
     out = capsys.readouterr().out
@@ -471,8 +550,21 @@ def test_hf_job_local_mode_runs_the_pipeline_here(hf_home: Path, tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, str(HF_JOB), "--local", "--", *PIPELINE_ARGS, "--work-dir", str(tmp_path / "w"), "--json",
-         "--no-llama"], capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            str(HF_JOB),
+            "--local",
+            "--",
+            *PIPELINE_ARGS,
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--json",
+            "--no-llama",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert statuses(json.loads(proc.stdout))["compose"] == "ran"

@@ -4,6 +4,7 @@ large one, a card that tells the truth about the files, and the Hub's record com
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -16,18 +17,23 @@ import pytest
 from helpers import copy_model, shard_files
 from hub_standin import LargeFolderHub, RecordingHub, http_error
 
-import gguf_mtp.publish as publish_module
 from gguf_mtp import HubError, ShardSetError, VerificationError, __version__, compose
 from gguf_mtp.cli import main
 from gguf_mtp.digests import FileDigest
 from gguf_mtp.model_card import Provenance
 from gguf_mtp.publish import CARD_NAME, STAGING_NAME, publish
 
+# the package exports the function `publish`; this is the module it lives in
+publish_module = importlib.import_module("gguf_mtp.publish")
+
 REPO = "me/Tiny-Nemotron-MTP"
 PROVENANCE = Provenance(
-    target_repo="unsloth/Tiny-Nemotron-GGUF", target_revision="a" * 40,
+    target_repo="unsloth/Tiny-Nemotron-GGUF",
+    target_revision="a" * 40,
     target_files=("UD-Q4_K_XL/Tiny-Nemotron-UD-Q4_K_XL-00001-of-00003.gguf",),
-    head_source="nvidia/Tiny-Nemotron-MTPv2", head_revision="main", base_model="nvidia/Tiny-Nemotron",
+    head_source="nvidia/Tiny-Nemotron-MTPv2",
+    head_revision="main",
+    base_model="nvidia/Tiny-Nemotron",
 )
 
 
@@ -252,8 +258,12 @@ def test_namespace_without_permission_fails_at_create_repo(composite: Path, toke
 
 def test_offline_publish_is_refused_in_one_line(composite: Path) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_TOKEN="hf_test_token")
-    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "HF_HUB_OFFLINE" in proc.stderr
@@ -262,8 +272,12 @@ def test_offline_publish_is_refused_in_one_line(composite: Path) -> None:
 def test_dry_run_works_offline_without_a_token_and_prints_the_card(composite: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env |= {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
-    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO, "--dry-run"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "publish", str(composite), "--repo", REPO, "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     for shard in _shards(composite):
         assert f"{shard.name}  {shard.stat().st_size:,} bytes  sha256 {_sha256(shard)}" in proc.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -17,8 +18,15 @@ from gguf_mtp.shards import open_model
 from gguf_mtp.tiny_models import add_raw_kvs
 from gguf_mtp.verify import Check, VerifyReport, verify
 
-STRUCTURAL = ["files", "split keys", "split.tensors.count", "tensor names", "tensor data", "per-layer arrays",
-              "NextN tensors"]
+STRUCTURAL = [
+    "files",
+    "split keys",
+    "split.tensors.count",
+    "tensor names",
+    "tensor data",
+    "per-layer arrays",
+    "NextN tensors",
+]
 
 
 def _compose(target: Path, draft: Path, out: Path) -> Path:
@@ -64,8 +72,9 @@ def test_good_composite_passes_every_check(case: tuple[Path, Path, Path]) -> Non
     assert all(c.ok for c in report.checks[:-1])
 
 
-def test_bytes_of_target_and_draft_are_all_compared(split_composite: Path, nemotron_split: Path,
-                                                    nemotron_draft0: Path) -> None:
+def test_bytes_of_target_and_draft_are_all_compared(
+    split_composite: Path, nemotron_split: Path, nemotron_draft0: Path
+) -> None:
     report = verify(split_composite, target=nemotron_split, draft=nemotron_draft0, llama=False, progress=False)
     target = report.check("target tensors")
     draft = report.check("draft tensors")
@@ -80,8 +89,13 @@ def test_bytes_of_target_and_draft_are_all_compared(split_composite: Path, nemot
 
 def test_metadata_check_lists_the_changes_compose_made(split_composite: Path, nemotron_split: Path) -> None:
     detail = verify(split_composite, target=nemotron_split, llama=False, progress=False).check("target metadata").detail
-    for change in ("block_count 3->4", "attention.head_count_kv extended", "feed_forward_length extended",
-                   "split.tensors.count 26->44", "nextn_predict_layers = 1"):
+    for change in (
+        "block_count 3->4",
+        "attention.head_count_kv extended",
+        "feed_forward_length extended",
+        "split.tensors.count 26->44",
+        "nextn_predict_layers = 1",
+    ):
         assert change in detail
 
 
@@ -112,7 +126,7 @@ def test_skipped_llama_check_is_reported_as_skipped_not_passed(split_composite: 
 
 
 def test_missing_llama_cpp_python_says_how_to_install(split_composite: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gguf_mtp.verify.llama_cpp_available", lambda: False)
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.verify"), "llama_cpp_available", lambda: False)
     when_installed = verify(split_composite, llama=None, progress=False).check("llama.cpp")
     assert when_installed.status == "skip"
     assert INSTALL_HINT in when_installed.detail
@@ -152,8 +166,9 @@ def test_check_status_names() -> None:
 def test_cli_passes_with_exit_0_and_one_line_per_check(
     split_composite: Path, nemotron_split: Path, nemotron_draft0: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["verify", str(split_composite), "--target", str(nemotron_split), "--draft", str(nemotron_draft0),
-                 "--no-llama"])
+    code = main(
+        ["verify", str(split_composite), "--target", str(nemotron_split), "--draft", str(nemotron_draft0), "--no-llama"]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert [line.split()[0] for line in out[1:-1]] == ["PASS"] * 10 + ["SKIP"]
@@ -218,7 +233,12 @@ def test_compose_verify_accepts_the_keys_set_kv_changed(
     nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
 ) -> None:
     report = compose(
-        nemotron_split, nemotron_draft0, tmp_path, progress=False, verify=True, llama=False,
+        nemotron_split,
+        nemotron_draft0,
+        tmp_path,
+        progress=False,
+        verify=True,
+        llama=False,
         set_kv=["general.name=renamed", "general.note:str=with MTP"],
     )
     assert report.verification.ok, report.verification.describe()

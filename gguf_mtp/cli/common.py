@@ -7,6 +7,10 @@ import json
 import sys
 from typing import Any
 
+from ..formatting import human_bytes, short
+
+__all__ = ["add_output_flags", "human_bytes", "print_json", "short"]
+
 
 def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
     """``--json``, ``--quiet`` and (optionally) ``--dry-run``."""
@@ -20,15 +24,3 @@ def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..compose import ComposeReport, compose
-from .common import add_output_flags, human_bytes, print_json, short
+from ..compose import compose
+from .common import add_output_flags, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,33 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def describe(report: ComposeReport) -> list[str]:
-    """The human-readable report of a compose run."""
-    plan = report.plan
-    verb = "would write" if report.dry_run else "wrote"
-    lines = [
-        f"target: {plan.target.arch}, {len(plan.target.headers)} file(s), {plan.target.tensor_count} tensors, "
-        f"blocks 0..{plan.block - 1}",
-        f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
-        + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
-    ]
-    for f in plan.files:
-        lines.append(
-            f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
-            + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
-            + ")"
-        )
-        lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
-    if report.dry_run:
-        lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
-    else:
-        rate = report.bytes_written / report.seconds / 2**20 if report.seconds else 0
-        lines.append(f"done: {human_bytes(report.bytes_written)} in {report.seconds:.2f} s ({rate:.0f} MiB/s)")
-    if report.verification is not None:
-        lines.extend(report.verification.describe())
-    return lines
-
-
 def run(args: argparse.Namespace) -> int:
     report = compose(
         args.target,
@@ -78,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(describe(report)))
+        print("\n".join(report.describe()))
     if report.verification is not None and not report.verification.ok:
         return 2
     return 0

@@ -1,0 +1,571 @@
+"""Faults during a compose run: a full disk, a kill, Ctrl-C, unsafe places to write.
+
+Whatever happens, no output with a final name is left behind, the inputs never change (every test
+hashes them before and after), and the next run just works. Runs are real ``python -m gguf_mtp``
+processes; where a test must catch a run mid-copy, the process is paused *inside* a copy (half of a
+byte range written) by a thin wrapper around the writer's copy function, so the signal always lands
+mid-copy, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+from malformed import SMALL, TRUNK
+
+from gguf_mtp.cli import main
+from gguf_mtp.compose import compose
+from gguf_mtp.errors import OutputWriteError
+from gguf_mtp.llama_check import check_with_llama
+from gguf_mtp.tiny_models import write_draft, write_target
+
+COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
+
+#: ``python -c PAUSING_CLI compose ...``: the real CLI, stopped at one point of its writing. With
+#: ``PAUSE_IN=copy`` the copy call number ``$PAUSE_AT_CALL`` writes half its bytes, then waits; with
+#: ``PAUSE_IN=replace`` the rename number ``$PAUSE_AT_CALL`` waits before it happens. Waiting, it has
+#: created ``$PAUSE_MARKER``; it goes on once ``$PAUSE_MARKER.resume`` exists (or it gets a signal).
+PAUSING_CLI = r"""
+import os, sys, time
+import gguf_mtp.output as output
+
+marker = os.environ["PAUSE_MARKER"]
+where, at = os.environ["PAUSE_IN"], int(os.environ["PAUSE_AT_CALL"])
+calls = 0
+
+def pause():
+    open(marker, "w").close()
+    deadline = time.monotonic() + 300
+    while not os.path.exists(marker + ".resume") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+real_copy, real_replace = output._copy, os.replace
+
+def copy_with_pause(src_fd, dst_fd, offset, nbytes, bar, method):
+    global calls
+    calls += 1
+    if calls != at:
+        return real_copy(src_fd, dst_fd, offset, nbytes, bar, method)
+    half = nbytes // 2
+    used = real_copy(src_fd, dst_fd, offset, half, bar, method)
+    pause()
+    real_copy(src_fd, dst_fd, offset + half, nbytes - half, bar, method)
+    return used
+
+def replace_with_pause(src, dst):
+    global calls
+    calls += 1
+    if calls == at:
+        pause()
+    return real_replace(src, dst)
+
+if where == "copy":
+    output._copy = copy_with_pause
+else:
+    os.replace = replace_with_pause
+from gguf_mtp.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A 3-shard target, a draft, and the composite a clean run makes of them."""
+
+    target: Path
+    draft: Path
+    reference: Path  # folder holding the clean composite
+
+    @property
+    def inputs(self) -> list[Path]:
+        return [*sorted(self.target.parent.iterdir()), self.draft]
+
+    @property
+    def output_names(self) -> list[str]:
+        return sorted(p.name for p in self.reference.iterdir())
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    folder = tmp_path_factory.mktemp("faults")
+    target = write_target(folder / "target", hparams=SMALL, pattern=TRUNK, shards=3, name="Tiny-Q4")
+    draft = write_draft(folder / "draft" / "mtp.gguf", hparams=SMALL, trunk_pattern=TRUNK, with_globals=True)
+    compose(target, draft, folder / "reference", progress=False)
+    return Model(target, draft, folder / "reference")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def hashes(paths: list[Path]) -> dict[str, str]:
+    return {str(p): sha256(p) for p in paths}
+
+
+@pytest.fixture(autouse=True)
+def inputs_unchanged(model: Model) -> Iterator[None]:
+    """Every fault test: the target shards and the draft are byte for byte what they were."""
+    before = hashes(model.inputs)
+    yield
+    assert hashes(model.inputs) == before
+
+
+def compose_argv(model: Model, out: Path, *extra: str) -> list[str]:
+    return ["compose", str(model.target), str(model.draft), "-o", str(out), *extra]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "GGUF_MTP_DISABLE_PROGRESS": "1", **extra}
+
+
+def run_gguf_mtp(
+    argv: list[str], *, env: dict[str, str] | None = None, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", *argv],
+        capture_output=True, text=True, env=env or cli_env(), preexec_fn=preexec_fn, timeout=120,
+    )
+
+
+def entries(folder: Path) -> list[str]:
+    """Everything in ``folder``, hidden temporary files included."""
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def assert_same_as_reference(out: Path, model: Model) -> None:
+    assert entries(out) == model.output_names
+    for name in model.output_names:
+        assert sha256(out / name) == sha256(model.reference / name), name
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], *phrases: str) -> str:
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------ a full disk
+
+
+def file_size_limit(nbytes: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return apply
+
+
+@pytest.mark.parametrize("method", COPY_METHODS)
+def test_file_size_limit_mid_write_exits_2_and_leaves_no_file(model: Model, tmp_path: Path, method: str) -> None:
+    out = tmp_path / "out"
+    # Shards 1 and 2 fit under 1 MB; shard 3 (with the NextN block) does not: write() fails with EFBIG.
+    result = run_gguf_mtp(
+        compose_argv(model, out), env=cli_env(GGUF_MTP_COPY_METHOD=method), preexec_fn=file_size_limit(1_000_000)
+    )
+
+    assert result.returncode == 2
+    assert_one_error_line(result, "Tiny-Q4-00003-of-00003.gguf", "File too large", "no output was left behind")
+    assert entries(out) == []
+
+
+class DiskBudget:
+    """Fake a disk that fills up: writes into ``*.partial`` files fail with ENOSPC past ``budget`` bytes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
+        self.left = budget
+        for name in ("write", "copy_file_range", "sendfile"):
+            monkeypatch.setattr(os, name, self._wrap(getattr(os, name), name))
+
+    def _spend(self, fd: int, nbytes: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".partial"):
+            if nbytes > self.left:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.left -= nbytes
+
+    def _wrap(self, real: Callable[..., int], name: str) -> Callable[..., int]:
+        def write(*args: object) -> int:
+            if name == "write":
+                fd, size = args[0], len(args[1])  # type: ignore[arg-type]
+            elif name == "copy_file_range":
+                fd, size = args[1], args[2]
+            else:  # sendfile(out_fd, in_fd, offset, count)
+                fd, size = args[0], args[3]
+            self._spend(fd, size)  # type: ignore[arg-type]
+            return real(*args)
+
+        return write
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to tell output files apart")
+@pytest.mark.parametrize("method", COPY_METHODS)
+def test_disk_full_mid_write_exits_2_and_leaves_no_file(
+    model: Model, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setenv("GGUF_MTP_COPY_METHOD", method)
+    DiskBudget(monkeypatch, budget=1_000_000)
+
+    status = main(compose_argv(model, out))
+
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1
+    assert "No space left on device (disk full or file too large); no output was left behind" in err
+    assert entries(out) == []
+
+
+def test_disk_full_through_the_api_raises_output_write_error(
+    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    DiskBudget(monkeypatch, budget=300_000)  # fails in shard 2
+
+    with pytest.raises(OutputWriteError, match="Tiny-Q4-00002-of-00003.gguf: writing failed: No space left"):
+        compose(model.target, model.draft, tmp_path / "out", progress=False)
+    assert entries(tmp_path / "out") == []
+
+
+@cache
+def mount_namespaces_work() -> bool:
+    """Whether this user may mount a tmpfs in a private user + mount namespace (``unshare -Urm``)."""
+    if shutil.which("unshare") is None:
+        return False
+    with tempfile.TemporaryDirectory() as probe:
+        script = 'mount -t tmpfs -o size=64k tmpfs "$1"'
+        result = subprocess.run(["unshare", "-Urm", "sh", "-c", script, "sh", probe], capture_output=True, timeout=30)
+    return result.returncode == 0
+
+
+needs_mounts = pytest.mark.skipif(
+    sys.platform != "linux" or not mount_namespaces_work(),
+    reason="needs a private tmpfs (unshare -Urm); the file-size-limit and ENOSPC tests cover every machine",
+)
+
+
+def run_on_tmpfs(
+    options: str, mountpoint: Path, argv: list[str], listing: Path
+) -> subprocess.CompletedProcess[str]:
+    """Run gguf-mtp with a fresh tmpfs (mount ``options``) on ``mountpoint``, in a private namespace; what
+    the tmpfs holds afterwards is written to ``listing`` (the tmpfs vanishes with the namespace)."""
+    script = (
+        'mount -t tmpfs -o "$1" tmpfs "$2" || exit 99; listing="$3"; shift 3; '
+        '"$@"; status=$?; ls -AR "$MOUNTPOINT" > "$listing"; exit $status'
+    )
+    command = [sys.executable, "-m", "gguf_mtp", *argv]
+    return subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script, "sh", options, str(mountpoint), str(listing), *command],
+        capture_output=True, text=True, env=cli_env(MOUNTPOINT=str(mountpoint)), timeout=120,
+    )
+
+
+def files_on(listing: Path) -> list[str]:
+    return [line for line in listing.read_text().splitlines() if line and not line.endswith(":")]
+
+
+@needs_mounts
+def test_full_filesystem_mid_write_exits_2_and_leaves_no_file(model: Model, tmp_path: Path) -> None:
+    plan = json.loads(run_gguf_mtp([*compose_argv(model, tmp_path / "plan"), "--dry-run", "--json"]).stdout)
+    sizes = [f["bytes"] for f in plan["files"]]
+    pages = -(-sum(sizes) // 4096)
+    # Room for every byte, but not for the partly used last page of each file: the free-space check
+    # passes and the disk fills up while the last shard is written.
+    assert sum(-(-s // 4096) for s in sizes) > pages
+    mount = tmp_path / "disk"
+    mount.mkdir()
+
+    result = run_on_tmpfs(f"size={pages * 4096}", mount, compose_argv(model, mount / "out"), tmp_path / "listing")
+
+    assert result.returncode == 2, result.stderr
+    assert_one_error_line(result, "No space left on device", "no output was left behind")
+    assert files_on(tmp_path / "listing") == ["out"]  # the output folder, empty
+
+
+@needs_mounts
+def test_too_small_filesystem_is_refused_before_writing(model: Model, tmp_path: Path) -> None:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+
+    result = run_on_tmpfs("size=1m", mount, compose_argv(model, mount / "out"), tmp_path / "listing")
+
+    assert result.returncode == 2, result.stderr
+    assert_one_error_line(result, "not enough free space")
+    assert files_on(tmp_path / "listing") == []
+
+
+# ---------------------------------------------------------------------------- killed, interrupted
+
+
+def start_paused_run(
+    model: Model, out: Path, tmp_path: Path, *, pause_in: str = "copy", at_call: int = 3, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """A compose run stopped in copy call ``at_call`` (3: shard 3's target data, so shards 1 and 2 are
+    complete temporary files and shard 3 a half-written one), or before rename ``at_call``."""
+    marker = tmp_path / "paused"
+    process = subprocess.Popen(
+        [sys.executable, "-c", PAUSING_CLI, *compose_argv(model, out, *extra)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(PAUSE_MARKER=str(marker), PAUSE_IN=pause_in, PAUSE_AT_CALL=str(at_call)),
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before the pause: {process.communicate()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the run never reached the pause")
+        time.sleep(0.02)
+    return process
+
+
+def resume(tmp_path: Path) -> None:
+    (tmp_path / "paused.resume").touch()
+
+
+def partial_files(out: Path) -> list[str]:
+    return [name for name in entries(out) if name.endswith(".partial")]
+
+
+def test_paused_run_is_mid_copy_with_only_temporary_files(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path)
+    try:
+        names = entries(out)
+        assert len(names) == 3 and names == partial_files(out)
+        shard3 = next(out / n for n in names if "00003-of-00003" in n)
+        assert 0 < shard3.stat().st_size < (model.reference / "Tiny-Q4-00003-of-00003.gguf").stat().st_size
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_sigkill_mid_copy_leaves_no_final_name_and_the_next_run_succeeds(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path)
+
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+
+    assert process.returncode == -signal.SIGKILL
+    assert entries(out) == partial_files(out) != []  # only temporary names: nothing looks finished
+
+    rerun = run_gguf_mtp(compose_argv(model, out))  # no --force needed
+
+    assert rerun.returncode == 0, rerun.stderr
+    assert_same_as_reference(out, model)  # the killed run's temporary files are gone too
+
+
+@pytest.mark.llama
+def test_composite_finished_after_a_killed_run_is_loaded_by_llama_cpp(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+
+    assert run_gguf_mtp(compose_argv(model, out)).returncode == 0
+    check = check_with_llama(out / model.target.name)
+
+    assert check.ok, check.summary()
+    assert (check.n_layer, check.n_layer_nextn, check.mtp_decode_ok) == (3, 1, True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_mid_copy_exits_130_with_a_short_message_and_leaves_nothing(
+    model: Model, tmp_path: Path, signum: int
+) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path)
+
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 130
+    assert stderr == "gguf-mtp: interrupted; no output was left behind\n"
+    assert entries(out) == []
+
+
+def test_interrupt_between_renames_leaves_no_final_name(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=2)
+    assert "Tiny-Q4-00003-of-00003.gguf" in entries(out)  # shard 3 already has its final name
+
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 130
+    assert stderr == "gguf-mtp: interrupted; no output was left behind\n"
+    assert entries(out) == []  # an incomplete set is taken back, renamed files included
+
+
+def test_interrupted_forced_rewrite_never_mixes_old_and_new_shards(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(model.reference, out)
+    (out / "Tiny-Q4-00001-of-00003.gguf").write_bytes(b"an old composite's shard 1")
+    old_shard2 = sha256(out / "Tiny-Q4-00002-of-00003.gguf")
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=2, extra=("--force",))
+
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+
+    assert process.returncode == 130
+    # the new shard 3 was in place already: it is removed rather than left beside the old shards 1 and 2,
+    # so what remains is an incomplete set (refused by every loader), never a mixed one
+    assert entries(out) == ["Tiny-Q4-00001-of-00003.gguf", "Tiny-Q4-00002-of-00003.gguf"]
+    assert (out / "Tiny-Q4-00001-of-00003.gguf").read_bytes() == b"an old composite's shard 1"
+    assert sha256(out / "Tiny-Q4-00002-of-00003.gguf") == old_shard2
+
+
+def test_input_that_shrinks_during_the_copy_fails_cleanly(tmp_path: Path, model: Model) -> None:
+    private = Model(
+        target=shutil.copytree(model.target.parent, tmp_path / "target") / model.target.name,
+        draft=Path(shutil.copy(model.draft, tmp_path / "mtp.gguf")),
+        reference=model.reference,
+    )
+    out = tmp_path / "out"
+    shard3 = private.target.with_name("Tiny-Q4-00003-of-00003.gguf")
+    process = start_paused_run(private, out, tmp_path)
+
+    os.truncate(shard3, shard3.stat().st_size // 2)  # another program truncates the input mid-copy
+    resume(tmp_path)
+    _, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 2
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert "ended early" in stderr and str(shard3) in stderr and "no output was left behind" in stderr
+    assert entries(out) == []
+
+
+def test_failed_forced_rewrite_keeps_the_previous_composite(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(model.reference, out)
+
+    result = run_gguf_mtp(compose_argv(model, out, "--force"), preexec_fn=file_size_limit(1_000_000))
+
+    assert result.returncode == 2
+    assert_same_as_reference(out, model)  # replaced only by a rename once everything is written
+
+
+def test_temporary_file_of_a_live_run_is_left_alone(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    live = out / f".Tiny-Q4-00001-of-00003.gguf.{os.getpid()}.partial"  # this test's process: alive
+    live.write_bytes(b"another run is writing this")
+
+    result = run_gguf_mtp(compose_argv(model, out))
+
+    assert result.returncode == 0, result.stderr
+    assert live.read_bytes() == b"another run is writing this"
+
+
+# ------------------------------------------------------------------------------ unsafe destinations
+
+
+def test_read_only_output_folder_is_refused_before_writing(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "read-only"
+    out.mkdir()
+    if os.geteuid() != 0:
+        out.chmod(0o555)
+        try:
+            result = run_gguf_mtp(compose_argv(model, out))
+        finally:
+            out.chmod(0o755)
+        left = entries(out)
+    elif mount_namespaces_work():  # root ignores permission bits: use a read-only filesystem instead
+        result = run_on_tmpfs("ro", out, compose_argv(model, out), tmp_path / "listing")
+        left = files_on(tmp_path / "listing")
+    else:
+        pytest.skip("as root without mount namespaces there is no read-only folder to write into")
+
+    assert result.returncode == 2
+    assert_one_error_line(result, str(out), "output folder is not writable")
+    assert left == []
+
+
+def other_filesystem_folder(than: Path) -> Path | None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK) or shm.stat().st_dev == than.stat().st_dev:
+        return None
+    return Path(tempfile.mkdtemp(prefix="gguf-mtp-test-", dir=shm))
+
+
+def test_output_folder_on_another_filesystem_gets_identical_bytes(model: Model, tmp_path: Path) -> None:
+    folder = other_filesystem_folder(tmp_path)
+    if folder is None:
+        pytest.skip("no writable /dev/shm on another filesystem than the temporary folder")
+    try:
+        out = folder / "out"
+        # copy_file_range refuses to cross filesystems on most kernels: compose must fall back, not fail.
+        result = run_gguf_mtp([*compose_argv(model, out), "--json"])
+
+        assert result.returncode == 0, result.stderr
+        assert set(json.loads(result.stdout)["copy_methods"]) <= {"copy_file_range", "sendfile", "readwrite"}
+        assert_same_as_reference(out, model)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_output_folder_linked_to_the_targets_folder_is_refused(model: Model, tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(model.target.parent, target_is_directory=True)
+
+    result = run_gguf_mtp(compose_argv(model, link, "--force"))
+
+    assert result.returncode == 2
+    assert_one_error_line(result, "output would overwrite the input", "Tiny-Q4-00001-of-00003.gguf")
+    assert partial_files(model.target.parent) == []
+
+
+def test_output_hard_linked_to_a_target_shard_is_refused_even_with_force(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    shard2 = model.target.with_name("Tiny-Q4-00002-of-00003.gguf")
+    os.link(shard2, out / shard2.name)
+
+    result = run_gguf_mtp(compose_argv(model, out, "--force"))
+
+    assert result.returncode == 2
+    assert_one_error_line(result, "output would overwrite the input", shard2.name)
+    assert entries(out) == [shard2.name]
+    assert os.path.samefile(out / shard2.name, shard2)
+
+
+def test_output_symlinked_to_the_draft_is_refused_even_with_force(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "Tiny-Q4-00003-of-00003.gguf").symlink_to(model.draft)
+
+    result = run_gguf_mtp(compose_argv(model, out, "--force"))
+
+    assert result.returncode == 2
+    assert_one_error_line(result, "output would overwrite the input", str(model.draft))
+    assert entries(out) == ["Tiny-Q4-00003-of-00003.gguf"]
+
+
+# ------------------------------------------------------------------------------------- copy methods
+
+
+@pytest.mark.parametrize("method", COPY_METHODS)
+def test_each_copy_method_writes_the_same_bytes(
+    model: Model, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GGUF_MTP_COPY_METHOD", method)
+
+    report = compose(model.target, model.draft, tmp_path / "out", progress=False)
+
+    assert report.copy_methods == (method,)
+    assert_same_as_reference(tmp_path / "out", model)
