@@ -31,7 +31,7 @@ from .constants import (
 )
 from .errors import BadGGUFError, IncompatibleDraftError, KVEditError
 from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
-from .kv_edit import INT_RANGES, KVOverride, check_int, resolve_override
+from .kv_edit import INT_RANGES, KVChange, KVOverride, apply_kv_edits, check_int, resolve_override, with_int_value
 from .output import Bytes, CopyRange, OutputFile, Zeros
 from .shards import ShardSet
 
@@ -43,20 +43,6 @@ __all__ = [
     "plan_composition",
     "vocab_size",
 ]
-
-
-@dataclass(frozen=True)
-class KVChange:
-    """One metadata change in one output file (``old`` is ``None`` for an added key)."""
-
-    file: str
-    key: str
-    type_name: str
-    old: Any
-    new: Any
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "key": self.key, "type": self.type_name, "old": self.old, "new": self.new}
 
 
 @dataclass(frozen=True)
@@ -230,19 +216,14 @@ GGML_MAX_NAME = 64
 
 def _model_kv_edits(
     target: ShardSet, draft: ShardSet, draft_first: int, n_blocks: int, overrides: Sequence[KVOverride]
-) -> dict[str, KeyValue]:
+) -> dict[str, KeyValue | None]:
     """The new shard-1 KVs, by key (replacing or adding), of a composition."""
     arch = target.arch
     block = target.trunk_block_count
-    edits: dict[str, KeyValue] = {}
+    edits: dict[str, KeyValue | None] = {}
 
     count_key = KEY_BLOCK_COUNT.format(arch=arch)
-    count_kv = target.kv(count_key)
-    assert count_kv is not None  # ShardSet.block_count checked it
-    if count_kv.vtype not in INT_RANGES:
-        raise BadGGUFError(f"{count_key} has type {count_kv.type_name}, not an integer type", target.name)
-    new_count = check_int(block + n_blocks, count_kv.vtype, f"{target.name}: {count_key}")
-    edits[count_key] = encode_kv(count_key, count_kv.vtype, new_count)
+    edits[count_key] = with_int_value(target.first, count_key, block + n_blocks)
 
     nextn_key = KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     nextn_kv = target.kv(nextn_key)
@@ -272,27 +253,6 @@ def _model_kv_edits(
             )
         edits[key] = resolved
     return edits
-
-
-def _apply_edits(
-    header: GGUFHeader, edits: dict[str, KeyValue], file_name: str
-) -> tuple[list[KeyValue], list[KVChange]]:
-    """The header's KVs with ``edits`` applied in place (new keys appended), and the changes made."""
-    kvs: list[KeyValue] = []
-    changes: list[KVChange] = []
-    for key, kv in header.kvs.items():
-        new = edits.get(key)
-        if new is None:
-            kvs.append(kv)
-            continue
-        kvs.append(new)
-        if new.raw != kv.raw:
-            changes.append(KVChange(file_name, key, new.type_name, kv.value, new.value))
-    for key, new in edits.items():
-        if key not in header.kvs:
-            kvs.append(new)
-            changes.append(KVChange(file_name, key, new.type_name, None, new.value))
-    return kvs, changes
 
 
 def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
@@ -424,15 +384,10 @@ def plan_composition(
     files: list[PlannedFile] = []
     for index, (header, final) in enumerate(zip(target.headers, _output_names(target, output_dir, basename))):
         file_edits = dict(edits) if index == 0 else {}
-        count_kv = header.kvs.get(KEY_SPLIT_TENSORS_COUNT)
-        if count_kv is not None:
-            if count_kv.vtype not in INT_RANGES:
-                raise BadGGUFError(f"{KEY_SPLIT_TENSORS_COUNT} has type {count_kv.type_name}", header.path)
-            new_total = check_int(
-                count_kv.value + len(renamed), count_kv.vtype, f"{header.path}: {KEY_SPLIT_TENSORS_COUNT}"
-            )
-            file_edits[KEY_SPLIT_TENSORS_COUNT] = encode_kv(KEY_SPLIT_TENSORS_COUNT, count_kv.vtype, new_total)
-        kvs, changes = _apply_edits(header, file_edits, final.name)
+        if KEY_SPLIT_TENSORS_COUNT in header.kvs:
+            total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value + len(renamed)
+            file_edits[KEY_SPLIT_TENSORS_COUNT] = with_int_value(header, KEY_SPLIT_TENSORS_COUNT, total)
+        kvs, changes = apply_kv_edits(header, file_edits, final.name)
 
         tensors = list(header.tensors)
         data = _data_section(header)

@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gguf import GGUFValueType
 
-from .errors import KVEditError
-from .gguf_header import TYPE_BY_NAME, KeyValue, describe_type, encode_kv
+from .errors import BadGGUFError, KVEditError
+from .gguf_header import TYPE_BY_NAME, GGUFHeader, KeyValue, describe_type, encode_kv
 
-__all__ = ["INT_RANGES", "KVOverride", "check_int", "parse_set_kv", "resolve_override"]
+__all__ = [
+    "INT_RANGES",
+    "KVChange",
+    "KVOverride",
+    "apply_kv_edits",
+    "check_int",
+    "parse_set_kv",
+    "resolve_override",
+    "with_int_value",
+]
 
 INT_RANGES: dict[GGUFValueType, tuple[int, int]] = {
     GGUFValueType.UINT8: (0, 2**8 - 1),
@@ -124,3 +134,55 @@ def resolve_override(override: KVOverride, existing: KeyValue | None) -> KeyValu
             )
         vtype = TYPE_BY_NAME[override.type_name]
     return encode_kv(override.key, vtype, _parse_value(override.text, vtype, what))
+
+
+@dataclass(frozen=True)
+class KVChange:
+    """One metadata change in one output file (``old`` is ``None`` for an added key, ``new`` for a removed one)."""
+
+    file: str
+    key: str
+    type_name: str
+    old: Any
+    new: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "key": self.key, "type": self.type_name, "old": self.old, "new": self.new}
+
+
+def with_int_value(header: GGUFHeader, key: str, value: int) -> KeyValue:
+    """``key`` of ``header`` set to ``value``, in the key's own integer type (pitfall: never retype a count).
+
+    Raises:
+        BadGGUFError: the key is not of an integer type.
+        KVEditError: ``value`` does not fit that type.
+    """
+    kv = header.kvs[key]
+    if kv.vtype not in INT_RANGES:
+        raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", header.path)
+    return encode_kv(key, kv.vtype, check_int(value, kv.vtype, f"{header.path}: {key}"))
+
+
+def apply_kv_edits(
+    header: GGUFHeader, edits: Mapping[str, KeyValue | None], file_name: str
+) -> tuple[list[KeyValue], list[KVChange]]:
+    """The header's KVs with ``edits`` applied: replaced in place, removed (``None``) or appended (new
+    keys, in the order of ``edits``); every other KV is kept byte for byte. Also returns the changes."""
+    kvs: list[KeyValue] = []
+    changes: list[KVChange] = []
+    for key, kv in header.kvs.items():
+        if key not in edits:
+            kvs.append(kv)
+            continue
+        new = edits[key]
+        if new is None:
+            changes.append(KVChange(file_name, key, kv.type_name, kv.value, None))
+            continue
+        kvs.append(new)
+        if new.raw != kv.raw:
+            changes.append(KVChange(file_name, key, new.type_name, kv.value, new.value))
+    for key, new in edits.items():
+        if key not in header.kvs and new is not None:
+            kvs.append(new)
+            changes.append(KVChange(file_name, key, new.type_name, None, new.value))
+    return kvs, changes

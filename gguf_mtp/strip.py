@@ -26,13 +26,13 @@ from typing import Any
 
 from gguf import GGUFValueType
 
-from .compose_plan import KVChange, per_layer_keys
+from .compose_plan import per_layer_keys
 from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from .errors import BadGGUFError
 from .extract import NextNBlocks, find_nextn_blocks
 from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
-from .kv_edit import INT_RANGES, check_int
+from .kv_edit import KVChange, apply_kv_edits, with_int_value
 from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
@@ -91,44 +91,16 @@ class StripPlan:
         return sum(f.output.size for f in self.files)
 
 
-def _int_kv(header: GGUFHeader, key: str, value: int) -> KeyValue:
-    """``key`` of ``header`` set to ``value`` in the key's own integer type."""
-    kv = header.kvs[key]
-    if kv.vtype not in INT_RANGES:
-        raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", header.path)
-    return encode_kv(key, kv.vtype, check_int(value, kv.vtype, f"{header.path}: {key}"))
-
-
 def _model_kv_edits(model: ShardSet, trunk: int) -> dict[str, KeyValue | None]:
     """Shard-1 edits by key (``None`` removes the key)."""
     first = model.first
     count_key = model.arch_key(KEY_BLOCK_COUNT)
-    edits: dict[str, KeyValue | None] = {count_key: _int_kv(first, count_key, trunk)}
+    edits: dict[str, KeyValue | None] = {count_key: with_int_value(first, count_key, trunk)}
     edits[model.arch_key(KEY_NEXTN_PREDICT_LAYERS)] = None
     for kv in per_layer_keys(first, model.arch, model.block_count):
         array = kv.typed_value
         edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(array.element_type, array.items[:trunk]))
     return edits
-
-
-def _edit_kvs(
-    header: GGUFHeader, edits: dict[str, KeyValue | None], file_name: str
-) -> tuple[list[KeyValue], list[KVChange]]:
-    """The header's KVs with ``edits`` applied in place (``None`` removes), and the changes made."""
-    kvs: list[KeyValue] = []
-    changes: list[KVChange] = []
-    for key, kv in header.kvs.items():
-        if key not in edits:
-            kvs.append(kv)
-            continue
-        new = edits[key]
-        if new is None:
-            changes.append(KVChange(file_name, key, kv.type_name, kv.value, None))
-            continue
-        kvs.append(new)
-        if new.raw != kv.raw:
-            changes.append(KVChange(file_name, key, new.type_name, kv.value, new.value))
-    return kvs, changes
 
 
 def _shard_layout(
@@ -196,8 +168,8 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
         edits = dict(model_edits) if index == 0 else {}
         if KEY_SPLIT_TENSORS_COUNT in header.kvs:
             total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value
-            edits[KEY_SPLIT_TENSORS_COUNT] = _int_kv(header, KEY_SPLIT_TENSORS_COUNT, total - len(removed))
-        kvs, changes = _edit_kvs(header, edits, final.name)
+            edits[KEY_SPLIT_TENSORS_COUNT] = with_int_value(header, KEY_SPLIT_TENSORS_COUNT, total - len(removed))
+        kvs, changes = apply_kv_edits(header, edits, final.name)
         tensors, segments, moved = _shard_layout(header, removed)
         head = serialize_header(header.version, kvs, tensors, header.alignment)
         files.append(
