@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gguf-mtp-installed
-# llama-cpp-python is built from its sdist (the llama.cpp it vendors is the loader we test against);
-# a portable CPU build, so pip's wheel cache can serve later runs on other machines too.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+# llama-cpp-python is built from its sdist (the llama.cpp it vendors is the loader we test against):
+# a portable CPU build of the text loader only (no vision/mtmd library, tools or tests), which pip's
+# wheel cache then serves to every later install.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: install demo test lint bench clean
 

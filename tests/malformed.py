@@ -639,6 +639,11 @@ def block_count_zero(src: Sources, work: Path) -> Inputs:
     return _target_with(src, work, set_=[encode_kv(arch_key("block_count"), U32, 0)])
 
 
+@malformed("target", "block_count is a u8 holding 255: one more block does not fit its type", "256 does not fit u8")
+def block_count_cannot_grow(src: Sources, work: Path) -> Inputs:
+    return _target_with(src, work, set_=[encode_kv(arch_key("block_count"), GGUFValueType.UINT8, 255)])
+
+
 @malformed("target", "nextn_predict_layers (7) exceeds block_count (3)", "nextn_predict_layers = 7 is not within")
 def nextn_layers_exceed_block_count(src: Sources, work: Path) -> Inputs:
     return _target_with(src, work, set_=[encode_kv(arch_key("nextn_predict_layers"), U32, 7)])
