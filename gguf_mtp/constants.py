@@ -42,10 +42,10 @@ NOT_PER_LAYER_ARRAYS = frozenset(
 DRAFT_GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight")
 
 #: ``<prefix>-NNNNN-of-NNNNN.gguf``: llama.cpp's split naming (``llama_split_path``), 1-based.
-SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
 
 #: ``blk.N.rest``
-BLOCK_TENSOR = re.compile(r"^blk\.(?P<block>\d+)\.(?P<rest>.+)$")
+BLOCK_TENSOR = re.compile(r"^blk\.(?P<block>[0-9]+)\.(?P<rest>.+)$")
 
 #: Temporary outputs are ``.<final name>.<pid>.partial`` in the output folder.
 PARTIAL_SUFFIX = ".partial"

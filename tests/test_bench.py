@@ -109,6 +109,7 @@ def test_peak_rss_is_the_commands_own_not_inherited_from_the_benchmark() -> None
     assert 1 * MiB < small.peak_rss < 60 * MiB
     assert big.peak_rss >= 200 * MiB
     assert big.peak_anon >= 200 * MiB
+    assert big.cpu_seconds > 0  # the child's own CPU time (building 200 MiB), not this process's
 
 
 def test_runs_alternate_and_outputs_are_counted_then_removed(tmp_path: Path) -> None:
@@ -123,6 +124,17 @@ def test_runs_alternate_and_outputs_are_counted_then_removed(tmp_path: Path) -> 
     assert not out.exists()
 
 
+def test_a_command_that_does_not_fsync_gets_sync_inside_its_measured_run(tmp_path: Path) -> None:
+    source = tmp_path / "in.bin"
+    source.write_bytes(os.urandom(1 << 20))
+    out = tmp_path / "out"
+    argv = ("cp", str(source), str(out) + "/")
+    copy = Command("cp", "x", 1 << 20, argv, (source,), out, syncs_itself=False)
+    assert copy.durable_argv[:2] == ("sh", "-c") and copy.durable_argv[-3:] == argv
+    assert "sync" in copy.durable_argv[2]
+    assert measure(copy).bytes_out == 1 << 20
+
+
 def test_a_failing_command_is_reported_with_its_output(tmp_path: Path) -> None:
     out = tmp_path / "out"
     failing = Command("cp", "x", 0, ("cp", str(tmp_path / "missing"), str(out) + "/"), (), out)
@@ -133,7 +145,7 @@ def test_a_failing_command_is_reported_with_its_output(tmp_path: Path) -> None:
 
 def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
     def sample(tool: str, round_no: int, seconds: float) -> Sample:
-        return Sample(tool, "c", 1, round_no, seconds, 0, 0, 0)
+        return Sample(tool, "c", 1, round_no, seconds, 0.0, 0, 0, 0)
 
     samples = [sample("a", 0, 4.0), sample("b", 0, 2.0), sample("a", 1, 1.0), sample("b", 1, 1.0),
                sample("a", 2, 3.0), sample("b", 2, 2.0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..inspect import inspect
 from .common import print_json
@@ -15,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Summarise a GGUF model from its headers: architecture, trunk and NextN blocks, shards, "
         "split consistency, tensor types, per-layer kinds of hybrid models, and a one-line MTP verdict. "
         "A Hub file (hf://OWNER/REPO/path/to/file.gguf[@revision]) is read with HTTP range requests: "
-        "only header bytes are fetched.",
+        "only header bytes are fetched. Exit status 2 when the set has consistency problems.",
     )
     p.add_argument("path", help="a GGUF file, any shard of a <prefix>-NNNNN-of-NNNNN.gguf set, or hf://OWNER/REPO/...")
     p.add_argument("--tensors", action="store_true", help="list every tensor (name, type, shape, size, shard)")
@@ -29,4 +30,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary.to_dict())
     else:
         print("\n".join(summary.describe()))
-    return 0
+    if not summary.problems:
+        return 0
+    # The summary is printed either way; a set llama.cpp would refuse must not pass `inspect x && upload`.
+    more = f" (+{len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
+    print(f"gguf-mtp: error: {args.path}: inconsistent: {summary.problems[0]}{more}", file=sys.stderr)
+    return 2
