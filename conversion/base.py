@@ -365,8 +365,7 @@ class HeadModel:
         head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
         if not head:
             raise CheckpointError(
-                f"no MTP head: no tensor name starts with {self.tensor_prefix!r} "
-                f"(the checkpoint has {len(self.checkpoint.tensors)} other tensors)",
+                f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
                 self.checkpoint.folder,
             )
         quant = self.hparams.get("quantization_config") or {}
