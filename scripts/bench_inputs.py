@@ -36,6 +36,7 @@ __all__ = [
     "ensure_draft",
     "ensure_head",
     "ensure_target",
+    "head_files",
     "parse_size",
     "size_label",
 ]

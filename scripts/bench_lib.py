@@ -6,16 +6,19 @@ One run of a :class:`Command`:
    for every command: ``cold`` evicts the command's inputs (``posix_fadvise(DONTNEED)``: what
    ``drop_caches`` does, for just these files, and allowed without root: ``/proc/sys/vm/drop_caches``
    is read-only in containers such as the project's machine), ``warm`` reads them in first;
-2. the clock starts, the command runs as a subprocess, and its outputs are fsynced before the clock
-   stops: gguf-mtp fsyncs what it writes, ``cp`` and ``gguf_new_metadata.py`` do not, so the script does
-   it for them inside the timed region (otherwise they would be timed writing into memory);
+2. the clock starts, the command runs as a subprocess, and its outputs are on disk before the clock
+   stops: gguf-mtp fsyncs what it writes; ``cp`` and ``gguf_new_metadata.py`` do not, so they run as
+   ``sh -c 'COMMAND && sync OUTPUTS'`` (otherwise they would be timed writing into memory, and the
+   flush would not count in their CPU time); every output is fsynced once more before the clock stops;
 3. peak RSS is the kernel's high-water mark of each process of the command's tree (``VmHWM`` in
    ``/proc/PID/status``, summed over the processes alive at a poll), polled every 5 ms until it exits;
    the high-water mark only grows, so a poll misses at most the growth of the last 5 ms. Not
    ``ru_maxrss``: on Linux a child starts from its parent's peak (``fork`` copies the counter and
    ``exec`` keeps the larger), so ``wait4`` or ``RUSAGE_CHILDREN`` deltas would report this script's own
    memory for a small command. The peak of anonymous memory (``RssAnon``: what a tool allocates, not
-   file pages it maps) is sampled alongside.
+   file pages it maps) is sampled alongside;
+4. CPU time is the command's own user + system time, from ``wait4`` on that child (unlike
+   ``ru_maxrss``, CPU times are not inherited).
 
 Commands of one group run alternately (A B C A B C ...), so slow drifts of a shared machine hit them alike.
 """
@@ -41,12 +44,15 @@ from typing import Any
 __all__ = [
     "CACHE_MODES",
     "Command",
+    "CommandFailed",
     "Sample",
     "Summary",
+    "load_average",
     "machine_info",
     "measure",
     "median_ratio",
     "run_alternating",
+    "set_cache_state",
     "summarise",
 ]
 
@@ -66,6 +72,8 @@ class Command:
         argv: the command line.
         inputs: files whose cache state is reset before each run.
         output_dir: the folder it writes into; emptied before and after each run.
+        syncs_itself: whether the command fsyncs its outputs (gguf-mtp does); when not, it runs as
+            ``sh -c 'COMMAND && sync OUTPUTS'``, so flushing its data to disk is part of its time and CPU.
     """
 
     tool: str
@@ -75,10 +83,15 @@ class Command:
     inputs: tuple[Path, ...] = ()
     output_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    syncs_itself: bool = True
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return self.tool, self.case, self.size
+    def durable_argv(self) -> tuple[str, ...]:
+        """The command line that also leaves the outputs on disk when the command itself does not."""
+        if self.syncs_itself or self.output_dir is None:
+            return self.argv
+        script = 'out=$1; shift; "$@" && sync -- "$out"/*'
+        return ("sh", "-c", script, "sh", str(self.output_dir), *self.argv)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,7 @@ class Sample:
     size: int
     round: int
     seconds: float
+    cpu_seconds: float  # user + system time of the command's process tree
     peak_rss: int  # bytes
     peak_anon: int  # bytes
     bytes_out: int
@@ -117,11 +131,15 @@ def _preload(path: Path) -> None:
             pass
 
 
-def set_cache_state(paths: Sequence[Path], mode: str) -> None:
-    """Put ``paths`` out of (``cold``) or into (``warm``) the page cache, after syncing everything."""
+def set_cache_state(paths: Sequence[Path], mode: str, *, evict: Sequence[Path] = ()) -> None:
+    """Put ``paths`` out of (``cold``) or into (``warm``) the page cache, after syncing everything and
+    evicting ``evict`` (other big files, so that every run starts with as much free memory)."""
     if mode not in CACHE_MODES:
         raise ValueError(f"cache mode must be one of {CACHE_MODES}, not {mode!r}")
     os.sync()  # dirty pages cannot be evicted, and earlier runs' writeback must not land in this one
+    for path in evict:
+        if path.is_file():
+            _evict(path)
     for path in paths:
         (_evict if mode == "cold" else _preload)(path)
 
@@ -201,7 +219,10 @@ def _empty(folder: Path | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None) -> Sample:
+def measure(
+    command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None,
+    evict: Sequence[Path] = (),
+) -> Sample:
     """Run ``command`` once under the rules of this module and measure it.
 
     Args:
@@ -209,6 +230,8 @@ def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_fil
         cache: ``cold`` (evict its inputs first) or ``warm`` (read them in first).
         round_no: recorded in the sample, to pair runs of one round.
         log_file: where the command's stdout and stderr go (default: discarded).
+        evict: other files to drop from the page cache first (the benchmark's other inputs): without
+            that, whichever command runs first after a big one pays for reclaiming its cache.
 
     Returns:
         The :class:`Sample`; the command's outputs are deleted again.
@@ -219,18 +242,17 @@ def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_fil
     _empty(command.output_dir)
     if command.output_dir is not None:
         command.output_dir.mkdir(parents=True)
-    set_cache_state(command.inputs, cache)
+    set_cache_state(command.inputs, cache, evict=evict)
     env = {**os.environ, **command.env}
     log_path = log_file or Path(os.devnull)
     with open(log_path, "wb") as log:
         started = time.perf_counter()
-        process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        process = subprocess.Popen(command.durable_argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         sampler = _TreeSampler(process.pid)
         sampler.start()
         try:
-            # Not ru_maxrss: a child's ru_maxrss starts from its parent's peak (fork copies it, and
-            # exec keeps the larger), so it would report this script's memory, not the command's.
-            _, status = os.waitpid(process.pid, 0)
+            # CPU times from wait4 are the child's own; its ru_maxrss is not (see the module docstring).
+            _, status, usage = os.wait4(process.pid, 0)
         finally:
             sampler.stop()
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -248,6 +270,7 @@ def measure(command: Command, *, cache: str = "cold", round_no: int = 0, log_fil
         size=command.size,
         round=round_no,
         seconds=seconds,
+        cpu_seconds=usage.ru_utime + usage.ru_stime,
         peak_rss=sampler.peak_rss_kib * 1024,
         peak_anon=sampler.peak_anon_kib * 1024,
         bytes_out=bytes_out,
@@ -260,6 +283,8 @@ def run_alternating(
     repeat: int,
     cache: str,
     log_dir: Path,
+    warmup: int = 0,
+    evict: Sequence[Path] = (),
     report: Callable[[Sample], None] = lambda s: None,
 ) -> list[Sample]:
     """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...).
@@ -269,19 +294,23 @@ def run_alternating(
         repeat: rounds.
         cache: see :func:`measure`.
         log_dir: each command's output goes to ``<tool>-<case>.log`` there (the last run's).
-        report: called with each sample as soon as it is measured.
+        warmup: rounds run first and not kept (they absorb one-time costs: bytecode caches, the memory
+            the previous group's files held).
+        evict: see :func:`measure`.
+        report: called with each kept sample as soon as it is measured.
 
     Returns:
-        The samples, in the order they ran.
+        The kept samples, in the order they ran (rounds numbered from 0 after the warm-up).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     samples = []
-    for round_no in range(repeat):
+    for round_no in range(-warmup, repeat):
         for command in group:
             log_file = log_dir / f"{command.tool}-{command.case}.log"
-            sample = measure(command, cache=cache, round_no=round_no, log_file=log_file)
-            samples.append(sample)
-            report(sample)
+            sample = measure(command, cache=cache, round_no=round_no, log_file=log_file, evict=evict)
+            if round_no >= 0:
+                samples.append(sample)
+                report(sample)
     return samples
 
 
@@ -299,6 +328,7 @@ class Summary:
     median_seconds: float
     min_seconds: float
     max_seconds: float
+    median_cpu_seconds: float
     median_rss: int
     max_rss: int
     max_anon: int
@@ -327,6 +357,7 @@ def summarise(samples: Sequence[Sample]) -> list[Summary]:
             median_seconds=statistics.median(s.seconds for s in runs),
             min_seconds=min(s.seconds for s in runs),
             max_seconds=max(s.seconds for s in runs),
+            median_cpu_seconds=statistics.median(s.cpu_seconds for s in runs),
             median_rss=int(statistics.median(s.peak_rss for s in runs)),
             max_rss=max(s.peak_rss for s in runs),
             max_anon=max(s.peak_anon for s in runs),

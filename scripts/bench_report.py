@@ -71,11 +71,22 @@ def _headline_rows(results: dict[str, Any]) -> list[str]:
         if a is None or b is None:
             continue
         ratio = results["ratios"][name].get(str(size))
-        rows.append(
-            f"| {what} | {_size(size)} | {a['median_seconds']:.2f} s, {_mib(a['max_rss'])} MiB "
-            f"| {b['median_seconds']:.2f} s, {_mib(b['max_rss'])} MiB | **{_ratio(ratio)}** |"
-        )
+        rows.append(f"| {what} | {_size(size)} | {_run(a)} | {_run(b)} | **{_ratio(ratio)}** |")
     return rows
+
+
+def _run(row: dict[str, Any]) -> str:
+    return (f"{row['median_seconds']:.2f} s ({row['median_cpu_seconds']:.2f} s CPU), {_size(row['bytes_out'])} "
+            f"written, {_mib(row['max_rss'])} MiB")
+
+
+def _ratio_rows(results: dict[str, Any]) -> list[str]:
+    by_size = results["ratios"]
+    return [
+        f"| {_size(size)} | {_ratio(by_size['compose_vs_cp'].get(str(size)))} "
+        f"| {_ratio(by_size['compose_vs_gguf_new_metadata'].get(str(size)))} |"
+        for size in results["config"]["sizes"]
+    ]
 
 
 def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> str:
@@ -97,11 +108,17 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
              "the full run."), ""] if c.get("quick") else []),
         "## Headline",
         "",
-        "| comparison | input | gguf-mtp (time, peak RSS) | baseline (time, peak RSS) | time ratio |",
+        "| comparison | input | gguf-mtp (median time and CPU time, written, peak RSS) | baseline (same) "
+        "| time ratio |",
         "|---|---|---|---|---|",
         *_headline_rows(results),
         "",
-        "A time ratio is the median over rounds of gguf-mtp's time divided by the baseline's in the same round.",
+        "A time ratio is the median over rounds of gguf-mtp's time divided by the baseline's in the same round. "
+        "By target size:",
+        "",
+        "| target | compose / cp | compose / gguf_new_metadata.py |",
+        "|---|---|---|",
+        *_ratio_rows(results),
         "",
         "## Goals (issue 6)",
         "",
@@ -116,14 +133,15 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
     lines += [
         "## All results",
         "",
-        "| input | command | runs | median time | min - max | written | throughput | peak RSS (median / max) "
-        "| peak anonymous |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| input | command | runs | median time | min - max | CPU time | written | throughput "
+        "| peak RSS (median / max) | peak anonymous |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["summary"]:
         lines.append(
             f"| {_size(r['size']) if r['size'] else '-'} | {_label(r)} | {r['runs']} | {r['median_seconds']:.2f} s "
-            f"| {r['min_seconds']:.2f} - {r['max_seconds']:.2f} s | {_size(r['bytes_out']) if r['bytes_out'] else '-'} "
+            f"| {r['min_seconds']:.2f} - {r['max_seconds']:.2f} s | {r['median_cpu_seconds']:.2f} s "
+            f"| {_size(r['bytes_out']) if r['bytes_out'] else '-'} "
             f"| {_rate(r['throughput_bytes_per_s'])} | {_mib(r['median_rss'])} / {_mib(r['max_rss'])} MiB "
             f"| {_mib(r['max_anon'])} MiB |"
         )
@@ -151,10 +169,14 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
         "",
         "## Method",
         "",
-        "- Each command runs as a subprocess; the commands of one input alternate (A B C D A B C D ...).",
+        f"- Each command runs as a subprocess; the commands of one input alternate (A B C D A B C D ...), after "
+        f"{c.get('warmup', 0)} warm-up round(s) that are not kept.",
         f"- Page cache: {_cache_text(cond['cache'])}",
-        "- Every output is fsynced inside the timed region: gguf-mtp does it itself; for `cp` and "
-        "`gguf_new_metadata.py` the script fsyncs their files right after they exit.",
+        "- CPU time is the command's own user + system time (`wait4`), median over rounds: on a shared 2-CPU "
+        "machine, what a tool leaves for the rest.",
+        "- Every output is on disk before the clock stops: gguf-mtp fsyncs what it writes; `cp` and "
+        "`gguf_new_metadata.py` do not, so they run as `sh -c 'COMMAND && sync OUTPUTS'` (the flush is part of "
+        "their time and CPU time).",
         "- `cp` copies exactly the bytes compose writes (every target file and the draft) onto the same disk: "
         "on a filesystem without reflinks that is the physical limit. `gguf_new_metadata.py` can neither add "
         "tensors nor read split files, so it copies the single-file target with a new `general.name`; compose "
@@ -176,8 +198,10 @@ def _cache_text(mode: str) -> str:
     if mode == "cold":
         return ("cold for every run: all dirty data is synced and each command's inputs are evicted with "
                 "`posix_fadvise(POSIX_FADV_DONTNEED)`: what `drop_caches` does, for just those files, so it needs "
-                "no root and leaves the rest of the machine's cache alone.")
-    return "warm for every run: each command's inputs are read into the page cache first."
+                "no root and leaves the rest of the machine's cache alone. The benchmark's other inputs are evicted "
+                "too, so no command pays for reclaiming the memory an earlier one filled.")
+    return ("warm for every run: the benchmark's inputs are evicted, then each command's own inputs are read "
+            "into the page cache.")
 
 
 def write_plot(results: dict[str, Any], path: Path) -> Path:

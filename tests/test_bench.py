@@ -124,6 +124,14 @@ def test_runs_alternate_and_outputs_are_counted_then_removed(tmp_path: Path) -> 
     assert not out.exists()
 
 
+def test_warm_up_rounds_run_but_are_not_kept(tmp_path: Path) -> None:
+    tally = tmp_path / "tally"
+    count = Command("count", "x", 0, ("sh", "-c", f"echo run >> {tally}"))
+    samples = run_alternating([count], repeat=2, warmup=1, cache="cold", log_dir=tmp_path / "logs")
+    assert [s.round for s in samples] == [0, 1]
+    assert tally.read_text().count("run") == 3
+
+
 def test_a_command_that_does_not_fsync_gets_sync_inside_its_measured_run(tmp_path: Path) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(os.urandom(1 << 20))
