@@ -5,30 +5,25 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .compose_plan import CompositionPlan, plan_composition
 from .formatting import human_bytes, short
 from .kv_edit import KVOverride, parse_set_kv
-from .output import write_outputs
+from .output import WriteReport, write_outputs
 from .shards import open_model
 
 __all__ = ["ComposeReport", "compose", "plan"]
 
 
-@dataclass
-class ComposeReport:
+@dataclass(kw_only=True)
+class ComposeReport(WriteReport):
     """What a compose run did (or, with ``dry_run``, would do)."""
 
     plan: CompositionPlan
-    dry_run: bool
-    bytes_written: int = 0
-    seconds: float = 0.0
-    copy_methods: tuple[str, ...] = ()
     verification: Any = None  # a VerifyReport when compose ran with verify=True
-    notes: list[str] = field(default_factory=list)
 
     @property
     def output_paths(self) -> list[Path]:
@@ -81,10 +76,7 @@ class ComposeReport:
             "dropped": list(plan.dropped),
             "kv_changes": [c.to_dict() for c in plan.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "copy_methods": list(self.copy_methods),
-            "notes": list(self.notes),
+            **self.write_fields(),
         }
         if self.verification is not None:
             result["verification"] = self.verification.to_dict()
@@ -164,7 +156,7 @@ def compose(
     """
     started = time.perf_counter()
     composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename)
-    report = ComposeReport(composition, dry_run)
+    report = ComposeReport(plan=composition, dry_run=dry_run)
     if composition.dropped:
         report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
     if dry_run:
@@ -177,8 +169,7 @@ def compose(
         progress=progress,
         desc="compose",
     )
-    report.bytes_written = stats.bytes_written
-    report.copy_methods = stats.copy_methods
+    report.record(stats)
     if verify:
         from .verify import verify as verify_composite
 

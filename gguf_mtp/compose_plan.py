@@ -47,13 +47,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PlannedFile:
-    """One output file of a plan."""
+    """One output file of a plan (compose, strip), derived from one source file."""
 
     output: OutputFile
-    source: Path  # the target file it is derived from
+    source: Path  # the file it is derived from
     tensors: tuple[TensorInfo, ...]
-    added_tensors: tuple[str, ...]
     kv_changes: tuple[KVChange, ...]
+    added_tensors: tuple[str, ...] = ()
+    removed_tensors: tuple[str, ...] = ()
+    moved_tensors: tuple[str, ...] = ()  # tensors whose data offset changed (they followed removed data)
 
     @property
     def path(self) -> Path:
@@ -65,6 +67,8 @@ class PlannedFile:
             "source": str(self.source),
             "tensors": len(self.tensors),
             "added_tensors": list(self.added_tensors),
+            "removed_tensors": list(self.removed_tensors),
+            "moved_tensors": list(self.moved_tensors),
             "kv_changes": [c.to_dict() for c in self.kv_changes],
             "bytes": self.output.size,
         }
@@ -402,7 +406,7 @@ def plan_composition(
             added = [t.name for t in infos]
         head = serialize_header(header.version, kvs, tensors, header.alignment)
         output = OutputFile(final, (Bytes(head), *data))
-        files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(added), tuple(changes)))
+        files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(changes), added_tensors=tuple(added)))
 
     return CompositionPlan(
         target=target,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, KeyValue, align_up, encode_kv, parse_header
 from .hub_checkpoint import HubCheckpoint, download_head, is_repo_id
 from .kv_edit import INT_RANGES, check_int
-from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
+from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .safetensors_io import Checkpoint, open_checkpoint, read_config
 from .shards import ShardSet, open_model
 
@@ -348,17 +348,12 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
     raise CheckpointError("no such folder, and not a Hub repo id (owner/name)", text)
 
 
-@dataclass
-class ConvertReport:
+@dataclass(kw_only=True)
+class ConvertReport(WriteReport):
     """What a convert run did (or, with ``dry_run``, would do)."""
 
     plan: ConversionPlan
-    dry_run: bool
-    bytes_written: int = 0
-    seconds: float = 0.0
-    copy_methods: tuple[str, ...] = ()
     download: HubCheckpoint | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def output(self) -> Path:
@@ -393,9 +388,7 @@ class ConvertReport:
             "tensors": [t.to_dict() for t in plan.tensors],
             "kvs": [_kv_dict(kv) for kv in plan.kvs],
             "bytes_to_write": plan.bytes_to_write,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "copy_methods": list(self.copy_methods),
+            **self.write_fields(),
             "notes": [*plan.notes, *self.notes],
         }
 
@@ -496,11 +489,10 @@ def convert(
         checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
         standalone=standalone,
     )
-    report = ConvertReport(plan, dry_run, download=download)
+    report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
     if not dry_run:
         stats = write_outputs([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert")
-        report.bytes_written = stats.bytes_written
-        report.copy_methods = stats.copy_methods
+        report.record(stats)
     report.seconds = time.perf_counter() - started
     return report
 

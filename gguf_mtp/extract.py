@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from .constants import (
 from .errors import BadGGUFError, NoNextNBlockError
 from .formatting import human_bytes
 from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header, serialize_header
-from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
+from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
 __all__ = [
@@ -266,16 +266,11 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
     )
 
 
-@dataclass
-class ExtractReport:
+@dataclass(kw_only=True)
+class ExtractReport(WriteReport):
     """What an extract run did (or, with ``dry_run``, would do)."""
 
     plan: ExtractionPlan
-    dry_run: bool
-    bytes_written: int = 0
-    seconds: float = 0.0
-    copy_methods: tuple[str, ...] = ()
-    notes: list[str] = field(default_factory=list)
 
     @property
     def output(self) -> Path:
@@ -291,10 +286,7 @@ class ExtractReport:
             "architecture": plan.source.arch,
             **plan.to_dict(),
             "bytes_to_write": plan.output.size,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "copy_methods": list(self.copy_methods),
-            "notes": list(self.notes),
+            **self.write_fields(),
         }
 
     def describe(self) -> list[str]:
@@ -365,10 +357,9 @@ def extract(
     started = time.perf_counter()
     model = open_model(source)
     plan = plan_extraction(model, output, standalone=standalone)
-    report = ExtractReport(plan, dry_run, notes=list(_notes(plan)))
+    report = ExtractReport(plan=plan, dry_run=dry_run, notes=list(_notes(plan)))
     if not dry_run:
         stats = write_outputs([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract")
-        report.bytes_written = stats.bytes_written
-        report.copy_methods = stats.copy_methods
+        report.record(stats)
     report.seconds = time.perf_counter() - started
     return report

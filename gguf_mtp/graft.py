@@ -18,7 +18,7 @@ import hashlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from .errors import IncompatibleDraftError
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
 from .formatting import human_bytes, short
 from .gguf_header import KeyValue
-from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
+from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 from .verify import VerifyReport
 from .verify import verify as verify_composite
@@ -217,17 +217,12 @@ def plan_graft(
     return GraftPlan(source, target, extraction, dataclasses.replace(composition, files=files), tuple(notes))
 
 
-@dataclass
-class GraftReport:
+@dataclass(kw_only=True)
+class GraftReport(WriteReport):
     """What a graft run did (or, with ``dry_run``, would do)."""
 
     plan: GraftPlan
-    dry_run: bool
-    bytes_written: int = 0
-    seconds: float = 0.0
-    copy_methods: tuple[str, ...] = ()
     verification: VerifyReport | None = None  # None when not verified
-    notes: list[str] = field(default_factory=list)
 
     @property
     def output_paths(self) -> list[Path]:
@@ -260,10 +255,7 @@ class GraftReport:
             ],
             "kv_changes": [c.to_dict() for c in composition.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "copy_methods": list(self.copy_methods),
-            "notes": list(self.notes),
+            **self.write_fields(),
             "ok": self.ok,
         }
         if self.verification is not None:
@@ -342,15 +334,14 @@ def graft(
     started = time.perf_counter()
     donor, receiver = open_model(source), open_model(target)
     plan = plan_graft(donor, receiver, output_dir, basename=basename)
-    report = GraftReport(plan, dry_run, notes=list(plan.notes))
+    report = GraftReport(plan=plan, dry_run=dry_run, notes=list(plan.notes))
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report
     stats = write_outputs(
         plan.outputs, inputs=[*donor.paths, *receiver.paths], force=force, progress=progress, desc="graft"
     )
-    report.bytes_written = stats.bytes_written
-    report.copy_methods = stats.copy_methods
+    report.record(stats)
     if verify:
         # The NextN bytes are not compared here: verify's draft is a file, and the plan copies them verbatim.
         report.verification = verify_composite(

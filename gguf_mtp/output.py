@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ __all__ = [
     "Generated",
     "OutputFile",
     "Segment",
+    "WriteReport",
+    "WriteStats",
     "Zeros",
     "check_outputs",
     "copy_method",
@@ -285,6 +287,34 @@ class WriteStats:
     bytes_written: int
     seconds: float
     copy_methods: tuple[str, ...]
+
+
+@dataclass
+class WriteReport:
+    """What every command that writes files reports: a dry run or not, bytes written, time, how copied.
+
+    The command reports (compose, convert, extract, strip, graft) extend it with their plan.
+    """
+
+    dry_run: bool = False
+    bytes_written: int = 0
+    seconds: float = 0.0
+    copy_methods: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    def record(self, stats: WriteStats) -> None:
+        """Take the figures of a finished :func:`write_outputs`."""
+        self.bytes_written = stats.bytes_written
+        self.copy_methods = stats.copy_methods
+
+    def write_fields(self) -> dict[str, Any]:
+        """The shared part of the ``--json`` report."""
+        return {
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "copy_methods": list(self.copy_methods),
+            "notes": list(self.notes),
+        }
 
 
 def write_outputs(

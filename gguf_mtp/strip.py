@@ -20,50 +20,23 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gguf import GGUFValueType
 
-from .compose_plan import per_layer_keys
+from .compose_plan import PlannedFile, per_layer_keys
 from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from .errors import BadGGUFError
 from .extract import NextNBlocks, find_nextn_blocks
 from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
 from .kv_edit import KVChange, apply_kv_edits, with_int_value
-from .output import Bytes, CopyRange, OutputFile, Segment, Zeros, write_outputs
+from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
-__all__ = ["StripPlan", "StripReport", "StrippedFile", "plan_strip", "strip"]
-
-
-@dataclass(frozen=True)
-class StrippedFile:
-    """One output file of a strip: a source shard without its NextN tensors."""
-
-    output: OutputFile
-    source: Path
-    tensors: tuple[TensorInfo, ...]
-    removed_tensors: tuple[str, ...]
-    moved_tensors: tuple[str, ...]  # tensors whose data offset changed (they followed NextN data)
-    kv_changes: tuple[KVChange, ...]
-
-    @property
-    def path(self) -> Path:
-        return self.output.path
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "source": str(self.source),
-            "tensors": len(self.tensors),
-            "removed_tensors": list(self.removed_tensors),
-            "moved_tensors": list(self.moved_tensors),
-            "kv_changes": [c.to_dict() for c in self.kv_changes],
-            "bytes": self.output.size,
-        }
+__all__ = ["StripPlan", "StripReport", "plan_strip", "strip"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +45,7 @@ class StripPlan:
 
     source: ShardSet
     nextn: NextNBlocks
-    files: tuple[StrippedFile, ...]
+    files: tuple[PlannedFile, ...]
 
     @property
     def outputs(self) -> list[OutputFile]:
@@ -103,9 +76,7 @@ def _model_kv_edits(model: ShardSet, trunk: int) -> dict[str, KeyValue | None]:
     return edits
 
 
-def _shard_layout(
-    header: GGUFHeader, removed: frozenset[str]
-) -> tuple[list[TensorInfo], list[Segment], list[str]]:
+def _shard_layout(header: GGUFHeader, removed: frozenset[str]) -> tuple[list[TensorInfo], list[Segment], list[str]]:
     """(tensor table, data segments, moved tensor names) of one shard without the ``removed`` tensors.
 
     llama.cpp reads a data section densely: each tensor at the previous one's end rounded up to the
@@ -162,7 +133,7 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
     removed = nextn.names
     model_edits = _model_kv_edits(source, trunk)
     output_dir = Path(output_dir)
-    files: list[StrippedFile] = []
+    files: list[PlannedFile] = []
     for index, header in enumerate(source.headers):
         final = output_dir / Path(header.path).name
         edits = dict(model_edits) if index == 0 else {}
@@ -173,7 +144,7 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
         tensors, segments, moved = _shard_layout(header, removed)
         head = serialize_header(header.version, kvs, tensors, header.alignment)
         files.append(
-            StrippedFile(
+            PlannedFile(
                 output=OutputFile(final, (Bytes(head), *segments)),
                 source=Path(header.path),
                 tensors=tuple(tensors),
@@ -185,16 +156,11 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
     return StripPlan(source, nextn, tuple(files))
 
 
-@dataclass
-class StripReport:
+@dataclass(kw_only=True)
+class StripReport(WriteReport):
     """What a strip run did (or, with ``dry_run``, would do)."""
 
     plan: StripPlan
-    dry_run: bool
-    bytes_written: int = 0
-    seconds: float = 0.0
-    copy_methods: tuple[str, ...] = ()
-    notes: list[str] = field(default_factory=list)
 
     @property
     def output_paths(self) -> list[Path]:
@@ -217,10 +183,7 @@ class StripReport:
             },
             "kv_changes": [c.to_dict() for c in plan.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
-            "bytes_written": self.bytes_written,
-            "seconds": round(self.seconds, 3),
-            "copy_methods": list(self.copy_methods),
-            "notes": list(self.notes),
+            **self.write_fields(),
         }
 
     def describe(self) -> list[str]:
@@ -279,7 +242,7 @@ def strip(
     started = time.perf_counter()
     model = open_model(source)
     plan = plan_strip(model, output_dir)
-    report = StripReport(plan, dry_run)
+    report = StripReport(plan=plan, dry_run=dry_run)
     if not plan.removed:
         report.notes.append(
             f"no NextN tensors were present ({plan.nextn.describe()} was declared but empty): only the metadata "
@@ -287,7 +250,6 @@ def strip(
         )
     if not dry_run:
         stats = write_outputs(plan.outputs, inputs=model.paths, force=force, progress=progress, desc="strip")
-        report.bytes_written = stats.bytes_written
-        report.copy_methods = stats.copy_methods
+        report.record(stats)
     report.seconds = time.perf_counter() - started
     return report
