@@ -26,6 +26,9 @@ __all__ = [
     "NEMOTRON_H_MOE",
     "TinyFamily",
     "TinyHparams",
+    "block_tensors",
+    "matrix_type",
+    "tensor_role",
     "write_draft",
     "write_target",
 ]
@@ -277,7 +280,8 @@ def _kinds(pattern: str) -> list[str]:
     return [("nextn" if c == "+" else c) for c in pattern]
 
 
-def _matrix_type(role: str, quant: str | GGMLQuantizationType) -> GGMLQuantizationType:
+def matrix_type(role: str, quant: str | GGMLQuantizationType) -> GGMLQuantizationType:
+    """The type a matrix of ``role`` (``attn_q``, ``ffn_up_exps``, ...) gets under ``quant``."""
     if quant == "mixed":
         return _MIXED.get(role, Q.Q8_0)
     return Q[quant] if isinstance(quant, str) else quant
@@ -330,7 +334,8 @@ def _add_tensor(
         writer.add_tensor(name, _quant_payload(shape, qtype, rng), raw_dtype=qtype)
 
 
-def _block_tensors(family: TinyFamily, kind: str, bid: int, hp: TinyHparams) -> list[tuple[str, tuple[int, ...], str]]:
+def block_tensors(family: TinyFamily, kind: str, bid: int, hp: TinyHparams) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape in ggml order, kind) of every tensor of block ``bid`` of ``kind`` (``M``, ``*``, ``E``...)."""
     dims = _dims(hp)
     return [
         (f"blk.{bid}.{suffix}", tuple(dims[d] for d in shape), kind_)
@@ -338,7 +343,8 @@ def _block_tensors(family: TinyFamily, kind: str, bid: int, hp: TinyHparams) -> 
     ]
 
 
-def _role(name: str) -> str:
+def tensor_role(name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``attn_q``."""
     rest = name.split(".", 2)[2] if name.startswith("blk.") else name
     return rest.removesuffix(".weight")
 
@@ -364,7 +370,7 @@ def _write(
     if globals_:
         tensors.append(("token_embd.weight", (hp.n_embd, hp.n_vocab), "matrix"))
     for bid, kind in blocks:
-        tensors += _block_tensors(family, kind, bid, hp)
+        tensors += block_tensors(family, kind, bid, hp)
     if globals_:
         tensors.append(("output_norm.weight", (hp.n_embd,), "one"))
         tensors.append(("output.weight", (hp.n_embd, hp.n_vocab), "matrix"))
@@ -381,7 +387,7 @@ def _write(
         writer.add_array(f"{family.arch}.{suffix}", values)
     writer.add_file_type(1)
     for name, shape, kind in tensors:
-        _add_tensor(writer, name, shape, kind, _matrix_type(_role(name), quant), rng)
+        _add_tensor(writer, name, shape, kind, matrix_type(tensor_role(name), quant), rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -26,7 +26,7 @@ from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
 
 # The tiny-model builders know the nemotron_h_moe block layout and its KV set; the benchmark reuses
 # that knowledge rather than keeping a second copy (they are private because only fixtures need them).
-from gguf_mtp.tiny_models import NEMOTRON_H_MOE, TinyHparams, _block_tensors, _matrix_type, _role, write_draft
+from gguf_mtp.tiny_models import NEMOTRON_H_MOE, TinyHparams, block_tensors, matrix_type, tensor_role, write_draft
 
 __all__ = [
     "NEMOTRON_SUPER_PATTERN",
@@ -124,10 +124,10 @@ def _tensor_table(pattern: str, hp: TinyHparams) -> list[tuple[str, tuple[int, .
     """Names, ggml shapes and types of a trunk-only target, in file order, as the tiny models have them."""
     entries = [("token_embd.weight", (hp.n_embd, hp.n_vocab), "matrix")]
     for bid, kind in enumerate(pattern):
-        entries += _block_tensors(NEMOTRON_H_MOE, kind, bid, hp)
+        entries += block_tensors(NEMOTRON_H_MOE, kind, bid, hp)
     entries += [("output_norm.weight", (hp.n_embd,), "one"), ("output.weight", (hp.n_embd, hp.n_vocab), "matrix")]
     return [
-        (name, shape, _matrix_type(_role(name), "mixed") if kind == "matrix" else GGMLQuantizationType.F32)
+        (name, shape, matrix_type(tensor_role(name), "mixed") if kind == "matrix" else GGMLQuantizationType.F32)
         for name, shape, kind in entries
     ]
 
