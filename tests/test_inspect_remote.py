@@ -41,6 +41,7 @@ class Served:
     byte_range: str | None
     authorization: str | None
     sent: int = 0
+    done: threading.Event = field(default_factory=threading.Event, repr=False)  # set once the reply is over
 
 
 @dataclass
@@ -69,13 +70,21 @@ class HubStandIn:
     def authorization(self) -> list[str | None]:
         return [r.authorization for r in self.log]
 
+    def _finished(self) -> list[Served]:
+        """Every record, once its handler thread is done: the client may have its bytes before the
+        server thread has counted them."""
+        log = list(self.log)
+        for record in log:
+            record.done.wait(5)
+        return log
+
     @property
     def total_sent(self) -> int:
-        return sum(r.sent for r in self.log)
+        return sum(r.sent for r in self._finished())
 
     def sent(self, name: str) -> int:
         """Body bytes sent for the file called ``name`` since the last reset."""
-        return sum(r.sent for r in self.log if r.path.endswith("/" + name))
+        return sum(r.sent for r in self._finished() if r.path.endswith("/" + name))
 
     def reset(self) -> None:
         # A new list: a late writer of an earlier test updates its own, now forgotten, record.
@@ -120,6 +129,12 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             record = Served(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
             with hub.lock:
                 hub.log.append(record)
+            try:
+                self._reply(record, head)
+            finally:
+                record.done.set()
+
+        def _reply(self, record: Served, head: bool) -> None:
             file = self._file()
             if file == Path("answered"):
                 return
