@@ -16,10 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import huggingface_hub
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import errors as hf_errors
-from huggingface_hub.file_download import _CACHED_NO_EXIST
+from huggingface_hub import constants as hf_constants  # cheap; the download stack is imported on first use
 
 from .errors import CheckpointError, HubError
 from .safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_index
@@ -51,6 +48,9 @@ def _offline() -> bool:
 @contextmanager
 def _hub_errors(repo_id: str, revision: str | None, what: str) -> Iterator[None]:
     """Turn huggingface_hub's exceptions into one clear HubError line."""
+    import huggingface_hub
+    from huggingface_hub import errors as hf_errors
+
     at = f"@{revision}" if revision else ""
     try:
         yield
@@ -101,6 +101,8 @@ def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "m
         HubError: offline without a cached copy, no access (token, gated repo), unknown revision.
         CheckpointError: the index lists no ``mtp.*`` tensor (the checkpoint has no MTP head).
     """
+    import huggingface_hub
+
     with _hub_errors(repo_id, revision, CONFIG_NAME):
         huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
     with _hub_errors(repo_id, revision, INDEX_NAME):
@@ -121,6 +123,10 @@ def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "m
 
 def _download_index(repo_id: str, revision: str | None) -> str | None:
     """The index file, or ``None`` when the repo has none (a single-file checkpoint)."""
+    import huggingface_hub
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub.file_download import _CACHED_NO_EXIST
+
     try:
         return huggingface_hub.hf_hub_download(repo_id, INDEX_NAME, revision=revision)
     except hf_errors.RemoteEntryNotFoundError:

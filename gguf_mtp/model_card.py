@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gguf import Keys
-from huggingface_hub import ModelCardData
 
 from .constants import BLOCK_TENSOR
 from .digests import FileDigest
@@ -126,6 +125,8 @@ def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
     relation = "quantized" if base_model else None
     if base_model is None and provenance.target_repo:
         base_model = provenance.target_repo  # a GGUF repo: let the Hub work out the relation
+    from huggingface_hub import ModelCardData  # imported here: the Hub stack is not needed for anything else
+
     data = ModelCardData(
         base_model=base_model,
         base_model_relation=relation,

@@ -16,18 +16,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx2
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import get_session, hf_hub_url
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+from huggingface_hub import constants as hf_constants  # cheap; the HTTP stack is imported on first use
 
 from .errors import HubError
 
@@ -113,6 +102,8 @@ class HubFile:
 
     def url(self) -> str:
         """The ``resolve`` URL of the file on the current endpoint (``HF_ENDPOINT``, read at call time)."""
+        from huggingface_hub import hf_hub_url
+
         return hf_hub_url(
             self.repo_id, self.path_in_repo, repo_type=self.repo_type, revision=self.revision, endpoint=_endpoint()
         )
@@ -196,6 +187,8 @@ def _get_range(hub_file: HubFile, url: str, start: int, length: int) -> tuple[by
             "HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header; unset it, or inspect a local copy",
             str(hub_file),
         )
+    from huggingface_hub.utils import build_hf_headers
+
     headers = build_hf_headers()
     headers["Range"] = f"bytes={start}-{start + length - 1}"
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
@@ -216,6 +209,10 @@ class _Retry(Exception):
 
 
 def _request(hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int) -> tuple[bytes, int, int]:
+    import httpx2
+    from huggingface_hub import get_session
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
     timeout = httpx2.Timeout(float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) * 3)
     try:
         with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as response:
@@ -271,6 +268,15 @@ def _read_body(hub_file: HubFile, response: Any, start: int, length: int) -> tup
 
 
 def _raise_for_status(hub_file: HubFile, response: Any) -> None:
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import hf_raise_for_status
+
     name = str(hub_file)
     try:
         hf_raise_for_status(response)
