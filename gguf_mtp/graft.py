@@ -343,9 +343,9 @@ def graft(
     )
     report.record(stats)
     if verify:
-        # The NextN bytes are not compared here: verify's draft is a file, and the plan copies them verbatim.
+        # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
         report.verification = verify_composite(
-            plan.output_paths[0], target=receiver.paths[0], llama=llama, progress=progress
+            plan.output_paths[0], target=receiver.paths[0], draft=donor.paths[0], llama=llama, progress=progress
         )
     report.seconds = time.perf_counter() - started
     return report

@@ -365,15 +365,32 @@ def _compare_tensors(
     return result
 
 
+def _nextn_start(draft: ShardSet) -> int | None:
+    """Where the NextN blocks of a whole model with MTP start (a graft source given as the draft)."""
+    try:
+        nextn, trunk = draft.nextn_predict_layers, draft.trunk_block_count
+    except GGUFMTPError:
+        return None
+    return trunk if nextn and any(b < trunk for b in draft.block_indices()) else None
+
+
 def _draft_renames(draft: ShardSet, block: int) -> tuple[dict[str, str], list[str]]:
     """Draft block tensor -> name in the composite (blk.0 -> blk.N, or blk.N kept), and the globals
-    the composite does not carry (it uses the target's)."""
+    the composite does not carry (it uses the target's). A whole model with NextN blocks (what graft
+    takes them from) counts as the draft of its NextN blocks only."""
     renames: dict[str, str] = {}
     dropped: list[str] = []
+    start = _nextn_start(draft)
     blocks = sorted({int(m["block"]) for _, t in draft.iter_tensors() if (m := BLOCK_TENSOR.match(t.name))})
-    shift = block - blocks[0] if blocks and blocks[0] == 0 else 0
+    if start is not None:
+        blocks = [b for b in blocks if b >= start]
+    shift = block - blocks[0] if blocks and blocks[0] in (0, start) else 0
     for _, tensor in draft.iter_tensors():
         match = BLOCK_TENSOR.match(tensor.name)
+        if match and start is not None and int(match["block"]) < start:
+            continue  # a trunk block of the source model: the target's trunk is what the composite has
+        if start is not None and not match:
+            continue  # its globals belong to the source model, not to the NextN block
         if match:
             renames[tensor.name] = f"blk.{int(match['block']) + shift}.{match['rest']}"
         elif tensor.name in DRAFT_GLOBAL_TENSORS:
@@ -506,7 +523,8 @@ def verify(
             ``{arch}.nextn_predict_layers``, the per-layer arrays (extended; the trunk's entries
             equal) and ``split.tensors.count``.
         draft: the MTP draft: every one of its block tensors must be in the composite (``blk.0``
-            renamed to ``blk.N``), bytes identical.
+            renamed to ``blk.N``), bytes identical; or a whole model with NextN blocks (a graft
+            source): then its NextN blocks' tensors.
         llama: load the composite with llama.cpp and run one MTP decode step: ``True`` (fail when
             llama-cpp-python is missing), ``False`` (skip), ``None`` (when installed).
         progress: a progress bar over the bytes compared (stderr, only on a terminal).

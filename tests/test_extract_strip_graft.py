@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, reader_kvs, reader_tensors, rewrite_gguf, shard_files
+from helpers import copy_model, file_hashes, flip_byte, reader_kvs, reader_tensors, rewrite_gguf, shard_files
 
 from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, compose, open_model
 from gguf_mtp.errors import NoNextNBlockError
@@ -17,6 +17,7 @@ from gguf_mtp.llama_check import check_with_llama
 from gguf_mtp.output import Bytes, CopyRange, Zeros
 from gguf_mtp.strip import strip
 from gguf_mtp.tiny_models import GLM4MOE, NEMOTRON_H_MOE, TinyFamily, add_raw_kvs, with_hparams, write_target
+from gguf_mtp.verify import verify
 
 FAMILIES = {"nemotron_h_moe": NEMOTRON_H_MOE, "glm4moe": GLM4MOE}
 TOKENS = "tokenizer.ggml.tokens"
@@ -446,6 +447,24 @@ def test_graft_reads_nextn_bytes_straight_from_the_source_without_a_temporary_dr
     sources = {s for output in report.plan.outputs for s in output.sources}
     assert sources == {*shard_files(donor), *shard_files(receiver)}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in report.output_paths)
+
+
+def test_graft_verification_compares_the_nextn_bytes_with_the_source(
+    donor_and_receiver: tuple[Path, Path], tmp_path: Path
+) -> None:
+    donor, receiver = donor_and_receiver
+    report = graft(donor, receiver, tmp_path / "out", llama=False, progress=False)
+    assert report.ok and report.verification is not None
+    draft_check = report.verification.check("draft tensors")
+    assert draft_check.ok and f"{len(_nextn_names(donor))} draft block tensors" in draft_check.detail
+    # and it would notice a NextN byte that differs from the source's
+    composite = copy_model(report.output_paths[0], tmp_path / "flipped")
+    last = shard_files(composite)[-1]
+    header = read_header(last)
+    nextn = next(t for t in header.tensors if t.name in _nextn_names(donor))
+    flip_byte(last, header.data_offset + nextn.offset)
+    again = verify(composite, target=receiver, draft=donor, llama=False, progress=False)
+    assert again.check("draft tensors").ok is False and nextn.name in again.check("draft tensors").detail
 
 
 @pytest.mark.llama
