@@ -37,6 +37,7 @@ from .shards import ShardSet
 
 __all__ = [
     "CompositionPlan",
+    "FilesPlan",
     "KVChange",
     "PlannedFile",
     "per_layer_keys",
@@ -74,17 +75,10 @@ class PlannedFile:
         }
 
 
-@dataclass(frozen=True)
-class CompositionPlan:
-    """Everything a compose run will write."""
+class FilesPlan:
+    """What every plan made of :class:`PlannedFile` s offers (compose, strip)."""
 
-    target: ShardSet
-    draft: ShardSet
-    block: int  # index of the first NextN block in the composite (= the target's trunk block count)
-    nextn_blocks: int
     files: tuple[PlannedFile, ...]
-    renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
-    dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
 
     @property
     def outputs(self) -> list[OutputFile]:
@@ -97,6 +91,19 @@ class CompositionPlan:
     @property
     def bytes_to_write(self) -> int:
         return sum(f.output.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class CompositionPlan(FilesPlan):
+    """Everything a compose run will write."""
+
+    target: ShardSet
+    draft: ShardSet
+    block: int  # index of the first NextN block in the composite (= the target's trunk block count)
+    nextn_blocks: int
+    files: tuple[PlannedFile, ...]
+    renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
+    dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
 
 
 def vocab_size(model: ShardSet | GGUFHeader) -> int | None:

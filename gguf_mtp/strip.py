@@ -26,13 +26,13 @@ from typing import Any
 
 from gguf import GGUFValueType
 
-from .compose_plan import PlannedFile, per_layer_keys
+from .compose_plan import FilesPlan, PlannedFile, per_layer_keys
 from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from .errors import BadGGUFError
 from .extract import NextNBlocks, find_nextn_blocks
 from .formatting import human_bytes, short
 from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
-from .kv_edit import KVChange, apply_kv_edits, with_int_value
+from .kv_edit import apply_kv_edits, with_int_value
 from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
@@ -40,7 +40,7 @@ __all__ = ["StripPlan", "StripReport", "plan_strip", "strip"]
 
 
 @dataclass(frozen=True)
-class StripPlan:
+class StripPlan(FilesPlan):
     """Everything a strip run will write."""
 
     source: ShardSet
@@ -48,20 +48,8 @@ class StripPlan:
     files: tuple[PlannedFile, ...]
 
     @property
-    def outputs(self) -> list[OutputFile]:
-        return [f.output for f in self.files]
-
-    @property
     def removed(self) -> list[str]:
         return [name for f in self.files for name in f.removed_tensors]
-
-    @property
-    def kv_changes(self) -> list[KVChange]:
-        return [c for f in self.files for c in f.kv_changes]
-
-    @property
-    def bytes_to_write(self) -> int:
-        return sum(f.output.size for f in self.files)
 
 
 def _model_kv_edits(model: ShardSet, trunk: int) -> dict[str, KeyValue | None]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +89,20 @@ def rewrite_gguf(
         fin.seek(header.data_offset)
         shutil.copyfileobj(fin, fout)
     return dst
+
+
+@contextmanager
+def no_hang(seconds: float = 60) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the body runs longer than ``seconds`` — e.g. opening a
+    named pipe that has no writer, or a loop over an absurd count."""
+
+    def hung(signum: int, frame: object) -> None:
+        raise AssertionError(f"still running after {seconds} s: a hang")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -4,17 +4,15 @@ inputs as they were. ``inspect`` and ``verify`` report the same files without a 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import no_hang
 from malformed import CORPUS, Inputs, Malformed, Sources, build_sources
 
 from gguf_mtp.cli import main
@@ -30,21 +28,6 @@ BY_NAME = {case.name: case for case in CORPUS}
 def sources(tmp_path_factory: pytest.TempPathFactory) -> Sources:
     return build_sources(tmp_path_factory.mktemp("corpus-sources"))
 
-
-@contextlib.contextmanager
-def no_hang(seconds: int = 60) -> Iterator[None]:
-    """Turn a hang (say, opening a named pipe that has no writer) into a test failure."""
-
-    def hung(signum: int, frame: object) -> None:
-        raise AssertionError(f"gguf-mtp still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

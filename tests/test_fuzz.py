@@ -14,20 +14,19 @@ The number of examples per test is small by default (the file runs in seconds); 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
-import signal
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from helpers import no_hang
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from malformed import SMALL, TRUNK
@@ -66,21 +65,6 @@ def fuzz_settings(default_examples: int) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
 
-
-@contextlib.contextmanager
-def no_hang(seconds: int = HANG_SECONDS) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the body runs longer than ``seconds``."""
-
-    def hung(signum: int, frame: object) -> None:
-        raise AssertionError(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # ------------------------------------------------------------------------------------ value strategies
@@ -415,7 +399,7 @@ def check_composite(model: FuzzModel, target: Path, draft: Path, out: Path) -> N
 @fuzz_settings(40)
 @given(model=fuzz_models())
 def test_random_valid_models_compose_byte_exactly(model: FuzzModel) -> None:
-    with tempfile.TemporaryDirectory() as tmp, no_hang():
+    with tempfile.TemporaryDirectory() as tmp, no_hang(HANG_SECONDS):
         folder = Path(tmp)
         target, draft = model.write(folder / "in")
         for path in [*open_model(target).paths, draft]:
@@ -524,7 +508,7 @@ def test_damaged_header_parses_or_fails_cleanly(seeds: Seeds, data: st.DataObjec
     original = seeds.target if which == "target" else seeds.draft
     end = seeds.target_header_end if which == "target" else seeds.draft_header_end
     mutant = data.draw(mutations(original, end))
-    with no_hang():
+    with no_hang(HANG_SECONDS):
         try:
             header = parse_bytes(mutant, "mutant.gguf")
         except GGUFMTPError as e:
@@ -547,7 +531,7 @@ def test_damaged_random_model_parses_or_fails_cleanly(model: FuzzModel, data: st
     original = model.shards[0].to_bytes()
     end = len(serialize_header(model.shards[0].version, model.shards[0].kvs, model.shards[0].tensors, 1))
     mutant = data.draw(mutations(original, end))
-    with no_hang():
+    with no_hang(HANG_SECONDS):
         try:
             header = parse_bytes(mutant, "mutant.gguf")
         except GGUFMTPError as e:
@@ -566,7 +550,7 @@ def test_damaged_inputs_compose_or_fail_cleanly_and_write_nothing_on_failure(
     damage_target = data.draw(st.booleans())
     target = data.draw(mutations(seeds.target, seeds.target_header_end)) if damage_target else seeds.target
     draft = seeds.draft if damage_target else data.draw(mutations(seeds.draft, seeds.draft_header_end))
-    with tempfile.TemporaryDirectory() as tmp, no_hang():
+    with tempfile.TemporaryDirectory() as tmp, no_hang(HANG_SECONDS):
         folder = Path(tmp)
         (folder / "in").mkdir()
         (folder / "in" / "seed.gguf").write_bytes(target)

@@ -79,32 +79,23 @@ def hf_home(tmp_path_factory: pytest.TempPathFactory, target_repo: Path, head_ch
     return home
 
 
-def run_cli(work: Path, hf_home: Path, *extra: str) -> dict:
-    """Run ``python -m gguf_mtp pipeline`` offline against the prepared Hub cache; returns its JSON report."""
+def pipeline_process(work: Path, hf_home: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``python -m gguf_mtp pipeline`` run offline against the Hub cache in ``hf_home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GGUF_MTP_DISABLE_PROGRESS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gguf_mtp",
-            "pipeline",
-            "--target-repo",
-            TARGET_REPO,
-            "--target-files",
-            PATTERN,
-            "--head-repo",
-            HEAD_REPO,
-            "--work-dir",
-            str(work),
-            "--json",
-            *extra,
-        ],
+    argv = ["pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN, "--head-repo", HEAD_REPO]
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", *argv, "--work-dir", str(work), *extra],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
+
+
+def run_cli(work: Path, hf_home: Path, *extra: str) -> dict:
+    """Run the pipeline against the prepared Hub cache; returns its JSON report."""
+    proc = pipeline_process(work, hf_home, "--json", *extra)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -246,28 +237,7 @@ def test_offline_run_with_a_remembered_listing_needs_only_the_shard_set_cached(
 
 
 def test_offline_without_the_files_in_the_cache_is_one_line(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env |= {"HF_HOME": str(tmp_path / "empty-home"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gguf_mtp",
-            "pipeline",
-            "--target-repo",
-            TARGET_REPO,
-            "--target-files",
-            PATTERN,
-            "--head-repo",
-            HEAD_REPO,
-            "--work-dir",
-            str(tmp_path / "work"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    proc = pipeline_process(tmp_path / "work", tmp_path / "empty-home")
     assert proc.returncode == 2
     assert proc.stderr.startswith("gguf-mtp: error:") and proc.stderr.strip().count("\n") == 0
     assert TARGET_REPO in proc.stderr
