@@ -17,9 +17,13 @@ BF16 out) are copied by the kernel instead of passing through numpy.
 from __future__ import annotations
 
 import io
+import itertools
+import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -48,6 +52,9 @@ from gguf_mtp.shards import ShardSet
 __all__ = [
     "FILE_TYPES",
     "FLOAT_DTYPES",
+    "LLAMA_MAX_EXPERTS",
+    "LLAMA_MAX_LAYERS",
+    "MAX_WIDTH",
     "OUTTYPES",
     "ExpertStack",
     "HeadGGUFWriter",
@@ -55,6 +62,9 @@ __all__ = [
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
+    "config_bool",
+    "config_float",
+    "config_int",
     "tensor_segments",
 ]
 
@@ -80,6 +90,106 @@ _QUANT_SIDECARS = ("weight_scale", "weight_scale_2", "weight_scale_inv", "input_
 
 #: Bytes of float32 working memory per converted chunk (memory stays flat whatever the tensor size).
 CHUNK_BYTES = 16 * 1024 * 1024
+
+#: llama.cpp's own limits (``src/llama-hparams.h``): a model it loads has at most this many layers
+#: (trunk and NextN blocks together) and routed experts. A head beyond them could never run.
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+
+#: The largest width, length or head count read from config.json: 16x today's largest models, and
+#: small enough that no product of two of them overflows GGUF's 64-bit dimensions.
+MAX_WIDTH = 1 << 20
+
+
+# ------------------------------------------------------------------------------------ config.json
+
+
+def _found(config: dict[str, Any], keys: str | Sequence[str]) -> tuple[tuple[str, ...], str | None, Any]:
+    """(all names, the first name config.json sets to a non-null value or None, its value)."""
+    names = (keys,) if isinstance(keys, str) else tuple(keys)
+    for key in names:
+        if config.get(key) is not None:
+            return names, key, config[key]
+    return names, None, None
+
+
+def _absent(names: tuple[str, ...], where: str | os.PathLike[str] | None) -> CheckpointError:
+    wanted = names[0] if len(names) == 1 else f"none of {', '.join(names)}"
+    return CheckpointError(f"config.json has {'no ' if len(names) == 1 else ''}{wanted}", where)
+
+
+def _shown(value: Any) -> str:
+    """A config value as JSON (``256.0``, ``"4k"``, ``true``), cut short for a one-line message."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_int(
+    config: dict[str, Any], keys: str | Sequence[str], *, where: str | os.PathLike[str] | None,
+    minimum: int = 1, maximum: int = MAX_WIDTH, optional: bool = False, limit: str | None = None,
+) -> int | None:
+    """The integer hyperparameter ``keys`` (the first one set) of a config, checked for type and range.
+
+    A JSON integer only: ``256.0``, ``"256"``, ``true`` and ``1e30`` are refused, as is anything outside
+    ``minimum..maximum``. ``null`` counts as absent.
+
+    Args:
+        config: the parsed ``config.json``.
+        keys: the key, or its spellings in order of preference (``["hidden_size", "d_model"]``).
+        where: the config file, for messages.
+        optional: return ``None`` when absent instead of refusing.
+        limit: why ``maximum`` is what it is, added to the message when it is exceeded.
+
+    Raises:
+        CheckpointError: one line naming the key and its value.
+    """
+    names, key, value = _found(config, keys)
+    if key is None:
+        if optional:
+            return None
+        raise _absent(names, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{key} = {_shown(value)} is not an integer (expected {minimum:,}..{maximum:,})", where)
+    if not minimum <= value <= maximum:
+        reason = f": {limit}" if limit and value > maximum else ""
+        raise CheckpointError(f"{key} = {value:,} is out of range (expected {minimum:,}..{maximum:,}){reason}", where)
+    return value
+
+
+def config_float(
+    config: dict[str, Any], keys: str | Sequence[str], *, where: str | os.PathLike[str] | None,
+    above: float = 0.0, maximum: float = 1e6, optional: bool = False,
+) -> float | None:
+    """The number hyperparameter ``keys`` of a config: finite, ``> above`` and ``<= maximum`` (an integer
+    such as ``5`` is accepted as ``5.0``; a string or a bool is not). ``null`` counts as absent.
+
+    Raises:
+        CheckpointError: one line naming the key and its value.
+    """
+    names, key, value = _found(config, keys)
+    if key is None:
+        if optional:
+            return None
+        raise _absent(names, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{key} = {_shown(value)} is not a number", where)
+    number = float(value)
+    if not math.isfinite(number) or not above < number <= maximum:
+        raise CheckpointError(f"{key} = {_shown(value)} is out of range (expected more than {above:g}, at most "
+                              f"{maximum:g})", where)
+    return number
+
+
+def config_bool(config: dict[str, Any], key: str, *, where: str | os.PathLike[str] | None) -> bool | None:
+    """The ``true``/``false`` hyperparameter ``key`` of a config, ``None`` when absent or null.
+
+    Raises:
+        CheckpointError: it is something else (``1``, ``"yes"``), named with its value.
+    """
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(f"{key} = {_shown(value)} is not true or false", where)
+    return value
 
 
 # ------------------------------------------------------------------------------------------ tensors
@@ -339,8 +449,13 @@ class HeadModel:
         """The GGUF architecture name (``nemotron_h_moe``)."""
         return MODEL_ARCH_NAMES[self.model_arch]
 
+    @property
+    def config_path(self) -> Path:
+        """The checkpoint's ``config.json`` (named by every message about a hyperparameter)."""
+        return self.checkpoint.folder / "config.json"
+
     def find_hparam(self, keys: Sequence[str], optional: bool = False) -> Any:
-        """The first of ``keys`` config.json has.
+        """The first of ``keys`` config.json has, unchecked (prefer :meth:`hparam_int` and friends).
 
         Raises:
             CheckpointError: none of them, unless ``optional``.
@@ -350,7 +465,29 @@ class HeadModel:
                 return self.hparams[key]
         if optional:
             return None
-        raise CheckpointError(f"config.json has none of {', '.join(keys)}", self.checkpoint.folder / "config.json")
+        raise CheckpointError(f"config.json has none of {', '.join(keys)}", self.config_path)
+
+    def hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
+                   limit: str | None = None) -> int:
+        """A required integer hyperparameter, type- and range-checked (see :func:`config_int`)."""
+        value = config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum, limit=limit)
+        assert value is not None
+        return value
+
+    def optional_hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
+                            limit: str | None = None) -> int | None:
+        """An optional integer hyperparameter (``None`` when absent), checked like :meth:`hparam_int`."""
+        return config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum,
+                          optional=True, limit=limit)
+
+    def optional_hparam_float(self, keys: str | Sequence[str], *, above: float = 0.0,
+                              maximum: float = 1e6) -> float | None:
+        """An optional finite number hyperparameter (see :func:`config_float`)."""
+        return config_float(self.hparams, keys, where=self.config_path, above=above, maximum=maximum, optional=True)
+
+    def optional_hparam_bool(self, key: str) -> bool | None:
+        """An optional ``true``/``false`` hyperparameter (see :func:`config_bool`)."""
+        return config_bool(self.hparams, key, where=self.config_path)
 
     def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
         """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
@@ -527,6 +664,11 @@ class ExpertStack:
             return None
         return TensorSource.stack([self.parts[i] for i in sorted(self.parts)])
 
-    def missing(self) -> list[int]:
-        return [i for i in range(self.count) if i not in self.parts]
+    def missing(self, limit: int = 6) -> list[int]:
+        """Up to ``limit`` expert indices not seen (the count is bounded by config validation anyway)."""
+        return list(itertools.islice((i for i in range(self.count) if i not in self.parts), limit))
+
+    @property
+    def n_missing(self) -> int:
+        return self.count - len(self.parts)
 

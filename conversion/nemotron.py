@@ -19,7 +19,7 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.safetensors_io import SafetensorsTensor
 
-from .base import ExpertStack, HeadModel, TargetCheck, TensorSource
+from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
 
 T = MODEL_TENSOR
 
@@ -49,16 +49,24 @@ _RENAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "mtp.layers.1.mixer.shared_experts.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
     "mtp.layers.1.final_layernorm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
 }
-_EXPERT = re.compile(r"^mtp\.layers\.1\.mixer\.experts\.(?P<expert>\d+)\.(?P<proj>up|down)_proj\.weight$")
+# At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
+_EXPERT = re.compile(r"^mtp\.layers\.1\.mixer\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>up|down)_proj\.weight$")
 _STACKED = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
 
 
+#: A 32-bit GGUF value (context length, SSM inner size) holds at most this.
+_U32_MAX = 2**32 - 1
+_EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
+
+
 def mtp_pattern(config: dict[str, Any]) -> str | None:
-    """The MTP layer pattern a config states (``"*E"``), from either spelling; ``None`` when absent."""
+    """The MTP layer pattern a config states (``"*E"``), from either spelling; ``None`` when absent.
+    A value of another type comes back as its ``repr`` (it is refused as an unsupported pattern)."""
     pattern = config.get("mtp_hybrid_override_pattern")
     if pattern is None and isinstance(config.get("mtp_layers_block_type"), list):
-        pattern = "".join(_BLOCK_TYPE_LETTERS.get(str(t), "?") for t in config["mtp_layers_block_type"])
-    return pattern
+        pattern = "".join(_BLOCK_TYPE_LETTERS.get(t, "?") if isinstance(t, str) else "?"
+                          for t in config["mtp_layers_block_type"])
+    return pattern if pattern is None or isinstance(pattern, str) else repr(pattern)[:40]
 
 
 def trunk_pattern(config: dict[str, Any]) -> str | None:
@@ -81,7 +89,8 @@ class NemotronHMTPModel(HeadModel):
         if "num_experts_per_tok" not in self.hparams and "n_routed_experts" not in self.hparams:
             raise CheckpointError("a Nemotron-H without experts (nemotron_h) has no MTP head llama.cpp can use; "
                                   "only the MoE variant (nemotron_h_moe) does", config)
-        n_nextn = self.hparams.get("num_nextn_predict_layers", 1) or 0
+        n_nextn = self.optional_hparam_int("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS)
+        n_nextn = 1 if n_nextn is None else n_nextn
         if n_nextn != 1:
             raise CheckpointError(f"num_nextn_predict_layers = {n_nextn}: only one NextN block is supported", config)
         pattern = mtp_pattern(self.hparams)
@@ -91,18 +100,56 @@ class NemotronHMTPModel(HeadModel):
             raise CheckpointError(
                 f"MTP layer pattern {pattern!r}: only {MTP_PATTERN!r} (an attention layer, then a MoE layer) is "
                 "supported", config)
-        hp = self.find_hparam
-        self.n_embd: int = hp(["hidden_size", "d_model"])
-        self.n_head: int = hp(["num_attention_heads", "n_head"])
-        self.n_head_kv: int = hp(["num_key_value_heads", "n_head_kv"])
-        self.head_dim: int = hp(["head_dim", "attention_head_dim"])
-        self.n_expert: int = hp(["n_routed_experts", "num_experts"])
-        self.n_expert_used: int = hp(["num_experts_per_tok"])
-        self.n_ff_exp: int = hp(["moe_intermediate_size"])
-        self.n_ff_shexp: int = hp(["moe_shared_expert_intermediate_size"])
-        self.moe_latent: int | None = hp(["moe_latent_size"], optional=True)
-        self.vocab_size: int | None = hp(["vocab_size"], optional=True)
+        self._read_hparams()
+        self._check_expert_count()
         self._experts: dict[str, ExpertStack] = {}
+
+    def _read_hparams(self) -> None:
+        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_embd = need(["hidden_size", "d_model"])
+        self.n_head = need(["num_attention_heads", "n_head"])
+        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        self.head_dim = need(["head_dim", "attention_head_dim"])
+        self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+        self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+        self.n_ff_exp = need("moe_intermediate_size")
+        self.n_ff_shexp = need("moe_shared_expert_intermediate_size")
+        self.moe_latent = may("moe_latent_size")
+        self.vocab_size = may("vocab_size", maximum=2**31 - 1)  # llama.cpp's token ids are int32
+        self.context_length = may("max_position_embeddings", maximum=_U32_MAX)
+        self.norm_eps = self.optional_hparam_float(["layer_norm_epsilon", "norm_eps", "rms_norm_eps"], maximum=1.0)
+        self.n_shared_experts = may("n_shared_experts", minimum=0, maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+        self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
+        self.routed_scaling_factor = self.optional_hparam_float("routed_scaling_factor")
+        self.n_group = may("n_group", maximum=self.n_expert)
+        self.ssm_conv = may("conv_kernel", maximum=1024)
+        self.ssm_heads = may("mamba_num_heads")
+        self.ssm_head_dim = may("mamba_head_dim")
+        self.ssm_state = may("ssm_state_size")
+        self.ssm_groups = may("n_groups")
+        inner = (self.ssm_heads or 0) * (self.ssm_head_dim or 0)
+        if inner > _U32_MAX:
+            raise CheckpointError(f"mamba_num_heads x mamba_head_dim = {inner:,} does not fit GGUF's 32-bit "
+                                  "ssm.inner_size", self.config_path)
+
+    def _check_expert_count(self) -> None:
+        """Refuse an expert count the checkpoint's own expert tensors do not bear out, before anything
+        is sized by it (a config claiming 10^9 experts must not allocate 10^9 of anything)."""
+        if not any(name.startswith(self.tensor_prefix) for name in self.checkpoint.tensors):
+            return  # no head at all: head_tensors() says so
+        present = {int(m["expert"]) for t in self.checkpoint.tensors if (m := _EXPERT.match(t)) is not None}
+        beyond = sorted(i for i in present if i >= self.n_expert)
+        if beyond:
+            raise CheckpointError(
+                f"the MTP head holds expert {beyond[-1]}, but config.json n_routed_experts = {self.n_expert} "
+                f"(experts 0..{self.n_expert - 1})", self.config_path)
+        if len(present) != self.n_expert:
+            absent = [i for i in range(self.n_expert) if i not in present]  # n_expert <= LLAMA_MAX_EXPERTS
+            shown = ", ".join(str(i) for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+            raise CheckpointError(
+                f"n_routed_experts = {self.n_expert:,}, but the MTP head has tensors for {len(present)} experts "
+                f"(none for experts {shown})", self.config_path)
 
     # ------------------------------------------------------------------------------------ tensors
 
@@ -124,9 +171,9 @@ class NemotronHMTPModel(HeadModel):
 
     def finish_tensors(self) -> None:
         for proj, stack in self._experts.items():
-            missing = stack.missing()
+            missing = stack.missing(limit=6)
             if missing:
-                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
                 raise CheckpointError(
                     f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
                     f"n_routed_experts); missing experts {shown}",
@@ -166,10 +213,10 @@ class NemotronHMTPModel(HeadModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        hp = self.hparams
+        # Every value was type- and range-checked by _read_hparams (it fits the GGUF type it goes into).
         writer.add_block_count(n_layers)
-        if (context := hp.get("max_position_embeddings")) is not None:
-            writer.add_context_length(int(context))
+        if self.context_length is not None:
+            writer.add_context_length(self.context_length)
         writer.add_embedding_length(self.n_embd)
         if self.vocab_size is not None:
             writer.add_vocab_size(self.vocab_size)
@@ -177,36 +224,34 @@ class NemotronHMTPModel(HeadModel):
         writer.add_key_length(self.head_dim)
         writer.add_value_length(self.head_dim)
         # llama.cpp's nemotron_h loader requires layer_norm_epsilon (the head's final norm) as well.
-        eps = float(self.find_hparam(["layer_norm_epsilon", "norm_eps", "rms_norm_eps"], optional=True) or 1e-5)
+        eps = self.norm_eps if self.norm_eps is not None else 1e-5
         writer.add_layer_norm_eps(eps)
         writer.add_layer_norm_rms_eps(eps)
         writer.add_expert_count(self.n_expert)
         writer.add_expert_used_count(self.n_expert_used)
         writer.add_expert_feed_forward_length(self.n_ff_exp)
         writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
-        writer.add_expert_shared_count(int(hp.get("n_shared_experts", 1)))
-        if "norm_topk_prob" in hp:
-            writer.add_expert_weights_norm(bool(hp["norm_topk_prob"]))
-        if "routed_scaling_factor" in hp:
-            writer.add_expert_weights_scale(float(hp["routed_scaling_factor"]))
-        if "n_group" in hp:
-            writer.add_expert_group_count(int(hp["n_group"]))
+        writer.add_expert_shared_count(1 if self.n_shared_experts is None else self.n_shared_experts)
+        if self.norm_topk_prob is not None:
+            writer.add_expert_weights_norm(self.norm_topk_prob)
+        if self.routed_scaling_factor is not None:
+            writer.add_expert_weights_scale(self.routed_scaling_factor)
+        if self.n_group is not None:
+            writer.add_expert_group_count(self.n_group)
         if self.moe_latent is not None:
             writer.add_moe_latent_size(self.moe_latent)
         # The trunk's Mamba-2 settings: a head-only config usually still carries them, and a draft that
         # states them describes the model it belongs to.
-        ssm_heads = self.find_hparam(["mamba_num_heads"], optional=True)
-        ssm_head_dim = self.find_hparam(["mamba_head_dim"], optional=True)
-        if (conv := hp.get("conv_kernel")) is not None:
-            writer.add_ssm_conv_kernel(int(conv))
-        if ssm_heads is not None and ssm_head_dim is not None:
-            writer.add_ssm_inner_size(int(ssm_heads) * int(ssm_head_dim))
-        if (state := hp.get("ssm_state_size")) is not None:
-            writer.add_ssm_state_size(int(state))
-        if ssm_heads is not None:
-            writer.add_ssm_time_step_rank(int(ssm_heads))
-        if (groups := hp.get("n_groups")) is not None:
-            writer.add_ssm_group_count(int(groups))
+        if self.ssm_conv is not None:
+            writer.add_ssm_conv_kernel(self.ssm_conv)
+        if self.ssm_heads is not None and self.ssm_head_dim is not None:
+            writer.add_ssm_inner_size(self.ssm_heads * self.ssm_head_dim)
+        if self.ssm_state is not None:
+            writer.add_ssm_state_size(self.ssm_state)
+        if self.ssm_heads is not None:
+            writer.add_ssm_time_step_rank(self.ssm_heads)
+        if self.ssm_groups is not None:
+            writer.add_ssm_group_count(self.ssm_groups)
         writer.add_nextn_predict_layers(1)
 
     def own_layer_arrays(self) -> tuple[str, ...]:

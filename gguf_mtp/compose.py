@@ -50,7 +50,8 @@ class ComposeReport(WriteReport):
             lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
         else:
             rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s ({rate:.0f} MiB/s)")
+            done = f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s"
+            lines.append(f"{done} ({rate:.0f} MiB/s{self.sharing()})")
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines

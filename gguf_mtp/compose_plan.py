@@ -15,6 +15,7 @@ from typing import Any
 
 from gguf import GGUFValueType
 
+from .blocks import block_layout_problem, block_tensor_problems, is_mtp_only, read_block_layout
 from .constants import (
     BLOCK_TENSOR,
     DRAFT_GLOBAL_TENSORS,
@@ -30,8 +31,9 @@ from .constants import (
     split_file_name,
 )
 from .errors import BadGGUFError, IncompatibleDraftError, KVEditError
-from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
+from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from .kv_edit import INT_RANGES, KVChange, KVOverride, apply_kv_edits, check_int, resolve_override, with_int_value
+from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Zeros
 from .shards import ShardSet
 
@@ -146,6 +148,56 @@ def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
         raise IncompatibleDraftError(
             f"draft vocabulary has {draft_vocab} tokens, the target's {target_vocab}", draft.name
         )
+
+
+def _check_roles(target: ShardSet, draft: ShardSet) -> None:
+    """Both inputs are what their place says (a model, a draft), and their blocks agree with their tensors.
+
+    Raises:
+        IncompatibleDraftError: the arguments look swapped, the target is itself a draft, or the draft is
+            a trunk-only model (``compose TARGET TARGET``).
+    """
+    target_layout = read_block_layout(target.first)
+    draft_layout, problem = block_layout_problem(draft.first)
+    if draft_layout is None:
+        if problem and KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch) in problem:
+            return  # a draft's count of its own blocks: _draft_blocks compares it with the blocks it carries
+        if draft.first.get(draft.arch_key(KEY_BLOCK_COUNT)) is not None:
+            raise BadGGUFError(problem or "no block layout", draft.name)
+        # a bare draft need not state a block count: the target's decides, judged by its tensors below
+    target_blocks, draft_blocks = target.block_indices(), draft.block_indices()
+    target_is_draft = is_mtp_only(target_layout, target_blocks)
+    draft_nextn = draft_layout.nextn if draft_layout is not None else 0
+    draft_is_trunk = draft_nextn == 0 and not any(".nextn." in t.name for _, t in draft.iter_tensors())
+    if target_is_draft and draft_is_trunk:
+        raise IncompatibleDraftError(
+            f"the arguments look swapped: {target.name} is an MTP draft (no trunk block tensors) and {draft.name} "
+            "a model without MTP; use: gguf-mtp compose TARGET DRAFT -o OUTDIR"
+        )
+    if target_is_draft:
+        raise IncompatibleDraftError("the target is an MTP draft (no trunk block tensors), not a model", target.name)
+    if draft_is_trunk and draft_blocks and not draft.is_split:  # a split draft gets its own message next
+        raise IncompatibleDraftError(
+            f"the draft has no NextN block: it looks like a trunk model ({draft.arch_key(KEY_NEXTN_PREDICT_LAYERS)} "
+            "is 0 or absent and no blk.*.nextn.* tensors)",
+            draft.name,
+        )
+
+
+def _check_block_tensors(*models: ShardSet) -> None:
+    """Refuse a model whose ``block_count`` disagrees with its tensors (trunk blocks without tensors).
+
+    Raises:
+        BadGGUFError: the first such disagreement, naming the file.
+    """
+    for model in models:
+        layout, _ = block_layout_problem(model.first)
+        if layout is None:
+            continue  # already refused or judged by _draft_blocks
+        problems = block_tensor_problems(layout, model.block_indices())
+        problems = [p for p in problems if not p.startswith("tensors of blk.")]  # those have their own message
+        if problems:
+            raise BadGGUFError(problems[0], model.name)
 
 
 def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInfo], list[str]]:
@@ -342,6 +394,7 @@ def plan_composition(
         KVEditError: an override is invalid.
         BadGGUFError: the target's metadata is unusable.
     """
+    _check_roles(target, draft)  # first: a swapped pair is named as such, whatever else is wrong
     if draft.is_split:
         raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
     _check_compatible(target, draft)
@@ -390,6 +443,7 @@ def plan_composition(
         renamed.append((tensor, new_name))
 
     edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
+    _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
     draft_header = draft.first
     last = len(target.headers) - 1
     files: list[PlannedFile] = []
@@ -411,7 +465,8 @@ def plan_composition(
             tensors += infos
             data += segments
             added = [t.name for t in infos]
-        head = serialize_header(header.version, kvs, tensors, header.alignment)
+        # Padded last (after every KV is known) so the target's data keeps its offset mod 4 KiB (reflink).
+        head = congruent_header(header.version, kvs, tensors, header.alignment, data, Path(header.path))
         output = OutputFile(final, (Bytes(head), *data))
         files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(changes), added_tensors=tuple(added)))
 

@@ -11,6 +11,8 @@ import re
 
 from gguf import Keys
 
+from .errors import GGUFMTPError
+
 #: Set to any non-empty value to turn every progress bar off.
 ENV_DISABLE_PROGRESS = "GGUF_MTP_DISABLE_PROGRESS"
 
@@ -53,10 +55,48 @@ PARTIAL_SUFFIX = ".partial"
 #: Bytes moved per kernel copy call (one progress bar update each).
 COPY_CHUNK = 64 * 1024 * 1024
 
+#: Environment variable that overrides :data:`DEFAULT_MAX_HEADER_BYTES` (a plain number of bytes).
+ENV_MAX_HEADER_BYTES = "GGUF_MTP_MAX_HEADER_BYTES"
+
 #: The most header bytes gguf-mtp reads before it calls a GGUF header malformed (tokenizers with a
 #: quarter million tokens stay far below this).
-MAX_HEADER_BYTES = int(os.environ.get("GGUF_MTP_MAX_HEADER_BYTES", 512 * 1024 * 1024))
+DEFAULT_MAX_HEADER_BYTES = 512 * 1024 * 1024
 
+#: The largest ``general.alignment`` accepted. llama.cpp only asks for a power of two; real files use
+#: 32 (the default) up to a few KiB. Capping it keeps a hostile header from making anything pad (or a
+#: ``--dry-run`` allocate) gigabytes.
+MAX_ALIGNMENT = 1024 * 1024
+
+#: The most tensors one GGUF file may list. Real models hold a few thousand (experts are stacked into
+#: one tensor per block); each entry costs a few hundred bytes of Python objects, so the cap bounds the
+#: memory of a hostile tensor table (an absolute ~30 MB) instead of letting it grow with the file.
+MAX_TENSORS = 1 << 16
+
+
+def max_header_bytes() -> int:
+    """The header size limit: :data:`ENV_MAX_HEADER_BYTES` if set, else :data:`DEFAULT_MAX_HEADER_BYTES`.
+
+    Read on each call (not at import time) so that a malformed value is one clear error, not a crash
+    of every command at start-up.
+
+    Raises:
+        GGUFMTPError: the variable is set to something other than a positive whole number of bytes.
+    """
+    raw = os.environ.get(ENV_MAX_HEADER_BYTES)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_HEADER_BYTES
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
+        raise GGUFMTPError(f"{ENV_MAX_HEADER_BYTES}={raw!r} is not a positive whole number of bytes (e.g. 536870912)")
+    return int(text)
+
+
+#: Seconds one HTTP request for a remote header may take in all, first byte to last (a server trickling
+#: a byte every few seconds never trips a per-read timeout), and seconds all requests for one file may take.
+ENV_HUB_REQUEST_TIMEOUT = "GGUF_MTP_HUB_REQUEST_TIMEOUT"
+ENV_HUB_FILE_TIMEOUT = "GGUF_MTP_HUB_FILE_TIMEOUT"
+DEFAULT_HUB_REQUEST_TIMEOUT = 60.0
+DEFAULT_HUB_FILE_TIMEOUT = 300.0
 
 def split_file_name(prefix: str, number: int, count: int) -> str:
     """The llama.cpp name of shard ``number`` (1-based) of ``count``."""

@@ -28,7 +28,7 @@ from typing import Any
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
-from conversion.base import FILE_TYPES, FLOAT_DTYPES, OUTTYPES
+from conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
 
 from .constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from .errors import BadGGUFError, CheckpointError, GGUFMTPError, IncompatibleDraftError
@@ -44,6 +44,10 @@ __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_
 
 #: Key prefixes a standalone draft does not take over from the target (it is one file, not a split).
 _NOT_COPIED = ("split.",)
+
+#: The largest NextN block index: the draft has index + 1 layers, and llama.cpp loads at most
+#: LLAMA_MAX_LAYERS. It also bounds the per-layer arrays the draft carries.
+MAX_BLOCK_INDEX = LLAMA_MAX_LAYERS - 1
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,11 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool) -
             )
         if block < 0:
             raise GGUFMTPError(f"--block {block}: a block index cannot be negative")
+        if block > MAX_BLOCK_INDEX:
+            raise GGUFMTPError(
+                f"--block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
+                f"loads at most {LLAMA_MAX_LAYERS}, LLAMA_MAX_LAYERS)"
+            )
         return block
     if target.nextn_predict_layers:
         raise IncompatibleDraftError(
@@ -138,6 +147,13 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool) -
             target.name,
         )
     trunk = target.trunk_block_count
+    if not 0 <= trunk <= MAX_BLOCK_INDEX:
+        # The per-layer arrays of the draft get trunk + 1 entries: bounded before they are built.
+        raise IncompatibleDraftError(
+            f"{target.arch_key(KEY_BLOCK_COUNT)} = {trunk:,}: a head can follow at most {MAX_BLOCK_INDEX} trunk blocks "
+            f"(llama.cpp loads at most {LLAMA_MAX_LAYERS} layers)",
+            target.name,
+        )
     if block is not None and block != trunk:
         raise IncompatibleDraftError(
             f"--block {block}: the NextN block follows the trunk, so for this target it is {trunk} "

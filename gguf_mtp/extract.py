@@ -37,7 +37,8 @@ from .constants import (
 )
 from .errors import BadGGUFError, NoNextNBlockError
 from .formatting import human_bytes
-from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header, serialize_header
+from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header
+from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
@@ -249,7 +250,8 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
     alignment = source.first.alignment
     infos, segments = _layout(picked, alignment)
     kvs, left_out, added = _draft_kvs(source, standalone)
-    head = serialize_header(source.first.version, kvs, infos, alignment)
+    # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.layout).
+    head = congruent_header(source.first.version, kvs, infos, alignment, segments)
     path = Path(output)
     # Read back what will be written with the strict parser: the plan's header is the file's own.
     header = parse_header(
@@ -306,7 +308,7 @@ class ExtractReport(WriteReport):
         if self.dry_run:
             lines.append("dry run: nothing was written")
         else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s")
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
         return lines
 
 

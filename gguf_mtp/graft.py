@@ -282,7 +282,7 @@ class GraftReport(WriteReport):
         if self.dry_run:
             lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
         else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s")
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines

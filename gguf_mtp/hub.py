@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,10 +25,13 @@ __all__ = [
     "RemoteFile",
     "cached_repo_files",
     "check_repo_id",
+    "check_token_env",
+    "check_token_text",
     "check_write_access",
     "delete_remote_file",
     "download_files",
     "is_offline",
+    "is_repo_id",
     "list_repo_files",
     "make_api",
     "remote_files",
@@ -68,16 +70,47 @@ def require_online(what: str) -> None:
 
 
 def resolve_token() -> str | None:
-    """The token to use: ``HF_TOKEN`` when set, else the stored login, else ``None``."""
+    """The token to use: ``HF_TOKEN`` when set, else the stored login, else ``None``.
+
+    Raises:
+        HubError: the token holds characters an HTTP header cannot carry (a token is ASCII).
+    """
     env = os.environ.get("HF_TOKEN", "").strip()
     if env:
+        check_token_text(env, "HF_TOKEN")
         return env
     try:
         from huggingface_hub import get_token
 
-        return get_token()
+        token = get_token()
     except Exception:  # a broken stored-token file is the same as no token for our purpose
         return None
+    if token:
+        check_token_text(token, "the stored Hugging Face token")
+    return token
+
+
+def check_token_text(token: str, source: str = "HF_TOKEN") -> None:
+    """Refuse a token that is not printable ASCII, before the HTTP layer fails on it with a traceback.
+
+    Raises:
+        HubError: ``token`` has a non-ASCII or a control character.
+    """
+    if not token.isascii():
+        raise HubError(f"{source} contains non-ASCII characters; a Hugging Face token is ASCII (hf_...): set it again")
+    if not token.isprintable():
+        raise HubError(f"{source} contains control characters; a Hugging Face token is one printable word")
+
+
+def check_token_env() -> None:
+    """Check ``HF_TOKEN`` (when set) the way :func:`resolve_token` does, for code that lets huggingface_hub read it.
+
+    Raises:
+        HubError: see :func:`check_token_text`.
+    """
+    env = os.environ.get("HF_TOKEN", "").strip()
+    if env:
+        check_token_text(env, "HF_TOKEN")
 
 
 def make_api(api: Any = None, *, token: str | None = None) -> Any:
@@ -149,17 +182,40 @@ def _call(what: str, repo: str, fn: Callable[..., T], *args: Any, **kwargs: Any)
         return fn(*args, **kwargs)
 
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-
-
-def check_repo_id(repo: str) -> None:
+def check_repo_id(repo: str, what: str | None = None) -> None:
     """Refuse what is not an ``OWNER/NAME`` repo id, before any Hub call.
+
+    huggingface_hub's own rules apply (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits,
+    ``-_.``, no ``--`` or ``..``, at most 96 characters, no trailing newline), plus an owner: every id
+    gguf-mtp takes names a repo of someone's.
 
     Raises:
         HubError: ``repo`` is malformed.
     """
-    if not _REPO_ID.match(repo) or ".." in repo or len(repo) > 96 * 2:
-        raise HubError(f"{repo!r} is not a Hub repo id (OWNER/NAME)")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from .formatting import printable
+
+    shown = printable(repr(repo)) if isinstance(repo, str) else type(repo).__name__
+    if what:
+        shown = f"{what} {shown}"
+    if not isinstance(repo, str) or repo.count("/") != 1:
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME)")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        reason = str(e).split(": '", 1)[0].strip().rstrip(".").replace("Repo id", "a repo id")
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): {printable(reason)}") from None
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether ``text`` is an ``OWNER/NAME`` repo id by :func:`check_repo_id`'s rules."""
+    try:
+        check_repo_id(text)
+    except HubError:
+        return False
+    return True
 
 
 def check_write_access(

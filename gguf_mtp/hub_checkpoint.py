@@ -10,7 +10,6 @@ those shards only (with the Hub's own progress bars and cache, so a second run d
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ from .safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_index
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
-
-
 def is_repo_id(source: str) -> bool:
-    """Whether ``source`` looks like a Hub repo id (``owner/name``)."""
-    return bool(_REPO_ID.match(source)) and ".." not in source
+    """Whether ``source`` is a Hub repo id (``owner/name``, by huggingface_hub's own rules)."""
+    from .hub import is_repo_id as valid_repo_id
+
+    return valid_repo_id(source)
 
 
 @dataclass(frozen=True)
@@ -103,6 +101,10 @@ def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "m
     """
     import huggingface_hub
 
+    from .hub import check_repo_id, check_token_env
+
+    check_repo_id(repo_id)
+    check_token_env()  # huggingface_hub reads HF_TOKEN itself: a non-ASCII one would be a traceback there
     with _hub_errors(repo_id, revision, CONFIG_NAME):
         huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
     with _hub_errors(repo_id, revision, INDEX_NAME):

@@ -12,12 +12,17 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .blocks import layer_kinds, missing_nextn_tensors, nextn_kind_problems, unextended_arrays
+from .blocks import (
+    block_indices,
+    block_layout_problem,
+    block_tensor_problems,
+    layer_kinds,
+    missing_nextn_by_block,
+    nextn_kind_problems,
+    unextended_arrays,
+)
 from .constants import (
-    BLOCK_TENSOR,
     KEY_ARCHITECTURE,
-    KEY_BLOCK_COUNT,
-    KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_COUNT,
     KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
@@ -270,15 +275,14 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     kinds = None
     names = [t.name for h in model.headers for t in h.tensors]
     if first is not None and arch is not None:
-        count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
-        block_count = _int_kv(first.get(count_key))
-        nextn = _int_kv(first.get(nextn_key, 0))
-        if block_count is None or block_count < 0:
-            problems.append(f"{count_key} is missing or not a non-negative integer ({first.get(count_key)!r})")
-            block_count = None
-        elif nextn is None or not 0 <= nextn <= block_count:
-            problems.append(f"{nextn_key} = {first.get(nextn_key)!r} is not within 0..{block_count}")
-            nextn = 0
+        # Bounded before anything below loops over blocks (blocks.MAX_BLOCK_COUNT).
+        layout, layout_problem = block_layout_problem(first)
+        if layout is None:
+            if names:  # a vocab-only file (no tensors, like llama.cpp's ggml-vocab-*.gguf) has no blocks
+                problems.append(layout_problem or "no block layout")
+        else:
+            block_count, nextn = layout.block_count, layout.nextn
+            problems += block_tensor_problems(layout, {b for b in block_indices(names) if b < layout.block_count})
         if block_count is not None:
             trunk = block_count - nextn
             kinds = layer_kinds(first, arch, block_count)
@@ -286,8 +290,8 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
             problems += nextn_kind_problems(first, arch, block_count, trunk)
     nextn = nextn or 0
     nextn_blocks = tuple(range(block_count - nextn, block_count)) if block_count is not None else ()
-    missing = {b: tuple(m) for b in nextn_blocks if (m := missing_nextn_tensors(names, arch, b))}
-    used_blocks = {int(m["block"]) for n in names if (m := BLOCK_TENSOR.match(n))}
+    missing = {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}
+    used_blocks = block_indices(names)
     stray = tuple(sorted(b for b in used_blocks if block_count is not None and b >= block_count))
     for block in stray:
         problems.append(f"tensors of blk.{block}, beyond block_count {block_count}")

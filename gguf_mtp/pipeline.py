@@ -43,6 +43,7 @@ from .digests import FileDigest, digest_files, sha256_file
 from .errors import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from .model_card import Provenance
 from .output import progress_bar
+from .pipeline_state import load_stages
 from .shards import open_model
 
 __all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
@@ -133,14 +134,8 @@ class _State:
 
     def __init__(self, work_dir: Path) -> None:
         self.path = work_dir / STATE_NAME
-        self.stages: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            try:
-                doc = json.loads(self.path.read_text(encoding="utf-8"))
-                if doc.get("format") == STATE_FORMAT and isinstance(doc.get("stages"), dict):
-                    self.stages = doc["stages"]
-            except (OSError, ValueError):
-                self.stages = {}  # an unreadable record is no record: every stage is redone
+        # A state file of any other shape (or a directory, a pipe) is refused with one line: it is not ours.
+        self.stages: dict[str, dict[str, Any]] = load_stages(self.path, STATE_FORMAT)
 
     def record(self, stage: str, key: str, outputs: Sequence[FileDigest], detail: dict[str, Any]) -> None:
         self.stages[stage] = {
@@ -368,6 +363,12 @@ def run_pipeline(
     """
     started = time.perf_counter()
     say = say or _say_default
+    # Every repo id is checked before anything is created or asked (a trailing newline, "..", "a/b/c").
+    hub.check_repo_id(target_repo, "--target-repo")
+    if not Path(head_repo).expanduser().is_dir():
+        hub.check_repo_id(head_repo, "--head-repo")
+    if out_repo:
+        hub.check_repo_id(out_repo, "--out-repo")
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     report = PipelineReport(work)

@@ -7,18 +7,37 @@ through huggingface_hub's shared HTTP session with its headers (so ``HF_TOKEN`` 
 sent, and redirects to the CDN are followed). The first request asks for :data:`FIRST_READ` bytes and
 learns the file size from ``Content-Range``; the header parser then asks for more only as it needs it,
 doubling each time, and never more than :data:`MAX_REMOTE_HEADER_BYTES` in all.
+
+Hub web addresses (``https://huggingface.co/OWNER/REPO/blob/REV/path``, ``.../resolve/REV/path``) name the
+same file. Paths are normalised and refused when they would leave the repository (``..``, empty or
+absolute segments): the token travels with every request. Each request has an overall deadline
+(``GGUF_MTP_HUB_REQUEST_TIMEOUT`` seconds, first byte to last), and so has each file
+(``GGUF_MTP_HUB_FILE_TIMEOUT``): a server that trickles bytes cannot hold a command forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from huggingface_hub import constants as hf_constants  # cheap; the HTTP stack is imported on first use
 
-from .errors import HubError
+from .constants import (
+    DEFAULT_HUB_FILE_TIMEOUT,
+    DEFAULT_HUB_REQUEST_TIMEOUT,
+    ENV_HUB_FILE_TIMEOUT,
+    ENV_HUB_REQUEST_TIMEOUT,
+)
+from .errors import GGUFMTPError, HubError
+from .formatting import printable
 
 __all__ = [
     "FIRST_READ",
@@ -40,6 +59,8 @@ FIRST_READ = 64 * 1024
 MAX_REMOTE_HEADER_BYTES = 64 * 1024 * 1024
 
 _REPO_TYPE_PREFIXES = {"datasets": "dataset", "spaces": "space", "models": "model"}
+_WEB_HOSTS = {"huggingface.co", "www.huggingface.co", "hf.co"}
+_USAGE = f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]"
 _CONTENT_RANGE = re.compile(r"^bytes (?:(?P<start>\d+)-(?P<end>\d+)|\*)/(?P<size>\d+|\*)$")
 _RETRY_STATUSES = {429, 500, 502, 503, 504}
 _ATTEMPTS = 3
@@ -50,8 +71,48 @@ class RemoteNotFoundError(HubError):
 
 
 def is_hub_path(source: object) -> bool:
-    """Whether ``source`` names a Hub file (``hf://...``) rather than a local path."""
-    return isinstance(source, str) and source.startswith(HF_SCHEME)
+    """Whether ``source`` names a Hub file (``hf://...``, or any ``http(s)://`` address) rather than a local path.
+
+    Every web address counts: :meth:`HubFile.parse` accepts Hub web URLs and explains the others, which
+    is better than "no such file".
+    """
+    return isinstance(source, str) and source.startswith((HF_SCHEME, "https://", "http://"))
+
+
+def timeout_setting(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name`` (a positive number), else ``default``.
+
+    Raises:
+        GGUFMTPError: the variable is set to something else.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 86_400:  # also refuses nan and inf
+        raise GGUFMTPError(f"{name}={printable(text)}: expected a number of seconds between 0 and 86400")
+    return value
+
+
+def _path_in_repo(path: str, source: str) -> str:
+    """``path`` as a normalised path inside a repository; refuse what would leave it."""
+    segments = path.split("/")
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise HubError(
+            "a path in a repository has no empty, '.' or '..' parts (it must stay inside the repository)", source
+        )
+    if any(not segment.isprintable() or "\\" in segment for segment in segments):
+        raise HubError("a path in a repository has no control characters or backslashes", source)
+    return path
+
+
+def _checked_revision(revision: str | None, source: str) -> str | None:
+    if revision is not None and (not revision or not revision.isprintable() or revision != revision.strip()):
+        raise HubError("the revision is empty or holds spaces or control characters", source)
+    return revision
 
 
 @dataclass(frozen=True)
@@ -65,19 +126,23 @@ class HubFile:
 
     @classmethod
     def parse(cls, source: str) -> HubFile:
-        """Parse ``hf://[datasets/|spaces/]OWNER/REPO[@REV]/path/to/file.gguf[@REV]``.
+        """Parse ``hf://[datasets/|spaces/]OWNER/REPO[@REV]/path/to/file.gguf[@REV]``, or a Hub web address
+        ``https://huggingface.co/[datasets/]OWNER/REPO/{blob,resolve}/REV/path/to/file.gguf``.
 
         Raises:
-            HubError: the address does not name a file in a repository.
+            HubError: the address does not name a file in a repository, its repo id is malformed, or
+                its path would leave the repository.
         """
-        if not is_hub_path(source):
-            raise HubError(f"not a Hub address (expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf)", source)
+        if not isinstance(source, str) or not is_hub_path(source):
+            raise HubError(f"not a Hub address ({_USAGE})", str(source))
+        if not source.startswith(HF_SCHEME):
+            return cls._parse_web(source)
         parts = source[len(HF_SCHEME) :].split("/")
         repo_type = "model"
         if parts and parts[0] in _REPO_TYPE_PREFIXES:
             repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
         if len(parts) < 3 or not all(parts[:2]) or not parts[-1]:
-            raise HubError(f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]", source)
+            raise HubError(_USAGE, source)
         owner, repo, rest = parts[0], parts[1], "/".join(parts[2:])
         revision = None
         if "@" in repo:
@@ -87,8 +152,36 @@ class HubFile:
                 raise HubError("two revisions given", source)
             rest, revision = rest.rsplit("@", 1)
         if not repo or not rest or revision == "":
-            raise HubError(f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]", source)
-        return cls(f"{owner}/{repo}", rest, revision, repo_type)
+            raise HubError(_USAGE, source)
+        return cls._checked(f"{owner}/{repo}", rest, revision, repo_type, source)
+
+    @classmethod
+    def _parse_web(cls, source: str) -> HubFile:
+        """``https://huggingface.co/OWNER/REPO/blob/REV/PATH`` (or ``/resolve/``; ``HF_ENDPOINT``'s host too)."""
+        url = urlsplit(source)
+        hosts = _WEB_HOSTS | {urlsplit(_endpoint()).netloc.lower()}
+        web_usage = f"a Hub file's web address is https://huggingface.co/OWNER/REPO/blob/REV/PATH; or use {_USAGE}"
+        if url.netloc.lower() not in hosts:
+            raise HubError(f"only files on the Hugging Face Hub can be read remotely ({_USAGE})", source)
+        parts = url.path.strip("/").split("/") if url.path.strip("/") else []
+        repo_type = "model"
+        if parts and parts[0] in ("datasets", "spaces"):
+            repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
+        if len(parts) < 5 or parts[2] not in ("blob", "resolve"):
+            raise HubError(web_usage, source)
+        owner, repo, revision = parts[0], parts[1], unquote(parts[3])
+        path = "/".join(unquote(p) for p in parts[4:])
+        return cls._checked(f"{owner}/{repo}", path, revision, repo_type, source)
+
+    @classmethod
+    def _checked(cls, repo_id: str, path: str, revision: str | None, repo_type: str, source: str) -> HubFile:
+        from .hub import check_repo_id
+
+        try:
+            check_repo_id(repo_id)
+        except HubError as e:
+            raise HubError(e.message, source) from None
+        return cls(repo_id, _path_in_repo(path, source), _checked_revision(revision, source), repo_type)
 
     @property
     def name(self) -> str:
@@ -135,7 +228,8 @@ class RemoteFile:
     """
 
     def __init__(
-        self, hub_file: HubFile, url: str, size: int, prefix: bytes, bytes_received: int, limit: int
+        self, hub_file: HubFile, url: str, size: int, prefix: bytes, bytes_received: int, limit: int,
+        deadline: float | None = None,
     ) -> None:
         self.hub_file = hub_file
         self.url = url
@@ -144,21 +238,25 @@ class RemoteFile:
         self._prefix = bytearray(prefix)
         self.bytes_received = bytes_received
         self.requests = 1
+        self._deadline = deadline  # time.monotonic() by which every read of this file must be done
 
     @classmethod
     def open(
         cls, hub_file: HubFile, *, first_read: int = FIRST_READ, limit: int = MAX_REMOTE_HEADER_BYTES
     ) -> RemoteFile:
         """Fetch the first ``first_read`` bytes of ``hub_file`` and its size; read no more than
-        ``limit`` bytes of it in all.
+        ``limit`` bytes of it in all, within ``GGUF_MTP_HUB_FILE_TIMEOUT`` seconds.
 
         Raises:
             RemoteNotFoundError: no such file in the repository (at that revision).
-            HubError: offline mode, no access, network failure, or a server that ignores ranges.
+            HubError: offline mode, no access, network failure, a deadline passed, a redirect loop, a
+                body that is not what its headers say, or a server that ignores ranges.
         """
+        file_timeout = timeout_setting(ENV_HUB_FILE_TIMEOUT, DEFAULT_HUB_FILE_TIMEOUT)
+        deadline = time.monotonic() + file_timeout
         url = hub_file.url()
-        body, size, received = _get_range(hub_file, url, 0, min(first_read, limit))
-        return cls(hub_file, url, size, body, received, limit)
+        body, size, received = _get_range(hub_file, url, 0, min(first_read, limit), deadline)
+        return cls(hub_file, url, size, body, received, limit, deadline)
 
     def read_at(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (fewer only at the end of the file or at ``limit``)."""
@@ -168,7 +266,7 @@ class RemoteFile:
         have = len(self._prefix)
         if end > have:
             start = max(offset, have)
-            body, _, received = _get_range(self.hub_file, self.url, start, end - start)
+            body, _, received = _get_range(self.hub_file, self.url, start, end - start, self._deadline)
             self.bytes_received += received
             self.requests += 1
             if start == have:
@@ -180,8 +278,14 @@ class RemoteFile:
         return bytes(self._prefix[offset:end])
 
 
-def _get_range(hub_file: HubFile, url: str, start: int, length: int) -> tuple[bytes, int, int]:
-    """GET ``length`` bytes at ``start``: (body, file size, bytes received)."""
+def _get_range(
+    hub_file: HubFile, url: str, start: int, length: int, file_deadline: float | None = None
+) -> tuple[bytes, int, int]:
+    """GET ``length`` bytes at ``start``: (body, file size, bytes received).
+
+    Transport failures are retried (:data:`_ATTEMPTS` in all) while the file's deadline allows; a
+    request past its own deadline is not: a server that slow will not be faster the second time.
+    """
     if _offline():
         raise HubError(
             "HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header; unset it, or inspect a local copy",
@@ -189,17 +293,43 @@ def _get_range(hub_file: HubFile, url: str, start: int, length: int) -> tuple[by
         )
     from huggingface_hub.utils import build_hf_headers
 
+    from .hub import resolve_token
+
+    resolve_token()  # a token the HTTP layer cannot send is one line here, not a traceback there
     headers = build_hf_headers()
     headers["Range"] = f"bytes={start}-{start + length - 1}"
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
+    request_timeout = timeout_setting(ENV_HUB_REQUEST_TIMEOUT, DEFAULT_HUB_REQUEST_TIMEOUT)
     last_error: Exception | None = None
+    host = _host(url)
     for _ in range(_ATTEMPTS):
+        now = time.monotonic()
+        if file_deadline is not None and now >= file_deadline:
+            raise HubError(
+                f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})",
+                str(hub_file),
+            )
+        deadline = now + request_timeout
+        per_file = file_deadline is not None and file_deadline < deadline
+        if per_file:
+            deadline = file_deadline  # type: ignore[assignment]
         try:
-            return _request(hub_file, url, headers, start, length)
+            return _request_with_deadline(hub_file, url, headers, start, length, deadline)
+        except _DeadlinePassed:
+            what = (f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})" if per_file
+                    else f"no complete answer within {request_timeout:g} s ({ENV_HUB_REQUEST_TIMEOUT})")
+            raise HubError(f"{host}: {what}", str(hub_file)) from None
         except _Retry as e:
             last_error = e.cause
-    host = url.split("/")[2] if "//" in url else url
     raise HubError(f"cannot read from {host} after {_ATTEMPTS} attempts: {_one_line(last_error)}", str(hub_file))
+
+
+def _file_timeout() -> float:
+    return timeout_setting(ENV_HUB_FILE_TIMEOUT, DEFAULT_HUB_FILE_TIMEOUT)
+
+
+def _host(url: str) -> str:
+    return url.split("/")[2] if "//" in url else url
 
 
 class _Retry(Exception):
@@ -208,14 +338,94 @@ class _Retry(Exception):
         self.cause = cause
 
 
-def _request(hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int) -> tuple[bytes, int, int]:
+class _DeadlinePassed(Exception):
+    """The request was still running at its deadline (and was cut off)."""
+
+
+class _Exchange:
+    """One request run in a worker thread, so that the caller can walk away at a deadline.
+
+    Per-read timeouts do not bound a server that sends one byte every few seconds; the caller waits
+    for the worker until the deadline, then shuts the connection's socket down (which wakes the
+    worker's blocked read) and gives up. The socket is known from the connection's ``connect_tcp``
+    trace event, or from the response once its headers are in.
+    """
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.deadline = 0.0
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.result: tuple[bytes, int, int] | None = None
+        self.error: BaseException | None = None
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's ``trace`` extension: remember the socket of a new connection."""
+        if event.endswith("connect_tcp.complete") or event.endswith("start_tls.complete"):
+            self.remember(info.get("return_value"))
+
+    def remember(self, stream: Any) -> None:
+        get_extra_info = getattr(stream, "get_extra_info", None)
+        sock = get_extra_info("socket") if callable(get_extra_info) else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+        if self.cancelled.is_set():
+            self.cut_off()
+
+    def cut_off(self) -> None:
+        self.cancelled.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def run(self, work: Callable[[_Exchange], tuple[bytes, int, int]]) -> None:
+        try:
+            self.result = work(self)
+        except BaseException as e:  # handed to the waiting caller
+            self.error = e
+
+
+def _request_with_deadline(
+    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, deadline: float
+) -> tuple[bytes, int, int]:
+    exchange = _Exchange()
+    exchange.deadline = deadline
+    worker = threading.Thread(
+        target=exchange.run, args=(lambda ex: _request(hub_file, url, headers, start, length, ex),),
+        name="gguf-mtp-hub-read", daemon=True,  # a worker stuck in a read must not keep the process alive
+    )
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        exchange.cut_off()
+        worker.join(1.0)  # usually returns at once: its read was woken by the shutdown
+        raise _DeadlinePassed
+    if exchange.error is not None:
+        if isinstance(exchange.error, _DeadlinePassed) or exchange.cancelled.is_set():
+            raise _DeadlinePassed
+        raise exchange.error
+    assert exchange.result is not None
+    return exchange.result
+
+
+def _request(
+    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, exchange: _Exchange
+) -> tuple[bytes, int, int]:
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    timeout = httpx2.Timeout(float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) * 3)
+    name = str(hub_file)
+    read_timeout = max(1.0, min(float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) * 3, exchange.deadline - time.monotonic()))
+    timeout = httpx2.Timeout(read_timeout)
     try:
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as response:
+        with get_session().stream(
+            "GET", url, headers=headers, follow_redirects=True, timeout=timeout, extensions={"trace": exchange.trace}
+        ) as response:
+            exchange.remember(response.extensions.get("network_stream"))
             status = response.status_code
             if status in _RETRY_STATUSES:
                 response.read()
@@ -223,16 +433,31 @@ def _request(hub_file: HubFile, url: str, headers: dict[str, str], start: int, l
             if status >= 400 and status != 416:
                 response.read()
                 _raise_for_status(hub_file, response)
-            return _read_body(hub_file, response, start, length)
+            return _read_body(hub_file, response, start, length, exchange)
     except OfflineModeIsEnabled:
-        raise HubError("HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header", str(hub_file)) from None
+        raise HubError("HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header", name) from None
+    except httpx2.TooManyRedirects:
+        raise HubError(f"too many redirects from {_host(url)} (a redirect loop?)", name) from None
+    except httpx2.DecodingError as e:
+        raise HubError(f"the body does not decode as its Content-Encoding says: {_one_line(e)}", name) from None
     except httpx2.TransportError as e:
+        if exchange.cancelled.is_set():
+            raise _DeadlinePassed from None
         raise _Retry(e) from None
+    except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:  # e.g. a redirect to somewhere unreachable
+        raise HubError(f"cannot follow the server's answer: {_one_line(e)}", name) from None
 
 
-def _read_body(hub_file: HubFile, response: Any, start: int, length: int) -> tuple[bytes, int, int]:
+def _read_body(
+    hub_file: HubFile, response: Any, start: int, length: int, exchange: _Exchange | None = None
+) -> tuple[bytes, int, int]:
     """The body of a range response, the file size it states, and the bytes received."""
     name = str(hub_file)
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
+        raise HubError(f"the server compressed the body (Content-Encoding: {printable(encoding)[:40]}) "
+                       "although the file's own bytes were asked for", name)
     if response.status_code == 416:  # e.g. an empty file: "bytes */0"
         match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
         response.read()
@@ -255,7 +480,9 @@ def _read_body(hub_file: HubFile, response: Any, start: int, length: int) -> tup
         raise HubError(f"unexpected HTTP status {response.status_code}", name)
     chunks: list[bytes] = []
     received = 0
-    for chunk in response.iter_bytes():
+    for chunk in response.iter_raw():
+        if exchange is not None and exchange.cancelled.is_set():
+            raise _DeadlinePassed
         chunks.append(chunk)
         received += len(chunk)
         if received >= length:

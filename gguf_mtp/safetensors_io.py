@@ -16,7 +16,6 @@ recognised and refused with a clear message: dequantizing them is not supported 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
@@ -29,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from .errors import CheckpointError
+from .json_io import load_json_file, parse_json
+from .regular_file import NotARegularFileError, open_regular
 
 __all__ = [
     "CONFIG_NAME",
@@ -72,6 +73,32 @@ QUANTIZED_DTYPES: dict[str, float] = {
 
 #: The most header bytes accepted (real checkpoints use a few hundred KiB).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+#: The most bytes of ``config.json`` read (real ones are a few KiB, with a quantization ignore list
+#: a few hundred).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+#: The most bytes of an index read (the largest MoE checkpoints' indexes are about 10 MB).
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+#: Largest dimension and rank a safetensors shape may state (a tensor of 2^48 elements is 512 TB).
+MAX_DIMENSION = 2**48
+MAX_RANK = 8
+
+
+def _is_count(value: Any, maximum: int) -> bool:
+    """A JSON integer (not a bool, not a float like 256.0) in ``0..maximum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= maximum
+
+
+def short_json(value: Any, limit: int = 40) -> str:
+    """A JSON value as a short one-line text for messages (long ones cut with an ellipsis)."""
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} keys"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -157,33 +184,17 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(8)
-                if len(head) < 8:
-                    raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", self.path)
-                header_len = int.from_bytes(head, "little")
-                if header_len > min(size - 8, MAX_HEADER_BYTES):
-                    raise CheckpointError(
-                        f"corrupt safetensors header: it claims {header_len:,} bytes, the file has {size:,}", self.path
-                    )
-                raw = f.read(header_len)
-        except FileNotFoundError:
-            raise CheckpointError("no such file", self.path) from None
-        except IsADirectoryError:
-            raise CheckpointError("is a directory, not a safetensors file", self.path) from None
-        except OSError as e:
-            raise CheckpointError(f"cannot read: {e.strerror}", self.path) from None
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"corrupt safetensors header (not JSON: {e})", self.path) from None
+        size, raw = self._read_header_bytes()
+        header = parse_json(raw, self.path, error=CheckpointError, what="corrupt safetensors header")
         if not isinstance(header, dict):
             raise CheckpointError("corrupt safetensors header (not a JSON object)", self.path)
-        self.data_start = 8 + header_len
+        self.data_start = 8 + len(raw)
         self.file_size = size
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise CheckpointError("corrupt safetensors header: __metadata__ is not a {string: string} object",
+                                  self.path)
+        self.metadata: dict[str, str] = metadata
         self.tensors: dict[str, SafetensorsTensor] = {}
         for name, entry in header.items():
             self.tensors[name] = self._entry(name, entry)
@@ -192,15 +203,59 @@ class SafetensorsFile:
             if start < end:
                 raise CheckpointError(f"corrupt safetensors header: {before!r} and {after!r} overlap", self.path)
 
-    def _entry(self, name: str, entry: Any) -> SafetensorsTensor:
+    def _read_header_bytes(self) -> tuple[int, bytes]:
+        """(file size, the JSON header's bytes), read from a regular file only (a FIFO would hang)."""
         try:
-            dtype = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (TypeError, KeyError, ValueError):
-            raise CheckpointError(f"corrupt safetensors header: bad entry for {name!r}", self.path) from None
-        if not isinstance(dtype, str) or any(d < 0 for d in shape):
-            raise CheckpointError(f"corrupt safetensors header: bad dtype or shape for {name!r}", self.path)
+            fd, info = open_regular(self.path)
+        except FileNotFoundError:
+            raise CheckpointError("no such file", self.path) from None
+        except IsADirectoryError:
+            raise CheckpointError("is a directory, not a safetensors file", self.path) from None
+        except NotARegularFileError:
+            raise CheckpointError("is not a regular file (a pipe, socket or device); give a safetensors file",
+                                  self.path) from None
+        except OSError as e:
+            raise CheckpointError(f"cannot open: {e.strerror}", self.path) from None
+        try:
+            size = info.st_size
+            head = os.pread(fd, 8, 0)
+            if len(head) < 8:
+                raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", self.path)
+            header_len = int.from_bytes(head, "little")
+            if header_len > min(size - 8, MAX_HEADER_BYTES):
+                raise CheckpointError(
+                    f"corrupt safetensors header: it claims {header_len:,} bytes, the file has {size:,}", self.path
+                )
+            raw = os.pread(fd, header_len, 8)
+        except OSError as e:
+            raise CheckpointError(f"cannot read: {e.strerror}", self.path) from None
+        finally:
+            os.close(fd)
+        if len(raw) != header_len:
+            raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes",
+                                  self.path)
+        return size, raw
+
+    def _entry(self, name: str, entry: Any) -> SafetensorsTensor:
+        def bad(what: str) -> CheckpointError:
+            return CheckpointError(f"corrupt safetensors header: {name!r} {what}", self.path)
+
+        if not isinstance(entry, dict):
+            raise bad("is not an object {dtype, shape, data_offsets}")
+        dtype, dims, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise bad(f"has dtype {short_json(dtype)}, not a string")
+        if not isinstance(dims, list) or len(dims) > MAX_RANK:
+            raise bad(f"has shape {short_json(dims)}, not a list of at most {MAX_RANK} dimensions")
+        for i, d in enumerate(dims):
+            if not _is_count(d, MAX_DIMENSION):
+                raise bad(f"shape[{i}] = {short_json(d)} is not a dimension (an integer 0..2^48)")
+        if not isinstance(offsets, list) or len(offsets) != 2:
+            raise bad(f"has data_offsets {short_json(offsets)}, not [begin, end]")
+        for i, x in enumerate(offsets):
+            if not _is_count(x, 2**64 - 1):
+                raise bad(f"data_offsets[{i}] = {short_json(x)} is not an offset (a non-negative integer)")
+        shape, (begin, end) = tuple(dims), offsets
         if not 0 <= begin <= end or self.data_start + end > self.file_size:
             raise CheckpointError(
                 f"tensor {name!r} (bytes {begin:,}..{end:,} of the data) runs past the end of the file "
@@ -224,16 +279,9 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: missing, not JSON, or not a JSON object.
     """
     path = Path(folder) / CONFIG_NAME
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CheckpointError("no config.json: a checkpoint folder needs one", path.parent) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read: {e}", path) from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", path) from None
+    if not os.path.lexists(path):
+        raise CheckpointError("no config.json: a checkpoint folder needs one", path.parent)
+    config = load_json_file(path, max_bytes=MAX_CONFIG_BYTES, error=CheckpointError)
     if not isinstance(config, dict):
         raise CheckpointError("not a JSON object", path)
     return config
@@ -246,12 +294,7 @@ def read_index(path: str | os.PathLike[str]) -> dict[str, str]:
         CheckpointError: not JSON, or no usable ``weight_map``.
     """
     path = Path(path)
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError("no such file", path) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"not a valid index ({e})", path) from None
+    index = load_json_file(path, max_bytes=MAX_INDEX_BYTES, error=CheckpointError, what="not a valid index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError("no weight_map {tensor name: file name} in the index", path)
@@ -291,7 +334,8 @@ class Checkpoint:
 def _files_of(folder: Path) -> tuple[dict[str, str] | None, list[str], Path | None]:
     """(weight map or None, safetensors file names, index path) of a folder."""
     index_path = folder / INDEX_NAME
-    if index_path.is_file():
+    # lexists, not is_file: an index that is a directory or a pipe is refused by read_index, not skipped.
+    if os.path.lexists(index_path):
         weight_map = read_index(index_path)
         return weight_map, sorted(set(weight_map.values()), key=natural_key), index_path
     indexes = sorted(folder.glob("*.safetensors.index.json"))
@@ -328,7 +372,8 @@ def open_checkpoint(folder: str | os.PathLike[str], *, prefix: str | None = None
 
     if weight_map is not None:
         needed = {f for t, f in weight_map.items() if keep(t)}
-        missing = sorted((f for f in needed if not (folder / f).is_file()), key=natural_key)
+        # exists, not is_file: a listed file that is a pipe or a directory is refused as such, not "missing".
+        missing = sorted((f for f in needed if not (folder / f).exists()), key=natural_key)
         if missing:
             held = sorted((t for t, f in weight_map.items() if f == missing[0] and keep(t)), key=natural_key)
             raise CheckpointError(

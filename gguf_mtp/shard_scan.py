@@ -10,24 +10,22 @@ functions compare the files the way llama.cpp's loader does and return one messa
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .constants import (
     KEY_ARCHITECTURE,
-    KEY_SPLIT_COUNT,
-    KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
-    MAX_HEADER_BYTES,
     SPLIT_NAME,
+    max_header_bytes,
     split_file_name,
 )
 from .errors import BadGGUFError, ShardSetError
 from .gguf_header import GGUFHeader, parse_header
+from .regular_file import NotARegularFileError, open_regular
 from .remote import FIRST_READ, MAX_REMOTE_HEADER_BYTES, HubFile, RemoteFile, RemoteNotFoundError, is_hub_path
-from .shards import ShardSet
+from .shards import ShardSet, declared_tensor_count, split_rules
 
 __all__ = [
     "ScannedModel",
@@ -153,19 +151,17 @@ def _cut_off(header: GGUFHeader, size: int, strict: BadGGUFError) -> str:
 def _read_local(number: int, path: Path) -> ShardScan:
     name = os.fspath(path)
     try:
-        # O_NONBLOCK: a named pipe must not make us wait for a writer (it is refused just below).
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd, info = open_regular(name)  # a named pipe is refused without waiting for a writer
     except FileNotFoundError:
         return ShardScan(number, name, None, None, error="missing")
+    except IsADirectoryError:
+        return ShardScan(number, name, 0, None, error="is a directory, not a GGUF file")
+    except NotARegularFileError:
+        return ShardScan(number, name, 0, None, error="is not a regular file (a pipe, socket or device)")
     except OSError as e:
         return ShardScan(number, name, 0, None, error=f"cannot open: {e.strerror}")
     try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            return ShardScan(number, name, 0, None, error="is a directory, not a GGUF file")
-        if not stat.S_ISREG(info.st_mode):
-            return ShardScan(number, name, 0, None, error="is not a regular file (a pipe, socket or device)")
-        return _read(number, name, info.st_size, lambda offset, n: os.pread(fd, n, offset), MAX_HEADER_BYTES, 1 << 20)
+        return _read(number, name, info.st_size, lambda offset, n: os.pread(fd, n, offset), max_header_bytes(), 1 << 20)
     finally:
         os.close(fd)
 
@@ -252,28 +248,14 @@ def missing_shard_problems(model: ScannedModel) -> list[str]:
 
 
 def split_key_problems(model: ScannedModel) -> list[str]:
-    """``split.no`` / ``split.count`` as llama.cpp checks them, in every readable file."""
+    """``split.no`` / ``split.count`` as llama.cpp checks them, in every readable file (the rules of
+    :func:`gguf_mtp.shards.split_rules`, shared with the strict reader)."""
+    count = model.count if model.is_split else None
     problems = []
     for shard in model.shards:
-        header = shard.header
-        if header is None:
-            continue
-        no, count = header.get(KEY_SPLIT_NO), header.get(KEY_SPLIT_COUNT)
-        if not model.is_split:
-            if count not in (None, 1):
-                problems.append(
-                    f"{shard.label}: {KEY_SPLIT_COUNT} = {count}, but the name does not follow "
-                    "<prefix>-NNNNN-of-NNNNN.gguf, so llama.cpp cannot find its other shards"
-                )
-            continue
-        if no is None or count is None:
-            missing = ", ".join(k for k, v in ((KEY_SPLIT_NO, no), (KEY_SPLIT_COUNT, count)) if v is None)
-            problems.append(f"{shard.label} has no {missing}")
-            continue
-        if count != model.count:
-            problems.append(f"{shard.label}: {KEY_SPLIT_COUNT} = {count}, but the file names say {model.count}")
-        if no != shard.number - 1:
-            problems.append(f"{shard.label}: {KEY_SPLIT_NO} = {no}, expected {shard.number - 1}")
+        if shard.header is not None:
+            position = shard.number - 1 if model.is_split else 0
+            problems.extend(f"{shard.label}: {p}" for p in split_rules(shard.header, position, count))
     return problems
 
 
@@ -287,12 +269,9 @@ def tensor_count_problems(model: ScannedModel) -> list[str]:
     for shard in model.shards:
         if shard.header is None:
             continue
-        declared = shard.header.get(KEY_SPLIT_TENSORS_COUNT)
-        if declared is None:
-            if model.is_split:
-                problems.append(f"{shard.label} has no {KEY_SPLIT_TENSORS_COUNT}")
-            continue
-        if declared != found:
+        # None when missing or not an integer: split_rules reports those
+        declared = declared_tensor_count(shard.header)
+        if declared is not None and declared != found:
             problems.append(f"{shard.label}: {KEY_SPLIT_TENSORS_COUNT} = {declared}, but {where} {found} tensors")
     return problems
 

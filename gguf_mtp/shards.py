@@ -17,11 +17,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from .blocks import read_block_layout
 from .constants import (
     BLOCK_TENSOR,
     KEY_ARCHITECTURE,
-    KEY_BLOCK_COUNT,
-    KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_COUNT,
     KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
@@ -29,9 +28,17 @@ from .constants import (
     split_file_name,
 )
 from .errors import BadGGUFError, ShardSetError
-from .gguf_header import GGUFHeader, KeyValue, TensorInfo, read_header
+from .gguf_header import TYPE_BY_NAME, GGUFHeader, KeyValue, TensorInfo, read_header
 
-__all__ = ["ShardSet", "find_shard_paths", "open_model"]
+__all__ = [
+    "SPLIT_KEYS",
+    "ShardSet",
+    "declared_tensor_count",
+    "find_shard_paths",
+    "is_single_file_count",
+    "open_model",
+    "split_rules",
+]
 
 
 def find_shard_paths(path: str | os.PathLike[str]) -> tuple[list[Path], str | None]:
@@ -110,19 +117,12 @@ class ShardSet:
     @property
     def block_count(self) -> int:
         """``{arch}.block_count``: trunk blocks plus NextN blocks."""
-        key = self.arch_key(KEY_BLOCK_COUNT)
-        value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise BadGGUFError(f"{key} is missing or not a non-negative integer ({value!r})", self.name)
-        return value
+        # The one bounded reading of the block layout (blocks.MAX_BLOCK_COUNT), shared by every command.
+        return read_block_layout(self.first).block_count
 
     @property
     def nextn_predict_layers(self) -> int:
-        key = self.arch_key(KEY_NEXTN_PREDICT_LAYERS)
-        value = self.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= self.block_count:
-            raise BadGGUFError(f"{key} = {value!r} is not within 0..block_count", self.name)
-        return value
+        return read_block_layout(self.first).nextn
 
     @property
     def trunk_block_count(self) -> int:
@@ -157,29 +157,80 @@ class ShardSet:
         return blocks
 
 
-def _check_split_keys(headers: list[GGUFHeader], prefix: str) -> None:
-    count = len(headers)
-    totals = set()
-    for number, header in enumerate(headers):
-        no, n, total = (header.get(k) for k in (KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT))
-        if no is None or n is None or total is None:
-            if count == 1:
-                continue
-            raise ShardSetError(f"shard {number + 1} of {count} has no split.* keys", header.path)
-        for key, value in ((KEY_SPLIT_NO, no), (KEY_SPLIT_COUNT, n), (KEY_SPLIT_TENSORS_COUNT, total)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ShardSetError(f"{key} must be an integer, not {value!r}", header.path)
-        if n != count:
-            raise ShardSetError(f"split.count = {n}, but the file name says {count} shards", header.path)
-        if no != number:
-            raise ShardSetError(f"split.no = {no}, expected {number} (shard {number + 1} of {count})", header.path)
-        totals.add(total)
+#: The ``split.*`` keys llama.cpp's loader reads (gguf-split writes u16, u16, i32).
+SPLIT_KEYS = (KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT)
+_INTEGER_TYPES = frozenset(TYPE_BY_NAME[t] for t in ("u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64"))
+
+
+def is_single_file_count(value: object) -> bool:
+    """Whether a ``split.count`` value means one file: llama.cpp loads ``n_split <= 1`` as a single file,
+    and ``llama-gguf-split --merge`` writes ``split.count = 0`` into the merged file."""
+    return value in (0, 1) and not isinstance(value, bool)
+
+
+def split_rules(header: GGUFHeader, position: int, count: int | None) -> list[str]:
+    """Problems of one file's ``split.*`` keys, checked as llama.cpp's loader checks them.
+
+    The one rule set for both :func:`open_model` (which refuses at the first problem) and
+    :mod:`gguf_mtp.shard_scan` (which lists them all).
+
+    Args:
+        header: the file's header.
+        position: its 0-based place in the set (0 for a single file).
+        count: the number of files the names promise, ``None`` for a file not named as a shard.
+    """
+    present = {key: header.kvs[key] for key in SPLIT_KEYS if key in header.kvs}
+    # the type first (an array or a string must never be compared, printed or added to)
+    wrong = [
+        f"{key} must be an integer, not {kv.type_name}" for key, kv in present.items() if kv.vtype not in _INTEGER_TYPES
+    ]
+    if wrong:
+        return wrong
+    n = present[KEY_SPLIT_COUNT].value if KEY_SPLIT_COUNT in present else None
+    if count is None:
+        if n is not None and not is_single_file_count(n):
+            return [
+                f"{KEY_SPLIT_COUNT} = {n}, but the name does not follow <prefix>-NNNNN-of-NNNNN.gguf, "
+                "so its siblings cannot be found"
+            ]
+        return []
+    missing = [key for key in SPLIT_KEYS if key not in present]
+    if missing:
+        if count == 1:  # a set of one named like a shard: the keys are optional, as for any single file
+            return []
+        what = "split.* keys" if len(missing) == len(SPLIT_KEYS) else ", ".join(missing)
+        return [f"shard {position + 1} of {count} has no {what}"]
+    problems = []
+    if n != count and not (count == 1 and is_single_file_count(n)):
+        problems.append(f"{KEY_SPLIT_COUNT} = {n}, but the file name says {count} shards")
+    no = present[KEY_SPLIT_NO].value
+    if no != position:
+        problems.append(f"{KEY_SPLIT_NO} = {no}, expected {position} (shard {position + 1} of {count})")
+    return problems
+
+
+def declared_tensor_count(header: GGUFHeader) -> int | None:
+    """``split.tensors.count`` when it is present and an integer, else ``None``."""
+    kv = header.kvs.get(KEY_SPLIT_TENSORS_COUNT)
+    return kv.value if kv is not None and kv.vtype in _INTEGER_TYPES else None
+
+
+def _check_split_keys(headers: list[GGUFHeader], prefix: str | None) -> None:
+    count = None if prefix is None else len(headers)
+    for position, header in enumerate(headers):
+        problems = split_rules(header, position, count)
+        if problems:
+            raise ShardSetError(problems[0], header.path)
+    if prefix is None:
+        return
+    totals = {t for t in (declared_tensor_count(h) for h in headers) if t is not None}
     if len(totals) > 1:
         raise ShardSetError(f"shards disagree on split.tensors.count ({sorted(totals)})", headers[0].path)
     found = sum(len(h.tensors) for h in headers)
     if totals and found != next(iter(totals)):
         raise ShardSetError(
-            f"split.tensors.count = {next(iter(totals))}, but the {count} shards of {prefix!r} hold {found} tensors",
+            f"split.tensors.count = {next(iter(totals))}, but the {len(headers)} shards of {prefix!r} hold "
+            f"{found} tensors",
             headers[0].path,
         )
 
@@ -193,14 +244,7 @@ def open_model(path: str | os.PathLike[str]) -> ShardSet:
     """
     paths, prefix = find_shard_paths(path)
     headers = [read_header(p) for p in paths]
-    if prefix is not None:
-        _check_split_keys(headers, prefix)
-    elif headers[0].get(KEY_SPLIT_COUNT, 1) != 1:
-        raise ShardSetError(
-            f"split.count = {headers[0].get(KEY_SPLIT_COUNT)}, but the name does not follow "
-            "<prefix>-NNNNN-of-NNNNN.gguf, so its siblings cannot be found",
-            headers[0].path,
-        )
+    _check_split_keys(headers, prefix)
     arch = headers[0].get(KEY_ARCHITECTURE)
     for header in headers[1:]:
         other = header.get(KEY_ARCHITECTURE)

@@ -31,8 +31,9 @@ from .constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENS
 from .errors import BadGGUFError
 from .extract import NextNBlocks, find_nextn_blocks
 from .formatting import human_bytes, short
-from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
+from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from .kv_edit import apply_kv_edits, with_int_value
+from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 from .shards import ShardSet, open_model
 
@@ -130,7 +131,8 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
             edits[KEY_SPLIT_TENSORS_COUNT] = with_int_value(header, KEY_SPLIT_TENSORS_COUNT, total - len(removed))
         kvs, changes = apply_kv_edits(header, edits, final.name)
         tensors, segments, moved = _shard_layout(header, removed)
-        head = serialize_header(header.version, kvs, tensors, header.alignment)
+        # Drops compose's padding KV, and pads again only where the data would be out of step (reflink).
+        head = congruent_header(header.version, kvs, tensors, header.alignment, segments, Path(header.path))
         files.append(
             PlannedFile(
                 output=OutputFile(final, (Bytes(head), *segments)),
@@ -194,7 +196,7 @@ class StripReport(WriteReport):
         if self.dry_run:
             lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
         else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s")
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
         return lines
 
 

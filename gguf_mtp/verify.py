@@ -20,18 +20,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .blocks import missing_nextn_tensors, nextn_kind_problems, unextended_arrays
+from .blocks import block_layout_problem, missing_nextn_tensors, nextn_kind_problems, unextended_arrays
 from .compose_plan import per_layer_keys
 from .constants import (
     BLOCK_TENSOR,
     DRAFT_GLOBAL_TENSORS,
-    KEY_ARCHITECTURE,
     KEY_BLOCK_COUNT,
     KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_TENSORS_COUNT,
 )
 from .errors import BadGGUFError, GGUFMTPError
+from .extents import ExtentProver
+from .formatting import human_bytes
 from .gguf_header import GGUFHeader, KeyValue, TensorInfo
+from .layout import PAD_KEY
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
 from .output import progress_bar
 from .remote import is_hub_path
@@ -81,6 +83,7 @@ class VerifyReport:
     draft: str | None = None
     checks: list[Check] = field(default_factory=list)
     bytes_compared: int = 0
+    bytes_shared: int = 0  # of bytes_compared: proven identical by shared extents (reflink), not read
     seconds: float = 0.0
     llama: LlamaCheck | None = None
 
@@ -117,6 +120,7 @@ class VerifyReport:
             "failed": len(self.failures),
             "skipped": sum(c.ok is None for c in self.checks),
             "bytes_compared": self.bytes_compared,
+            "bytes_shared": self.bytes_shared,
             "seconds": round(self.seconds, 3),
         }
         if self.llama is not None:
@@ -168,16 +172,10 @@ def _layout(model: ScannedModel) -> tuple[_Layout | None, str | None]:
     first = model.first
     if first is None:
         return None, f"{model.shards[0].label} is unreadable, so the model metadata is unknown"
-    arch = first.get(KEY_ARCHITECTURE)
-    if not isinstance(arch, str) or not arch:
-        return None, f"no {KEY_ARCHITECTURE}"
-    count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
-    count, nextn = first.get(count_key), first.get(nextn_key, 0)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        return None, f"{count_key} is missing or not a non-negative integer ({count!r})"
-    if isinstance(nextn, bool) or not isinstance(nextn, int) or not 0 <= nextn <= count:
-        return None, f"{nextn_key} = {nextn!r} is not within 0..{count}"
-    return _Layout(arch, count, nextn), None
+    layout, problem = block_layout_problem(first)  # bounded: nothing below loops 4e9 times
+    if layout is None:
+        return None, problem
+    return _Layout(layout.arch, layout.block_count, layout.nextn), None
 
 
 def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error: str | None) -> list[Check]:
@@ -266,8 +264,19 @@ class _RangeComparer:
         self.a = bytearray(COMPARE_CHUNK)
         self.b = bytearray(COMPARE_CHUNK)
         self.view_a, self.view_b = memoryview(self.a), memoryview(self.b)
+        self.prover = ExtentProver()  # reflink: ranges on the same physical extents need no reading
+        self.shared = 0  # bytes proven identical by their extents
 
     def equal(self, fd_a: int, offset_a: int, fd_b: int, offset_b: int, nbytes: int) -> bool:
+        lo, hi = self.prover.shared_span(fd_a, offset_a, fd_b, offset_b, nbytes)
+        if hi > lo:
+            self.shared += hi - lo
+            self.advance(2 * (hi - lo))
+            head = self._equal(fd_a, offset_a, fd_b, offset_b, lo)
+            return self._equal(fd_a, offset_a + hi, fd_b, offset_b + hi, nbytes - hi) and head
+        return self._equal(fd_a, offset_a, fd_b, offset_b, nbytes)
+
+    def _equal(self, fd_a: int, offset_a: int, fd_b: int, offset_b: int, nbytes: int) -> bool:
         done = 0
         while done < nbytes:
             n = min(COMPARE_CHUNK, nbytes - done)
@@ -292,6 +301,14 @@ class _ByteComparison:
     differing: list[str] = field(default_factory=list)  # bytes
     compared: int = 0
     nbytes: int = 0
+    shared: int = 0  # of nbytes: proven identical by shared extents, not read
+
+    def sharing(self, what: str) -> str:
+        """`` (shared with the target: X, compared: Y)`` where extents were shared, else nothing."""
+        if not self.shared:
+            return ""
+        compared = human_bytes(self.nbytes - self.shared)
+        return f" (shared with the {what}: {human_bytes(self.shared)}, compared: {compared})"
 
     def problems(self, what: str) -> list[str]:
         problems = []
@@ -362,6 +379,7 @@ def _compare_tensors(
             result.nbytes += tensor.nbytes
             if not equal:
                 result.differing.append(new_name)
+    result.shared = comparer.shared
     return result
 
 
@@ -588,16 +606,19 @@ def _byte_checks(
         if target is not None:
             result = _compare_tensors(target, composite, None, bar.update)
             report.bytes_compared += result.nbytes
+            report.bytes_shared += result.shared
             checks.append(
                 _check(
                     "target tensors",
                     result.problems("target"),
-                    f"all {result.compared} target tensors ({result.nbytes:,} bytes) identical in the composite",
+                    f"all {result.compared} target tensors ({result.nbytes:,} bytes) identical in the composite"
+                    + result.sharing("target"),
                 )
             )
         if draft is not None:
             result = _compare_tensors(draft, composite, renames, bar.update)
             report.bytes_compared += result.nbytes
+            report.bytes_shared += result.shared
             left_out = f"; left out {', '.join(dropped)} (the composite uses the target's)" if dropped else ""
             first = next(iter(renames.values()), "")
             block = BLOCK_TENSOR.match(first)
@@ -606,7 +627,9 @@ def _byte_checks(
                 _check(
                     "draft tensors",
                     result.problems("draft"),
-                    f"all {result.compared} draft block tensors ({result.nbytes:,} bytes) identical{where}{left_out}",
+                    f"all {result.compared} draft block tensors ({result.nbytes:,} bytes) identical{where}"
+                    + result.sharing("draft")
+                    + left_out,
                 )
             )
     return checks
@@ -616,7 +639,8 @@ def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | Non
     try:
         # tensors the composite has and the target has not: what compose added to split.tensors.count
         added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
-        problems, changes = _kv_problems(target, model, layout, added, set(allow_kv))
+        # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.layout)
+        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY})
     except GGUFMTPError as e:
         return Check("target metadata", False, str(e))
     compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]

@@ -13,6 +13,7 @@ from typing import Any
 
 from gguf import GGUFReader, GGUFValueType
 
+from gguf_mtp.layout import PAD_KEY
 from gguf_mtp.shards import find_shard_paths
 
 
@@ -33,7 +34,7 @@ def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
     return {
         name: (list(field.types), field.contents())
         for name, field in reader.fields.items()
-        if not name.startswith("GGUF.")
+        if not name.startswith("GGUF.") and name != PAD_KEY  # padding only places the data (gguf_mtp.layout)
     }
 
 

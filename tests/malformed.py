@@ -401,6 +401,21 @@ def alignment_not_power_of_two(src: Sources, work: Path) -> Inputs:
     return _target_case(target, src)
 
 
+@malformed("gguf", "general.alignment is 2**31, a power of two", "general.alignment = 2,147,483,648 is larger than")
+def alignment_absurd_power_of_two(src: Sources, work: Path) -> Inputs:
+    target = edit_kvs(src.target, work / src.target.name, set_=[encode_kv("general.alignment", U32, 2**31)])
+    return _target_case(target, src)
+
+
+@malformed(
+    "target", "a single file's split.tensors.count is a string", "split.tensors.count must be an integer, not str"
+)
+def single_file_split_tensors_count_string(src: Sources, work: Path) -> Inputs:
+    kv = encode_kv("split.tensors.count", STR, "26")
+    target = edit_kvs(src.target, work / src.target.name, set_=[kv])
+    return _target_case(target, src)
+
+
 @malformed("gguf", "general.alignment is a u64, not a u32", "general.alignment must be u32, not u64")
 def alignment_wrong_type(src: Sources, work: Path) -> Inputs:
     kv = encode_kv("general.alignment", GGUFValueType.UINT64, 32)
@@ -852,7 +867,7 @@ def checkpoint_without_config(src: Sources, work: Path) -> Inputs:
     return _convert_case(src, folder, folder / "config.json")
 
 
-@malformed("checkpoint", "a safetensors file's JSON header is garbage", "corrupt safetensors header (not JSON")
+@malformed("checkpoint", "a safetensors file's JSON header is garbage", "corrupt safetensors header: not valid JSON")
 def checkpoint_safetensors_corrupt_header(src: Sources, work: Path) -> Inputs:
     folder = _checkpoint(src, work)
     weights = _weight_files(folder)[0]

@@ -181,8 +181,9 @@ def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Pat
     compose = {r["size"]: r["bytes_out"] for r in _summary(results, "compose", "sharded")}
     cp = {r["size"]: r["bytes_out"] for r in _summary(results, "cp", "sharded")}
     targets = {t["size"]: t["sharded_bytes"] + t["draft_bytes"] for t in results["inputs"]["targets"]}
-    # compose re-serialises headers (a few bytes more for the new keys), cp copies files as they are.
-    assert all(abs(compose[s] - cp[s]) < 4096 and cp[s] == targets[s] for s in targets)
+    # compose re-serialises headers (a few bytes more for the new keys, and per shard at most a block plus
+    # 36 bytes of gguf_mtp.pad that keeps the data in step for reflink), cp copies files as they are.
+    assert all(abs(compose[s] - cp[s]) < 4096 + 3 * (4096 + 36) and cp[s] == targets[s] for s in targets)
 
 
 def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:

@@ -139,5 +139,5 @@ def test_file_too_short_for_a_header_is_refused(tmp_path: Path) -> None:
 def test_header_that_is_not_json_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.safetensors"
     write_raw_safetensors(path, {}, header_override=b"{not json}")
-    with pytest.raises(CheckpointError, match="not JSON"):
+    with pytest.raises(CheckpointError, match="corrupt safetensors header: not valid JSON"):
         SafetensorsFile(path)

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +53,7 @@ class HubStandIn:
     url: str = ""
     redirect: bool = False
     ignore_range: bool = False
+    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop" or "fake-gzip"
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -134,7 +136,46 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             finally:
                 record.done.set()
 
+        def _misbehave(self, mode: str) -> None:
+            """The hostile servers of issue 11 item 7; a trickle ends after 30 s whatever happens."""
+            if mode == "redirect-loop":
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if mode == "fake-gzip":
+                body = b"GGUF" + bytes(60)  # not gzip at all
+                self.send_response(206)
+                self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/100000")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            try:
+                if mode == "trickle-headers":
+                    self.wfile.write(b"HTTP/1.1 206 Partial Content\r\n")
+                    for _ in range(15):
+                        self.wfile.write(b"X")
+                        self.wfile.flush()
+                        time.sleep(2)
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", "bytes 0-65535/100000")
+                self.send_header("Content-Length", "65536")
+                self.end_headers()
+                for _ in range(15):
+                    self.wfile.write(b"G")
+                    self.wfile.flush()
+                    time.sleep(2)
+            except OSError:
+                pass  # the client gave up, as it should
+
         def _reply(self, record: Served, head: bool) -> None:
+            if hub.misbehave:
+                self._misbehave(hub.misbehave)
+                return
             file = self._file()
             if file == Path("answered"):
                 return
@@ -216,6 +257,7 @@ def hub(server: HubStandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     server.redirect = False
     server.ignore_range = False
+    server.misbehave = None
     server.reset()
     return server
 
@@ -421,3 +463,123 @@ def test_verify_needs_local_files_to_compare_bytes(hub: HubStandIn, published: s
 
     with pytest.raises(BadGGUFError, match="needs the composite on disk"):
         verify(published, target=nemotron_split, progress=False)
+
+
+# ------------------------------------------------------------------------- hostile servers (issue 11 item 7)
+
+
+@pytest.mark.parametrize("mode", ["trickle", "trickle-headers"])
+def test_a_trickling_server_ends_in_one_line_at_the_deadline(
+    hub: HubStandIn, published: str, mode: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GGUF_MTP_HUB_REQUEST_TIMEOUT", "3")
+    hub.misbehave = mode
+    started = time.monotonic()
+    assert main(["inspect", published]) == 2
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert 2.5 < elapsed < 8, elapsed  # the deadline, not a per-read timeout that a trickle never trips
+    assert err.count("\n") == 1 and "no complete answer within 3 s (GGUF_MTP_HUB_REQUEST_TIMEOUT)" in err
+    assert len(hub.requests) == 1  # a request past its deadline is not retried
+
+
+def test_the_file_deadline_bounds_all_requests_for_one_file(
+    hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GGUF_MTP_HUB_REQUEST_TIMEOUT", "60")
+    monkeypatch.setenv("GGUF_MTP_HUB_FILE_TIMEOUT", "2")
+    hub.misbehave = "trickle"
+    started = time.monotonic()
+    with pytest.raises(HubError, match=r"took longer than 2 s \(GGUF_MTP_HUB_FILE_TIMEOUT\)"):
+        inspect(published)
+    assert time.monotonic() - started < 6
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "inf", "nan"])
+def test_a_bad_deadline_setting_is_one_line(
+    hub: HubStandIn, published: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GGUF_MTP_HUB_REQUEST_TIMEOUT", value)
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"GGUF_MTP_HUB_REQUEST_TIMEOUT={value}: expected a number of seconds" in err
+
+
+def test_a_redirect_loop_is_one_line(hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]) -> None:
+    hub.misbehave = "redirect-loop"
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "too many redirects" in err and "Traceback" not in err
+
+
+def test_a_body_mislabelled_as_gzip_is_one_line(
+    hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub.misbehave = "fake-gzip"
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
+
+
+# ------------------------------------------------------------------------- tokens, web URLs, paths
+
+
+def test_a_non_ascii_token_is_one_line_and_nothing_is_sent(
+    hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_t\u00f6ken")
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err == "gguf-mtp: error: HF_TOKEN contains non-ASCII characters; a Hugging Face token is ASCII " \
+        "(hf_...): set it again\n"
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("kind", ["blob", "resolve"])
+def test_a_hub_web_address_is_read_like_hf(hub: HubStandIn, published: str, composite: Path, kind: str) -> None:
+    web = f"https://huggingface.co/{REPO}/{kind}/main/{FOLDER}/{composite.name}"
+    summary = inspect(web)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.tensor_count == inspect(published).tensor_count
+    assert HubFile.parse(f"https://huggingface.co/{REPO}/blob/refs%2Fpr%2F1/a.gguf?download=true") == HubFile(
+        REPO, "a.gguf", "refs/pr/1"
+    )
+    assert HubFile.parse(f"{hub.url}/datasets/{REPO}/resolve/v1/x/a.gguf") == HubFile(REPO, "x/a.gguf", "v1", "dataset")
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("https://example.com/x.gguf", "only files on the Hugging Face Hub can be read remotely"),
+        (f"https://huggingface.co/{REPO}", "a Hub file's web address is https://huggingface.co/OWNER/REPO/blob/REV/PATH"),
+        (f"https://huggingface.co/{REPO}/tree/main/x.gguf", "a Hub file's web address is"),
+    ],
+)
+def test_other_web_addresses_are_one_clear_line(address: str, message: str) -> None:
+    with pytest.raises(HubError, match=re.escape(message)):
+        HubFile.parse(address)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        f"hf://{REPO}/../../x.gguf",
+        f"hf://{REPO}/a/../../../etc/x.gguf",
+        f"hf://{REPO}//abs.gguf",
+        f"hf://{REPO}/./x.gguf",
+        f"https://huggingface.co/{REPO}/resolve/main/%2E%2E/x.gguf",
+    ],
+)
+def test_paths_that_leave_the_repository_are_refused_before_any_request(hub: HubStandIn, address: str) -> None:
+    with pytest.raises(HubError, match="it must stay inside the repository"):
+        inspect(address)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("address", ["hf://o\n/r/a.gguf", "hf://o/r\n/a.gguf", "hf://o/r--x/a.gguf", "hf://o/.r/a.gguf"])
+def test_malformed_repo_ids_in_addresses_are_refused(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(HubError, match=r"is not a Hub repo id \(OWNER/NAME\)"):
+        HubFile.parse(address)
+    assert main(["inspect", address]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a Hub repo id (OWNER/NAME)" in err  # the newline is shown as \x0a

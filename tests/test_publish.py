@@ -20,6 +20,7 @@ from hub_standin import LargeFolderHub, RecordingHub, http_error
 from gguf_mtp import HubError, ShardSetError, VerificationError, __version__, compose
 from gguf_mtp.cli import main
 from gguf_mtp.digests import FileDigest
+from gguf_mtp.formatting import markdown_text
 from gguf_mtp.model_card import Provenance
 from gguf_mtp.publish import CARD_NAME, STAGING_NAME, publish
 
@@ -359,7 +360,8 @@ def test_card_names_sources_version_llama_release_and_serve_command(composite: P
     first = _shards(composite)[0].name
     assert f"llama-server -m {first} --spec-type draft-mtp --spec-draft-n-max 3" in card
     assert "llama.cpp release b11025 or later" in card
-    assert f"gguf-mtp/) {__version__}" in card
+    assert f"| written by | gguf-mtp {markdown_text(__version__)} (the `gguf-mtp` command" in card
+    assert "pypi.org" not in card  # no link to a page that does not exist
     assert "[unsloth/Tiny-Nemotron-GGUF](https://huggingface.co/unsloth/Tiny-Nemotron-GGUF) at `" + "a" * 40 in card
     assert "`UD-Q4_K_XL/Tiny-Nemotron-UD-Q4_K_XL-00001-of-00003.gguf`" in card
     assert "[nvidia/Tiny-Nemotron-MTPv2](https://huggingface.co/nvidia/Tiny-Nemotron-MTPv2) at `main`" in card

@@ -7,13 +7,16 @@ Exit status: 0 success; 2 bad input or usage (one line on stderr naming the file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import GGUFMTPError
+from ..formatting import ESCAPE_ERRORS, printable
+from .common import error_object, print_json
 
 #: Subcommands, each a module of this package with ``register(subparsers)``.
 COMMANDS = ("convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline")
@@ -36,13 +39,78 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    _quiet_hub_logging(args.verbose)
+    restore = _escape_unprintable_output()
+    try:
+        return _run(args)
+    finally:
+        restore()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the subcommand; map errors to one line on stderr (and a JSON error object with ``--json``)."""
+    want_json = bool(getattr(args, "json", False))
     try:
         return int(args.run(args) or 0)
     except GGUFMTPError as e:
-        print(f"gguf-mtp: error: {e}", file=sys.stderr)
+        _fail(want_json, f"gguf-mtp: error: {printable(e)}", e.message, e.path, 2)
         return 2
     except KeyboardInterrupt:
-        print("gguf-mtp: interrupted; no output was left behind", file=sys.stderr)
+        _fail(want_json, "gguf-mtp: interrupted; no output was left behind", "interrupted", None, 130)
         return 130
     except BrokenPipeError:
         return 1
+    except Exception as e:
+        if want_json:  # a bug: the traceback follows on stderr, but a script still gets an answer
+            _print_json_quietly(error_object(f"internal error: {type(e).__name__}: {printable(e)}", None, 1))
+        raise
+
+
+def _fail(want_json: bool, line: str, message: str, path: str | None, status: int) -> None:
+    if want_json:
+        _print_json_quietly(error_object(printable(message), printable(path) if path is not None else None, status))
+    print(line, file=sys.stderr)
+
+
+def _print_json_quietly(data: dict[str, object]) -> None:
+    with contextlib.suppress(BrokenPipeError, ValueError):  # stdout closed: stderr still has the line
+        print_json(data)
+
+
+def _quiet_hub_logging(verbose: bool) -> None:
+    """huggingface_hub has its own stderr handler: through ours as well, every line printed twice.
+
+    Its retry warnings ("Retrying in 8s [Retry 4/5]") are only shown with ``-v``; without it a failure
+    is the one line the command prints in the end.
+    """
+    import huggingface_hub.utils.logging  # noqa: F401  (cheap: it sets up its handler and level on import)
+
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_logger.propagate = False
+    hub_logger.setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+def _escape_unprintable_output() -> Callable[[], None]:
+    """Make stdout and stderr write an unencodable character as ``\\xNN`` instead of raising.
+
+    Every report escapes the names it prints; this is the last line of defence for anything that
+    slips through (a progress bar's label, a message from a library). Returns the undo.
+    """
+    undo: list[Callable[[], None]] = []
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        errors = getattr(stream, "errors", None)
+        if reconfigure is None or errors is None:
+            continue
+        try:
+            reconfigure(errors=ESCAPE_ERRORS)
+        except (ValueError, OSError):  # a detached or closed stream
+            continue
+        undo.append(lambda r=reconfigure, e=errors: r(errors=e))
+
+    def restore() -> None:
+        for step in undo:
+            with contextlib.suppress(ValueError, OSError):
+                step()
+
+    return restore

@@ -1,15 +1,20 @@
-"""Helpers shared by the subcommand modules."""
+"""Helpers shared by the subcommand modules: the flags every writer takes and the two ways out (text, JSON).
+
+Everything a command prints goes through :func:`print_report` or :func:`print_json`, which escape the
+names inside (see :mod:`gguf_mtp.formatting`): a name read from a file can hold any byte.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from typing import Any
 
-from ..formatting import human_bytes, short
+from ..formatting import human_bytes, json_safe, printable, short
 
-__all__ = ["add_output_flags", "human_bytes", "print_json", "short"]
+__all__ = ["add_output_flags", "error_object", "human_bytes", "print_json", "print_report", "short"]
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -21,6 +26,17 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
 
 
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
+    """``data`` as indented JSON on stdout: valid UTF-8 JSON whatever bytes the names inside hold."""
+    json.dump(json_safe(data), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
+    sys.stdout.flush()
 
+
+def print_report(lines: Iterable[str]) -> None:
+    """The human-readable report, one line per item, each item escaped to stay one printable line."""
+    print("\n".join(printable(line) for line in lines))
+
+
+def error_object(message: str, path: str | None, exit_status: int) -> dict[str, Any]:
+    """The ``--json`` answer of a failed command: ``{"error": ..., "path": ..., "exit_status": ...}``."""
+    return {"error": message, "path": path, "exit_status": exit_status}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..compose import compose
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     if report.verification is not None and not report.verification.ok:
         return 2
     return 0

@@ -8,7 +8,7 @@ from conversion import supported_architectures
 from conversion.base import OUTTYPES
 
 from ..convert import convert
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..constants import SPLIT_NAME
 from ..extract import extract
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -49,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     return 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..graft import graft
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     if not report.ok:
         print(f"gguf-mtp: error: {report.output_paths[0]}: the grafted model failed verification", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..inspect import inspect
-from .common import print_json
+from .common import print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary.to_dict())
     else:
-        print("\n".join(summary.describe()))
+        print_report(summary.describe())
     if not summary.problems:
         return 0
     # The summary is printed either way; a set llama.cpp would refuse must not pass `inspect x && upload`.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..pipeline import PipelineReport, run_pipeline
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 DEFAULT_WORK_DIR = "gguf-mtp-work"
 
@@ -64,5 +64,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     return 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..hub import check_repo_id
 from ..model_card import Provenance
 from ..publish import CARD_NAME, publish
-from .common import add_output_flags, print_json
+from .common import add_output_flags, print_json, print_report
 
 
 def add_provenance_flags(p: argparse.ArgumentParser) -> None:
@@ -23,6 +24,15 @@ def add_provenance_flags(p: argparse.ArgumentParser) -> None:
 
 
 def provenance_from_args(args: argparse.Namespace) -> Provenance:
+    """The :class:`Provenance` the flags describe; repo ids are checked by the Hub's rules first.
+
+    Raises:
+        HubError: ``--target-repo`` or ``--base-model`` is not an ``OWNER/NAME`` repo id.
+    """
+    if args.target_repo is not None:
+        check_repo_id(args.target_repo, "--target-repo")
+    if args.base_model is not None:
+        check_repo_id(args.base_model, "--base-model")
     return Provenance(
         target_repo=args.target_repo, target_revision=args.target_revision, target_files=tuple(args.target_file),
         head_source=args.head_repo, head_revision=args.head_revision, base_model=args.base_model,
@@ -51,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_repo_id(args.repo, "--repo")
     report = publish(
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
@@ -58,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
         return 0
-    print("\n".join(report.describe()))
+    print_report(report.describe())
     if args.dry_run:
         print(f"\n----- {CARD_NAME} -----")
         sys.stdout.write(report.card)

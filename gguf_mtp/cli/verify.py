@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..verify import verify
-from .common import print_json
+from .common import print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print("\n".join(report.describe()))
+        print_report(report.describe())
     return 0 if report.ok else 2

@@ -1,0 +1,98 @@
+"""The patches in upstream/ apply to the llama.cpp vendored in llama-cpp-python 0.3.36 and change its behaviour.
+
+The sdist comes from pip (its cache after the first run) and is unpacked once into .cache/upstream/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "upstream"
+SDIST = "llama-cpp-python==0.3.36"
+PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+NEEDED = ("gguf-py/", "conversion/base.py")
+
+
+def _vendored_tree() -> Path:
+    """Download (once) the sdist and unpack the parts of its llama.cpp the patches touch."""
+    tree = CACHE / "llama.cpp"
+    if (tree / ".complete").exists():
+        return tree
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", SDIST,
+                    "-d", str(CACHE)], check=True, timeout=600)
+    with tarfile.open(next(CACHE.glob("llama_cpp_python-0.3.36.tar.gz"))) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith(PREFIX) and m.name[len(PREFIX):].startswith(NEEDED)]
+        for m in members:
+            m.name = m.name[len(PREFIX):]
+        tar.extractall(tree, members=members, filter="data")
+    (tree / ".complete").touch()
+    return tree
+
+
+@pytest.fixture
+def fresh_tree(tmp_path: Path) -> Path:
+    dst = tmp_path / "llama.cpp"
+    shutil.copytree(_vendored_tree(), dst, ignore=shutil.ignore_patterns(".complete"))
+    return dst
+
+
+def _apply(tree: Path, patch: Path) -> None:
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
+
+
+def _read(tree: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    """GGUFReader from the tree's own gguf-py on PATH, in a child with a time limit."""
+    code = "import sys; from gguf.gguf_reader import GGUFReader; GGUFReader(sys.argv[1]); print('read')"
+    try:
+        return subprocess.run([sys.executable, "-c", code, str(path)], env={"PYTHONPATH": str(tree / "gguf-py")},
+                              capture_output=True, text=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess([], 124, "", "timeout")
+
+
+def _hostile(tmp: Path) -> dict[str, Path]:
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    files = {
+        "meta": b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + s(b"t") + struct.pack("<IQIQ", 1, 4, 0, 0) + b"\0" * 11,
+        "huge": b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + s(b"k") + struct.pack("<IIQ", 9, 0, 2**30) + b"\1" * 8,
+    }
+    out = {}
+    for name, data in files.items():
+        out[name] = tmp / f"{name}.gguf"
+        out[name].write_bytes(data)
+    return out
+
+
+def test_reader_patch_before_after(fresh_tree: Path, tmp_path: Path) -> None:
+    files = _hostile(tmp_path)
+    before = {k: _read(fresh_tree, p) for k, p in files.items()}
+    assert "cannot reshape array" in before["meta"].stderr
+    assert before["huge"].returncode == 124  # loops over empty reads past the end of the file
+    _apply(fresh_tree, ROOT / "upstream/02-gguf-reader-bounded-errors/gguf-reader-bounded-errors.patch")
+    after = {k: _read(fresh_tree, p) for k, p in files.items()}
+    assert "Tensor 't': 16 bytes of data at offset 64 end past the file size 68" in after["meta"].stderr
+    assert "does not fit in the remaining 8 bytes" in after["huge"].stderr
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                           cwd=fresh_tree / "gguf-py", env={"PYTHONPATH": "."}, capture_output=True, text=True,
+                           timeout=60)
+    assert tests.returncode == 0, tests.stdout[-2000:]
+
+
+def test_router_patch_applies(fresh_tree: Path) -> None:
+    _apply(fresh_tree, ROOT / "upstream/01-nemotronh-mtp-router-f32/nemotronh-mtp-router-f32.patch")
+    src = (fresh_tree / "conversion/base.py").read_text()
+    assert "self.match_model_tensor_name(new_name, key, new_bid)" in src
+    assert "self.match_model_tensor_name(new_name, key, bid)" not in src
