@@ -292,11 +292,14 @@ def commit(folder: Path, entries: Sequence[Replacement]) -> None:
 
     Raises:
         OSError: a rename failed (a file appeared at a final name: ``FileExistsError``); everything was
-            rolled back first: the old files are back under their names, the new ones are gone.
+            rolled back first: the old files are back under their names, the new ones (temporary files
+            included) are gone.
         OutputWriteError: the roll-back failed too; the journal stays, so the next run finishes it.
     """
-    _write_journal(folder, entries)
+    journal_written = False
     try:
+        _write_journal(folder, entries)
+        journal_written = True
         for entry in entries:
             if entry.backup is not None:
                 rename_noreplace(folder / entry.final, folder / entry.backup)
@@ -305,12 +308,13 @@ def commit(folder: Path, entries: Sequence[Replacement]) -> None:
     except BaseException as failure:
         try:
             _roll_back(folder, entries)
-            os.unlink(folder / JOURNAL_NAME)
+            if journal_written:
+                os.unlink(folder / JOURNAL_NAME)
         except OSError as e:
             raise OutputWriteError(
                 f"renaming failed ({getattr(failure, 'strerror', None) or failure}) and rolling back failed too "
                 f"({e.strerror or e}); the next gguf-mtp run into this folder finishes the roll-back",
-                folder / entry.final,
+                folder,
             ) from None
         _fsync_dir(folder)
         raise

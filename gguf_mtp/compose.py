@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .compose_plan import CompositionPlan, plan_composition
-from .formatting import human_bytes, short
+from .formatting import human_bytes, short_change
 from .kv_edit import KVOverride, parse_set_kv
 from .output import WriteReport, write_outputs
 from .shards import open_model
@@ -45,7 +45,7 @@ class ComposeReport(WriteReport):
                 + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
                 + ")"
             )
-            lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
+            lines.extend(f"    {c.key} ({c.type_name}): {short_change(c.old, c.new)}" for c in f.kv_changes)
         if self.dry_run:
             lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
         else:
@@ -127,7 +127,10 @@ def compose(
     Every target tensor's bytes are copied verbatim (by the kernel), the draft's block tensors are
     appended to the last shard under their new names, and the model metadata is patched:
     ``{arch}.block_count``, ``{arch}.nextn_predict_layers``, every per-layer array and
-    ``split.tensors.count`` in every shard. Outputs appear atomically.
+    ``split.tensors.count`` in every shard; every shard also carries the set id ``gguf_mtp.set_id``
+    (:mod:`gguf_mtp.set_id`), so ``verify`` notices a set mixed from two runs. Outputs appear atomically,
+    under a lock on ``output_dir`` (a concurrent writer is refused) and, with ``force``, the old files
+    come back if anything fails (:mod:`gguf_mtp.commit`).
 
     Args:
         target: a single-file GGUF or any shard of a ``<prefix>-NNNNN-of-NNNNN.gguf`` set.

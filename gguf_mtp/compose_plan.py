@@ -9,7 +9,7 @@ what counts as a block, a per-layer array or a NextN block comes from ``{arch}.b
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, 
 from .kv_edit import INT_RANGES, KVChange, KVOverride, apply_kv_edits, check_int, resolve_override, with_int_value
 from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Zeros
+from .set_id import placeholder_kv, stamp_set_id, without_set_id
 from .shards import ShardSet
 
 __all__ = [
@@ -465,10 +466,18 @@ def plan_composition(
             tensors += infos
             data += segments
             added = [t.name for t in infos]
-        # Padded last (after every KV is known) so the target's data keeps its offset mod 4 KiB (reflink).
+        # The set id (a placeholder until every header is known), then padding last (after every KV is
+        # known) so the target's data keeps its offset mod 4 KiB (reflink).
+        kvs = [*without_set_id(kvs), placeholder_kv()]
         head = congruent_header(header.version, kvs, tensors, header.alignment, data, Path(header.path))
         output = OutputFile(final, (Bytes(head), *data))
         files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(changes), added_tensors=tuple(added)))
+    heads = [f.output.segments[0] for f in files]
+    stamped = stamp_set_id([h.data for h in heads if isinstance(h, Bytes)])
+    files = [
+        replace(f, output=OutputFile(f.output.path, (Bytes(head), *f.output.segments[1:])))
+        for f, head in zip(files, stamped)
+    ]
 
     return CompositionPlan(
         target=target,

@@ -13,6 +13,7 @@ for Nemotron 3 Super, on a model small enough to write on the spot:
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from .publish import CARD_NAME, publish
 from .tiny_checkpoints import write_mtpv2_checkpoint
 from .tiny_models import write_target
 from .verify import verify
+from .workdir import claim_work_dir
 
 __all__ = ["run_demo"]
 
@@ -34,20 +36,50 @@ TARGET_NAME = "Tiny-Nemotron-UD-Q4_K_XL"
 
 
 def run_demo(
-    work_dir: str | os.PathLike[str] | None = None, *, llama: bool | None = None, say: Callable[[str], None] = print
+    work_dir: str | os.PathLike[str] | None = None,
+    *,
+    llama: bool | None = None,
+    say: Callable[[str], None] = print,
+    keep: bool = False,
+    force: bool = False,
 ) -> bool:
-    """Run the whole flow on a tiny model in ``work_dir`` (default: a new temporary folder).
+    """Run the whole flow on a tiny model in ``work_dir`` (default: a new temporary folder, removed at the
+    end unless ``keep``).
 
     Args:
-        work_dir: where the files go; an earlier demo's files there are replaced.
+        work_dir: where the files go: a new or empty folder, or one an earlier demo made (its marker,
+            :data:`gguf_mtp.workdir.MARKER_NAME`); the earlier demo's files there are replaced.
         llama: load the composite with llama.cpp (default: when llama-cpp-python is installed).
         say: where the progress lines go.
+        keep: keep the temporary folder (without ``work_dir``) and say where it is.
+        force: use a non-empty ``work_dir`` that no demo made (its files of the demo's names are replaced).
 
     Returns:
         Whether the composite verified (and, with llama.cpp, loaded and ran its NextN block).
+
+    Raises:
+        UnsafeOutputError: ``work_dir`` is a file, or a non-empty folder no demo made (without ``force``).
     """
-    work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="gguf-mtp-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if work_dir is not None:
+        work = Path(work_dir)
+        claim_work_dir(work, "demo", force=force, option="--dir")
+        return _run(work, llama, say)
+    work = Path(tempfile.mkdtemp(prefix="gguf-mtp-demo-"))
+    try:
+        ok = _run(work, llama, say)
+    except BaseException:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    if keep:
+        say(f"kept the demo's files in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        say(f"removed the demo's temporary folder {work} (--keep or --dir DIR keeps the files)")
+    return ok
+
+
+def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
     target = write_target(work / "target", shards=3, name=TARGET_NAME)
     target_files = sorted(target.parent.glob(f"{TARGET_NAME}-*-of-*.gguf"))
     say(f"1. target: a tiny nemotron_h_moe quant in {len(target_files)} shards, blocks M,*,E, no MTP "

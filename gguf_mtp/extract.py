@@ -40,6 +40,7 @@ from .formatting import human_bytes
 from .gguf_header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header
 from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from .set_id import SET_ID_KEY
 from .shards import ShardSet, open_model
 
 __all__ = [
@@ -186,6 +187,8 @@ def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list
     skipped = _STANDALONE_SKIPPED_PREFIXES if standalone else _DRAFT_SKIPPED_PREFIXES
     kvs, left_out, added = [], [], []
     for key, kv in source.first.kvs.items():
+        if key == SET_ID_KEY:  # the composite's set id (gguf_mtp.set_id): the draft is no shard of it
+            continue
         if key.startswith(skipped):
             left_out.append(key)
         else:

@@ -31,6 +31,7 @@ __all__ = [
     "markdown_text",
     "printable",
     "short",
+    "short_change",
 ]
 
 #: Name of the codec error handler that writes an unencodable character as ``\xNN`` (a byte kept by
@@ -146,3 +147,43 @@ def short(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters (long per-layer arrays in KV change lines)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: Items of a long array shown before the first difference in :func:`short_change`.
+_CONTEXT_ITEMS = 2
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_change(old: Any, new: Any, limit: int = 60) -> str:
+    """``old -> new`` with each side cut to ``limit`` characters, keeping the part where they differ.
+
+    Two long per-layer arrays usually share a long head; cutting both to the same prefix would hide the
+    change, so the shared head is replaced by ``…`` and a little context is kept before the first
+    difference:
+
+    >>> short_change([0] * 40 + [2], [0] * 40 + [2, 2])
+    '… 0, 2] -> … 0, 2, 2]'
+    """
+    a, b = repr(old), repr(new)
+    if len(a) <= limit and len(b) <= limit:
+        return f"{a} -> {b}"
+    same = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        same += 1
+    if same < limit // 2:  # the difference is near the start: a plain cut shows it
+        return f"{_cut(a, limit)} -> {_cut(b, limit)}"
+    start = same
+    for _ in range(_CONTEXT_ITEMS):  # back to the start of the item(s) before the difference
+        found = a.rfind(", ", 0, start)
+        if found < 0:
+            break
+        start = found
+    start = start + 2 if a.startswith(", ", start) else max(0, same - 10)
+    if start == 0:
+        return f"{_cut(a, limit)} -> {_cut(b, limit)}"
+    return f"{_cut('… ' + a[start:], limit)} -> {_cut('… ' + b[start:], limit)}"

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gguf import GGUFValueType
+
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition, vocab_size
 from .constants import (
     KEY_BLOCK_COUNT,
@@ -30,7 +32,7 @@ from .constants import (
     KEY_TOKENS,
     KEY_VOCAB_SIZE,
 )
-from .errors import IncompatibleDraftError
+from .errors import BadGGUFError, IncompatibleDraftError
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
 from .formatting import human_bytes, short
 from .gguf_header import KeyValue
@@ -63,7 +65,22 @@ def _first_token_difference(source: ShardSet, target: ShardSet) -> str:
     return "same tokens, differently typed"
 
 
+def _check_token_list(model: ShardSet) -> None:
+    """Refuse a ``tokenizer.ggml.tokens`` that is not an array of strings (llama.cpp reads nothing else).
+
+    Raises:
+        BadGGUFError: the key holds a scalar or an array of another element type (named, one line).
+    """
+    tokens = model.kv(KEY_TOKENS)
+    if tokens is None:
+        return
+    if not tokens.is_array or tokens.element_type != GGUFValueType.STRING:
+        raise BadGGUFError(f"{KEY_TOKENS} is {tokens.type_name}, not an array of strings (arr[str])", model.name)
+
+
 def _check_vocabulary(source: ShardSet, target: ShardSet) -> None:
+    _check_token_list(source)
+    _check_token_list(target)
     key = source.arch_key(KEY_VOCAB_SIZE)
     stated, target_stated = source.get(key), target.get(key)
     if stated is not None and target_stated is not None and stated != target_stated:

@@ -16,12 +16,14 @@ from .blocks import (
     block_indices,
     block_layout_problem,
     block_tensor_problems,
+    is_mtp_only,
     layer_kinds,
     missing_nextn_by_block,
     nextn_kind_problems,
     unextended_arrays,
 )
 from .constants import (
+    DRAFT_GLOBAL_TENSORS,
     KEY_ARCHITECTURE,
     KEY_SPLIT_COUNT,
     KEY_SPLIT_NO,
@@ -104,6 +106,8 @@ class ModelSummary:
     tensors: tuple[TensorRow, ...] | None = None  # with ``tensors=True``
     bytes_fetched: int | None = None  # remote: header bytes received over HTTP
     http_requests: int | None = None
+    mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
+    standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
 
     @property
     def trunk_blocks(self) -> int | None:
@@ -111,8 +115,13 @@ class ModelSummary:
 
     @property
     def has_mtp(self) -> bool:
-        """NextN blocks are declared and each has the tensors llama.cpp needs to run it."""
-        return bool(self.nextn_blocks) and not self.nextn_missing
+        """A model (not an MTP-only draft) whose declared NextN blocks each have the tensors llama.cpp needs."""
+        return bool(self.nextn_blocks) and not self.nextn_missing and not self.mtp_only
+
+    @property
+    def kind(self) -> str:
+        """``"mtp-draft"`` for an MTP-only file (llama.cpp runs it only beside its target), else ``"model"``."""
+        return "mtp-draft" if self.mtp_only else "model"
 
     @property
     def mtp_verdict(self) -> str:
@@ -123,7 +132,15 @@ class ModelSummary:
             return "MTP: declared but tensors missing"
         n = len(self.nextn_blocks)
         where = f"blk.{self.nextn_blocks[0]}" + (f"-{self.nextn_blocks[-1]}" if n > 1 else "")
+        if self.mtp_only:
+            return f"MTP: draft only ({n} block{'s' if n > 1 else ''}, {where}): not a model by itself; {self._use}"
         return f"MTP: yes ({n} block{'s' if n > 1 else ''}, {where})"
+
+    @property
+    def _use(self) -> str:
+        if self.standalone:
+            return "run it beside its target: llama-server -m TARGET --spec-draft-model DRAFT"
+        return "it needs its target: gguf-mtp compose TARGET DRAFT -o OUTDIR"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable view (the ``--json`` report)."""
@@ -140,6 +157,9 @@ class ModelSummary:
             "nextn_missing": {f"blk.{b}": list(names) for b, names in self.nextn_missing.items()},
             "stray_blocks": list(self.stray_blocks),
             "has_mtp": self.has_mtp,
+            "kind": self.kind,
+            "mtp_only": self.mtp_only,
+            "standalone": self.standalone,
             "mtp_verdict": self.mtp_verdict,
             "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds)
             if self.layer_kinds
@@ -170,6 +190,9 @@ class ModelSummary:
             if self.nextn_blocks:
                 blocks += f" ({', '.join(f'blk.{b}' for b in self.nextn_blocks)})"
             lines.append(blocks)
+        if self.mtp_only:
+            extra = f", with {', '.join(DRAFT_GLOBAL_TENSORS)}" if self.standalone else ""
+            lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
         for block, names in self.nextn_missing.items():
             lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
         if self.stray_blocks:
@@ -273,6 +296,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     arch = arch if isinstance(arch, str) else None
     block_count = nextn = None
     kinds = None
+    mtp_only = False
     names = [t.name for h in model.headers for t in h.tensors]
     if first is not None and arch is not None:
         # Bounded before anything below loops over blocks (blocks.MAX_BLOCK_COUNT).
@@ -282,7 +306,9 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
                 problems.append(layout_problem or "no block layout")
         else:
             block_count, nextn = layout.block_count, layout.nextn
-            problems += block_tensor_problems(layout, {b for b in block_indices(names) if b < layout.block_count})
+            declared = {b for b in block_indices(names) if b < layout.block_count}
+            problems += block_tensor_problems(layout, declared)
+            mtp_only = is_mtp_only(layout, declared)
         if block_count is not None:
             trunk = block_count - nextn
             kinds = layer_kinds(first, arch, block_count)
@@ -330,6 +356,8 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         tensors=tuple(rows) if tensors else None,
         bytes_fetched=model.bytes_fetched if model.remote else None,
         http_requests=model.http_requests if model.remote else None,
+        mtp_only=mtp_only,
+        standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
     )
 
 

@@ -6,6 +6,14 @@ loads with ``load_mtp`` and ``check_tensors``, runs one trunk decode and one dec
 MTP-type context through the NextN block, and checks the logits are finite. It runs in a subprocess
 because a failed GGML assert aborts the whole process; llama.cpp's own messages (stderr) are kept.
 
+The check is about the file, not about fast kernels, so its result must not depend on the CPU the build
+was compiled for: the model is loaded without llama.cpp's "extra" buffer types (``use_extra_bufts =
+False``: no AMX, no weight repacking, no KleidiAI), on the CPU only, memory-mapped, read eagerly, and the
+contexts run without flash attention or operator offload (see :data:`MODEL_PARAMS`, :data:`CONTEXT_PARAMS`).
+A default (native) build of llama-cpp-python on a CPU with AMX segfaults in ``ggml_backend_amx_mul_mat``
+otherwise. If llama.cpp still dies by a signal, that is reported as llama.cpp crashing in its own compute
+code (:attr:`LlamaCheck.crashed`), which is not a verdict on the file.
+
 Run as a program it is the child: ``python -m gguf_mtp.llama_check PATH [--no-mtp] [--no-trunk]``
 prints one JSON line.
 """
@@ -18,14 +26,34 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["INSTALL_HINT", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
+__all__ = ["CONTEXT_PARAMS", "INSTALL_HINT", "MODEL_PARAMS", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
 
 INSTALL_HINT = "pip install 'gguf-mtp[llama]'  (builds llama-cpp-python==0.3.36, a few minutes on 2 cores)"
+# llama_model_params fields the child sets (names of llama_cpp constants are resolved in the child). Together
+# they keep the check off every CPU-feature-specific path a build may have: extra buffer types are how ggml
+# reaches AMX tiles, repacked (aarch64/x86) layouts and KleidiAI; n_gpu_layers/split_mode keep any GPU out.
+MODEL_PARAMS: dict[str, Any] = {
+    "n_gpu_layers": 0,
+    "split_mode": "LLAMA_SPLIT_MODE_NONE",
+    "use_extra_bufts": False,
+    "no_host": False,
+    "load_mode": "LLAMA_LOAD_MODE_MMAP",
+    "lazy_mode": "LLAMA_LAZY_MODE_OFF",
+    "check_tensors": True,
+}
+# llama_context_params fields the child sets (besides sizes, threads and ctx_type).
+CONTEXT_PARAMS: dict[str, Any] = {
+    "flash_attn_type": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
+    "offload_kqv": False,
+    "op_offload": False,
+    "no_perf": True,
+}
 _REASON = re.compile(r"(error|failed|GGML_ASSERT|corrupted|wrong|missing|invalid|exception)", re.IGNORECASE)
 
 
@@ -46,6 +74,7 @@ class LlamaCheck:
     mtp_decode_ok: bool | None = None
     mtp_logits_finite: bool | None = None
     error: str | None = None  # llama.cpp's reason, when it refused
+    crashed: str | None = None  # signal name, when llama.cpp died by a signal (a llama.cpp/build problem)
     log_tail: str = ""
 
     @property
@@ -58,6 +87,9 @@ class LlamaCheck:
         return asdict(self) | {"ok": self.ok}
 
     def summary(self) -> str:
+        """One line: what llama.cpp did with the file."""
+        if self.crashed and self.error:
+            return self.error
         if not self.loaded:
             return f"llama.cpp refused it: {self.error or 'load failed'}"
         parts = [f"n_layer={self.n_layer}", f"n_layer_nextn={self.n_layer_nextn}"]
@@ -81,6 +113,12 @@ def _reason(stderr: str) -> str | None:
     return hits[-1] if hits else (lines[-1] if lines else None)
 
 
+def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
+    """The child's command line (a seam for tests)."""
+    flags = ["--no-mtp"] * (not mtp) + ["--no-trunk"] * (not trunk)
+    return [sys.executable, "-m", "gguf_mtp.llama_check", path, *flags]
+
+
 def check_with_llama(
     path: str | os.PathLike[str], *, mtp: bool = True, trunk: bool = True, timeout: float = 300.0
 ) -> LlamaCheck:
@@ -97,11 +135,7 @@ def check_with_llama(
     """
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-    cmd = [sys.executable, "-m", "gguf_mtp.llama_check", os.fspath(path)]
-    if not mtp:
-        cmd.append("--no-mtp")
-    if not trunk:
-        cmd.append("--no-trunk")
+    cmd = _child_command(os.fspath(path), mtp, trunk)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     result = LlamaCheck(os.fspath(path))
     try:
@@ -124,10 +158,16 @@ def check_with_llama(
         for key, value in report.items():
             if hasattr(result, key) and key not in ("path", "log_tail", "stage"):
                 setattr(result, key, value)
-    if proc.returncode != 0 and result.error is None:
+    stage = (report or {}).get("stage")
+    if proc.returncode < 0 and result.error is None:
+        result.crashed, result.error = _signal_message(-proc.returncode, stage, proc.stderr)
+        if stage == "trunk" and result.trunk_decode_ok is None:
+            result.trunk_decode_ok = False
+        if stage == "mtp" and result.mtp_decode_ok is None:
+            result.mtp_decode_ok = False
+    elif proc.returncode != 0 and result.error is None:
         result.error = f"llama.cpp exited with status {proc.returncode}: {_reason(proc.stderr) or 'no message'}"
         # the child reports after every step: a crash during a step is that step's failure
-        stage = (report or {}).get("stage")
         if stage == "trunk" and result.trunk_decode_ok is None:
             result.trunk_decode_ok = False
         if stage == "mtp" and result.mtp_decode_ok is None:
@@ -137,7 +177,42 @@ def check_with_llama(
     return result
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+_STAGES = {None: "while loading the file", "trunk": "during the trunk decode step", "mtp": "during the MTP decode step",
+           "done": "after the check had finished"}
+
+
+def _signal_message(signum: int, stage: str | None, stderr: str) -> tuple[str | None, str]:
+    """(crashed, error) for a child killed by ``signum``.
+
+    A SIGABRT after a GGML_ASSERT/"error" line is llama.cpp refusing the file the hard way; any other
+    signal (and an abort with no such line) is llama.cpp crashing in its own code, which says nothing
+    about the file.
+    """
+    name = _signal_name(signum)
+    reason = _reason(stderr)
+    if signum == signal.SIGABRT and reason and _REASON.search(reason):
+        return None, f"llama.cpp aborted ({name}) {_STAGES.get(stage, '')}: {reason}"
+    where = _STAGES.get(stage, f"at step {stage!r}")
+    return name, (
+        f"llama.cpp crashed in its own compute code ({name}) {where}: this is a fault of the llama.cpp build, "
+        "not a verdict on the file (llama.cpp did not refuse it)"
+    )
+
+
 # ----------------------------------------------------------------------------------------- the child
+
+
+def _set_params(llama: Any, params: Any, values: dict[str, Any]) -> None:
+    """Set ``values`` on a ctypes params struct; a string value names a ``llama_cpp`` constant."""
+    for field, value in values.items():
+        setattr(params, field, getattr(llama, value) if isinstance(value, str) else value)
 
 
 def _finite(values: Any, n: int) -> bool:
@@ -188,8 +263,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
 
     llama.llama_backend_init()
     params = llama.llama_model_default_params()
-    params.n_gpu_layers = 0
-    params.check_tensors = True
+    _set_params(llama, params, MODEL_PARAMS)
     params.load_mtp = mtp
     model = llama.llama_model_load_from_file(path.encode(), params)
     if not model:
@@ -211,6 +285,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = 2
         cparams.ctx_type = ctx_type
+        _set_params(llama, cparams, CONTEXT_PARAMS)
         return llama.llama_init_from_model(model, cparams)
 
     if trunk:

@@ -29,6 +29,7 @@ __all__ = [
     "LLAMA_CPP_MIN_RELEASE",
     "ModelFacts",
     "Provenance",
+    "draft_command",
     "llama_cpp_requirement",
     "render_model_card",
     "serve_command",
@@ -127,6 +128,18 @@ def serve_command(first_file: str) -> str:
     return f"llama-server -m {shell_word(first_file)} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
 
 
+def draft_command(target_file: str, draft_file: str) -> str:
+    """The ``llama-server`` command that serves ``target_file`` with the MTP-only ``draft_file`` as its drafter."""
+    return (
+        f"llama-server -m {shell_word(target_file)} --spec-draft-model {shell_word(draft_file)} "
+        f"--spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+    )
+
+
+#: What the card of a standalone draft calls the target's first file when no ``--target-file`` was given.
+TARGET_PLACEHOLDER = "TARGET.gguf"
+
+
 def shell_word(text: str) -> str:
     """``text`` as one shell argument: printable (no newline can end the command) and quoted."""
     return shlex.quote(printable(text))
@@ -178,8 +191,9 @@ def render_model_card(
     facts: ModelFacts,
     provenance: Provenance = Provenance(),
     version: str,
+    standalone: bool = False,
 ) -> str:
-    """The ``README.md`` for a published composite.
+    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft).
 
     Args:
         repo: the Hub repo it is published to (``OWNER/NAME``).
@@ -187,6 +201,8 @@ def render_model_card(
         facts: what the GGUF headers say (:meth:`ModelFacts.from_model`).
         provenance: where the target and the head came from.
         version: the gguf-mtp version that wrote the files.
+        standalone: the files are an MTP-only draft: the card says it is not a model by itself and shows
+            the ``llama-server -m TARGET --spec-draft-model DRAFT`` command.
 
     Returns:
         The card's text: YAML front matter, then Markdown.
@@ -202,16 +218,26 @@ def render_model_card(
     if len(files) > 1:
         changed_keys.append("`split.tensors.count`")
     changed = ", ".join(changed_keys)
+    if standalone:
+        intro = (
+            f"{what} as an MTP-only draft in GGUF: its multi-token-prediction (MTP / NextN) head, block {blocks}, "
+            f"without the {facts.trunk_blocks} trunk blocks. It is not a model by itself: llama.cpp loads it beside "
+            "its target model as the drafter (`--spec-draft-model`)."
+        )
+    else:
+        intro = (
+            f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block {blocks}, "
+        f"after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
+            "(`--spec-type draft-mtp`) without a separate draft model." + (
+                f" The trunk tensors are byte for byte those of the target quant (nothing was re-quantized); only "
+                f"metadata changed ({changed})." if provenance.target_repo else ""
+            )
+        )
     lines = [
         _front_matter(facts, provenance),
         f"# {markdown_text(title)}",
         "",
-        f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block {blocks}, "
-        f"after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
-        "(`--spec-type draft-mtp`) without a separate draft model." + (
-            f" The trunk tensors are byte for byte those of the target quant (nothing was re-quantized); only "
-            f"metadata changed ({changed})." if provenance.target_repo else ""
-        ),
+        intro,
         "",
         "## Where it comes from",
         "",
@@ -243,7 +269,7 @@ def render_model_card(
         "|---|---:|---|",
     ]
     lines += [f"| {markdown_code(f.name)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |" for f in files]
-    lines += [
+    lines += _run_section_standalone(repo, title, first, facts, provenance) if standalone else [
         "",
         "## Run it",
         "",
@@ -255,13 +281,35 @@ def render_model_card(
         f"cd {shell_word(title)}",
         serve_command(first),
         "```",
+    ]
+    lines += [
         "",
         "## Check it",
         "",
         "```sh",
         "sha256sum " + " ".join(shell_word(f.name) for f in files),
-        f"gguf-mtp verify {shell_word(first)}",
+        f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}",
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def _run_section_standalone(
+    repo: str, title: str, first: str, facts: ModelFacts, provenance: Provenance
+) -> list[str]:
+    """"Run it" for an MTP-only draft: the target with ``-m``, this file with ``--spec-draft-model``."""
+    target = provenance.target_files[0] if provenance.target_files else TARGET_PLACEHOLDER
+    where = f" of {_repo_link(provenance.target_repo)}" if provenance.target_repo else ""
+    return [
+        "",
+        "## Run it",
+        "",
+        f"Needs {llama_cpp_requirement(facts.architecture)}. Download this draft, and the target model{where} "
+        f"({markdown_code(target)} is its first file), then give llama.cpp both:",
+        "",
+        "```sh",
+        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
+        draft_command(target, f"{title}/{first}"),
+        "```",
+    ]

@@ -7,27 +7,30 @@ plain read/write loop where neither works), so tensor data never passes through 
 memory stays flat whatever the size.
 
 Safety rules: every output is written under a temporary name in its final folder, fsynced, and only
-renamed into place once every file of the set is complete; any failure or interrupt removes the
-temporary files; an output is never allowed to be one of the inputs (links included); an existing
-output is only replaced with ``force``.
+renamed into place once every file of the set is complete (under a lock on the output folder, with
+no-replace renames and a journal, see :mod:`gguf_mtp.commit`); any failure or interrupt removes the
+temporary files and puts replaced files back; an output is never allowed to be one of the inputs (links
+included); an existing output is only replaced with ``force``.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from .commit import BACKUP_SUFFIX, JOURNAL_NAME, Replacement, backup_name, commit, folder_lock, recover
 from .constants import PARTIAL_SUFFIX, progress_disabled
 from .errors import OutputWriteError, UnsafeOutputError
 from .formatting import human_bytes
@@ -48,6 +51,8 @@ __all__ = [
     "progress_bar",
     "write_outputs",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,7 @@ class WriteStats:
     seconds: float
     copy_methods: tuple[str, ...]
     bytes_shared: int = 0  # of bytes_written: extents shared with an input (reflink), not copied
+    notes: tuple[str, ...] = ()  # e.g. an interrupted earlier run rolled back
 
 
 @dataclass
@@ -260,6 +266,7 @@ class WriteReport:
         self.bytes_written = stats.bytes_written
         self.copy_methods = stats.copy_methods
         self.bytes_shared = stats.bytes_shared
+        self.notes.extend(n for n in stats.notes if n not in self.notes)
 
     def sharing(self) -> str:
         """``", 3.4 MiB shared with the inputs, 5.7 MiB copied"`` after a write that shared extents
@@ -291,6 +298,11 @@ def write_outputs(
 ) -> WriteStats:
     """Write every planned file atomically: all appear under their final names, or none does.
 
+    The output folder is locked for the whole run (a second gguf-mtp writer is refused, never merged);
+    a rename phase that a killed earlier run left half done is rolled back first; files replaced with
+    ``force`` are moved aside and only deleted once the whole new set is in place (see
+    :mod:`gguf_mtp.commit`).
+
     Args:
         files: the planned outputs.
         inputs: input files that must never be overwritten (segment sources are added automatically).
@@ -298,51 +310,100 @@ def write_outputs(
         progress: show a byte progress bar on stderr (only when it is a terminal).
 
     Raises:
-        UnsafeOutputError: see :func:`check_outputs`.
+        UnsafeOutputError: see :func:`check_outputs`; or another run holds the output folder.
         OutputWriteError: an I/O error while writing (the message says which file and why); temporary
-            files were removed and no output was renamed into place.
+            files were removed, no new output was left behind, and replaced files are back in place.
     """
-    check_outputs(files, inputs, force=force)
+    groups: dict[Path, list[OutputFile]] = {}
+    for planned in files:
+        groups.setdefault(Path(os.path.abspath(planned.path.parent)), []).append(planned)
+    notes: list[str] = []
+    created: list[Path] = []  # folders this run made, removed again if it is refused before writing
+    try:
+        with ExitStack() as locks:
+            for folder in sorted(groups):
+                created.extend(_make_folder(folder))
+                try:
+                    locks.enter_context(folder_lock(folder))
+                    note = recover(folder)
+                except OSError as e:  # a folder we may not open, a journal we may not remove
+                    raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
+                if note is not None:
+                    log.warning(note)
+                    notes.append(note)
+                _remove_stale_backups(folder)
+            check_outputs(files, inputs, force=force)
+            created = []  # from here on (writing), the folder stays, as a folder made for the outputs does
+            stats = _write_locked(files, groups, force=force, progress=progress, desc=desc)
+    except BaseException:
+        for folder in reversed(created):  # refused before writing: leave nothing, not even the folder
+            with suppress(OSError):
+                folder.rmdir()  # only ever succeeds on an empty folder
+        raise
+    return WriteStats(stats.bytes_written, stats.seconds, stats.copy_methods, stats.bytes_shared, tuple(notes))
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create the output folder (to lock it) and return the folders made, outermost first; one line when
+    that is impossible."""
+    missing: list[Path] = []
+    probe = folder
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.insert(0, probe)
+        probe = probe.parent
+    try:
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UnsafeOutputError("output folder is not a folder", folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return missing
+    except OSError as e:
+        probe = folder
+        while not os.path.lexists(probe) and probe != probe.parent:  # lexists never raises
+            probe = probe.parent
+        if isinstance(e, PermissionError):
+            raise UnsafeOutputError("output folder is not writable", probe) from None
+        raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", folder) from None
+
+
+def _remove_stale_backups(folder: Path) -> None:
+    """Delete old outputs a killed run had moved aside and already replaced (no journal left: committed),
+    and the temporary journal of a run killed before its rename phase began."""
+    with suppress(OSError):
+        for entry in os.scandir(folder):
+            name = entry.name
+            # old outputs moved aside, and a journal a killed run had not yet put in place
+            journal = name.startswith(f"{JOURNAL_NAME}.") and name.endswith(PARTIAL_SUFFIX)
+            if journal or (name.startswith(".") and name.endswith(BACKUP_SUFFIX)):
+                pid = name[: -len(PARTIAL_SUFFIX if journal else BACKUP_SUFFIX)].rpartition(".")[2]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _write_locked(
+    files: Sequence[OutputFile], groups: dict[Path, list[OutputFile]], *, force: bool, progress: bool, desc: str
+) -> WriteStats:
+    """The writing and the rename phase of :func:`write_outputs`, with every output folder locked."""
     started = time.perf_counter()
     method = copy_method()
     partials: list[Path] = []
-    renamed: list[Path] = []  # final names of this run while the set is still incomplete
     methods: set[str] = set()
     total = sum(f.size for f in files)
     current = files[0].path if files else Path()
+    replacing = False
     try:
         with _sigterm_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
             tally = CopyTally(bar)  # counts shared (cloned) bytes apart from copied ones
+            partial_of: dict[Path, Path] = {}
             for planned in files:
                 current = planned.path
-                planned.path.parent.mkdir(parents=True, exist_ok=True)
                 _remove_stale_partials(planned.path)
                 partial = _partial_path(planned.path)
                 fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
                 partials.append(partial)
+                partial_of[planned.path] = partial
                 try:
-                    sources: dict[Path, int] = {}
-                    try:
-                        for segment in planned.segments:
-                            if isinstance(segment, Bytes):
-                                _write_all(fd, segment.data)
-                                bar.update(segment.nbytes)
-                            elif isinstance(segment, Zeros):
-                                _write_all(fd, b"\0" * segment.nbytes)
-                                bar.update(segment.nbytes)
-                            elif isinstance(segment, Generated):
-                                _write_generated(fd, segment, bar)
-                            else:
-                                if segment.source not in sources:
-                                    sources[segment.source] = os.open(segment.source, os.O_RDONLY)
-                                try:
-                                    source_fd = sources[segment.source]
-                                    methods.add(_copy(source_fd, fd, segment.offset, segment.nbytes, tally, method))
-                                except OutputWriteError as e:  # the input shrank while we copied it
-                                    raise OutputWriteError(f"{e.message} in {segment.source}", planned.path) from None
-                    finally:
-                        for source_fd in sources.values():
-                            os.close(source_fd)
+                    _write_segments(fd, planned, bar, tally, method, methods)
                 finally:
                     os.close(fd)
                 if os.path.getsize(partial) != planned.size:
@@ -354,32 +415,69 @@ def write_outputs(
             for planned, partial in zip(files, partials):
                 current = planned.path
                 _fsync_file(partial)
-            # The entry point (shard 1) appears last, so a set that is visible is a complete set. Until
-            # the last rename, files already renamed are part of an incomplete set: a failure or an
-            # interrupt removes them too (else a --force run could leave old and new shards mixed).
-            for planned, partial in reversed(list(zip(files, partials))):
-                current = planned.path
-                os.replace(partial, planned.path)
-                partials.remove(partial)
-                renamed.append(planned.path)
-            renamed.clear()
-            for folder in {f.path.parent for f in files}:
-                _fsync_dir(folder)
+            # The entry point (shard 1) appears last, so a set that is visible is a complete set; the old
+            # files (--force) are moved aside first and come back if anything fails (gguf_mtp.commit).
+            for folder, planned_files in groups.items():
+                current = planned_files[0].path
+                entries = []
+                for planned in reversed(planned_files):
+                    exists = os.path.lexists(planned.path)
+                    if exists and not force:  # appeared since the checks: never replaced without --force
+                        raise UnsafeOutputError("output exists (use --force to replace it)", planned.path)
+                    replacing = replacing or exists
+                    backup = backup_name(planned.path.name) if exists else None
+                    entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
+                commit(folder, entries)
+                for planned in planned_files:
+                    partials.remove(partial_of[planned.path])
     except OSError as e:
-        _discard(partials + renamed)
+        _discard(partials)
         reason = e.strerror or str(e)
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             reason = f"{reason} (disk full or file too large)"
-        raise OutputWriteError(f"writing failed: {reason}; no output was left behind", current) from None
+        raise OutputWriteError(f"writing failed: {reason}; {_left_behind(replacing)}", current) from None
     except OutputWriteError as e:
-        _discard(partials + renamed)
-        raise OutputWriteError(f"{e.message}; no output was left behind", e.path or current) from None
+        _discard(partials)
+        raise OutputWriteError(f"{e.message}; {_left_behind(replacing)}", e.path or current) from None
     except BaseException:
-        _discard(partials + renamed)
+        _discard(partials)
         raise
     if tally.shared:
         methods.add("reflink")
     return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)), tally.shared)
+
+
+def _left_behind(replacing: bool) -> str:
+    if replacing:
+        return "no output was left behind, the previous files are back in place"
+    return "no output was left behind"
+
+
+def _write_segments(
+    fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, methods: set[str]
+) -> None:
+    sources: dict[Path, int] = {}
+    try:
+        for segment in planned.segments:
+            if isinstance(segment, Bytes):
+                _write_all(fd, segment.data)
+                bar.update(segment.nbytes)
+            elif isinstance(segment, Zeros):
+                _write_all(fd, b"\0" * segment.nbytes)
+                bar.update(segment.nbytes)
+            elif isinstance(segment, Generated):
+                _write_generated(fd, segment, bar)
+            else:
+                if segment.source not in sources:
+                    sources[segment.source] = os.open(segment.source, os.O_RDONLY)
+                try:
+                    source_fd = sources[segment.source]
+                    methods.add(_copy(source_fd, fd, segment.offset, segment.nbytes, tally, method))
+                except OutputWriteError as e:  # the input shrank while we copied it
+                    raise OutputWriteError(f"{e.message} in {segment.source}", planned.path) from None
+    finally:
+        for source_fd in sources.values():
+            os.close(source_fd)
 
 
 def _discard(partials: list[Path]) -> None:

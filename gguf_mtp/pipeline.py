@@ -45,6 +45,7 @@ from .model_card import Provenance
 from .output import progress_bar
 from .pipeline_state import load_stages
 from .shards import open_model
+from .workdir import claim_work_dir
 
 __all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
 
@@ -320,6 +321,7 @@ def run_pipeline(
     out_repo: str | None = None,
     work_dir: str | os.PathLike[str],
     keep: bool = False,
+    force: bool = False,
     target_revision: str | None = None,
     head_revision: str | None = None,
     out_revision: str | None = None,
@@ -341,6 +343,9 @@ def run_pipeline(
         out_repo: publish the composite there (``OWNER/NAME``); without it the run ends after verify.
         work_dir: folder for the state file, the draft and the composite (created if missing).
         keep: after a successful publish, keep the draft and the composite (default: remove them).
+        force: use a non-empty ``work_dir`` that no pipeline made (its ``draft/`` and ``composite/`` are
+            replaced); without it such a folder is refused, and a new or empty one gets the marker
+            :data:`gguf_mtp.workdir.MARKER_NAME`.
         target_revision, head_revision: revisions to download (default: the main branch).
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
@@ -370,7 +375,8 @@ def run_pipeline(
     if out_repo:
         hub.check_repo_id(out_repo, "--out-repo")
     work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
+    claim_work_dir(work, "pipeline", force=force, option="--work-dir", also_ours=(STATE_NAME, _LOCK_NAME))
     report = PipelineReport(work)
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network

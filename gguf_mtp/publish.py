@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hub
+from .blocks import is_mtp_only, read_block_layout
 from .constants import SPLIT_NAME
 from .digests import FileDigest, digest_files, git_blob_sha1
 from .errors import BadGGUFError, HubError, ShardSetError, VerificationError
@@ -70,6 +71,7 @@ class PublishPlan:
     private: bool
     model: ShardSet
     mode: str  # "one-commit" or "resumable"
+    standalone: bool = False  # an MTP-only draft published as such (for llama-server --spec-draft-model)
 
     @property
     def files(self) -> list[Path]:
@@ -132,6 +134,7 @@ class PublishReport:
             "revision": plan.revision,
             "private": plan.private,
             "mode": plan.mode,
+            "standalone": plan.standalone,
             "files": [f.to_dict() | {"name": f.name} for f in self.files],
             "total_bytes": plan.total_bytes,
             "card": self.card,
@@ -208,12 +211,18 @@ def plan_publish(
     upload_mode: str = "auto",
     one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES,
     one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
+    standalone: bool = False,
 ) -> PublishPlan:
     """Decide what to upload and how (pure: headers only).
 
+    Args:
+        standalone: publish an MTP-only draft (NextN block tensors only) as a draft for
+            ``llama-server --spec-draft-model``; without it such a file is refused, since it is not a model.
+
     Raises:
         HubError: ``repo`` is not ``OWNER/NAME``, or ``upload_mode`` is unknown.
-        VerificationError: the model has no NextN block (nothing MTP to publish).
+        VerificationError: the model has no NextN block (nothing MTP to publish), an MTP-only draft is
+            given without ``standalone``, or a whole model with it.
     """
     hub.check_repo_id(repo)
     if upload_mode not in _UPLOAD_MODES:
@@ -223,12 +232,22 @@ def plan_publish(
             f"{model.arch_key('{arch}.nextn_predict_layers')} is 0 or missing: not an MTP composite (compose it first)",
             model.name,
         )
+    draft = is_mtp_only(read_block_layout(model.first), model.block_indices())
+    if draft and not standalone:
+        raise VerificationError(
+            "an MTP draft (NextN block tensors only, no trunk block tensors), not a model: publish the composite "
+            "made from it (gguf-mtp compose TARGET DRAFT), or pass --standalone to publish it as a draft for "
+            "llama-server --spec-draft-model",
+            model.name,
+        )
+    if standalone and not draft:
+        raise VerificationError("--standalone publishes an MTP-only draft, but this is a whole model", model.name)
     mode = upload_mode
     if mode == "auto":
         small = sum(h.file_size for h in model.headers) <= one_commit_max_bytes
         few = len(model.headers) + 1 <= one_commit_max_files
         mode = "one-commit" if small and few else "resumable"
-    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode)
+    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode, standalone)
 
 
 def compare_remote(
@@ -330,6 +349,7 @@ def publish(
     one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
     progress: bool = True,
     token: str | None = None,
+    standalone: bool = False,
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
@@ -347,6 +367,7 @@ def publish(
         one_commit_max_files: with ``auto``, the most files (card included) uploaded as one commit.
         progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
         token: the Hub token (default: ``HF_TOKEN``, else the stored login).
+        standalone: publish an MTP-only draft as a draft (its card shows ``--spec-draft-model``).
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
@@ -356,7 +377,7 @@ def publish(
             upload failed (raised before any hashing or uploading when it is about the token or access),
             or the Hub's record of an uploaded file disagrees with the local file.
         BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
-        VerificationError: the model has no NextN block.
+        VerificationError: the model has no NextN block, or is an MTP-only draft without ``standalone``.
 
     Example:
         >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
@@ -367,7 +388,7 @@ def publish(
     started = time.perf_counter()
     plan = plan_publish(
         find_model(outdir), repo, revision=revision, private=private, upload_mode=upload_mode,
-        one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files,
+        one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files, standalone=standalone,
     )
     user = None
     hub_api = None
@@ -381,7 +402,7 @@ def publish(
     files = _digests(plan.files, digests, progress)
     card = render_model_card(
         repo=repo, files=files, facts=ModelFacts.from_model(plan.model), provenance=provenance or Provenance(),
-        version=__version__,
+        version=__version__, standalone=standalone,
     )
     report = PublishReport(plan, dry_run, files, card, user=user)
     if dry_run:
@@ -390,7 +411,8 @@ def publish(
     card_bytes = card.encode()
     names = [f.name for f in files]
     staging = _stage(plan.files, card_bytes)
-    message = f"Upload {plan.model.arch} GGUF with MTP head ({len(names)} file(s), gguf-mtp {__version__})"
+    what = "MTP draft" if standalone else "GGUF with MTP head"
+    message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
     if plan.mode == "one-commit":
         report.commit_url = hub.upload_one_commit(
             hub_api, repo, staging, [_exact(n) for n in [*names, CARD_NAME]], token=token,

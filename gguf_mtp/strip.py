@@ -35,6 +35,7 @@ from .gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, 
 from .kv_edit import apply_kv_edits, with_int_value
 from .layout import congruent_header
 from .output import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from .set_id import without_set_id
 from .shards import ShardSet, open_model
 
 __all__ = ["StripPlan", "StripReport", "plan_strip", "strip"]
@@ -130,6 +131,7 @@ def plan_strip(source: ShardSet, output_dir: str | os.PathLike[str]) -> StripPla
             total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value
             edits[KEY_SPLIT_TENSORS_COUNT] = with_int_value(header, KEY_SPLIT_TENSORS_COUNT, total - len(removed))
         kvs, changes = apply_kv_edits(header, edits, final.name)
+        kvs = without_set_id(kvs)  # the composite's set id (gguf_mtp.set_id): the target had none
         tensors, segments, moved = _shard_layout(header, removed)
         # Drops compose's padding KV, and pads again only where the data would be out of step (reflink).
         head = congruent_header(header.version, kvs, tensors, header.alignment, segments, Path(header.path))

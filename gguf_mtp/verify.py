@@ -14,29 +14,40 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .blocks import block_layout_problem, missing_nextn_tensors, nextn_kind_problems, unextended_arrays
+from .blocks import (
+    BlockLayout,
+    block_indices,
+    block_layout_problem,
+    is_mtp_only,
+    missing_nextn_tensors,
+    nextn_kind_problems,
+    unextended_arrays,
+)
 from .compose_plan import per_layer_keys
 from .constants import (
     BLOCK_TENSOR,
     DRAFT_GLOBAL_TENSORS,
     KEY_BLOCK_COUNT,
     KEY_NEXTN_PREDICT_LAYERS,
+    KEY_SPLIT_COUNT,
+    KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
 )
 from .errors import BadGGUFError, GGUFMTPError
 from .extents import ExtentProver
-from .formatting import human_bytes
+from .formatting import human_bytes, short, short_change
 from .gguf_header import GGUFHeader, KeyValue, TensorInfo
 from .layout import PAD_KEY
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
 from .output import progress_bar
 from .remote import is_hub_path
+from .set_id import SET_ID_KEY, set_id_problems
 from .shard_scan import (
     ScannedModel,
     architecture_problems,
@@ -187,7 +198,8 @@ def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error
         _check("files", missing_shard_problems(model), f"{n_files} of {n_files} file(s) present and readable"),
         _check(
             "split keys",
-            split_key_problems(model) + architecture_problems(model),
+            split_key_problems(model) + architecture_problems(model)
+            + set_id_problems([(s.label, s.header) for s in model.shards]),
             f"split.no 0..{n_files - 1} and split.count {n_files} in every {readable}shard"
             if model.is_split
             else "single file",
@@ -292,6 +304,17 @@ class _RangeComparer:
         return True
 
 
+def same_ggml_shape(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Shapes equal the way llama.cpp compares them: trailing dimensions of 1 do not count, so the ``[n, 1]``
+    upstream's converter writes equals the ``[n]`` ``llama-gguf-split`` writes back (ggml drops unit dims)."""
+    a, b = list(a), list(b)
+    while a and a[-1] == 1:
+        a.pop()
+    while b and b[-1] == 1:
+        b.pop()
+    return a == b
+
+
 @dataclass
 class _ByteComparison:
     """Source tensors compared with their copies in the composite."""
@@ -359,7 +382,7 @@ def _compare_tensors(
                 advance(2 * tensor.nbytes)
                 continue
             dst_header, copy = found
-            if (copy.ggml_type, copy.shape) != (tensor.ggml_type, tensor.shape):
+            if copy.ggml_type != tensor.ggml_type or not same_ggml_shape(copy.shape, tensor.shape):
                 result.mismatched.append(
                     f"{new_name!r} is {copy.type_name} {list(copy.shape)} in the composite, "
                     f"{tensor.type_name} {list(tensor.shape)} in {Path(src_header.path).name}"
@@ -428,6 +451,11 @@ def _show(kv: KeyValue | None) -> str:
     return (text if len(text) <= 40 else text[:37] + "...") + f" ({kv.type_name})"
 
 
+def _bookkeeping(key: str) -> bool:
+    """gguf-mtp's own keys (``gguf_mtp.pad``, ...): placement and provenance, not model metadata; not listed."""
+    return key == PAD_KEY or key.startswith("gguf_mtp.")
+
+
 def _kv_problems(
     target: ShardSet, model: ScannedModel, layout: _Layout | None, added: int, allowed: set[str]
 ) -> tuple[list[str], list[str]]:
@@ -437,16 +465,24 @@ def _kv_problems(
     arch = target.arch
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     per_layer = {kv.key for kv in per_layer_keys(target.first, arch, target.block_count)}
+    pairs = list(zip(target.headers, model.shards))
     if len(model.shards) != len(target.headers):
-        problems.append(f"the composite has {len(model.shards)} file(s), the target {len(target.headers)}")
-    for index, (old_header, shard) in enumerate(zip(target.headers, model.shards)):
+        # re-sharded after compose (llama-gguf-split --merge / --split): the split.* keys describe the new
+        # files, every other KV is compared with the target's first shard (gguf-split keeps them in shard 1)
+        changes.append(f"re-sharded: {len(target.headers)} -> {len(model.shards)} file(s)")
+        allowed = allowed | {KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT}
+        pairs = pairs[:1]
+    for index, (old_header, shard) in enumerate(pairs):
         new_header = shard.header
         if new_header is None:
             continue  # "files" already fails
         where = "" if index == 0 else f" in {shard.label}"
         for key, old in old_header.kvs.items():
             new = new_header.kvs.get(key)
-            if key in allowed:
+            if key in allowed:  # changed on purpose (--set-kv): listed, so the report names every change
+                if not _bookkeeping(key) and (new is None or new.raw != old.raw):
+                    value = "removed" if new is None else short_change(old.value, new.value, 40)
+                    changes.append(f"{key}{where} {value}")
                 continue
             if new is None:
                 problems.append(f"{key}{where} was removed")
@@ -482,7 +518,11 @@ def _kv_problems(
             elif new.raw != old.raw:
                 problems.append(f"{key}{where} changed: {_show(old)} -> {_show(new)}")
         for key, new in new_header.kvs.items():
-            if key in old_header.kvs or key in allowed:
+            if key in old_header.kvs:
+                continue
+            if key in allowed:
+                if not _bookkeeping(key):
+                    changes.append(f"{key}{where} = {short(new.value, 40)} (added)")
                 continue
             if key == nextn_key and index == 0:
                 changes.append(f"{key.split('.', 1)[1]} = {new.value}")
@@ -531,6 +571,7 @@ def verify(
     llama: bool | None = None,
     progress: bool = True,
     allow_kv: Iterable[str] = (),
+    standalone: bool = False,
 ) -> VerifyReport:
     """Check a composite GGUF (one file or any shard of a split set) and report each check.
 
@@ -547,12 +588,15 @@ def verify(
             llama-cpp-python is missing), ``False`` (skip), ``None`` (when installed).
         progress: a progress bar over the bytes compared (stderr, only on a terminal).
         allow_kv: further keys the composite may change or add (e.g. ``--set-kv`` keys of compose).
+        standalone: check an MTP-only draft (no trunk block tensors) as a draft; without it such a
+            file is refused, since it is not a model (llama.cpp runs it only beside its target).
 
     Returns:
         A :class:`VerifyReport`; ``.ok`` is true when no check failed.
 
     Raises:
-        BadGGUFError: ``composite`` does not exist, or ``target``/``draft`` is unreadable.
+        BadGGUFError: ``composite`` does not exist or is an MTP-only draft (without ``standalone``), or
+            ``target``/``draft`` is unreadable.
         ShardSetError: ``target``/``draft`` is an inconsistent split set.
         HubError: a remote composite could not be reached.
     """
@@ -569,6 +613,7 @@ def verify(
     draft_set = open_model(draft) if draft is not None else None
 
     layout, layout_error = _layout(model)
+    _refuse_draft(model, layout, standalone)
     report.checks += _structural_checks(model, layout, layout_error)
 
     block = target_set.block_count if target_set is not None else (layout.trunk if layout else 0)
@@ -584,6 +629,21 @@ def verify(
     report.checks.append(llama_check)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _refuse_draft(model: ScannedModel, layout: _Layout | None, standalone: bool) -> None:
+    """An MTP-only file is a draft, not a model: refused (one line) unless checked as one (``standalone``)."""
+    if layout is None or standalone:
+        return
+    blocks = {b for b in block_indices(t.name for h in model.headers for t in h.tensors) if b < layout.block_count}
+    first = layout.trunk
+    if is_mtp_only(BlockLayout(layout.arch, layout.block_count, layout.nextn), blocks):
+        raise BadGGUFError(
+            f"an MTP draft (blk.{first}{f'..{layout.block_count - 1}' if layout.nextn > 1 else ''} only, no trunk "
+            "block tensors), not a model: verify the composite made from it (gguf-mtp compose TARGET DRAFT -o OUTDIR "
+            "--verify)",
+            model.shards[0].name,
+        )
 
 
 def _byte_checks(
@@ -640,7 +700,7 @@ def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | Non
         # tensors the composite has and the target has not: what compose added to split.tensors.count
         added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
         # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.layout)
-        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY})
+        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
     except GGUFMTPError as e:
         return Check("target metadata", False, str(e))
     compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]

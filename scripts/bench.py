@@ -7,14 +7,19 @@ Measures wall time and peak memory, alternating runs and keeping medians, of:
 - ``gguf-mtp compose`` of a single-file target vs gguf-py's ``gguf_new_metadata.py`` copying that file
   with one metadata change;
 - ``gguf-mtp convert`` of a synthetic MTPv2 head (512 experts per stack) vs ``cp`` of its safetensors;
+- on a loop-mounted XFS image with reflink (as root, with ``mkfs.xfs``): compose, strip and graft vs
+  ``cp --reflink=always`` and ``cp --reflink=never``, time and extra disk used (``bench_reflink.py``);
 
 at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
-``docs/benchmarks/``. Inputs are generated once into ``--work-dir`` and reused.
+``docs/benchmarks/`` (a full run) or a scratch folder (``--quick``, a smoke run, unless ``--update-docs``
+or ``--out-dir`` says otherwise). Inputs are generated once into ``--work-dir`` and reused.
 
 Examples::
 
     .venv/bin/python scripts/bench.py                     # the full run (sizes 1G,3G,4G, 5 rounds)
-    .venv/bin/python scripts/bench.py --quick --out-dir /tmp/bench   # seconds, tiny inputs
+    .venv/bin/python scripts/bench.py --quick             # seconds, tiny inputs; report in WORK_DIR/quick-report
+    .venv/bin/python scripts/bench.py --quick --update-docs   # the same, replacing docs/benchmarks/
+    sudo .venv/bin/python scripts/bench.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
 """
 
 from __future__ import annotations
@@ -44,10 +49,15 @@ from bench_inputs import (
     size_label,
 )
 from bench_lib import CACHE_MODES, Command, Sample, load_average, machine_info, median_ratio, run_alternating, summarise
+from bench_reflink import reflink_unavailable, run_reflink, write_reflink_report
 from bench_report import write_report
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+#: Where a full run's report goes (the committed figures).
+DOCS_DIR = REPO / "docs" / "benchmarks"
+#: Where a ``--quick`` run's report goes, inside the work folder: smoke runs never touch the committed figures.
+QUICK_REPORT = "quick-report"
 
 #: Goals from issue 6 (medians on the project's 2-core machine).
 MAX_COMPOSE_OVER_CP = 1.15
@@ -289,8 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--work-dir", type=Path, default=REPO / ".cache" / "bench",
                    help="where generated inputs are cached and outputs are written (default: .cache/bench)")
-    p.add_argument("--out-dir", type=Path, default=REPO / "docs" / "benchmarks",
-                   help="where README.md, results.json and bench.png go (default: docs/benchmarks)")
+    p.add_argument("--out-dir", type=Path,
+                   help="where README.md, results.json and bench.png go (default: docs/benchmarks for a full "
+                        f"run, WORK_DIR/{QUICK_REPORT} for --quick)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write the report into docs/benchmarks even for a --quick run")
     p.add_argument("--sizes", type=_sizes, help="target sizes, comma-separated (default: 1G,3G,4G)")
     p.add_argument("--headline", type=parse_size, help="size the goals are checked at (default: 3G, or the largest)")
     p.add_argument("--repeat", type=int, help="rounds per command; medians are reported (default: 5)")
@@ -304,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="tiny inputs and one round (sizes 8M,16M, a 3-block target, a 64-expert head): a smoke test")
     p.add_argument("--clean", action="store_true", help="delete the work folder (the generated inputs) at the end")
+    p.add_argument("--no-reflink", action="store_true",
+                   help="skip the XFS reflink case (it runs as root with mkfs.xfs)")
+    p.add_argument("--reflink-only", action="store_true",
+                   help="only the XFS reflink case: writes reflink.md and reflink.json, links them from README.md")
+    p.add_argument("--reflink-sizes", type=_sizes,
+                   help="target sizes of the reflink case (default: 1G,3G; with --quick the --sizes)")
     p.add_argument("--render-only", action="store_true",
                    help="measure nothing: redo the tables and the plot from OUT_DIR/results.json")
     return p
@@ -311,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     quick = args.quick
+    if args.update_docs and args.out_dir is not None:
+        raise SystemExit("bench: --update-docs writes docs/benchmarks; give it or --out-dir, not both")
+    out_dir = args.out_dir or (DOCS_DIR if args.update_docs or not quick else args.work_dir / QUICK_REPORT)
     sizes = args.sizes or tuple(map(parse_size, ("8M", "16M") if quick else ("1G", "3G", "4G")))
     headline = args.headline or (parse_size("3G") if parse_size("3G") in sizes else max(sizes))
     if headline not in sizes:
@@ -321,25 +343,56 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if args.head_expert_ff:
             head = replace(head, expert_ff=args.head_expert_ff)
     return BenchConfig(
-        work_dir=args.work_dir.resolve(), out_dir=args.out_dir.resolve(), sizes=sizes, headline=headline,
+        work_dir=args.work_dir.resolve(), out_dir=out_dir.resolve(), sizes=sizes, headline=headline,
         repeat=args.repeat or (1 if quick else 5),
         warmup=args.warmup if args.warmup is not None else (0 if quick else 1), shards=args.shards,
         pattern="M*E" if quick else NEMOTRON_SUPER_PATTERN, cache=args.cache, head=head, quick=quick,
     )
 
 
+def _reflink_sizes(args: argparse.Namespace, config: BenchConfig) -> tuple[int, ...]:
+    if args.reflink_sizes:
+        return args.reflink_sizes
+    return config.sizes if config.quick else tuple(map(parse_size, ("1G", "3G")))
+
+
+def reflink_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
+    """Run the reflink case when it can run here (else say why); returns the files it wrote."""
+    reason = reflink_unavailable()
+    if reason is not None:
+        if args.reflink_only:
+            raise SystemExit(f"bench: the reflink case cannot run: {reason}")
+        _log(f"reflink case skipped: {reason}")
+        return []
+    results = run_reflink(config.work_dir, _reflink_sizes(args, config), shards=config.shards, pattern=config.pattern,
+                          repeat=config.repeat, warmup=config.warmup, cache=config.cache, log=_log)
+    for target in results["targets"]:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    return write_reflink_report(results, config.out_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
+    if config.quick and config.out_dir != DOCS_DIR.resolve():
+        _log(f"smoke run: the report goes to {config.out_dir} (docs/benchmarks/ is left as it is; "
+             "--update-docs replaces it)")
+    reflink_written: list[Path] = []
     if args.render_only:
         results = rerender(config.out_dir)
     else:
         try:
-            results = run_benchmark(config)
+            if args.reflink_only:
+                reflink_written = reflink_case(args, config)
+                results = rerender(config.out_dir)  # README.md again, now linking the reflink figures
+            else:
+                results = run_benchmark(config)
+                if not args.no_reflink:
+                    reflink_written = reflink_case(args, config)
         finally:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)
-    written = write_report(results, config.out_dir)
+    written = reflink_written + write_report(results, config.out_dir)
     for target in results["targets"]:
         _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
     _log("wrote " + ", ".join(str(p) for p in written))

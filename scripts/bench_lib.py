@@ -54,6 +54,7 @@ __all__ = [
     "run_alternating",
     "set_cache_state",
     "summarise",
+    "used_bytes",
 ]
 
 CACHE_MODES = ("cold", "warm")
@@ -107,6 +108,7 @@ class Sample:
     peak_rss: int  # bytes
     peak_anon: int  # bytes
     bytes_out: int
+    extra_disk: int | None = None  # growth of the filesystem's used bytes (``measure(disk=...)``), else None
 
 
 class CommandFailed(RuntimeError):
@@ -219,9 +221,33 @@ def _empty(folder: Path | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def used_bytes(path: Path, *, settle_seconds: float = 5.0) -> int:
+    """Bytes in use on the filesystem holding ``path``, once everything written has reached the disk.
+
+    Deleted files can free their blocks a moment later (XFS inactivates inodes in the background), so the
+    count is read until it stays the same for 0.1 s (at most ``settle_seconds``).
+    """
+    def used() -> int:
+        os.sync()
+        st = os.statvfs(path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    deadline = time.monotonic() + settle_seconds
+    last, steady_since = used(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = used()
+        if now != last:
+            last, steady_since = now, time.monotonic()
+        elif time.monotonic() - steady_since >= 0.1:
+            break
+    return last
+
+
 def measure(
     command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None,
     evict: Sequence[Path] = (),
+    disk: Path | None = None,
 ) -> Sample:
     """Run ``command`` once under the rules of this module and measure it.
 
@@ -232,6 +258,8 @@ def measure(
         log_file: where the command's stdout and stderr go (default: discarded).
         evict: other files to drop from the page cache first (the benchmark's other inputs): without
             that, whichever command runs first after a big one pays for reclaiming its cache.
+        disk: a path on the output's filesystem: the sample's ``extra_disk`` is how much its used bytes
+            (``statvfs``, after ``sync``) grew from just before the run to just after it, outputs still there.
 
     Returns:
         The :class:`Sample`; the command's outputs are deleted again.
@@ -243,6 +271,7 @@ def measure(
     if command.output_dir is not None:
         command.output_dir.mkdir(parents=True)
     set_cache_state(command.inputs, cache, evict=evict)
+    used_before = used_bytes(disk) if disk is not None else None
     env = {**os.environ, **command.env}
     log_path = log_file or Path(os.devnull)
     with open(log_path, "wb") as log:
@@ -258,6 +287,7 @@ def measure(
         process.returncode = os.waitstatus_to_exitcode(status)
         bytes_out = _fsync_tree(command.output_dir) if command.output_dir is not None else 0
         seconds = time.perf_counter() - started
+    extra_disk = used_bytes(disk) - used_before if disk is not None and used_before is not None else None
     try:
         if process.returncode != 0:
             tail = Path(log_path).read_text(errors="replace")[-2000:] if log_file else ""
@@ -274,6 +304,7 @@ def measure(
         peak_rss=sampler.peak_rss_kib * 1024,
         peak_anon=sampler.peak_anon_kib * 1024,
         bytes_out=bytes_out,
+        extra_disk=extra_disk,
     )
 
 
@@ -286,6 +317,7 @@ def run_alternating(
     warmup: int = 0,
     evict: Sequence[Path] = (),
     report: Callable[[Sample], None] = lambda s: None,
+    disk: Path | None = None,
 ) -> list[Sample]:
     """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...).
 
@@ -298,6 +330,7 @@ def run_alternating(
             the previous group's files held).
         evict: see :func:`measure`.
         report: called with each kept sample as soon as it is measured.
+        disk: see :func:`measure`.
 
     Returns:
         The kept samples, in the order they ran (rounds numbered from 0 after the warm-up).
@@ -307,7 +340,7 @@ def run_alternating(
     for round_no in range(-warmup, repeat):
         for command in group:
             log_file = log_dir / f"{command.tool}-{command.case}.log"
-            sample = measure(command, cache=cache, round_no=round_no, log_file=log_file, evict=evict)
+            sample = measure(command, cache=cache, round_no=round_no, log_file=log_file, evict=evict, disk=disk)
             if round_no >= 0:
                 samples.append(sample)
                 report(sample)

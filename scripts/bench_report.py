@@ -89,8 +89,9 @@ def _ratio_rows(results: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> str:
-    """The ``README.md`` of a results folder."""
+def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
+                    reflink: dict[str, Any] | None = None) -> str:
+    """The ``README.md`` of a results folder (``reflink``: the reflink case's results, linked when given)."""
     m, c, cond = results["machine"], results["config"], results["conditions"]
     memory = f"{m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "RAM unknown"
     lines = [
@@ -188,9 +189,17 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME) -> st
         "inherits its parent's peak across fork and exec, so it would show this script's memory.",
         "",
         "Regenerate: `make bench` or `.venv/bin/python scripts/bench.py` (inputs are cached in `.cache/bench/`; "
-        "`--clean` deletes them afterwards; `--quick` is a seconds-long smoke run).",
+        "`--clean` deletes them afterwards; `--quick` is a seconds-long smoke run that writes into "
+        "`.cache/bench/quick-report/` and leaves this folder alone unless given `--update-docs`).",
         "",
     ]
+    if reflink is not None:
+        lines += ["## On a reflink filesystem (XFS)", "",
+                  "Compose, strip and graft against `cp --reflink=always` and `cp --reflink=never`, time and extra "
+                  "disk used: [`reflink.md`](reflink.md) (raw: `reflink.json`).", "",
+                  "| goal | measured | met |", "|---|---|---|"]
+        lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in reflink["targets"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -246,5 +255,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     json_path.write_text(json.dumps(results, indent=2) + "\n")
     plot = write_plot(results, out_dir / PLOT_NAME)
     readme = out_dir / "README.md"
-    readme.write_text(render_markdown(results, plot.name))
+    reflink_json = out_dir / "reflink.json"
+    reflink = json.loads(reflink_json.read_text()) if reflink_json.exists() else None
+    readme.write_text(render_markdown(results, plot.name, reflink))
     return [readme, json_path, plot]

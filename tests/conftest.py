@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -73,6 +74,30 @@ def glm_target(models: Path) -> Path:
 @pytest.fixture(scope="session")
 def glm_draft(models: Path) -> Path:
     return write_draft(models / "drafts" / "glm-mtp.gguf", family=GLM4MOE, block=0, quant="Q8_0")
+
+
+@pytest.fixture(scope="session")
+def gguf_split_tool() -> Path:
+    """llama.cpp's own ``llama-gguf-split``, built once from the llama.cpp vendored in the pinned
+    llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's hash), or
+    ``$GGUF_MTP_GGUF_SPLIT``. Under CI=true a tool that cannot be had fails the tests, never skips them."""
+    given = os.environ.get("GGUF_MTP_GGUF_SPLIT")
+    if given:
+        if not os.access(given, os.X_OK):
+            pytest.fail(f"GGUF_MTP_GGUF_SPLIT={given} is not an executable file")
+        return Path(given)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
+    spec = importlib.util.spec_from_file_location("build_llama_tools", script)
+    assert spec is not None and spec.loader is not None
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    try:
+        return tools.build_gguf_split(quiet=False)
+    except (tools.BuildError, OSError) as e:
+        message = f"llama-gguf-split could not be built (scripts/build_llama_tools.py): {e}"
+        if IN_CI:
+            pytest.fail(f"CI=true: the tests of llama.cpp's own tools cannot run: {message}", pytrace=False)
+        pytest.skip(message)
 
 
 __all__ = ["IN_CI", "NEMOTRON_H_MOE"]

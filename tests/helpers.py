@@ -14,6 +14,7 @@ from typing import Any
 from gguf import GGUFReader, GGUFValueType
 
 from gguf_mtp.layout import PAD_KEY
+from gguf_mtp.set_id import SET_ID_KEY
 from gguf_mtp.shards import find_shard_paths
 
 
@@ -34,7 +35,9 @@ def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
     return {
         name: (list(field.types), field.contents())
         for name, field in reader.fields.items()
-        if not name.startswith("GGUF.") and name != PAD_KEY  # padding only places the data (gguf_mtp.layout)
+        # compose's own bookkeeping: the padding only places the data (gguf_mtp.layout), the set id marks
+        # the run that wrote a shard (gguf_mtp.set_id); neither is model metadata
+        if not name.startswith("GGUF.") and name not in (PAD_KEY, SET_ID_KEY)
     }
 
 

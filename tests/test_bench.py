@@ -21,21 +21,35 @@ sys.path.insert(0, str(SCRIPTS))
 
 from bench_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
 from bench_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
+from bench_reflink import reflink_unavailable  # noqa: E402
+from conftest import IN_CI  # noqa: E402
 
 MiB = 2**20
 
 
+DOCS = SCRIPTS.parent / "docs" / "benchmarks"
+DOC_FILES = ("README.md", "results.json", "bench.png")
+
+
+def _doc_bytes() -> dict[str, bytes]:
+    return {name: (DOCS / name).read_bytes() for name in DOC_FILES if (DOCS / name).exists()}
+
+
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """``bench.py --quick`` run once into a temporary folder: (its output folder, results.json)."""
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, dict[str, bytes]]:
+    """``bench.py --quick`` run once with only a work folder given.
+
+    Returns (its report folder, results.json, its stderr, the committed docs/benchmarks files before it ran).
+    """
     root = tmp_path_factory.mktemp("bench")
-    out = root / "out"
+    before = _doc_bytes()
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work"), "--out-dir", str(out)],
+        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work")],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, json.loads((out / "results.json").read_text())
+    out = root / "work" / "quick-report"
+    return out, json.loads((out / "results.json").read_text()), done.stderr, before
 
 
 def _summary(results: dict, tool: str, case: str) -> list[dict]:
@@ -165,7 +179,7 @@ def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
 
 
 def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path, dict]) -> None:
-    _, results = quick_run
+    _, results, *_ = quick_run
     sizes = results["config"]["sizes"]
     pairs = [("compose", "sharded"), ("cp", "sharded"), ("compose", "single"), ("gguf_new_metadata", "single")]
     for tool, case in pairs:
@@ -177,7 +191,7 @@ def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path
 
 
 def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Path, dict]) -> None:
-    _, results = quick_run
+    _, results, *_ = quick_run
     compose = {r["size"]: r["bytes_out"] for r in _summary(results, "compose", "sharded")}
     cp = {r["size"]: r["bytes_out"] for r in _summary(results, "cp", "sharded")}
     targets = {t["size"]: t["sharded_bytes"] + t["draft_bytes"] for t in results["inputs"]["targets"]}
@@ -187,7 +201,7 @@ def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Pat
 
 
 def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:
-    _, results = quick_run
+    _, results, *_ = quick_run
     (convert,) = _summary(results, "convert", "head")
     (cp,) = _summary(results, "cp", "head")
     assert convert["size"] == cp["size"] == results["inputs"]["head"]["safetensors_bytes"]
@@ -196,7 +210,7 @@ def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path
 
 
 def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> None:
-    out, results = quick_run
+    out, results, *_ = quick_run
     readme = (out / "README.md").read_text()
     assert "| compose a 3-file target vs `cp` of the same files (+ draft) | 16 MiB |" in readme
     assert "vs `gguf_new_metadata.py`" in readme
@@ -204,3 +218,67 @@ def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> N
     assert "![time and peak RSS vs target size](bench.png)" in readme
     png = (out / "bench.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figures(
+    quick_run: tuple[Path, dict, str, dict[str, bytes]],
+) -> None:
+    out, results, stderr, before = quick_run
+    assert set(before) == set(DOC_FILES)  # the committed figures exist, so "unchanged" means something
+    assert _doc_bytes() == before
+    assert f"smoke run: the report goes to {out.resolve()}" in stderr
+    reflink = ("reflink.json", "reflink.md") if reflink_unavailable() is None else ()
+    assert sorted(p.name for p in out.iterdir()) == sorted((*DOC_FILES, *reflink))
+    assert results["config"]["quick"] is True
+
+
+def test_only_a_full_run_or_update_docs_targets_docs_benchmarks(tmp_path: Path) -> None:
+    import bench
+
+    def out_dir(*argv: str) -> Path:
+        return bench.config_from_args(bench.build_parser().parse_args(["--work-dir", str(tmp_path), *argv])).out_dir
+
+    assert out_dir() == DOCS.resolve()
+    assert out_dir("--quick") == (tmp_path / "quick-report").resolve()
+    assert out_dir("--quick", "--update-docs") == DOCS.resolve()
+    assert out_dir("--quick", "--out-dir", str(tmp_path / "x")) == (tmp_path / "x").resolve()
+    with pytest.raises(SystemExit, match="not both"):
+        out_dir("--update-docs", "--out-dir", str(tmp_path / "x"))
+
+
+def test_measure_reports_how_much_the_filesystem_grew(tmp_path: Path) -> None:
+    source = tmp_path / "in.bin"
+    source.write_bytes(os.urandom(8 * MiB))
+    out = tmp_path / "out"
+    copy = Command("cp", "x", 8 * MiB, ("cp", "--reflink=never", str(source), str(out) + "/"), (source,), out,
+                   syncs_itself=False)
+    sample = measure(copy, disk=tmp_path)
+    # 8 MiB of new blocks, give or take what other processes on the machine write meanwhile
+    assert sample.extra_disk is not None and 6 * MiB < sample.extra_disk < 40 * MiB
+    assert measure(copy).extra_disk is None
+
+
+def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict, str, dict[str, bytes]]) -> None:
+    out, _, stderr, _ = quick_run
+    reason = reflink_unavailable()
+    if reason is not None:
+        assert f"reflink case skipped: {reason}" in stderr
+        if IN_CI:
+            pytest.fail(f"CI=true: the reflink benchmark case must run ({reason})")
+        pytest.skip(f"the reflink case cannot run here: {reason}")
+    reflink = json.loads((out / "reflink.json").read_text())
+    rows = {(r["tool"], r["size"]): r for r in reflink["summary"]}
+    tools = ["compose", "cp --reflink=always", "cp --reflink=never", "strip", "graft", "startup"]
+    for info in reflink["inputs"]:
+        size, target, draft = info["size"], info["target_bytes"], info["draft_bytes"]
+        assert all(rows[(tool, size)]["median_seconds"] > 0 for tool in tools)
+        assert rows[("cp --reflink=never", size)]["median_extra_disk"] >= target + draft  # a real copy
+        assert abs(rows[("cp --reflink=always", size)]["median_extra_disk"]) < MiB  # shared
+        # compose shares the target's data: only the draft (and a few header blocks) is new
+        assert draft - MiB < rows[("compose", size)]["median_extra_disk"] <= draft + MiB
+        assert abs(rows[("strip", size)]["median_extra_disk"]) < MiB
+        assert rows[("graft", size)]["median_extra_disk"] < MiB  # the NextN block's data is shared too
+        assert rows[("compose", size)]["bytes_out"] >= target + draft
+    text = (out / "reflink.md").read_text()
+    assert "| cp --reflink=always |" in text and all(t["goal"] in text for t in reflink["targets"])
+    assert "[`reflink.md`](reflink.md)" in (out / "README.md").read_text()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,113 @@ def test_demo_command_composite_loads_and_runs_in_llama_cpp(tmp_path: Path) -> N
     assert composite.is_file()
     check = check_with_llama(composite)
     assert check.ok and check.n_layer_nextn == 1
+
+
+# ------------------------------------------------------------------------------ whose folder it is
+
+
+def demo_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GGUF_MTP_DISABLE_PROGRESS": "1"}
+    return subprocess.run([sys.executable, "-m", "gguf_mtp", "demo", "--no-llama", *argv],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def users_folder(tmp_path: Path) -> Path:
+    """A user's folder holding files of the demo's names."""
+    folder = tmp_path / "mine"
+    (folder / "composite").mkdir(parents=True)
+    (folder / "README.md").write_text("my project's README\n")
+    (folder / "mtp-draft.gguf").write_bytes(b"my draft")
+    (folder / "composite" / "notes.txt").write_text("my notes\n")
+    return folder
+
+
+def test_demo_refuses_a_folder_it_did_not_make_with_one_line(tmp_path: Path) -> None:
+    folder = users_folder(tmp_path)
+    before = folder_bytes(folder)
+    proc = demo_cli("--dir", str(folder))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert str(folder) in proc.stderr and "not empty and was not made by gguf-mtp demo" in proc.stderr
+    assert folder_bytes(folder) == before
+
+
+def test_demo_dir_naming_a_file_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("mine\n")
+    proc = demo_cli("--dir", str(path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "--dir names a file, not a folder" in proc.stderr
+    assert path.read_text() == "mine\n"
+
+
+def test_demo_force_uses_a_users_folder(tmp_path: Path) -> None:
+    folder = users_folder(tmp_path)
+    lines: list[str] = []
+    assert run_demo(folder, llama=False, say=lines.append, force=True)
+    assert (folder / "composite" / "notes.txt").read_text() == "my notes\n"  # not one of the demo's names
+    assert (folder / "README.md").read_text() != "my project's README\n"  # --force: replaced
+    assert json.loads((folder / ".gguf-mtp-workdir").read_text()) == {"format": 1, "created_by": "demo"}
+
+
+def test_demo_dir_new_or_empty_gets_the_marker_and_reruns(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "new" / "deeper", tmp_path / "empty"):
+        assert run_demo(folder, llama=False, say=lambda line: None)
+        assert json.loads((folder / ".gguf-mtp-workdir").read_text()) == {"format": 1, "created_by": "demo"}
+        assert run_demo(folder, llama=False, say=lambda line: None)  # its own folder: no --force needed
+
+
+@pytest.fixture
+def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+def test_demo_without_dir_removes_its_temporary_folder(temp_root: Path) -> None:
+    lines: list[str] = []
+    assert run_demo(llama=False, say=lines.append)
+    assert os.listdir(temp_root) == []
+    assert lines[-1].startswith("removed the demo's temporary folder ") and "--keep" in lines[-1]
+
+
+def test_demo_keep_keeps_the_temporary_folder_and_says_where(temp_root: Path) -> None:
+    lines: list[str] = []
+    assert run_demo(llama=False, say=lines.append, keep=True)
+    (kept,) = temp_root.iterdir()
+    assert lines[-1] == f"kept the demo's files in {kept}"
+    assert Path(lines[-2].removeprefix("composite: ")).is_file()
+    assert (kept / "README.md").is_file()
+
+
+def test_demo_that_fails_removes_its_temporary_folder(temp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gguf_mtp.demo as demo_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(demo_module, "compose", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_demo(llama=False, say=lambda line: None)
+    assert os.listdir(temp_root) == []
+
+
+def test_demo_json_is_one_parseable_report_of_every_step(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "demo", "--dir", str(work), "--no-llama", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # the whole of stdout is the report: no progress lines around it
+    assert report["command"] == "demo" and report["ok"] is True
+    numbered = [line.split(".", 1)[0] for line in report["steps"] if line[:1].isdigit()]
+    assert numbered == ["1", "2", "3", "4", "5", "6", "7"]
+    composite = Path(report["steps"][-1].removeprefix("composite: "))
+    assert composite.is_file() and composite.parent == work / "composite"

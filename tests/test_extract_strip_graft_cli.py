@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from gguf import GGUFValueType
 from helpers import file_hashes, reader_tensors
 
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import read_header
+from gguf_mtp.constants import KEY_TOKENS
+from gguf_mtp.gguf_header import KeyValue, encode_kv, read_header
 from gguf_mtp.tiny_models import with_hparams, write_target
 
 
@@ -125,3 +127,47 @@ def test_graft_across_vocabularies_exits_2_naming_what_differs(
     assert err.count("\n") == 1
     assert "vocabularies (nemotron_h_moe.vocab_size) differ: 512 in the source, 1024 in the target" in err
     assert not (tmp_path / "out").exists()
+
+
+def _with_tokens(src: Path, dst: Path, tokens: KeyValue) -> Path:
+    from helpers import rewrite_gguf
+
+    return rewrite_gguf(src, dst, set_kvs={KEY_TOKENS: tokens})
+
+
+_TOKEN_LIST = encode_kv(KEY_TOKENS, GGUFValueType.ARRAY, ["<s>", "a", "b"], GGUFValueType.STRING)
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [
+        (encode_kv(KEY_TOKENS, GGUFValueType.STRING, "<s> a b"), "str"),
+        (encode_kv(KEY_TOKENS, GGUFValueType.UINT32, 3), "u32"),
+        (encode_kv(KEY_TOKENS, GGUFValueType.ARRAY, [1, 2, 3], GGUFValueType.INT32), "arr[i32]"),
+    ],
+)
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_graft_with_a_token_list_that_is_not_an_array_of_strings_exits_2_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: KeyValue, shown: str, side: str
+) -> None:
+    source = write_target(tmp_path / "src", with_nextn=True, name="src")
+    target = write_target(tmp_path / "dst", name="dst", seed=5)
+    source = _with_tokens(source, tmp_path / "src.gguf", bad if side == "source" else _TOKEN_LIST)
+    target = _with_tokens(target, tmp_path / "dst.gguf", bad if side == "target" else _TOKEN_LIST)
+    before = file_hashes(tmp_path)
+    out = tmp_path / "out"
+    assert main(["graft", "--from", str(source), "--into", str(target), "-o", str(out), "--no-llama"]) == 2
+    err = capsys.readouterr().err
+    broken = source if side == "source" else target
+    assert err == (
+        f"gguf-mtp: error: {broken}: tokenizer.ggml.tokens is {shown}, not an array of strings (arr[str])\n"
+    )
+    assert not out.exists() and file_hashes(tmp_path) == before
+
+
+def test_graft_with_equal_token_lists_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = _with_tokens(write_target(tmp_path / "src", with_nextn=True), tmp_path / "src.gguf", _TOKEN_LIST)
+    target = _with_tokens(write_target(tmp_path / "dst", seed=5), tmp_path / "dst.gguf", _TOKEN_LIST)
+    out = tmp_path / "out"
+    assert main(["graft", "--from", str(source), "--into", str(target), "-o", str(out), "--dry-run"]) == 0
+    assert "+18 NextN" in capsys.readouterr().out

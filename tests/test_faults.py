@@ -38,10 +38,13 @@ COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 
 #: ``python -c PAUSING_CLI compose ...``: the real CLI, stopped at one point of its writing. With
 #: ``PAUSE_IN=copy`` the copy call number ``$PAUSE_AT_CALL`` writes half its bytes, then waits; with
-#: ``PAUSE_IN=replace`` the rename number ``$PAUSE_AT_CALL`` waits before it happens. Waiting, it has
+#: ``PAUSE_IN=replace`` the rename number ``$PAUSE_AT_CALL`` of the rename phase (``commit.rename_noreplace``:
+#: 1 is the journal, then the old files moved aside with ``--force``, then the new files, shard 3 first)
+#: waits before it happens. Waiting, it has
 #: created ``$PAUSE_MARKER``; it goes on once ``$PAUSE_MARKER.resume`` exists (or it gets a signal).
 PAUSING_CLI = r"""
 import os, sys, time
+import gguf_mtp.commit as commit
 import gguf_mtp.output as output
 
 marker = os.environ["PAUSE_MARKER"]
@@ -54,7 +57,7 @@ def pause():
     while not os.path.exists(marker + ".resume") and time.monotonic() < deadline:
         time.sleep(0.01)
 
-real_copy, real_replace = output._copy, os.replace
+real_copy, real_replace = output._copy, commit.rename_noreplace
 
 def copy_with_pause(src_fd, dst_fd, offset, nbytes, bar, method):
     global calls
@@ -77,7 +80,7 @@ def replace_with_pause(src, dst):
 if where == "copy":
     output._copy = copy_with_pause
 else:
-    os.replace = replace_with_pause
+    commit.rename_noreplace = replace_with_pause
 from gguf_mtp.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -401,33 +404,149 @@ def test_interrupt_mid_copy_exits_130_with_a_short_message_and_leaves_nothing(
 
 def test_interrupt_between_renames_leaves_no_final_name(model: Model, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=2)
+    # rename 1 is the journal, 2 shard 3, 3 shard 2: paused before shard 2
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=3)
     assert "Tiny-Q4-00003-of-00003.gguf" in entries(out)  # shard 3 already has its final name
+    assert ".gguf-mtp-journal" in entries(out)
 
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
 
     assert process.returncode == 130
     assert stderr == "gguf-mtp: interrupted; no output was left behind\n"
-    assert entries(out) == []  # an incomplete set is taken back, renamed files included
+    assert entries(out) == []  # an incomplete set is taken back, renamed files and journal included
 
 
-def test_interrupted_forced_rewrite_never_mixes_old_and_new_shards(model: Model, tmp_path: Path) -> None:
+def old_composite(model: Model, out: Path) -> dict[str, bytes]:
+    """A folder holding an older composite of the same names (each shard's bytes told apart)."""
+    out.mkdir()
+    old = {name: f"an old composite's {name}".encode() for name in model.output_names}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    return old
+
+
+def folder_bytes(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in entries(out)}
+
+
+def test_interrupted_forced_rewrite_puts_the_whole_old_composite_back(model: Model, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    shutil.copytree(model.reference, out)
-    (out / "Tiny-Q4-00001-of-00003.gguf").write_bytes(b"an old composite's shard 1")
-    old_shard2 = sha256(out / "Tiny-Q4-00002-of-00003.gguf")
-    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=2, extra=("--force",))
+    old = old_composite(model, out)
+    # renames: 1 journal, 2-4 the old shards moved aside, 5 new shard 3, 6 new shard 2: paused before 6
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=6, extra=("--force",))
+    assert sha256(out / "Tiny-Q4-00003-of-00003.gguf") == sha256(model.reference / "Tiny-Q4-00003-of-00003.gguf")
 
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=30)
 
     assert process.returncode == 130
-    # the new shard 3 was in place already: it is removed rather than left beside the old shards 1 and 2,
-    # so what remains is an incomplete set (refused by every loader), never a mixed one
-    assert entries(out) == ["Tiny-Q4-00001-of-00003.gguf", "Tiny-Q4-00002-of-00003.gguf"]
-    assert (out / "Tiny-Q4-00001-of-00003.gguf").read_bytes() == b"an old composite's shard 1"
-    assert sha256(out / "Tiny-Q4-00002-of-00003.gguf") == old_shard2
+    assert folder_bytes(out) == old  # the complete old set, byte for byte, and nothing else
+
+
+def test_sigkill_between_renames_then_a_rerun_without_force_succeeds(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=3)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert "Tiny-Q4-00003-of-00003.gguf" in entries(out) and ".gguf-mtp-journal" in entries(out)
+
+    rerun = run_gguf_mtp(compose_argv(model, out))  # the killed run's half set is rolled back first
+
+    assert rerun.returncode == 0, rerun.stderr
+    assert "was killed while renaming its outputs into place; its incomplete set was removed" in rerun.stderr
+    assert_same_as_reference(out, model)
+
+
+def test_sigkill_in_a_forced_rewrite_then_the_next_run_restores_the_old_set(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = old_composite(model, out)
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=6, extra=("--force",))
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+    rerun = run_gguf_mtp(compose_argv(model, out))  # no --force: the old files are the user's again
+
+    assert rerun.returncode == 2
+    assert "the previous files were restored" in rerun.stderr
+    assert "output exists (use --force to replace it)" in rerun.stderr
+    assert folder_bytes(out) == old
+
+    forced = run_gguf_mtp(compose_argv(model, out, "--force"))
+
+    assert forced.returncode == 0, forced.stderr
+    assert_same_as_reference(out, model)  # no backup, journal or temporary file left
+
+
+def test_a_second_concurrent_compose_into_the_folder_is_refused(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=3)
+    try:
+        second = run_gguf_mtp(compose_argv(model, out, "--force"))
+        assert second.returncode == 2
+        assert_one_error_line(second, "another gguf-mtp run is writing into this folder", str(out))
+    finally:
+        resume(tmp_path)
+        first.communicate(timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert_same_as_reference(out, model)  # the first run's set, whole; nothing of the second
+
+
+RENAMES_WITH_FORCE = 1 + 3 + 3  # the journal, three old shards moved aside, three new shards
+
+
+@pytest.mark.parametrize("failing", range(1, RENAMES_WITH_FORCE + 1))
+def test_failure_at_any_rename_keeps_the_old_set_byte_identical(
+    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
+) -> None:
+    import gguf_mtp.commit as commit_module
+
+    out = tmp_path / "out"
+    old = old_composite(model, out)
+    real = commit_module.rename_noreplace
+    calls = 0
+
+    def flaky(source: Path, destination: Path) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == failing:
+            raise OSError(errno.EIO, "Input/output error", str(destination))
+        real(source, destination)
+
+    monkeypatch.setattr(commit_module, "rename_noreplace", flaky)
+    with pytest.raises(OutputWriteError, match="Input/output error; no output was left behind") as failure:
+        compose(model.target, model.draft, out, force=True, progress=False)
+
+    assert calls >= failing
+    assert "the previous files are back in place" in str(failure.value)
+    assert folder_bytes(out) == old  # no journal, backup or temporary file either
+
+
+@pytest.mark.parametrize("failing", range(1, 1 + 3 + 1))
+def test_failure_at_any_rename_into_an_empty_folder_leaves_it_empty(
+    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
+) -> None:
+    import gguf_mtp.commit as commit_module
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real = commit_module.rename_noreplace
+    calls = 0
+
+    def flaky(source: Path, destination: Path) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == failing:
+            raise OSError(errno.EIO, "Input/output error", str(destination))
+        real(source, destination)
+
+    monkeypatch.setattr(commit_module, "rename_noreplace", flaky)
+    with pytest.raises(OutputWriteError, match="no output was left behind"):
+        compose(model.target, model.draft, out, progress=False)
+
+    assert entries(out) == []
 
 
 def test_input_that_shrinks_during_the_copy_fails_cleanly(tmp_path: Path, model: Model) -> None:
@@ -569,3 +688,53 @@ def test_each_copy_method_writes_the_same_bytes(
 
     assert report.copy_methods == (method,)
     assert_same_as_reference(tmp_path / "out", model)
+
+
+# ------------------------------------------------------------------------------ the rename phase, more
+
+
+def test_a_file_that_appears_at_a_final_name_mid_rename_is_never_replaced(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process = start_paused_run(model, out, tmp_path, pause_in="replace", at_call=3)  # before shard 2
+    intruder = out / "Tiny-Q4-00002-of-00003.gguf"
+    intruder.write_bytes(b"another program's file")  # not a gguf-mtp run: the folder lock cannot stop it
+    resume(tmp_path)
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 2
+    assert stderr.count("\n") == 1 and "File exists; no output was left behind" in stderr
+    assert folder_bytes(out) == {"Tiny-Q4-00002-of-00003.gguf": b"another program's file"}
+
+
+def test_old_files_a_killed_run_had_already_replaced_are_removed_by_the_next_run(
+    model: Model, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(model.reference, out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = out / f".Tiny-Q4-00001-of-00003.gguf.{int(dead.stdout)}.replaced"  # past the commit point
+    leftover.write_bytes(b"the previous shard 1")
+    journal = out / f".gguf-mtp-journal.{int(dead.stdout)}.partial"  # killed before its rename phase
+    journal.write_bytes(b"{")
+    live = out / f".Tiny-Q4-00002-of-00003.gguf.{os.getpid()}.replaced"  # a live pid: not touched
+    live.write_bytes(b"a live run's")
+
+    result = run_gguf_mtp(compose_argv(model, out, "--force"))
+
+    assert result.returncode == 0, result.stderr
+    assert not leftover.exists() and not journal.exists() and live.read_bytes() == b"a live run's"
+    live.unlink()
+    assert_same_as_reference(out, model)
+
+
+def test_an_unusable_journal_is_one_line_and_nothing_is_touched(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(model.reference, out)
+    (out / ".gguf-mtp-journal").write_bytes(b"{not json")
+    before = folder_bytes(out)
+
+    result = run_gguf_mtp(compose_argv(model, out, "--force"))
+
+    assert result.returncode == 2
+    assert_one_error_line(result, "an interrupted run's journal cannot be used", ".gguf-mtp-journal")
+    assert folder_bytes(out) == before

@@ -48,6 +48,7 @@ from gguf_mtp.gguf_header import (
 )
 from gguf_mtp.kv_edit import INT_RANGES
 from gguf_mtp.layout import PAD_KEY
+from gguf_mtp.set_id import SET_ID_KEY
 from gguf_mtp.shards import open_model
 from gguf_mtp.tiny_models import write_draft, write_target
 
@@ -370,8 +371,8 @@ def check_composite(model: FuzzModel, target: Path, draft: Path, out: Path) -> N
         else:
             expected = [expected_kv(model, kv, added=added) if kv.key == "split.tensors.count" else kv
                         for kv in source.kvs.values()]
-        # compose may add its deterministic padding KV (last) so that copied data keeps its block offsets
-        assert [key for key in result.kvs if key != PAD_KEY] == [kv.key for kv in expected]
+        # compose adds its set id and may add its padding KV (last) so that copied data keeps its block offsets
+        assert [key for key in result.kvs if key not in (PAD_KEY, SET_ID_KEY)] == [kv.key for kv in expected]
         for kv in expected:
             assert result.kvs[kv.key].raw == kv.raw, kv.key
         assert result.version == source.version and result.alignment == source.alignment

@@ -3,13 +3,18 @@ rejects composites that break a rule — proof that the oracle would catch our m
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
 from helpers import copy_model, rewrite_gguf, shard_files
 
-from gguf_mtp import compose
+from gguf_mtp import compose, llama_check
 from gguf_mtp.gguf_header import encode_kv
 from gguf_mtp.llama_check import check_with_llama
 from gguf_mtp.tiny_models import GLM4MOE, write_draft
@@ -101,3 +106,121 @@ def test_glm4moe_blk_n_draft_composes_and_runs(glm_target: Path, tmp_path: Path)
     report = compose(glm_target, draft, tmp_path / "out")
     check = check_with_llama(report.output_paths[0])
     assert check.ok and check.n_layer_nextn == 1, check.summary()
+
+
+# ------------------------------------------------------------- item 18: independent of the build's CPU features
+
+
+def _child_stderr(path: Path, *, extra_bufts: bool | None = None) -> tuple[dict, str]:
+    """Run the real child on ``path`` (optionally overriding use_extra_bufts); its last report and stderr."""
+    code = "import sys, gguf_mtp.llama_check as lc\n"
+    if extra_bufts is not None:
+        code += f"lc.MODEL_PARAMS['use_extra_bufts'] = {extra_bufts}\n"
+    code += "sys.exit(lc.main(sys.argv[1:]))\n"
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def _model_buffers(stderr: str) -> set[str]:
+    return set(re.findall(r"load_tensors:\s+(\S+) model buffer size", stderr))
+
+
+def test_the_check_loads_the_weights_in_plain_cpu_buffers_only(composite: Path) -> None:
+    """With the check's parameters llama.cpp puts every weight in a plain (mapped) CPU buffer: no CPU_REPACK,
+    AMX or KleidiAI buffer, so no kernel that only a CPU with those features runs. The control run (extra
+    buffer types on) shows the same build does repack this file, so the assertion can fail."""
+    report, stderr = _child_stderr(composite)
+    assert report["trunk_decode_ok"] and report["mtp_decode_ok"] and report["mtp_logits_finite"]
+    assert _model_buffers(stderr) == {"CPU_Mapped"}
+    assert "repack tensor" not in stderr
+    _, control = _child_stderr(composite, extra_bufts=True)
+    assert _model_buffers(control) - {"CPU_Mapped", "CPU"}, "control run: expected an extra buffer type"
+
+
+class _FakeLlama(types.SimpleNamespace):
+    """Enough of llama_cpp's low-level API for _child to run up to the contexts, recording the params."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            LLAMA_SPLIT_MODE_NONE=100, LLAMA_LOAD_MODE_MMAP=101, LLAMA_LAZY_MODE_OFF=102,
+            LLAMA_FLASH_ATTN_TYPE_DISABLED=103, LLAMA_CONTEXT_TYPE_DEFAULT=0, LLAMA_CONTEXT_TYPE_MTP=1,
+            model_params=None, context_params=[],
+        )
+        self.llama_backend_init = lambda: None
+        self.llama_model_default_params = lambda: types.SimpleNamespace(use_extra_bufts=True, n_gpu_layers=-1)
+        self.llama_context_default_params = lambda: types.SimpleNamespace(flash_attn_type=-1, op_offload=True)
+        self.llama_model_n_layer = lambda m: 3
+        self.llama_model_n_layer_nextn = lambda m: 1
+        self.llama_model_n_embd = lambda m: 8
+        self.llama_model_get_vocab = lambda m: "vocab"
+        self.llama_vocab_n_tokens = lambda v: 16
+        self.llama_model_free = lambda m: None
+
+    def llama_model_load_from_file(self, path: bytes, params: types.SimpleNamespace) -> str:
+        self.model_params = params
+        return "model"
+
+    def llama_init_from_model(self, model: str, cparams: types.SimpleNamespace) -> None:
+        self.context_params.append(cparams)
+        return None  # "could not create a context": enough to see the params
+
+
+def test_the_check_passes_parameters_that_avoid_cpu_specific_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeLlama()
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    out = llama_check._child("x.gguf", True, True)
+    p = fake.model_params
+    assert (p.use_extra_bufts, p.no_host, p.n_gpu_layers, p.check_tensors, p.load_mtp) == (False, False, 0, True, True)
+    assert (p.split_mode, p.load_mode, p.lazy_mode) == (100, 101, 102)
+    assert [c.ctx_type for c in fake.context_params] == [0, 1]  # the trunk context, then the MTP context
+    for c in fake.context_params:
+        assert (c.flash_attn_type, c.op_offload, c.offload_kqv, c.n_threads) == (103, False, False, 2)
+    assert out["trunk_decode_ok"] is False and out["mtp_decode_ok"] is False
+
+
+def _fake_child(monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """Replace the child with a tiny Python program (``body``), e.g. one that kills itself with a signal."""
+    prelude = "import json, os, signal, sys\n"
+    monkeypatch.setattr(
+        llama_check, "_child_command", lambda path, mtp, trunk: [sys.executable, "-c", prelude + body]
+    )
+
+
+def _stage(stage: str) -> str:
+    report = {"loaded": True, "n_layer": 3, "n_layer_nextn": 1, "stage": stage}
+    return f"print(json.dumps({report!r}), flush=True)\n"
+
+
+def test_a_segfault_in_the_trunk_decode_is_reported_as_a_llama_cpp_crash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _fake_child(monkeypatch, _stage("trunk") + "sys.stderr.write('ggml_backend_amx_mul_mat\\n')\n"
+                "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    check = check_with_llama(tmp_path / "m.gguf")
+    assert check.crashed == "SIGSEGV"
+    assert check.loaded and check.trunk_decode_ok is False and not check.ok
+    assert check.summary() == (
+        "llama.cpp crashed in its own compute code (SIGSEGV) during the trunk decode step: this is a fault of the "
+        "llama.cpp build, not a verdict on the file (llama.cpp did not refuse it)"
+    )
+    assert "refused" not in check.summary().replace("did not refuse", "")
+
+
+def test_a_crash_while_loading_is_not_called_a_refusal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_child(monkeypatch, "os.kill(os.getpid(), signal.SIGBUS)\n")
+    check = check_with_llama(tmp_path / "m.gguf")
+    assert (check.crashed, check.loaded) == ("SIGBUS", False)
+    assert check.summary().startswith("llama.cpp crashed in its own compute code (SIGBUS) while loading the file")
+    assert not check.summary().startswith("llama.cpp refused it")
+
+
+def test_a_ggml_assert_abort_stays_a_refusal_of_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_child(monkeypatch, "sys.stderr.write('llama.cpp:123: GGML_ASSERT(n_dims <= 4) failed\\n')\n"
+                "sys.stderr.flush(); os.kill(os.getpid(), signal.SIGABRT)\n")
+    check = check_with_llama(tmp_path / "m.gguf")
+    assert check.crashed is None and not check.loaded
+    assert check.summary() == (
+        "llama.cpp refused it: llama.cpp aborted (SIGABRT) while loading the file: "
+        "llama.cpp:123: GGML_ASSERT(n_dims <= 4) failed"
+    )

@@ -545,3 +545,80 @@ def no_token_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))
+
+
+# ------------------------------------------------------------------------------ whose work folder it is
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def foreign_folder(tmp_path: Path) -> Path:
+    """A user's folder that happens to hold ``draft/`` and ``composite/``."""
+    work = tmp_path / "work"
+    (work / "draft").mkdir(parents=True)
+    (work / "composite").mkdir()
+    (work / "draft" / "notes.txt").write_text("a user's notes\n")
+    (work / "composite" / "model.gguf").write_bytes(b"a user's model")
+    return work
+
+
+def test_a_foreign_non_empty_work_folder_is_refused_and_left_alone(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    work = foreign_folder(tmp_path)
+    before = folder_bytes(work)
+    hub = RecordingHub(source=target_repo)
+    with pytest.raises(UnsafeOutputError, match="not empty and was not made by gguf-mtp pipeline") as e:
+        _run(hub, tmp_path, head_checkpoint)
+    assert "\n" not in str(e.value) and "--force" in str(e.value)
+    assert folder_bytes(work) == before and sorted(os.listdir(work)) == ["composite", "draft"]
+    assert hub.calls == []  # refused before anything was asked
+
+
+def test_the_cli_refuses_a_foreign_work_folder_with_one_line(tmp_path: Path) -> None:
+    work = foreign_folder(tmp_path)
+    before = folder_bytes(work)
+    proc = pipeline_process(work, tmp_path / "empty-home")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--work-dir: this folder is not empty" in proc.stderr
+    assert folder_bytes(work) == before
+
+
+def test_a_work_dir_that_is_a_file_is_refused(online: None, target_repo: Path, head_checkpoint: Path,
+                                              tmp_path: Path) -> None:
+    (tmp_path / "work").write_bytes(b"a user's file")
+    with pytest.raises(UnsafeOutputError, match="--work-dir names a file, not a folder"):
+        _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    assert (tmp_path / "work").read_bytes() == b"a user's file"
+
+
+def test_force_takes_a_foreign_folder_and_replaces_only_its_own_sub_folders(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    work = foreign_folder(tmp_path)
+    (work / "keep-me.txt").write_text("mine\n")
+    report = _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint, force=True)
+    assert (work / "keep-me.txt").read_text() == "mine\n"
+    assert not (work / "draft" / "notes.txt").exists()  # --force named them: draft/ is the pipeline's now
+    assert all(p.parent == work / "composite" for p in report.composite)
+    assert json.loads((work / ".gguf-mtp-workdir").read_text()) == {"format": 1, "created_by": "pipeline"}
+
+
+def test_a_new_work_folder_gets_the_marker_and_a_rerun_needs_no_force(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    marker = tmp_path / "work" / ".gguf-mtp-workdir"
+    assert json.loads(marker.read_text()) == {"format": 1, "created_by": "pipeline"}
+    _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)  # resumes, no refusal
+
+
+def test_a_work_folder_of_an_older_pipeline_without_marker_is_still_ours(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    (tmp_path / "work" / ".gguf-mtp-workdir").unlink()  # as written before markers existed: the state file
+    _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    assert (tmp_path / "work" / ".gguf-mtp-workdir").is_file()

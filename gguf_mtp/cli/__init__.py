@@ -32,7 +32,30 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
+    for sub in subparsers.choices.values():
+        _accept_verbose(sub)
+        _case_insensitive_choices(sub)
     return parser
+
+
+def _accept_verbose(sub: argparse.ArgumentParser) -> None:
+    """``-v``/``--verbose`` after the subcommand too (``gguf-mtp inspect -v X``), as well as before it.
+
+    ``SUPPRESS`` as the default: a subcommand without ``-v`` leaves the main parser's value alone.
+    """
+    if any(opt in sub._option_string_actions for opt in ("-v", "--verbose")):
+        return
+    sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what happens")
+
+
+def _case_insensitive_choices(sub: argparse.ArgumentParser) -> None:
+    """Options with lower-case word choices take them in any case (``--outtype Q8_0`` is ``q8_0``)."""
+    for action in sub._actions:
+        choices = action.choices
+        if action.type is not None or not isinstance(choices, (list, tuple)) or not choices:
+            continue
+        if all(isinstance(c, str) and c == c.lower() for c in choices):
+            action.type = str.lower
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..compose import compose
+from ..errors import GGUFMTPError
 from .common import add_output_flags, print_json, print_report
 
 
@@ -35,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.no_llama and not args.verify:
+        raise GGUFMTPError("--no-llama only applies with --verify (compose loads nothing with llama.cpp otherwise)")
+    if args.verify and args.dry_run:
+        print("gguf-mtp: note: --verify is ignored with --dry-run: nothing is written, so there is nothing to verify",
+              file=sys.stderr)
     report = compose(
         args.target,
         args.draft,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import print_json
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -13,12 +15,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compose, verify (llama.cpp loads the composite and runs its NextN block, when installed), inspect, and "
         "show the model card a publish would upload. Nothing is downloaded.",
     )
-    p.add_argument("--dir", help="work folder (default: a new temporary folder)")
+    p.add_argument("--dir", help="work folder: new, empty, or an earlier demo's (default: a temporary folder, "
+                   "removed at the end)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder's files and say where they are")
+    p.add_argument("--force", action="store_true",
+                   help="use a non-empty --dir that no demo made (its files of the demo's names are replaced)")
     p.add_argument("--no-llama", action="store_true", help="skip the llama.cpp load")
+    p.add_argument("--json", action="store_true", help="print the steps as one JSON report instead of lines")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..demo import run_demo  # imports the whole toolchain: only when the demo runs
 
-    return 0 if run_demo(args.dir, llama=False if args.no_llama else None) else 2
+    lines: list[str] = []
+    say = lines.append if args.json else print
+    ok = run_demo(args.dir, llama=False if args.no_llama else None, keep=args.keep, force=args.force, say=say)
+    if args.json:
+        print_json({"command": "demo", "ok": ok, "steps": lines})
+    return 0 if ok else 2

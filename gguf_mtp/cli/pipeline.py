@@ -22,6 +22,8 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", default=DEFAULT_WORK_DIR, metavar="DIR",
                    help=f"state, draft and composite; re-running resumes (default: ./{DEFAULT_WORK_DIR})")
     p.add_argument("--keep", action="store_true", help="keep the draft and composite after publishing")
+    p.add_argument("--force", action="store_true",
+                   help="use a non-empty --work-dir that no pipeline made (its draft/ and composite/ are replaced)")
     p.add_argument("--target-revision", metavar="REV", help="revision of the target repo (default: main)")
     p.add_argument("--head-revision", metavar="REV", help="revision of the head repo (default: main)")
     p.add_argument("--out-revision", metavar="BRANCH", help="branch to publish to (default: main)")
@@ -51,7 +53,8 @@ def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
     """Run the pipeline with parsed :func:`add_pipeline_arguments` options."""
     return run_pipeline(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
-        out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, target_revision=args.target_revision,
+        out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, force=getattr(args, "force", False),
+        target_revision=args.target_revision,
         head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
         basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
         llama=False if args.no_llama else None, progress=not (getattr(args, "quiet", False) or

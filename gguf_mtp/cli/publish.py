@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", metavar="BRANCH", help="commit to this branch (created if missing)")
     p.add_argument("--upload-mode", choices=("auto", "one-commit", "resumable"), default="auto",
                    help="one commit, resumable, or by size (default: auto)")
+    p.add_argument("--standalone", action="store_true",
+                   help="publish an MTP-only draft (convert/extract --standalone) for llama-server --spec-draft-model; "
+                        "the card shows that command")
     add_provenance_flags(p)
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     report = publish(
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
+        standalone=args.standalone,
     )
     if args.json:
         print_json(report.to_dict())

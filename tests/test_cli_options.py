@@ -1,0 +1,137 @@
+"""Options are honoured or refused in one line, never silently ignored (issue 15, items 6 and 7; issue 11, item 15).
+
+- ``compose --no-llama`` without ``--verify``: exit 2, one line; ``--dry-run --verify``: a one-line note.
+- ``-v`` after the subcommand as well as before it; word choices in any case (``--outtype Q8_0``).
+- long per-layer arrays in a change line show where they differ (``… 0, 2] -> … 0, 2, 2]``).
+- verify's metadata check names every KV the plan changed (``--set-kv general.name=...`` included).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gguf_mtp.cli import build_parser, main
+from gguf_mtp.formatting import short_change
+from gguf_mtp.tiny_models import write_draft, write_target
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("cli-options")
+    return write_target(root / "target"), write_draft(root / "mtp-draft.gguf", block="N")
+
+
+def test_no_llama_without_verify_is_refused_in_one_line(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    out = tmp_path / "out"
+    assert main(["compose", str(target), str(draft), "-o", str(out), "--no-llama"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "gguf-mtp: error: --no-llama only applies with --verify (compose loads nothing with llama.cpp otherwise)\n"
+    )
+    assert not out.exists()
+
+
+def test_no_llama_without_verify_gives_a_json_error(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    assert main(["compose", str(target), str(draft), "-o", str(tmp_path / "o"), "--no-llama", "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_status"] == 2 and report["error"].startswith("--no-llama only applies with --verify")
+
+
+def test_dry_run_with_verify_says_verify_is_ignored(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    out = tmp_path / "out"
+    assert main(["compose", str(target), str(draft), "-o", str(out), "--dry-run", "--verify"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "gguf-mtp: note: --verify is ignored with --dry-run: nothing is written, so there is nothing to verify\n"
+    )
+    assert "dry run:" in captured.out and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [
+        (["-v", "inspect", "x.gguf"], True),
+        (["inspect", "-v", "x.gguf"], True),
+        (["inspect", "x.gguf", "--verbose"], True),
+        (["inspect", "x.gguf"], False),
+    ],
+)
+def test_verbose_is_accepted_before_and_after_the_subcommand(argv: list[str], verbose: bool) -> None:
+    assert build_parser().parse_args(argv).verbose is verbose
+
+
+def test_verbose_after_the_subcommand_runs_the_command(
+    pair: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, _ = pair
+    assert main(["inspect", str(target), "-v"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "MTP: no"
+
+
+@pytest.mark.parametrize("spelling", ["Q8_0", "q8_0", "Q8_0".swapcase()])
+def test_outtype_is_accepted_in_any_case(spelling: str) -> None:
+    args = build_parser().parse_args(["convert", "src", "-o", "d.gguf", "--block", "3", "--outtype", spelling])
+    assert args.outtype == "q8_0"
+
+
+def test_an_unknown_outtype_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["convert", "src", "-o", "d.gguf", "--outtype", "Q9"])
+    assert exit_info.value.code == 2
+    assert "argument --outtype: invalid choice" in capsys.readouterr().err
+
+
+def test_other_word_choices_take_any_case_too() -> None:
+    args = build_parser().parse_args(["publish", "out", "--repo", "me/x", "--upload-mode", "One-Commit"])
+    assert args.upload_mode == "one-commit"
+
+
+def test_a_long_array_change_shows_the_differing_tail() -> None:
+    old, new = [0] * 87 + [2], [0] * 87 + [2, 2]  # an 88-entry per-layer array extended by one entry
+    assert short_change(old, new) == "… 0, 2] -> … 0, 2, 2]"
+    assert short_change(list(range(40)), list(range(41))) == "… 38, 39] -> … 38, 39, 40]"
+
+
+def test_short_values_and_early_differences_are_shown_plainly() -> None:
+    assert short_change(3, 4) == "3 -> 4"
+    assert short_change([0, 2], [0, 2, 2]) == "[0, 2] -> [0, 2, 2]"
+    old, new = [1] + [0] * 40, [5] + [0] * 40
+    changed = short_change(old, new)
+    assert changed.startswith("[1, 0, 0") and " -> [5, 0, 0" in changed
+    assert all(len(side) <= 60 for side in changed.split(" -> "))
+
+
+def test_a_long_differing_tail_is_cut_to_the_limit() -> None:
+    old, new = [0] * 40 + [1] * 40, [0] * 40 + [2] * 40
+    a, b = short_change(old, new).split(" -> ")
+    assert a.startswith("… 0, 1, 1") and b.startswith("… 0, 2, 2")
+    assert len(a) <= 60 and len(b) <= 60 and a.endswith("...") and b.endswith("...")
+
+
+def test_verify_lists_a_set_kv_change_among_the_metadata_changes(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    argv = [
+        "compose", str(target), str(draft), "-o", str(tmp_path / "out"), "--verify", "--no-llama",
+        "--set-kv", "general.name=Renamed", "--json",
+    ]
+    assert main(argv) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["verification"]["checks"]}
+    detail = checks["target metadata"]["detail"]
+    assert checks["target metadata"]["status"] == "pass"
+    assert "general.name 'tiny-nemotron_h_moe' -> 'Renamed'" in detail
+    assert "block_count 3->4" in detail and "nextn_predict_layers = 1" in detail
+    assert "gguf_mtp." not in detail  # its own bookkeeping keys are not model metadata
