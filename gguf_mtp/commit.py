@@ -42,6 +42,7 @@ __all__ = [
     "backup_name",
     "commit",
     "folder_lock",
+    "fsync_dir",
     "recover",
     "rename_noreplace",
 ]
@@ -148,7 +149,8 @@ class Replacement:
         return {"partial": self.partial, "final": self.final, "backup": self.backup}
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a folder's entries (new names, renames) durable; best effort where the filesystem cannot."""
     with suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -175,7 +177,7 @@ def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
         with suppress(OSError):
             os.unlink(temporary)
         raise
-    _fsync_dir(folder)  # the journal is on disk before any final name changes
+    fsync_dir(folder)  # the journal is on disk before any final name changes
 
 
 def _plain_name(value: object, suffix: str | None) -> bool:
@@ -277,7 +279,7 @@ def recover(folder: Path) -> str | None:
             f"rolling back an interrupted run failed: {e.strerror or e}; the journal was kept", journal
         ) from None
     os.unlink(journal)
-    _fsync_dir(folder)
+    fsync_dir(folder)
     who = f"a gguf-mtp run (pid {pid})" if pid is not None else "a gguf-mtp run"
     if restored:
         return f"{folder}: {who} was killed while replacing {restored} file(s); the previous files were restored"
@@ -316,10 +318,10 @@ def commit(folder: Path, entries: Sequence[Replacement]) -> None:
                 f"({e.strerror or e}); the next gguf-mtp run into this folder finishes the roll-back",
                 folder,
             ) from None
-        _fsync_dir(folder)
+        fsync_dir(folder)
         raise
     os.unlink(folder / JOURNAL_NAME)  # the commit point: from here on the new set is the set
-    _fsync_dir(folder)
+    fsync_dir(folder)
     for entry in entries:
         if entry.backup is not None:
             with suppress(OSError):  # a leftover is removed by the next run (stale, its pid gone)

@@ -497,14 +497,10 @@ def test_a_second_concurrent_compose_into_the_folder_is_refused(model: Model, tm
 RENAMES_WITH_FORCE = 1 + 3 + 3  # the journal, three old shards moved aside, three new shards
 
 
-@pytest.mark.parametrize("failing", range(1, RENAMES_WITH_FORCE + 1))
-def test_failure_at_any_rename_keeps_the_old_set_byte_identical(
-    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
-) -> None:
+def fail_rename_number(monkeypatch: pytest.MonkeyPatch, failing: int) -> Callable[[], int]:
+    """Make the ``failing``-th no-replace rename of the commit phase fail with EIO; returns the call count."""
     import gguf_mtp.commit as commit_module
 
-    out = tmp_path / "out"
-    old = old_composite(model, out)
     real = commit_module.rename_noreplace
     calls = 0
 
@@ -516,10 +512,20 @@ def test_failure_at_any_rename_keeps_the_old_set_byte_identical(
         real(source, destination)
 
     monkeypatch.setattr(commit_module, "rename_noreplace", flaky)
+    return lambda: calls
+
+
+@pytest.mark.parametrize("failing", range(1, RENAMES_WITH_FORCE + 1))
+def test_failure_at_any_rename_keeps_the_old_set_byte_identical(
+    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
+) -> None:
+    out = tmp_path / "out"
+    old = old_composite(model, out)
+    calls = fail_rename_number(monkeypatch, failing)
     with pytest.raises(OutputWriteError, match="Input/output error; no output was left behind") as failure:
         compose(model.target, model.draft, out, force=True, progress=False)
 
-    assert calls >= failing
+    assert calls() >= failing
     assert "the previous files are back in place" in str(failure.value)
     assert folder_bytes(out) == old  # no journal, backup or temporary file either
 
@@ -528,21 +534,9 @@ def test_failure_at_any_rename_keeps_the_old_set_byte_identical(
 def test_failure_at_any_rename_into_an_empty_folder_leaves_it_empty(
     model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: int
 ) -> None:
-    import gguf_mtp.commit as commit_module
-
     out = tmp_path / "out"
     out.mkdir()
-    real = commit_module.rename_noreplace
-    calls = 0
-
-    def flaky(source: Path, destination: Path) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == failing:
-            raise OSError(errno.EIO, "Input/output error", str(destination))
-        real(source, destination)
-
-    monkeypatch.setattr(commit_module, "rename_noreplace", flaky)
+    fail_rename_number(monkeypatch, failing)
     with pytest.raises(OutputWriteError, match="no output was left behind"):
         compose(model.target, model.draft, out, progress=False)
 
