@@ -104,18 +104,23 @@ MAX_WIDTH = 1 << 20
 # ------------------------------------------------------------------------------------ config.json
 
 
-def _found(config: dict[str, Any], keys: str | Sequence[str]) -> tuple[tuple[str, ...], str | None, Any]:
-    """(all names, the first name config.json sets to a non-null value or None, its value)."""
+def _found(
+    config: dict[str, Any], keys: str | Sequence[str], where: str | os.PathLike[str] | None, *, optional: bool
+) -> tuple[str, Any] | None:
+    """(the first of ``keys`` that config.json sets to a non-null value, its value); ``None`` when none is
+    set and ``optional``.
+
+    Raises:
+        CheckpointError: none is set and the value is required.
+    """
     names = (keys,) if isinstance(keys, str) else tuple(keys)
     for key in names:
         if config.get(key) is not None:
-            return names, key, config[key]
-    return names, None, None
-
-
-def _absent(names: tuple[str, ...], where: str | os.PathLike[str] | None) -> CheckpointError:
+            return key, config[key]
+    if optional:
+        return None
     wanted = names[0] if len(names) == 1 else f"none of {', '.join(names)}"
-    return CheckpointError(f"config.json has {'no ' if len(names) == 1 else ''}{wanted}", where)
+    raise CheckpointError(f"config.json has {'no ' if len(names) == 1 else ''}{wanted}", where)
 
 
 def _shown(value: Any) -> str:
@@ -143,11 +148,10 @@ def config_int(
     Raises:
         CheckpointError: one line naming the key and its value.
     """
-    names, key, value = _found(config, keys)
-    if key is None:
-        if optional:
-            return None
-        raise _absent(names, where)
+    found = _found(config, keys, where, optional=optional)
+    if found is None:
+        return None
+    key, value = found
     if isinstance(value, bool) or not isinstance(value, int):
         raise CheckpointError(f"{key} = {_shown(value)} is not an integer (expected {minimum:,}..{maximum:,})", where)
     if not minimum <= value <= maximum:
@@ -166,11 +170,10 @@ def config_float(
     Raises:
         CheckpointError: one line naming the key and its value.
     """
-    names, key, value = _found(config, keys)
-    if key is None:
-        if optional:
-            return None
-        raise _absent(names, where)
+    found = _found(config, keys, where, optional=optional)
+    if found is None:
+        return None
+    key, value = found
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckpointError(f"{key} = {_shown(value)} is not a number", where)
     number = float(value)
