@@ -9,12 +9,20 @@ The public API, one function per job (each has a ``gguf-mtp`` command of the sam
     print(inspect("out/Model-00001-of-00003.gguf").mtp_verdict)
 
 Every error a user can cause is a :class:`GGUFMTPError` (see :mod:`gguf_mtp.errors`).
+
+The names are imported on first use (PEP 562), so ``import gguf_mtp`` and ``gguf-mtp --version``
+load neither numpy nor gguf-py. The layers, bottom up: :mod:`gguf_mtp.format` (the GGUF codec),
+:mod:`gguf_mtp.files` (safe, kernel-copied I/O), :mod:`gguf_mtp.model` (shard sets, block layout),
+:mod:`gguf_mtp.conversion` (head converters), :mod:`gguf_mtp.jobs` (planners),
+:mod:`gguf_mtp.write` (the one atomic writer), :mod:`gguf_mtp.check`, :mod:`gguf_mtp.hub`, :mod:`gguf_mtp.cli`.
 """
 
 from __future__ import annotations
 
-from .compose import ComposeReport, compose, plan
-from .convert import ConvertReport, convert
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
 from .errors import (
     BadGGUFError,
     CheckpointError,
@@ -28,16 +36,52 @@ from .errors import (
     UnsafeOutputError,
     VerificationError,
 )
-from .extract import extract
-from .graft import graft
-from .inspect import ModelSummary, inspect
-from .pipeline import run_pipeline
-from .publish import publish
-from .shards import ShardSet, open_model
-from .strip import strip
-from .verify import VerifyReport, verify
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .check.inspect import ModelSummary, inspect
+    from .check.verify import VerifyReport, verify
+    from .hub.pipeline import run_pipeline
+    from .hub.publish import publish
+    from .jobs.compose import ComposeReport, compose, plan
+    from .jobs.convert import ConvertReport, convert
+    from .jobs.extract import extract
+    from .jobs.graft import graft
+    from .jobs.strip import strip
+    from .model.shards import ShardSet, open_model
+
+#: Public name -> the module that defines it (imported by :func:`__getattr__` on first use).
+_LAZY: dict[str, str] = {
+    "ComposeReport": "jobs.compose",
+    "compose": "jobs.compose",
+    "plan": "jobs.compose",
+    "ConvertReport": "jobs.convert",
+    "convert": "jobs.convert",
+    "extract": "jobs.extract",
+    "graft": "jobs.graft",
+    "strip": "jobs.strip",
+    "ModelSummary": "check.inspect",
+    "inspect": "check.inspect",
+    "VerifyReport": "check.verify",
+    "verify": "check.verify",
+    "run_pipeline": "hub.pipeline",
+    "publish": "hub.publish",
+    "ShardSet": "model.shards",
+    "open_model": "model.shards",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BadGGUFError",

@@ -2,7 +2,7 @@
 
 Everything is generated once into a work folder and reused while its parameters do not change (a
 ``manifest.json`` per input records them). Targets are written at disk speed: the header comes from
-gguf-mtp's own codec (:func:`gguf_mtp.gguf_header.serialize_header`) with the model KVs gguf-py's
+gguf-mtp's own codec (:func:`gguf_mtp.format.header.serialize_header`) with the model KVs gguf-py's
 :class:`gguf.GGUFWriter` writes for the tiny ``nemotron_h_moe`` models, and the tensor data is a
 pseudo-random pool streamed over and over (quantized types hold random bytes; nothing loads them).
 """
@@ -21,12 +21,27 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.constants import KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT, split_file_name
-from gguf_mtp.gguf_header import KeyValue, TensorInfo, align_up, encode_kv, read_header, serialize_header, tensor_nbytes
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.format.header import (
+    KeyValue,
+    TensorInfo,
+    align_up,
+    encode_kv,
+    read_header,
+    serialize_header,
+    tensor_nbytes,
+)
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 # The tiny-model builders know the nemotron_h_moe block layout and its KV set; the benchmark reuses
 # that knowledge rather than keeping a second copy (they are private because only fixtures need them).
-from gguf_mtp.tiny_models import NEMOTRON_H_MOE, TinyHparams, block_tensors, matrix_type, tensor_role, write_draft
+from gguf_mtp.testing.tiny_models import (
+    NEMOTRON_H_MOE,
+    TinyHparams,
+    block_tensors,
+    matrix_type,
+    tensor_role,
+    write_draft,
+)
 
 __all__ = [
     "NEMOTRON_SUPER_PATTERN",
@@ -337,7 +352,7 @@ def head_files(folder: Path) -> list[Path]:
 
 def ensure_head(work_dir: Path, spec: HeadSpec, *, log: Callable[[str], None] = print) -> Path:
     """The checkpoint folder of ``spec`` under ``work_dir``, written by
-    :func:`gguf_mtp.tiny_checkpoints.write_mtpv2_checkpoint` unless an identical one is cached."""
+    :func:`gguf_mtp.testing.tiny_checkpoints.write_mtpv2_checkpoint` unless an identical one is cached."""
     folder = work_dir / f"head-e{spec.n_expert}-f{spec.expert_ff}-d{spec.n_embd}"
     params = {"version": GENERATOR_VERSION, **asdict(spec)}
     checkpoint = folder / "checkpoint"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gguf_mtp.llama_check import llama_cpp_available
-from gguf_mtp.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
+from gguf_mtp.check.llama_check import llama_cpp_available
+from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from gguf import GGUFReader, GGUFValueType
 
-from gguf_mtp.layout import PAD_KEY
-from gguf_mtp.set_id import SET_ID_KEY
-from gguf_mtp.shards import find_shard_paths
+from gguf_mtp.format.layout import PAD_KEY
+from gguf_mtp.model.set_id import SET_ID_KEY
+from gguf_mtp.model.shards import find_shard_paths
 
 
 def reader_tensors(first: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
@@ -35,7 +35,7 @@ def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
     return {
         name: (list(field.types), field.contents())
         for name, field in reader.fields.items()
-        # compose's own bookkeeping: the padding only places the data (gguf_mtp.layout), the set id marks
+        # compose's own bookkeeping: the padding only places the data (gguf_mtp.format.layout), the set id marks
         # the run that wrote a shard (gguf_mtp.set_id); neither is model metadata
         if not name.startswith("GGUF.") and name not in (PAD_KEY, SET_ID_KEY)
     }
@@ -79,7 +79,7 @@ def rewrite_gguf(
     """Copy one GGUF file with some KVs replaced (``key -> KeyValue`` or ``None`` to delete) and some
     tensors left out of the tensor table (their bytes stay as dead space; offsets are unchanged).
     For crafting deliberately broken files in tests."""
-    from gguf_mtp.gguf_header import read_header, serialize_header
+    from gguf_mtp.format.header import read_header, serialize_header
 
     header = read_header(src)
     edits = set_kvs or {}

@@ -16,7 +16,7 @@ from typing import Any
 
 from huggingface_hub.errors import HfHubHTTPError
 
-from gguf_mtp.digests import git_blob_sha1
+from gguf_mtp.files.digests import git_blob_sha1
 
 
 def http_error(status: int, message: str = "") -> HfHubHTTPError:

@@ -8,7 +8,7 @@ feeds the broken input to gguf-mtp.
 
 GGUF-level damage is done on the bytes (magic, counts, lengths, type tags, tensor table fields),
 using the positions our header codec reports; structural damage (duplicate keys, missing keys,
-renamed tensors) re-serialises the header with :func:`gguf_mtp.gguf_header.serialize_header` and
+renamed tensors) re-serialises the header with :func:`gguf_mtp.format.header.serialize_header` and
 keeps the data section as it was.
 """
 
@@ -24,9 +24,17 @@ from pathlib import Path
 
 from gguf import GGUFValueType
 
-from gguf_mtp.gguf_header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv, read_header, serialize_header
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
-from gguf_mtp.tiny_models import GLM4MOE, with_hparams, write_draft, write_target
+from gguf_mtp.format.header import (
+    GGUFArray,
+    GGUFHeader,
+    KeyValue,
+    TensorInfo,
+    encode_kv,
+    read_header,
+    serialize_header,
+)
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.testing.tiny_models import GLM4MOE, with_hparams, write_draft, write_target
 
 __all__ = ["CORPUS", "Inputs", "Malformed", "Sources", "build_sources"]
 

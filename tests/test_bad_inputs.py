@@ -17,7 +17,7 @@ from malformed import CORPUS, Inputs, Malformed, Sources, build_sources
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import BadGGUFError
-from gguf_mtp.gguf_header import parse_header
+from gguf_mtp.format.header import parse_header
 
 #: Files whose bytes are broken: ``inspect`` and ``verify`` must say so too.
 INSPECTABLE = [case for case in CORPUS if case.kind == "gguf"]

@@ -1,5 +1,5 @@
 """Block counts read from a file are bounded before anything loops (issue 11, item 5), through the one
-shared reading in :mod:`gguf_mtp.blocks` that inspect, verify, compose, extract, strip and graft use."""
+shared reading in :mod:`gguf_mtp.model.blocks` that inspect, verify, compose, extract, strip and graft use."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from gguf import GGUFValueType as T
 from helpers import no_hang, rewrite_gguf
 
 from gguf_mtp import compose
-from gguf_mtp.blocks import MAX_BLOCK_COUNT, block_tensor_problems, is_mtp_only, read_block_layout
+from gguf_mtp.check.inspect import inspect
+from gguf_mtp.check.verify import verify
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
-from gguf_mtp.extract import extract
-from gguf_mtp.gguf_header import encode_kv, read_header
-from gguf_mtp.inspect import inspect
-from gguf_mtp.strip import strip
-from gguf_mtp.tiny_models import write_target
-from gguf_mtp.verify import verify
+from gguf_mtp.format.header import encode_kv, read_header
+from gguf_mtp.jobs.extract import extract
+from gguf_mtp.jobs.strip import strip
+from gguf_mtp.model.blocks import MAX_BLOCK_COUNT, block_tensor_problems, is_mtp_only, read_block_layout
+from gguf_mtp.testing.tiny_models import write_target
 
 ARCH = "nemotron_h_moe"
 COUNT, NEXTN = f"{ARCH}.block_count", f"{ARCH}.nextn_predict_layers"
@@ -75,7 +75,7 @@ def test_a_scalar_feed_forward_length_with_the_largest_block_count_stays_cheap(m
 
 
 def test_block_tensor_problems_and_the_mtp_only_predicate() -> None:
-    from gguf_mtp.blocks import BlockLayout
+    from gguf_mtp.model.blocks import BlockLayout
 
     layout = BlockLayout(ARCH, 4, 1)
     assert block_tensor_problems(layout, {0, 1, 2, 3}) == []

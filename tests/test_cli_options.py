@@ -15,7 +15,7 @@ import pytest
 
 from gguf_mtp.cli import build_parser, main
 from gguf_mtp.formatting import short_change
-from gguf_mtp.tiny_models import write_draft, write_target
+from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The rename phase (gguf_mtp.commit) and the set id (gguf_mtp.set_id): lock, no-replace renames,
+"""The rename phase (gguf_mtp.files.commit) and the set id (gguf_mtp.set_id): lock, no-replace renames,
 journal and roll-back, and a set mixed from two compose runs that verify refuses."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from malformed import SMALL, TRUNK
 
-import gguf_mtp.commit as commit_module
-from gguf_mtp.commit import (
+import gguf_mtp.files.commit as commit_module
+from gguf_mtp.check.verify import verify
+from gguf_mtp.errors import UnsafeOutputError
+from gguf_mtp.files.commit import (
     JOURNAL_NAME,
     Replacement,
     backup_name,
@@ -23,13 +25,11 @@ from gguf_mtp.commit import (
     recover,
     rename_noreplace,
 )
-from gguf_mtp.compose import compose
-from gguf_mtp.errors import UnsafeOutputError
-from gguf_mtp.gguf_header import read_header
-from gguf_mtp.set_id import SET_ID_KEY
-from gguf_mtp.strip import strip
-from gguf_mtp.tiny_models import write_draft, write_target
-from gguf_mtp.verify import verify
+from gguf_mtp.format.header import read_header
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.strip import strip
+from gguf_mtp.model.set_id import SET_ID_KEY
+from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 
 def listing(folder: Path) -> dict[str, bytes]:
@@ -244,8 +244,8 @@ def test_verify_fails_a_set_mixed_from_two_runs(inputs: tuple[Path, Path], tmp_p
 def test_shards_without_a_set_id_are_not_counted() -> None:
     from types import SimpleNamespace
 
-    from gguf_mtp.gguf_header import encode_kv as kv
-    from gguf_mtp.set_id import set_id_problems
+    from gguf_mtp.format.header import encode_kv as kv
+    from gguf_mtp.model.set_id import set_id_problems
 
     def header(set_id: str | None) -> object:
         kvs = {} if set_id is None else {SET_ID_KEY: kv(SET_ID_KEY, 8, set_id)}

@@ -12,8 +12,8 @@ from helpers import file_hashes, reader_kvs, reader_tensors, shard_files
 
 from gguf_mtp import IncompatibleDraftError, KVEditError, UnsafeOutputError, compose, plan
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import read_header
-from gguf_mtp.tiny_models import GLM4MOE, TinyHparams, write_draft, write_target
+from gguf_mtp.format.header import read_header
+from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, write_draft, write_target
 
 ARCH = "nemotron_h_moe"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conversion.base import LLAMA_MAX_EXPERTS, MAX_WIDTH, config_bool, config_float, config_int
+from gguf_mtp.conversion.base import LLAMA_MAX_EXPERTS, MAX_WIDTH, config_bool, config_float, config_int
 from gguf_mtp.errors import CheckpointError
 
 WHERE = Path("/ckpt/config.json")

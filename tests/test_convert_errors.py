@@ -12,9 +12,9 @@ import pytest
 from convert_support import raw_tensor, rewrite_checkpoint_tensor, write_raw_safetensors
 
 from gguf_mtp.cli import main
-from gguf_mtp.convert import convert
 from gguf_mtp.errors import CheckpointError, GGUFMTPError
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 BLOCK = 3
 EH_PROJ = "mtp.layers.0.eh_proj.weight"

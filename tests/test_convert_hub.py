@@ -22,9 +22,9 @@ from helpers import reader_kvs, reader_tensors
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from gguf_mtp.convert import convert
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 REPO = "nvidia/Tiny-Nemotron-MTPv2"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

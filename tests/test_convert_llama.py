@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from helpers import reader_tensors
 
-from gguf_mtp.compose import compose
-from gguf_mtp.convert import convert
-from gguf_mtp.llama_check import check_with_llama
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.check.llama_check import check_with_llama
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 pytestmark = pytest.mark.llama
 

@@ -11,8 +11,8 @@ from helpers import file_hashes, reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.constants import KEY_TOKENS
-from gguf_mtp.gguf_header import KeyValue, encode_kv, read_header
-from gguf_mtp.tiny_models import with_hparams, write_target
+from gguf_mtp.format.header import KeyValue, encode_kv, read_header
+from gguf_mtp.testing.tiny_models import with_hparams, write_target
 
 
 @pytest.fixture(scope="module")

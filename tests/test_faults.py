@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 from malformed import SMALL, TRUNK
 
+from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main
-from gguf_mtp.compose import compose
 from gguf_mtp.errors import OutputWriteError
-from gguf_mtp.llama_check import check_with_llama
-from gguf_mtp.tiny_models import write_draft, write_target
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 
@@ -44,8 +44,8 @@ COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 #: created ``$PAUSE_MARKER``; it goes on once ``$PAUSE_MARKER.resume`` exists (or it gets a signal).
 PAUSING_CLI = r"""
 import os, sys, time
-import gguf_mtp.commit as commit
-import gguf_mtp.output as output
+import gguf_mtp.files.commit as commit
+import gguf_mtp.write as output
 
 marker = os.environ["PAUSE_MARKER"]
 where, at = os.environ["PAUSE_IN"], int(os.environ["PAUSE_AT_CALL"])
@@ -499,7 +499,7 @@ RENAMES_WITH_FORCE = 1 + 3 + 3  # the journal, three old shards moved aside, thr
 
 def fail_rename_number(monkeypatch: pytest.MonkeyPatch, failing: int) -> Callable[[], int]:
     """Make the ``failing``-th no-replace rename of the commit phase fail with EIO; returns the call count."""
-    import gguf_mtp.commit as commit_module
+    import gguf_mtp.files.commit as commit_module
 
     real = commit_module.rename_noreplace
     calls = 0

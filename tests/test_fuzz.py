@@ -31,10 +31,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from malformed import SMALL, TRUNK
 
-from gguf_mtp.compose import compose
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.errors import GGUFMTPError
-from gguf_mtp.gguf_header import (
+from gguf_mtp.format.header import (
     GGUFArray,
     GGUFHeader,
     KeyValue,
@@ -46,11 +45,12 @@ from gguf_mtp.gguf_header import (
     serialize_header,
     tensor_nbytes,
 )
-from gguf_mtp.kv_edit import INT_RANGES
-from gguf_mtp.layout import PAD_KEY
-from gguf_mtp.set_id import SET_ID_KEY
-from gguf_mtp.shards import open_model
-from gguf_mtp.tiny_models import write_draft, write_target
+from gguf_mtp.format.kv_edit import INT_RANGES
+from gguf_mtp.format.layout import PAD_KEY
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.model.set_id import SET_ID_KEY
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 EXAMPLES = int(os.environ.get("GGUF_MTP_FUZZ_EXAMPLES", "0")) or None
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

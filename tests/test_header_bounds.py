@@ -19,7 +19,7 @@ from malformed import SMALL, edit_kvs, rewrite
 
 from gguf_mtp.cli import main
 from gguf_mtp.constants import ENV_MAX_HEADER_BYTES, MAX_ALIGNMENT, MAX_TENSORS
-from gguf_mtp.gguf_header import (
+from gguf_mtp.format.header import (
     SUPPLEMENT_QUANT_SIZES,
     KVTable,
     TensorInfo,
@@ -29,9 +29,9 @@ from gguf_mtp.gguf_header import (
     serialize_header,
     tensor_nbytes,
 )
-from gguf_mtp.shard_scan import consistency_problems, scan_model
-from gguf_mtp.shards import open_model
-from gguf_mtp.tiny_models import write_target
+from gguf_mtp.model.shard_scan import consistency_problems, scan_model
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.testing.tiny_models import write_target
 
 U16, U32, I32, STR, ARR = (
     GGUFValueType.UINT16,

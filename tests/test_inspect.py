@@ -13,10 +13,10 @@ from gguf import GGUFReader, GGUFValueType
 from helpers import copy_model, shard_files
 
 from gguf_mtp import BadGGUFError, compose
+from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import align_up, encode_kv, read_header, serialize_header
-from gguf_mtp.inspect import inspect
-from gguf_mtp.tiny_models import GLM4MOE, write_target
+from gguf_mtp.format.header import align_up, encode_kv, read_header, serialize_header
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
 
 ARCH = "nemotron_h_moe"
 

@@ -23,11 +23,11 @@ from gguf import GGUFValueType
 from helpers import shard_files
 
 from gguf_mtp import BadGGUFError, HubError, compose
+from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import encode_kv, read_header
-from gguf_mtp.inspect import inspect
-from gguf_mtp.remote import FIRST_READ, HubFile
-from gguf_mtp.tiny_models import add_raw_kvs, write_target
+from gguf_mtp.format.header import encode_kv, read_header
+from gguf_mtp.hub.remote import FIRST_READ, HubFile
+from gguf_mtp.testing.tiny_models import add_raw_kvs, write_target
 
 REPO = "tiny-org/Tiny-Nemotron-GGUF"
 FOLDER = "UD-Q4_K_XL"
@@ -337,7 +337,7 @@ def test_header_bound_stops_reading(hub: HubStandIn, tmp_path: Path, monkeypatch
     tokens = [f"token-{i:06d}" for i in range(20_000)]
     add_raw_kvs(first, [encode_kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, tokens, GGUFValueType.STRING)])
     hub.publish([first], folder="huge")
-    monkeypatch.setattr("gguf_mtp.shard_scan.MAX_REMOTE_HEADER_BYTES", 200_000)
+    monkeypatch.setattr("gguf_mtp.model.shard_scan.MAX_REMOTE_HEADER_BYTES", 200_000)
 
     with pytest.raises(BadGGUFError, match="header larger than the 200,000-byte limit"):
         inspect(f"hf://{REPO}/huge/{first.name}")
@@ -449,7 +449,7 @@ def test_hub_address_round_trips_and_finds_siblings() -> None:
 
 
 def test_verify_checks_a_hub_composite_from_its_headers(hub: HubStandIn, published: str) -> None:
-    from gguf_mtp.verify import verify
+    from gguf_mtp.check.verify import verify
 
     report = verify(published, progress=False)
     assert report.ok, report.describe()
@@ -459,7 +459,7 @@ def test_verify_checks_a_hub_composite_from_its_headers(hub: HubStandIn, publish
 
 
 def test_verify_needs_local_files_to_compare_bytes(hub: HubStandIn, published: str, nemotron_split: Path) -> None:
-    from gguf_mtp.verify import verify
+    from gguf_mtp.check.verify import verify
 
     with pytest.raises(BadGGUFError, match="needs the composite on disk"):
         verify(published, target=nemotron_split, progress=False)

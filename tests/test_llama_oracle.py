@@ -14,10 +14,11 @@ import pytest
 from gguf import GGUFValueType
 from helpers import copy_model, rewrite_gguf, shard_files
 
-from gguf_mtp import compose, llama_check
-from gguf_mtp.gguf_header import encode_kv
-from gguf_mtp.llama_check import check_with_llama
-from gguf_mtp.tiny_models import GLM4MOE, write_draft
+from gguf_mtp import compose
+from gguf_mtp.check import llama_check
+from gguf_mtp.check.llama_check import check_with_llama
+from gguf_mtp.format.header import encode_kv
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_draft
 
 pytestmark = pytest.mark.llama
 ARCH = "nemotron_h_moe"
@@ -113,7 +114,7 @@ def test_glm4moe_blk_n_draft_composes_and_runs(glm_target: Path, tmp_path: Path)
 
 def _child_stderr(path: Path, *, extra_bufts: bool | None = None) -> tuple[dict, str]:
     """Run the real child on ``path`` (optionally overriding use_extra_bufts); its last report and stderr."""
-    code = "import sys, gguf_mtp.llama_check as lc\n"
+    code = "import sys, gguf_mtp.check.llama_check as lc\n"
     if extra_bufts is not None:
         code += f"lc.MODEL_PARAMS['use_extra_bufts'] = {extra_bufts}\n"
     code += "sys.exit(lc.main(sys.argv[1:]))\n"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from gguf_mtp.check.inspect import inspect
+from gguf_mtp.check.verify import verify
 from gguf_mtp.cli import main
 from gguf_mtp.errors import BadGGUFError, VerificationError
-from gguf_mtp.inspect import inspect
-from gguf_mtp.model_card import draft_command
-from gguf_mtp.publish import publish
-from gguf_mtp.tiny_models import write_draft, write_target
-from gguf_mtp.verify import verify
+from gguf_mtp.hub.card import draft_command
+from gguf_mtp.hub.publish import publish
+from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 
 @pytest.fixture(scope="module")

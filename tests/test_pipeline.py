@@ -20,10 +20,10 @@ from helpers import flip_byte
 from hub_standin import RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
-from gguf_mtp.pipeline import STATE_NAME, run_pipeline, select_target_files
-from gguf_mtp.tiny_checkpoints import write_mtpv2_checkpoint
-from gguf_mtp.tiny_models import write_target
-from gguf_mtp.verify import Check, VerifyReport
+from gguf_mtp.check.verify import Check, VerifyReport
+from gguf_mtp.hub.pipeline import STATE_NAME, run_pipeline, select_target_files
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.testing.tiny_models import write_target
 
 TARGET_REPO = "unsloth/Tiny-Nemotron-GGUF"
 HEAD_REPO = "nvidia/Tiny-Nemotron-MTPv2"
@@ -149,7 +149,7 @@ def test_only_the_exact_shard_set_is_used_not_the_stray_composite_or_mmproj(firs
 
 def test_composite_loads_in_llama_cpp(first_run: tuple[Path, dict]) -> None:
     _, report = first_run
-    from gguf_mtp.llama_check import llama_cpp_available
+    from gguf_mtp.check.llama_check import llama_cpp_available
 
     if not llama_cpp_available():
         pytest.skip("llama-cpp-python is not installed")
@@ -338,7 +338,7 @@ def test_failed_verification_stops_before_publishing(
         return report
 
     # the package exports the function `verify`; patch the module it lives in
-    monkeypatch.setattr(importlib.import_module("gguf_mtp.verify"), "verify", failing_verify)
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify"), "verify", failing_verify)
     hub = RecordingHub(source=target_repo)
     with pytest.raises(VerificationError, match="blk.1.attn_q.weight differs"):
         _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")

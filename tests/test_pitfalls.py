@@ -21,9 +21,9 @@ from gguf_mtp import (
     UnsafeOutputError,
     compose,
 )
-from gguf_mtp import output as output_module
-from gguf_mtp.gguf_header import GGUFArray, encode_kv, read_header
-from gguf_mtp.tiny_models import add_raw_kvs, write_draft, write_target
+from gguf_mtp import write as output_module
+from gguf_mtp.format.header import GGUFArray, encode_kv, read_header
+from gguf_mtp.testing.tiny_models import add_raw_kvs, write_draft, write_target
 
 ARCH = "nemotron_h_moe"
 Q = GGMLQuantizationType
@@ -87,7 +87,7 @@ def test_1_a_size_that_overruns_the_next_tensor_is_refused(nemotron_single: Path
     bad = tmp_path / "overlap.gguf"
     # make the first tensor claim more rows than the room before the second one
     rows = first.shape[1] * 4
-    from gguf_mtp.gguf_header import TensorInfo, serialize_header
+    from gguf_mtp.format.header import TensorInfo, serialize_header
 
     tensors = [TensorInfo(first.name, (first.shape[0], rows), first.ggml_type, first.offset, 0), *header.tensors[1:]]
     with open(nemotron_single, "rb") as src, open(bad, "wb") as dst:

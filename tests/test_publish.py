@@ -17,15 +17,16 @@ import pytest
 from helpers import copy_model, shard_files
 from hub_standin import LargeFolderHub, RecordingHub, http_error
 
-from gguf_mtp import HubError, ShardSetError, VerificationError, __version__, compose
+from gguf_mtp import HubError, ShardSetError, VerificationError, compose
+from gguf_mtp._version import __version__
 from gguf_mtp.cli import main
-from gguf_mtp.digests import FileDigest
+from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.formatting import markdown_text
-from gguf_mtp.model_card import Provenance
-from gguf_mtp.publish import CARD_NAME, STAGING_NAME, publish
+from gguf_mtp.hub.card import Provenance
+from gguf_mtp.hub.publish import CARD_NAME, STAGING_NAME, publish
 
 # the package exports the function `publish`; this is the module it lives in
-publish_module = importlib.import_module("gguf_mtp.publish")
+publish_module = importlib.import_module("gguf_mtp.hub.publish")
 
 REPO = "me/Tiny-Nemotron-MTP"
 PROVENANCE = Provenance(
@@ -385,7 +386,7 @@ def test_card_without_provenance_says_so(composite: Path) -> None:
 def test_uploaded_card_is_the_rendered_card(composite: Path, token: str) -> None:
     hub = RecordingHub()
     report = publish(composite, REPO, api=hub, provenance=PROVENANCE, progress=False)
-    from gguf_mtp.digests import git_blob_sha1
+    from gguf_mtp.files.digests import git_blob_sha1
 
     assert hub.files[CARD_NAME]["blob_id"] == git_blob_sha1(report.card.encode())
 

@@ -19,12 +19,12 @@ from conftest import IN_CI
 from helpers import file_hashes
 
 from gguf_mtp import compose, open_model
-from gguf_mtp.extents import ExtentProver, file_extents
-from gguf_mtp.gguf_header import read_header
-from gguf_mtp.graft import graft
-from gguf_mtp.kernel_copy import SHARE_BLOCK, can_share
-from gguf_mtp.strip import strip
-from gguf_mtp.verify import verify
+from gguf_mtp.check.verify import verify
+from gguf_mtp.files.extents import ExtentProver, file_extents
+from gguf_mtp.files.kernel_copy import SHARE_BLOCK, can_share
+from gguf_mtp.format.header import read_header
+from gguf_mtp.jobs.graft import graft
+from gguf_mtp.jobs.strip import strip
 
 IMAGE_BYTES = 512 * 1024 * 1024  # mkfs.xfs wants 300 MiB at least; the image file is sparse
 _SHARED_FLAG = 0x2000

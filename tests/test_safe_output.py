@@ -20,10 +20,10 @@ from gguf import GGUFValueType
 
 from gguf_mtp import HubError, compose
 from gguf_mtp.cli import main
-from gguf_mtp.digests import FileDigest
-from gguf_mtp.gguf_header import encode_kv, read_header, serialize_header
-from gguf_mtp.model_card import ModelFacts, Provenance, render_model_card
-from gguf_mtp.tiny_models import write_target
+from gguf_mtp.files.digests import FileDigest
+from gguf_mtp.format.header import encode_kv, read_header, serialize_header
+from gguf_mtp.hub.card import ModelFacts, Provenance, render_model_card
+from gguf_mtp.testing.tiny_models import write_target
 
 BAD_NAME = "Bad\udcff\udcfeName\nMTP: yes (1 block, blk.3)"  # undecodable bytes and a fake verdict line
 BAD_FILE = os.fsdecode(b"bad-\xff-name.gguf")
@@ -213,7 +213,7 @@ def test_a_non_ascii_token_is_one_line_for_publish_and_convert(
 ) -> None:
     from hub_standin import RecordingHub
 
-    from gguf_mtp.publish import publish
+    from gguf_mtp.hub.publish import publish
 
     monkeypatch.setenv("HF_TOKEN", "hf_\u00e9t\u00e9")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -258,7 +258,7 @@ def test_json_interrupt_is_a_json_object_too(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("gguf_mtp.cli.inspect.inspect", interrupted)
+    monkeypatch.setattr("gguf_mtp.check.inspect.inspect", interrupted)
     assert main(["inspect", "x.gguf", "--json"]) == 130
     assert json.loads(capsys.readouterr().out) == {"error": "interrupted", "path": None, "exit_status": 130}
 
@@ -283,7 +283,7 @@ def test_hub_retry_warnings_print_once_and_only_with_v(
         _hub_retry_warning()
         raise HubError("cannot reach the Hub", "hf://o/r/x.gguf")
 
-    monkeypatch.setattr("gguf_mtp.cli.inspect.inspect", failing_inspect)
+    monkeypatch.setattr("gguf_mtp.check.inspect.inspect", failing_inspect)
     hub_logger = logging.getLogger("huggingface_hub")
     handlers = hub_logger.handlers
     stream_handler = logging.StreamHandler(sys.stderr)  # what huggingface_hub installs, bound to this capture

@@ -12,12 +12,12 @@ import pytest
 from helpers import reader_kvs, reader_tensors, shard_files
 
 from gguf_mtp import compose
+from gguf_mtp.check.inspect import inspect
+from gguf_mtp.check.llama_check import check_with_llama
+from gguf_mtp.check.verify import same_ggml_shape, verify
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import TensorInfo, read_header, serialize_header
-from gguf_mtp.inspect import inspect
-from gguf_mtp.llama_check import check_with_llama
-from gguf_mtp.tiny_models import write_draft
-from gguf_mtp.verify import same_ggml_shape, verify
+from gguf_mtp.format.header import TensorInfo, read_header, serialize_header
+from gguf_mtp.testing.tiny_models import write_draft
 
 
 def _gguf_split(tool: Path, *args: str | Path) -> None:

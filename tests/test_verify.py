@@ -11,12 +11,12 @@ from gguf import GGUFValueType
 from helpers import copy_model
 
 from gguf_mtp import BadGGUFError, compose
+from gguf_mtp.check.llama_check import INSTALL_HINT
+from gguf_mtp.check.verify import Check, VerifyReport, verify
 from gguf_mtp.cli import main
-from gguf_mtp.gguf_header import encode_kv
-from gguf_mtp.llama_check import INSTALL_HINT
-from gguf_mtp.shards import open_model
-from gguf_mtp.tiny_models import add_raw_kvs
-from gguf_mtp.verify import Check, VerifyReport, verify
+from gguf_mtp.format.header import encode_kv
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.testing.tiny_models import add_raw_kvs
 
 STRUCTURAL = [
     "files",
@@ -126,7 +126,7 @@ def test_skipped_llama_check_is_reported_as_skipped_not_passed(split_composite: 
 
 
 def test_missing_llama_cpp_python_says_how_to_install(split_composite: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.import_module("gguf_mtp.verify"), "llama_cpp_available", lambda: False)
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify"), "llama_cpp_available", lambda: False)
     when_installed = verify(split_composite, llama=None, progress=False).check("llama.cpp")
     assert when_installed.status == "skip"
     assert INSTALL_HINT in when_installed.detail

@@ -16,8 +16,8 @@ from gguf import GGUFValueType
 from helpers import copy_model, flip_byte, shard_files
 
 from gguf_mtp import compose
-from gguf_mtp.gguf_header import KeyValue, align_up, encode_kv, read_header, serialize_header
-from gguf_mtp.verify import VerifyReport, verify
+from gguf_mtp.check.verify import VerifyReport, verify
+from gguf_mtp.format.header import KeyValue, align_up, encode_kv, read_header, serialize_header
 
 ARCH = "nemotron_h_moe"
 COUNT = "split.tensors.count"

@@ -15,16 +15,16 @@ from gguf import GGUFReader, GGUFValueType
 from helpers import file_hashes, reader_kvs, reader_tensors
 
 from gguf_mtp import compose, open_model
-from gguf_mtp.compose_plan import plan_composition
-from gguf_mtp.extract import extract, plan_extraction
-from gguf_mtp.gguf_header import GGUFArray, encode_kv, parse_header, read_header
-from gguf_mtp.graft import plan_graft
-from gguf_mtp.kernel_copy import SHARE_BLOCK, CopyTally, copy_range
-from gguf_mtp.layout import PAD_KEY, congruence, congruent_header, placements
-from gguf_mtp.llama_check import check_with_llama
-from gguf_mtp.output import Bytes, CopyRange, OutputFile, Zeros, write_outputs
-from gguf_mtp.strip import plan_strip, strip
-from gguf_mtp.tiny_models import write_target
+from gguf_mtp.check.llama_check import check_with_llama
+from gguf_mtp.files.kernel_copy import SHARE_BLOCK, CopyTally, copy_range
+from gguf_mtp.format.header import GGUFArray, encode_kv, parse_header, read_header
+from gguf_mtp.format.layout import PAD_KEY, congruence, congruent_header, placements
+from gguf_mtp.jobs.compose_plan import plan_composition
+from gguf_mtp.jobs.extract import extract, plan_extraction
+from gguf_mtp.jobs.graft import plan_graft
+from gguf_mtp.jobs.strip import plan_strip, strip
+from gguf_mtp.testing.tiny_models import write_target
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Zeros, write_outputs
 
 #: The padding KV's own bytes besides its items (key, type, item type, count).
 PAD_OVERHEAD = 8 + len(PAD_KEY) + 4 + 4 + 8

@@ -13,9 +13,10 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
-from ..errors import GGUFMTPError
-from ..formatting import ESCAPE_ERRORS, printable
+from gguf_mtp._version import __version__
+from gguf_mtp.errors import GGUFMTPError
+from gguf_mtp.formatting import ESCAPE_ERRORS, printable
+
 from .common import error_object, print_json
 
 #: Subcommands, each a module of this package with ``register(subparsers)``.

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ..formatting import human_bytes, json_safe, printable, short
+from gguf_mtp.formatting import human_bytes, json_safe, printable, short
 
 __all__ = ["add_output_flags", "error_object", "human_bytes", "print_json", "print_report", "short"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..compose import compose
-from ..errors import GGUFMTPError
+from gguf_mtp.errors import GGUFMTPError
+
 from .common import add_output_flags, print_json, print_report
 
 
@@ -37,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.jobs.compose import compose
+
     if args.no_llama and not args.verify:
         raise GGUFMTPError("--no-llama only applies with --verify (compose loads nothing with llama.cpp otherwise)")
     if args.verify and args.dry_run:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from conversion import supported_architectures
-from conversion.base import OUTTYPES
+from gguf_mtp.conversion import OUTTYPE_NAMES, supported_architectures
 
-from ..convert import convert
 from .common import add_output_flags, print_json, print_report
 
 
@@ -27,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model the head belongs to (any shard of a split set): gives the block index and is "
                         "checked against the head")
     p.add_argument("--block", type=int, metavar="N", help="NextN block index when there is no --target")
-    p.add_argument("--outtype", choices=sorted(OUTTYPES),
+    p.add_argument("--outtype", choices=sorted(OUTTYPE_NAMES),
                    help="type of the matrices (norms, biases, router: F32); default: the source dtype, copied as is")
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
@@ -39,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.jobs.convert import convert
+
     report = convert(
         args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
         standalone=args.standalone, revision=args.revision, dry_run=args.dry_run, force=args.force,

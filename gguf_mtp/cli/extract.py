@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..constants import SPLIT_NAME
-from ..extract import extract
 from .common import add_output_flags, print_json, print_report
 
 
 def default_output(source: str, standalone: bool) -> Path:
     """``mtp-<model name>.gguf`` in the current folder (the shard suffix of a split source left out)."""
+    from gguf_mtp.constants import SPLIT_NAME
+
     name = Path(source).name
     match = SPLIT_NAME.match(name)
     stem = match["prefix"] if match else Path(name).stem
@@ -39,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.jobs.extract import extract
+
     output = Path(args.output) if args.output else default_output(args.source, args.standalone)
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)

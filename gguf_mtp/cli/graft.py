@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..graft import graft
 from .common import add_output_flags, print_json, print_report
 
 
@@ -29,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.jobs.graft import graft
+
     report = graft(
         args.source, args.target, args.output_dir, basename=args.basename, force=args.force,
         verify=not args.no_verify, llama=False if args.no_llama else None, dry_run=args.dry_run,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..inspect import inspect
 from .common import print_json, print_report
 
 
@@ -25,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.check.inspect import inspect
+
     summary = inspect(args.path, tensors=args.tensors)
     if args.json:
         print_json(summary.to_dict())

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ..pipeline import PipelineReport, run_pipeline
+if TYPE_CHECKING:
+    from gguf_mtp.hub.pipeline import PipelineReport
+
+
 from .common import add_output_flags, print_json, print_report
 
 DEFAULT_WORK_DIR = "gguf-mtp-work"
@@ -51,6 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
     """Run the pipeline with parsed :func:`add_pipeline_arguments` options."""
+    from gguf_mtp.hub.pipeline import run_pipeline
+
     return run_pipeline(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
         out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, force=getattr(args, "force", False),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from ..hub import check_repo_id
-from ..model_card import Provenance
-from ..publish import CARD_NAME, publish
+if TYPE_CHECKING:
+    from gguf_mtp.hub.card import Provenance
+
+
 from .common import add_output_flags, print_json, print_report
 
 
@@ -29,6 +31,9 @@ def provenance_from_args(args: argparse.Namespace) -> Provenance:
     Raises:
         HubError: ``--target-repo`` or ``--base-model`` is not an ``OWNER/NAME`` repo id.
     """
+    from gguf_mtp.hub.card import Provenance
+    from gguf_mtp.hub.client import check_repo_id
+
     if args.target_repo is not None:
         check_repo_id(args.target_repo, "--target-repo")
     if args.base_model is not None:
@@ -64,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.hub.client import check_repo_id
+    from gguf_mtp.hub.publish import CARD_NAME, publish
+
     check_repo_id(args.repo, "--repo")
     report = publish(
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..strip import strip
 from .common import add_output_flags, print_json, print_report
 
 
@@ -24,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.jobs.strip import strip
+
     report = strip(
         args.source, args.output_dir, force=args.force, dry_run=args.dry_run, progress=not (args.quiet or args.json)
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..verify import verify
 from .common import print_json, print_report
 
 
@@ -37,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.check.verify import verify
+
     report = verify(
         args.composite, target=args.target, draft=args.draft, llama=args.llama,
         progress=not (args.quiet or args.json), allow_kv=args.allow_kv,

@@ -28,8 +28,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gguf_mtp.tiny_checkpoints import CheckpointTensor, mtpv2_config, mtpv2_tensors, write_safetensors  # noqa: E402
-from gguf_mtp.tiny_models import TinyHparams  # noqa: E402
+from gguf_mtp.testing.tiny_checkpoints import (  # noqa: E402
+    CheckpointTensor,
+    mtpv2_config,
+    mtpv2_tensors,
+    write_safetensors,
+)
+from gguf_mtp.testing.tiny_models import TinyHparams  # noqa: E402
 
 CACHE = ROOT / ".cache" / "upstream"
 SDIST = "llama-cpp-python==0.3.36"

@@ -1,0 +1,386 @@
+"""``inspect``: what a GGUF model holds, and whether it carries a usable MTP (NextN) head.
+
+Works on the headers alone, so a Hub file (``hf://OWNER/REPO/file-00001-of-00003.gguf``) is summarised
+from a few range requests without downloading its tensors. A split set with consistency problems is
+still summarised, with the problems listed; only a file whose header cannot be read is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gguf_mtp.constants import (
+    DRAFT_GLOBAL_TENSORS,
+    KEY_ARCHITECTURE,
+    KEY_SPLIT_COUNT,
+    KEY_SPLIT_NO,
+    KEY_SPLIT_TENSORS_COUNT,
+)
+from gguf_mtp.errors import BadGGUFError
+from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.blocks import (
+    block_indices,
+    block_layout_problem,
+    block_tensor_problems,
+    is_mtp_only,
+    layer_kinds,
+    missing_nextn_by_block,
+    nextn_kind_problems,
+    unextended_arrays,
+)
+from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
+
+__all__ = ["ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
+
+
+@dataclass(frozen=True)
+class ShardSummary:
+    """One file of the model."""
+
+    number: int  # 1-based; 0 for a single file
+    name: str
+    size: int | None  # None: missing
+    tensors: int
+    tensor_bytes: int
+    header_bytes: int  # where its data section starts
+    version: int | None
+    alignment: int | None
+    split_no: int | None
+    split_count: int | None
+    split_tensors_count: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TypeUsage:
+    """How many tensors of the model use one ggml type, and their bytes."""
+
+    type_name: str
+    count: int
+    nbytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor, for ``--tensors``."""
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # ggml order (ne0 first), as gguf-py and llama.cpp print it
+    nbytes: int
+    shard: int
+    offset: int  # data-relative
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What a model holds; :attr:`mtp_verdict` says in one line whether it has a usable MTP head."""
+
+    source: str
+    remote: bool
+    architecture: str | None
+    model_name: str | None
+    block_count: int | None
+    nextn_predict_layers: int
+    nextn_blocks: tuple[int, ...]  # declared: block_count - nextn .. block_count - 1
+    nextn_missing: dict[int, tuple[str, ...]]  # NextN block -> required tensors it lacks
+    stray_blocks: tuple[int, ...]  # blocks with tensors at or beyond block_count
+    layer_kinds: tuple[str, ...] | None  # hybrid models: M / * / E per block (a NextN block is *E)
+    shards: tuple[ShardSummary, ...]
+    tensor_count: int
+    total_size: int
+    types: tuple[TypeUsage, ...]  # by bytes, largest first
+    alignment: int | None
+    problems: tuple[str, ...]
+    tensors: tuple[TensorRow, ...] | None = None  # with ``tensors=True``
+    bytes_fetched: int | None = None  # remote: header bytes received over HTTP
+    http_requests: int | None = None
+    mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
+    standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
+
+    @property
+    def trunk_blocks(self) -> int | None:
+        return None if self.block_count is None else self.block_count - self.nextn_predict_layers
+
+    @property
+    def has_mtp(self) -> bool:
+        """A model (not an MTP-only draft) whose declared NextN blocks each have the tensors llama.cpp needs."""
+        return bool(self.nextn_blocks) and not self.nextn_missing and not self.mtp_only
+
+    @property
+    def kind(self) -> str:
+        """``"mtp-draft"`` for an MTP-only file (llama.cpp runs it only beside its target), else ``"model"``."""
+        return "mtp-draft" if self.mtp_only else "model"
+
+    @property
+    def mtp_verdict(self) -> str:
+        """``MTP: yes (1 block, blk.88)``, ``MTP: no`` or ``MTP: declared but tensors missing``."""
+        if not self.nextn_blocks:
+            return "MTP: no"
+        if self.nextn_missing:
+            return "MTP: declared but tensors missing"
+        n = len(self.nextn_blocks)
+        where = f"blk.{self.nextn_blocks[0]}" + (f"-{self.nextn_blocks[-1]}" if n > 1 else "")
+        if self.mtp_only:
+            return f"MTP: draft only ({n} block{'s' if n > 1 else ''}, {where}): not a model by itself; {self._use}"
+        return f"MTP: yes ({n} block{'s' if n > 1 else ''}, {where})"
+
+    @property
+    def _use(self) -> str:
+        if self.standalone:
+            return "run it beside its target: llama-server -m TARGET --spec-draft-model DRAFT"
+        return "it needs its target: gguf-mtp compose TARGET DRAFT -o OUTDIR"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        result: dict[str, Any] = {
+            "command": "inspect",
+            "source": self.source,
+            "remote": self.remote,
+            "architecture": self.architecture,
+            "name": self.model_name,
+            "block_count": self.block_count,
+            "trunk_blocks": self.trunk_blocks,
+            "nextn_predict_layers": self.nextn_predict_layers,
+            "nextn_blocks": list(self.nextn_blocks),
+            "nextn_missing": {f"blk.{b}": list(names) for b, names in self.nextn_missing.items()},
+            "stray_blocks": list(self.stray_blocks),
+            "has_mtp": self.has_mtp,
+            "kind": self.kind,
+            "mtp_only": self.mtp_only,
+            "standalone": self.standalone,
+            "mtp_verdict": self.mtp_verdict,
+            "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds)
+            if self.layer_kinds
+            else None,
+            "layer_kind_list": list(self.layer_kinds) if self.layer_kinds else None,
+            "files": [s.to_dict() for s in self.shards],
+            "tensor_count": self.tensor_count,
+            "total_size": self.total_size,
+            "types": [t.to_dict() for t in self.types],
+            "alignment": self.alignment,
+            "consistent": not self.problems,
+            "problems": list(self.problems),
+        }
+        if self.remote:
+            result["bytes_fetched"] = self.bytes_fetched
+            result["http_requests"] = self.http_requests
+        if self.tensors is not None:
+            result["tensors"] = [t.to_dict() for t in self.tensors]
+        return result
+
+    def describe(self) -> list[str]:
+        """The human-readable report, one line per fact."""
+        lines = [self.source]
+        arch = self.architecture or "(no general.architecture)"
+        lines.append(f"architecture: {arch}" + (f"  ({self.model_name})" if self.model_name else ""))
+        if self.block_count is not None:
+            blocks = f"blocks: {self.block_count} = {self.trunk_blocks} trunk + {self.nextn_predict_layers} NextN"
+            if self.nextn_blocks:
+                blocks += f" ({', '.join(f'blk.{b}' for b in self.nextn_blocks)})"
+            lines.append(blocks)
+        if self.mtp_only:
+            extra = f", with {', '.join(DRAFT_GLOBAL_TENSORS)}" if self.standalone else ""
+            lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
+        for block, names in self.nextn_missing.items():
+            lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
+        if self.stray_blocks:
+            lines.append(f"  tensors of blocks beyond block_count: {', '.join(f'blk.{b}' for b in self.stray_blocks)}")
+        if self.layer_kinds:
+            lines.append(f"layers: {_kinds_line(self.layer_kinds, self.trunk_blocks or 0)}")
+        files = f"{len(self.shards)} files" if len(self.shards) > 1 else "1 file"
+        lines.append(
+            f"files: {files}, {human_bytes(self.total_size)}, {self.tensor_count} tensors"
+            + (f", alignment {self.alignment}" if self.alignment else "")
+        )
+        for shard in self.shards:
+            lines.append("  " + _shard_line(shard, len(self.shards)))
+        lines.append("consistency: ok" if not self.problems else f"problems ({len(self.problems)}):")
+        lines.extend(f"  {p}" for p in self.problems)
+        lines.append(
+            "tensor types: "
+            + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in self.types)
+        )
+        if self.tensors is not None:
+            lines.append("tensors:")
+            width = max((len(t.name) for t in self.tensors), default=0)
+            for t in self.tensors:
+                shape = "x".join(str(d) for d in t.shape)
+                where = f"  shard {t.shard}" if len(self.shards) > 1 else ""
+                lines.append(f"  {t.name:<{width}}  {t.type_name:<7} {shape:<18} {human_bytes(t.nbytes):>10}{where}")
+        if self.remote:
+            lines.append(
+                f"fetched {human_bytes(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
+                f"the files hold {human_bytes(self.total_size)}"
+            )
+        lines.append(self.mtp_verdict)
+        return lines
+
+
+def _kinds_line(kinds: tuple[str, ...], trunk: int) -> str:
+    trunk_kinds = "".join(kinds[:trunk])
+    counts = Counter(kinds[:trunk])
+    names = {"M": "recurrent", "*": "attention", "E": "MoE", "-": "MLP"}
+    tally = ", ".join(f"{counts[k]} {k} {names.get(k, '')}".rstrip() for k in ("M", "*", "E", "-") if counts[k])
+    line = f"{trunk_kinds} ({tally})"
+    extra = kinds[trunk:]
+    if extra:
+        line += " + NextN " + " ".join(extra)
+    return line
+
+
+def _shard_line(shard: ShardSummary, count: int) -> str:
+    label = shard.name.rsplit("/", 1)[-1]
+    if count > 1:
+        label = f"{shard.number}/{count} {label}"
+    if shard.size is None:
+        return f"{label}  MISSING"
+    split = ""
+    if shard.split_count is not None:
+        split = (
+            f"  split.no={shard.split_no} split.count={shard.split_count} "
+            f"split.tensors.count={shard.split_tensors_count}"
+        )
+    return f"{label}  {human_bytes(shard.size)}  {shard.tensors} tensors{split}"
+
+
+def _shard_summaries(model: ScannedModel) -> tuple[ShardSummary, ...]:
+    summaries = []
+    for shard in model.shards:
+        header = shard.header
+        summaries.append(
+            ShardSummary(
+                number=shard.number,
+                name=shard.name,
+                size=shard.size,
+                tensors=len(header.tensors) if header else 0,
+                tensor_bytes=sum(t.nbytes for t in header.tensors) if header else 0,
+                header_bytes=header.data_offset if header else 0,
+                version=header.version if header else None,
+                alignment=header.alignment if header else None,
+                split_no=header.get(KEY_SPLIT_NO) if header else None,
+                split_count=header.get(KEY_SPLIT_COUNT) if header else None,
+                split_tensors_count=header.get(KEY_SPLIT_TENSORS_COUNT) if header else None,
+            )
+        )
+    return tuple(summaries)
+
+
+def _int_kv(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
+    """Summarise a scanned model (pure: no I/O).
+
+    Raises:
+        BadGGUFError: a file of the model exists but its header cannot be read.
+    """
+    for shard in model.shards:
+        if shard.header is None and not shard.missing:
+            raise BadGGUFError(shard.error or "unreadable header", shard.name)
+    problems = consistency_problems(model)
+    first = model.first
+    arch = first.get(KEY_ARCHITECTURE) if first is not None else None
+    arch = arch if isinstance(arch, str) else None
+    block_count = nextn = None
+    kinds = None
+    mtp_only = False
+    names = [t.name for h in model.headers for t in h.tensors]
+    if first is not None and arch is not None:
+        # Bounded before anything below loops over blocks (blocks.MAX_BLOCK_COUNT).
+        layout, layout_problem = block_layout_problem(first)
+        if layout is None:
+            if names:  # a vocab-only file (no tensors, like llama.cpp's ggml-vocab-*.gguf) has no blocks
+                problems.append(layout_problem or "no block layout")
+        else:
+            block_count, nextn = layout.block_count, layout.nextn
+            declared = {b for b in block_indices(names) if b < layout.block_count}
+            problems += block_tensor_problems(layout, declared)
+            mtp_only = is_mtp_only(layout, declared)
+        if block_count is not None:
+            trunk = block_count - nextn
+            kinds = layer_kinds(first, arch, block_count)
+            problems += unextended_arrays(first, arch, block_count, trunk)
+            problems += nextn_kind_problems(first, arch, block_count, trunk)
+    nextn = nextn or 0
+    nextn_blocks = tuple(range(block_count - nextn, block_count)) if block_count is not None else ()
+    missing = {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}
+    used_blocks = block_indices(names)
+    stray = tuple(sorted(b for b in used_blocks if block_count is not None and b >= block_count))
+    for block in stray:
+        problems.append(f"tensors of blk.{block}, beyond block_count {block_count}")
+
+    usage: dict[str, list[int]] = {}
+    rows: list[TensorRow] = []
+    for shard in model.shards:
+        for t in shard.header.tensors if shard.header else ():
+            entry = usage.setdefault(t.type_name, [0, 0])
+            entry[0] += 1
+            entry[1] += t.nbytes
+            if tensors:
+                rows.append(TensorRow(t.name, t.type_name, t.shape, t.nbytes, shard.number or 1, t.offset))
+    types = tuple(
+        TypeUsage(name, count, nbytes) for name, (count, nbytes) in sorted(usage.items(), key=lambda kv: -kv[1][1])
+    )
+    alignments = {h.alignment for h in model.headers}
+    general_name = first.get("general.name") if first is not None else None
+    return ModelSummary(
+        source=model.source,
+        remote=model.remote,
+        architecture=arch,
+        model_name=general_name if isinstance(general_name, str) else None,
+        block_count=block_count,
+        nextn_predict_layers=nextn,
+        nextn_blocks=nextn_blocks,
+        nextn_missing=missing,
+        stray_blocks=stray,
+        layer_kinds=kinds,
+        shards=_shard_summaries(model),
+        tensor_count=len(names),
+        total_size=model.total_size,
+        types=types,
+        alignment=alignments.pop() if len(alignments) == 1 else None,
+        problems=tuple(problems),
+        tensors=tuple(rows) if tensors else None,
+        bytes_fetched=model.bytes_fetched if model.remote else None,
+        http_requests=model.http_requests if model.remote else None,
+        mtp_only=mtp_only,
+        standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
+    )
+
+
+def inspect(path_or_url: str | os.PathLike[str], *, tensors: bool = False) -> ModelSummary:
+    """Summarise a GGUF model from its headers: a local file, any shard of a split set, or a Hub file.
+
+    Args:
+        path_or_url: a local path, or ``hf://OWNER/REPO/path/to/file.gguf[@revision]`` (only header
+            bytes are fetched, with HTTP range requests; ``HF_ENDPOINT`` and ``HF_TOKEN`` apply).
+        tensors: also list every tensor (name, type, shape, bytes, shard).
+
+    Returns:
+        A :class:`ModelSummary` (``.describe()`` for people, ``.to_dict()`` for scripts,
+        ``.mtp_verdict`` for one line).
+
+    Raises:
+        BadGGUFError: the file does not exist, or a file of the model is not a readable GGUF.
+        ShardSetError: the file name promises an impossible shard number.
+        HubError: a Hub file could not be reached (``HF_HUB_OFFLINE``, no access, not found, network).
+
+    Example:
+        >>> inspect("hf://unsloth/NVIDIA-Nemotron-3-Super-120B-A12B-GGUF/UD-Q4_K_XL/"
+        ...         "NVIDIA-Nemotron-3-Super-120B-A12B-UD-Q4_K_XL-00001-of-00003.gguf").mtp_verdict  # doctest: +SKIP
+        'MTP: no'
+    """
+    return summarize(scan_model(path_or_url), tensors=tensors)

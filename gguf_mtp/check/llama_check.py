@@ -1,0 +1,330 @@
+"""Ask the real llama.cpp (through llama-cpp-python's low-level API) whether it accepts a GGUF.
+
+A load alone proves little: llama.cpp quietly treats a file whose NextN block lacks e.g.
+``nextn.eh_proj`` as trunk-only, and without ``load_mtp`` it never reads NextN data. So the probe
+loads with ``load_mtp`` and ``check_tensors``, runs one trunk decode and one decode step of an
+MTP-type context through the NextN block, and checks the logits are finite. It runs in a subprocess
+because a failed GGML assert aborts the whole process; llama.cpp's own messages (stderr) are kept.
+
+The check is about the file, not about fast kernels, so its result must not depend on the CPU the build
+was compiled for: the model is loaded without llama.cpp's "extra" buffer types (``use_extra_bufts =
+False``: no AMX, no weight repacking, no KleidiAI), on the CPU only, memory-mapped, read eagerly, and the
+contexts run without flash attention or operator offload (see :data:`MODEL_PARAMS`, :data:`CONTEXT_PARAMS`).
+A default (native) build of llama-cpp-python on a CPU with AMX segfaults in ``ggml_backend_amx_mul_mat``
+otherwise. If llama.cpp still dies by a signal, that is reported as llama.cpp crashing in its own compute
+code (:attr:`LlamaCheck.crashed`), which is not a verdict on the file.
+
+Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [--no-mtp] [--no-trunk]``
+prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["CONTEXT_PARAMS", "INSTALL_HINT", "MODEL_PARAMS", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
+
+INSTALL_HINT = "pip install 'gguf-mtp[llama]'  (builds llama-cpp-python==0.3.36, a few minutes on 2 cores)"
+# llama_model_params fields the child sets (names of llama_cpp constants are resolved in the child). Together
+# they keep the check off every CPU-feature-specific path a build may have: extra buffer types are how ggml
+# reaches AMX tiles, repacked (aarch64/x86) layouts and KleidiAI; n_gpu_layers/split_mode keep any GPU out.
+MODEL_PARAMS: dict[str, Any] = {
+    "n_gpu_layers": 0,
+    "split_mode": "LLAMA_SPLIT_MODE_NONE",
+    "use_extra_bufts": False,
+    "no_host": False,
+    "load_mode": "LLAMA_LOAD_MODE_MMAP",
+    "lazy_mode": "LLAMA_LAZY_MODE_OFF",
+    "check_tensors": True,
+}
+# llama_context_params fields the child sets (besides sizes, threads and ctx_type).
+CONTEXT_PARAMS: dict[str, Any] = {
+    "flash_attn_type": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
+    "offload_kqv": False,
+    "op_offload": False,
+    "no_perf": True,
+}
+_REASON = re.compile(r"(error|failed|GGML_ASSERT|corrupted|wrong|missing|invalid|exception)", re.IGNORECASE)
+
+
+def llama_cpp_available() -> bool:
+    """Whether llama-cpp-python can be imported here."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+@dataclass
+class LlamaCheck:
+    """What llama.cpp said about one file."""
+
+    path: str
+    loaded: bool = False
+    n_layer: int | None = None
+    n_layer_nextn: int | None = None
+    trunk_decode_ok: bool | None = None  # None: not attempted
+    mtp_decode_ok: bool | None = None
+    mtp_logits_finite: bool | None = None
+    error: str | None = None  # llama.cpp's reason, when it refused
+    crashed: str | None = None  # signal name, when llama.cpp died by a signal (a llama.cpp/build problem)
+    log_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Loaded, and every step that was attempted succeeded."""
+        steps = (self.trunk_decode_ok, self.mtp_decode_ok, self.mtp_logits_finite)
+        return self.loaded and self.error is None and all(s is not False for s in steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+    def summary(self) -> str:
+        """One line: what llama.cpp did with the file."""
+        if self.crashed and self.error:
+            return self.error
+        if not self.loaded:
+            return f"llama.cpp refused it: {self.error or 'load failed'}"
+        parts = [f"n_layer={self.n_layer}", f"n_layer_nextn={self.n_layer_nextn}"]
+        if self.trunk_decode_ok is not None:
+            parts.append("trunk decode " + ("ok" if self.trunk_decode_ok else "FAILED"))
+        if self.mtp_decode_ok is not None:
+            finite = "" if self.mtp_logits_finite in (None, True) else " (non-finite logits)"
+            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + finite)
+        if self.error:
+            parts.append(self.error)
+        return "llama.cpp loaded it: " + ", ".join(parts)
+
+
+def _reason(stderr: str) -> str | None:
+    """llama.cpp's most specific complaint: its "error loading model: ..." line, else the last error."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[1].strip()
+    hits = [line for line in lines if _REASON.search(line) and "failed to load model" not in line]
+    return hits[-1] if hits else (lines[-1] if lines else None)
+
+
+def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
+    """The child's command line (a seam for tests)."""
+    flags = ["--no-mtp"] * (not mtp) + ["--no-trunk"] * (not trunk)
+    return [sys.executable, "-m", "gguf_mtp.check.llama_check", path, *flags]
+
+
+def check_with_llama(
+    path: str | os.PathLike[str], *, mtp: bool = True, trunk: bool = True, timeout: float = 300.0
+) -> LlamaCheck:
+    """Load ``path`` with llama.cpp in a subprocess and run a decode step (see the module docstring).
+
+    Args:
+        path: the GGUF (first shard of a split set).
+        mtp: load the NextN block (``load_mtp``) and run one MTP decode step.
+        trunk: run one ordinary decode step (leave off for an MTP-only file).
+        timeout: seconds before the child is killed.
+
+    Raises:
+        RuntimeError: llama-cpp-python is not installed (see :data:`INSTALL_HINT`).
+    """
+    if not llama_cpp_available():
+        raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
+    cmd = _child_command(os.fspath(path), mtp, trunk)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    result = LlamaCheck(os.fspath(path))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, errors="replace")
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        result.error = f"llama.cpp did not finish within {timeout:.0f} s"
+        result.log_tail = stderr[-4000:]
+        return result
+    result.log_tail = proc.stderr[-4000:]
+    report = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+                break
+            except json.JSONDecodeError:
+                continue
+    if report is not None:
+        for key, value in report.items():
+            if hasattr(result, key) and key not in ("path", "log_tail", "stage"):
+                setattr(result, key, value)
+    stage = (report or {}).get("stage")
+    if proc.returncode < 0 and result.error is None:
+        result.crashed, result.error = _signal_message(-proc.returncode, stage, proc.stderr)
+        if stage == "trunk" and result.trunk_decode_ok is None:
+            result.trunk_decode_ok = False
+        if stage == "mtp" and result.mtp_decode_ok is None:
+            result.mtp_decode_ok = False
+    elif proc.returncode != 0 and result.error is None:
+        result.error = f"llama.cpp exited with status {proc.returncode}: {_reason(proc.stderr) or 'no message'}"
+        # the child reports after every step: a crash during a step is that step's failure
+        if stage == "trunk" and result.trunk_decode_ok is None:
+            result.trunk_decode_ok = False
+        if stage == "mtp" and result.mtp_decode_ok is None:
+            result.mtp_decode_ok = False
+    elif not result.loaded and result.error is None:
+        result.error = _reason(proc.stderr) or "load failed"
+    return result
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+_STAGES = {None: "while loading the file", "trunk": "during the trunk decode step", "mtp": "during the MTP decode step",
+           "done": "after the check had finished"}
+
+
+def _signal_message(signum: int, stage: str | None, stderr: str) -> tuple[str | None, str]:
+    """(crashed, error) for a child killed by ``signum``.
+
+    A SIGABRT after a GGML_ASSERT/"error" line is llama.cpp refusing the file the hard way; any other
+    signal (and an abort with no such line) is llama.cpp crashing in its own code, which says nothing
+    about the file.
+    """
+    name = _signal_name(signum)
+    reason = _reason(stderr)
+    if signum == signal.SIGABRT and reason and _REASON.search(reason):
+        return None, f"llama.cpp aborted ({name}) {_STAGES.get(stage, '')}: {reason}"
+    where = _STAGES.get(stage, f"at step {stage!r}")
+    return name, (
+        f"llama.cpp crashed in its own compute code ({name}) {where}: this is a fault of the llama.cpp build, "
+        "not a verdict on the file (llama.cpp did not refuse it)"
+    )
+
+
+# ----------------------------------------------------------------------------------------- the child
+
+
+def _set_params(llama: Any, params: Any, values: dict[str, Any]) -> None:
+    """Set ``values`` on a ctypes params struct; a string value names a ``llama_cpp`` constant."""
+    for field, value in values.items():
+        setattr(params, field, getattr(llama, value) if isinstance(value, str) else value)
+
+
+def _finite(values: Any, n: int) -> bool:
+    return all(math.isfinite(values[i]) for i in range(n))
+
+
+def _decode(
+    llama: Any, ctx: Any, tokens: list[int], embd_rows: list[list[float]] | None, n_vocab: int
+) -> tuple[int, bool]:
+    import ctypes
+
+    n = len(tokens)
+    batch = llama.llama_batch_init(n, 0, 1)
+    try:
+        batch.n_tokens = n
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1 if i == n - 1 else 0
+        keep = None
+        if embd_rows is not None:
+            # The MTP graph takes both the token ids and the trunk's hidden state of each token.
+            flat = [v for row in embd_rows for v in row]
+            keep = (ctypes.c_float * len(flat))(*flat)
+            batch.embd = ctypes.cast(keep, ctypes.POINTER(ctypes.c_float))
+        rc = llama.llama_decode(ctx, batch)
+        finite = False
+        if rc == 0:
+            logits = llama.llama_get_logits_ith(ctx, n - 1)
+            finite = bool(logits) and _finite(logits, n_vocab)
+        if keep is not None:
+            batch.embd = None  # ours, not llama_batch_init's: do not let llama_batch_free free it
+        return rc, finite
+    finally:
+        llama.llama_batch_free(batch)
+
+
+def _emit(report: dict[str, Any], stage: str) -> None:
+    """Print the report so far: if the next step aborts the process, the parent still knows this much."""
+    sys.stdout.write(json.dumps(report | {"stage": stage}) + "\n")
+    sys.stdout.flush()
+
+
+def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
+    import llama_cpp as llama
+
+    llama.llama_backend_init()
+    params = llama.llama_model_default_params()
+    _set_params(llama, params, MODEL_PARAMS)
+    params.load_mtp = mtp
+    model = llama.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        return {"loaded": False}
+    out: dict[str, Any] = {
+        "loaded": True,
+        "n_layer": llama.llama_model_n_layer(model),
+        "n_layer_nextn": llama.llama_model_n_layer_nextn(model),
+    }
+    n_embd = llama.llama_model_n_embd(model)
+    n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+    tokens = [t % max(n_vocab, 1) for t in (1, 2, 3)]
+
+    def context(ctx_type: int) -> Any:
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = 64
+        cparams.n_batch = 8
+        cparams.n_ubatch = 8
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = 2
+        cparams.ctx_type = ctx_type
+        _set_params(llama, cparams, CONTEXT_PARAMS)
+        return llama.llama_init_from_model(model, cparams)
+
+    if trunk:
+        _emit(out, "trunk")
+        ctx = context(llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        if not ctx:
+            out["trunk_decode_ok"] = False
+            out["error"] = "could not create a context"
+        else:
+            rc, finite = _decode(llama, ctx, tokens, None, n_vocab)
+            out["trunk_decode_ok"] = rc == 0 and finite
+            llama.llama_free(ctx)
+    if mtp and out["n_layer_nextn"] > 0:
+        _emit(out, "mtp")
+        ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
+        if not ctx:
+            out["mtp_decode_ok"] = False
+            out["error"] = "could not create an MTP context"
+        else:
+            hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
+            rc, finite = _decode(llama, ctx, tokens, hidden, n_vocab)
+            out["mtp_decode_ok"] = rc == 0
+            out["mtp_logits_finite"] = finite
+            llama.llama_free(ctx)
+    elif mtp:
+        out["mtp_decode_ok"] = None
+    llama.llama_model_free(model)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gguf_mtp.check.llama_check")
+    parser.add_argument("path")
+    parser.add_argument("--no-mtp", action="store_true")
+    parser.add_argument("--no-trunk", action="store_true")
+    args = parser.parse_args(argv)
+    _emit(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

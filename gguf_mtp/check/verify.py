@@ -1,0 +1,714 @@
+"""``verify``: prove a composite is right, check by check.
+
+Structural checks read only headers (every shard present and readable, ``split.*`` right in every
+shard, tensors sized and placed as llama.cpp requires, per-layer arrays as long as ``block_count``,
+every declared NextN block complete). With the target, every target tensor's bytes are compared with
+the composite's and every target KV must be unchanged except those compose changes; with the draft,
+every draft block tensor must be in the composite, bytes identical. Bytes are compared in fixed-size
+chunks read with ``os.pread`` (memory stays flat whatever the model size), under a progress bar.
+Last, llama.cpp itself loads the composite (never the draft) with its NextN block and runs one MTP
+decode step: a load alone would miss a NextN block llama.cpp quietly ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf_mtp.constants import (
+    BLOCK_TENSOR,
+    DRAFT_GLOBAL_TENSORS,
+    KEY_BLOCK_COUNT,
+    KEY_NEXTN_PREDICT_LAYERS,
+    KEY_SPLIT_COUNT,
+    KEY_SPLIT_NO,
+    KEY_SPLIT_TENSORS_COUNT,
+)
+from gguf_mtp.errors import BadGGUFError, GGUFMTPError
+from gguf_mtp.files.extents import ExtentProver
+from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
+from gguf_mtp.format.layout import PAD_KEY
+from gguf_mtp.formatting import human_bytes, short, short_change
+from gguf_mtp.hub.remote import is_hub_path
+from gguf_mtp.model.blocks import (
+    BlockLayout,
+    block_indices,
+    block_layout_problem,
+    is_mtp_only,
+    missing_nextn_tensors,
+    nextn_kind_problems,
+    per_layer_keys,
+    unextended_arrays,
+)
+from gguf_mtp.model.set_id import SET_ID_KEY, set_id_problems
+from gguf_mtp.model.shard_scan import (
+    ScannedModel,
+    architecture_problems,
+    data_problems,
+    duplicate_tensor_problems,
+    missing_shard_problems,
+    scan_model,
+    split_key_problems,
+    tensor_count_problems,
+)
+from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.write import progress_bar
+
+from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
+
+__all__ = ["Check", "VerifyReport", "verify"]
+
+#: Bytes read per comparison step (two buffers of this size are alive at a time).
+COMPARE_CHUNK = 8 * 1024 * 1024
+
+#: At most this many problems are spelled out in one check's detail (the rest are counted).
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verification step: passed (``ok=True``), failed (``False``) or skipped (``None``)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+    @property
+    def status(self) -> str:
+        return "skip" if self.ok is None else ("pass" if self.ok else "fail")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify`: every check with its status and what it found."""
+
+    composite: str
+    target: str | None = None
+    draft: str | None = None
+    checks: list[Check] = field(default_factory=list)
+    bytes_compared: int = 0
+    bytes_shared: int = 0  # of bytes_compared: proven identical by shared extents (reflink), not read
+    seconds: float = 0.0
+    llama: LlamaCheck | None = None
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (skipped checks are listed as skipped, not counted as passed)."""
+        return bool(self.checks) and all(c.ok is not False for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def check(self, name: str) -> Check:
+        """The check called ``name``.
+
+        Raises:
+            KeyError: no such check was run.
+        """
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        result: dict[str, Any] = {
+            "command": "verify",
+            "composite": self.composite,
+            "target": self.target,
+            "draft": self.draft,
+            "ok": self.ok,
+            "checks": [c.to_dict() for c in self.checks],
+            "passed": sum(c.ok is True for c in self.checks),
+            "failed": len(self.failures),
+            "skipped": sum(c.ok is None for c in self.checks),
+            "bytes_compared": self.bytes_compared,
+            "bytes_shared": self.bytes_shared,
+            "seconds": round(self.seconds, 3),
+        }
+        if self.llama is not None:
+            result["llama"] = {k: v for k, v in asdict(self.llama).items() if k != "log_tail"} | {"ok": self.llama.ok}
+        return result
+
+    def describe(self) -> list[str]:
+        """One line per check (``PASS``/``FAIL``/``SKIP``), then the verdict."""
+        lines = [f"verify {self.composite}"]
+        width = max((len(c.name) for c in self.checks), default=0)
+        lines += [f"  {c.status.upper():4}  {c.name:<{width}}  {c.detail}" for c in self.checks]
+        passed = sum(c.ok is True for c in self.checks)
+        skipped = sum(c.ok is None for c in self.checks)
+        tail = f", {skipped} skipped" if skipped else ""
+        if self.ok:
+            lines.append(f"verified: {passed} checks passed{tail}")
+        else:
+            lines.append(f"NOT verified: {len(self.failures)} of {len(self.checks)} checks failed{tail}")
+        return lines
+
+
+def _summary(problems: list[str]) -> str:
+    shown = "; ".join(problems[:_SHOWN])
+    more = len(problems) - _SHOWN
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def _check(name: str, problems: list[str], passed: str) -> Check:
+    return Check(name, not problems, _summary(problems) if problems else passed)
+
+
+# ------------------------------------------------------------------------------------------ structural
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The composite's block layout, as its metadata states it."""
+
+    arch: str
+    block_count: int
+    nextn: int
+
+    @property
+    def trunk(self) -> int:
+        return self.block_count - self.nextn
+
+
+def _layout(model: ScannedModel) -> tuple[_Layout | None, str | None]:
+    first = model.first
+    if first is None:
+        return None, f"{model.shards[0].label} is unreadable, so the model metadata is unknown"
+    layout, problem = block_layout_problem(first)  # bounded: nothing below loops 4e9 times
+    if layout is None:
+        return None, problem
+    return _Layout(layout.arch, layout.block_count, layout.nextn), None
+
+
+def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error: str | None) -> list[Check]:
+    n_files = model.count
+    readable = "" if all(s.header is not None for s in model.shards) else "readable "
+    n_tensors = sum(len(h.tensors) for h in model.headers)
+    tensor_bytes = sum(t.nbytes for h in model.headers for t in h.tensors)
+    checks = [
+        _check("files", missing_shard_problems(model), f"{n_files} of {n_files} file(s) present and readable"),
+        _check(
+            "split keys",
+            split_key_problems(model) + architecture_problems(model)
+            + set_id_problems([(s.label, s.header) for s in model.shards]),
+            f"split.no 0..{n_files - 1} and split.count {n_files} in every {readable}shard"
+            if model.is_split
+            else "single file",
+        ),
+        _check(
+            "split.tensors.count",
+            tensor_count_problems(model),
+            f"{n_tensors} in every shard, the number of tensors found" if model.is_split else "single file",
+        ),
+        _check("tensor names", duplicate_tensor_problems(model), f"{n_tensors} tensors, no name twice"),
+        _check(
+            "tensor data",
+            data_problems(model),
+            f"{n_tensors} tensors ({tensor_bytes:,} bytes) sized per GGML_QUANT_SIZES, packed and inside their files",
+        ),
+    ]
+    if layout is None:
+        checks.append(Check("per-layer arrays", False, layout_error or "no model metadata"))
+        return checks
+    first = model.first
+    assert first is not None
+    arrays = per_layer_keys(first, layout.arch, layout.block_count)
+    checks.append(
+        _check(
+            "per-layer arrays",
+            unextended_arrays(first, layout.arch, layout.block_count, layout.trunk)
+            + nextn_kind_problems(first, layout.arch, layout.block_count, layout.trunk),
+            f"{len(arrays)} array(s) with {layout.block_count} entries (block_count)"
+            + (f": {', '.join(kv.key.split('.', 1)[1] for kv in arrays)}" if arrays else ""),
+        )
+    )
+    return checks
+
+
+def _nextn_check(
+    model: ScannedModel, layout: _Layout | None, layout_error: str | None, draft_names: Iterable[str] = ()
+) -> Check:
+    if layout is None:
+        return Check("NextN tensors", False, layout_error or "no model metadata")
+    nextn_key = KEY_NEXTN_PREDICT_LAYERS.format(arch=layout.arch)
+    if layout.nextn == 0:
+        return Check("NextN tensors", False, f"{nextn_key} is 0 or missing: the file declares no NextN block")
+    names = {t.name for h in model.headers for t in h.tensors}
+    problems = []
+    for block in range(layout.trunk, layout.block_count):
+        missing = missing_nextn_tensors(names, layout.arch, block)
+        if missing:
+            problems.append(f"blk.{block} lacks {', '.join(missing)}")
+    absent = [n for n in draft_names if n not in names]
+    if absent:
+        problems.append(f"draft tensor(s) not in the composite: {', '.join(absent[:_SHOWN])}")
+    stray = sorted(
+        {int(m["block"]) for n in names if (m := BLOCK_TENSOR.match(n)) and int(m["block"]) >= layout.block_count}
+    )
+    problems += [f"tensors of blk.{b}, beyond block_count {layout.block_count}" for b in stray]
+    blocks = ", ".join(f"blk.{b}" for b in range(layout.trunk, layout.block_count))
+    per_block = sum(1 for n in names if n.startswith(f"blk.{layout.trunk}."))
+    return _check("NextN tensors", problems, f"{blocks} declared; {per_block} tensors incl. nextn.eh_proj/enorm/hnorm")
+
+
+# ---------------------------------------------------------------------------------------------- bytes
+
+
+def _locations(model: ScannedModel) -> dict[str, tuple[GGUFHeader, TensorInfo]]:
+    return {t.name: (h, t) for h in model.headers for t in h.tensors}
+
+
+class _RangeComparer:
+    """Compares byte ranges of two files ``COMPARE_CHUNK`` at a time, into two buffers reused for the
+    whole run (fresh buffers per read would page-fault at every chunk and halve the speed)."""
+
+    def __init__(self, advance: Callable[[int], Any]) -> None:
+        self.advance = advance
+        self.a = bytearray(COMPARE_CHUNK)
+        self.b = bytearray(COMPARE_CHUNK)
+        self.view_a, self.view_b = memoryview(self.a), memoryview(self.b)
+        self.prover = ExtentProver()  # reflink: ranges on the same physical extents need no reading
+        self.shared = 0  # bytes proven identical by their extents
+
+    def equal(self, fd_a: int, offset_a: int, fd_b: int, offset_b: int, nbytes: int) -> bool:
+        lo, hi = self.prover.shared_span(fd_a, offset_a, fd_b, offset_b, nbytes)
+        if hi > lo:
+            self.shared += hi - lo
+            self.advance(2 * (hi - lo))
+            head = self._equal(fd_a, offset_a, fd_b, offset_b, lo)
+            return self._equal(fd_a, offset_a + hi, fd_b, offset_b + hi, nbytes - hi) and head
+        return self._equal(fd_a, offset_a, fd_b, offset_b, nbytes)
+
+    def _equal(self, fd_a: int, offset_a: int, fd_b: int, offset_b: int, nbytes: int) -> bool:
+        done = 0
+        while done < nbytes:
+            n = min(COMPARE_CHUNK, nbytes - done)
+            got_a = os.preadv(fd_a, [self.view_a[:n]], offset_a + done)
+            got_b = os.preadv(fd_b, [self.view_b[:n]], offset_b + done)
+            self.advance(2 * n)
+            # bytearray equality is a memcmp; memoryview equality would compare item by item
+            same = self.a == self.b if n == COMPARE_CHUNK else self.a[:n] == self.b[:n]
+            if got_a != n or got_b != n or not same:
+                self.advance(2 * (nbytes - done - n))
+                return False
+            done += n
+        return True
+
+
+def same_ggml_shape(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Shapes equal the way llama.cpp compares them: trailing dimensions of 1 do not count, so the ``[n, 1]``
+    upstream's converter writes equals the ``[n]`` ``llama-gguf-split`` writes back (ggml drops unit dims)."""
+    a, b = list(a), list(b)
+    while a and a[-1] == 1:
+        a.pop()
+    while b and b[-1] == 1:
+        b.pop()
+    return a == b
+
+
+@dataclass
+class _ByteComparison:
+    """Source tensors compared with their copies in the composite."""
+
+    missing: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)  # type or shape
+    differing: list[str] = field(default_factory=list)  # bytes
+    compared: int = 0
+    nbytes: int = 0
+    shared: int = 0  # of nbytes: proven identical by shared extents, not read
+
+    def sharing(self, what: str) -> str:
+        """`` (shared with the target: X, compared: Y)`` where extents were shared, else nothing."""
+        if not self.shared:
+            return ""
+        compared = human_bytes(self.nbytes - self.shared)
+        return f" (shared with the {what}: {human_bytes(self.shared)}, compared: {compared})"
+
+    def problems(self, what: str) -> list[str]:
+        problems = []
+        if self.differing:
+            others = len(self.differing) - 1
+            problems.append(
+                f"{what} tensor {self.differing[0]!r} differs from its copy in the composite"
+                + (f" (and {others} more)" if others else "")
+            )
+        if self.missing:
+            problems.append(
+                f"{len(self.missing)} {what} tensor(s) missing from the composite, first {self.missing[0]!r}"
+            )
+        problems += self.mismatched
+        return problems
+
+
+def _pairs(
+    source: ShardSet, renames: dict[str, str] | None, composite: dict[str, tuple[GGUFHeader, TensorInfo]]
+) -> Iterator[tuple[GGUFHeader, TensorInfo, str, tuple[GGUFHeader, TensorInfo] | None]]:
+    for index, tensor in source.iter_tensors():
+        if renames is not None and tensor.name not in renames:
+            continue
+        new_name = renames[tensor.name] if renames is not None else tensor.name
+        yield source.headers[index], tensor, new_name, composite.get(new_name)
+
+
+def _compare_tensors(
+    source: ShardSet,
+    composite: dict[str, tuple[GGUFHeader, TensorInfo]],
+    renames: dict[str, str] | None,
+    advance: Callable[[int], Any],
+) -> _ByteComparison:
+    result = _ByteComparison()
+    comparer = _RangeComparer(advance)
+    with ExitStack() as stack:
+        fds: dict[str, int] = {}
+
+        def fd(path: str) -> int:
+            if path not in fds:
+                fds[path] = os.open(path, os.O_RDONLY)
+                stack.callback(os.close, fds[path])
+            return fds[path]
+
+        for src_header, tensor, new_name, found in _pairs(source, renames, composite):
+            if found is None:
+                result.missing.append(new_name)
+                advance(2 * tensor.nbytes)
+                continue
+            dst_header, copy = found
+            if copy.ggml_type != tensor.ggml_type or not same_ggml_shape(copy.shape, tensor.shape):
+                result.mismatched.append(
+                    f"{new_name!r} is {copy.type_name} {list(copy.shape)} in the composite, "
+                    f"{tensor.type_name} {list(tensor.shape)} in {Path(src_header.path).name}"
+                )
+                advance(2 * tensor.nbytes)
+                continue
+            if dst_header.data_offset + copy.offset + copy.nbytes > dst_header.file_size:
+                result.differing.append(new_name)  # cut off in the composite ("tensor data" says more)
+                advance(2 * tensor.nbytes)
+                continue
+            equal = comparer.equal(
+                fd(src_header.path), src_header.data_offset + tensor.offset,
+                fd(dst_header.path), dst_header.data_offset + copy.offset,
+                tensor.nbytes,
+            )
+            result.compared += 1
+            result.nbytes += tensor.nbytes
+            if not equal:
+                result.differing.append(new_name)
+    result.shared = comparer.shared
+    return result
+
+
+def _nextn_start(draft: ShardSet) -> int | None:
+    """Where the NextN blocks of a whole model with MTP start (a graft source given as the draft)."""
+    try:
+        nextn, trunk = draft.nextn_predict_layers, draft.trunk_block_count
+    except GGUFMTPError:
+        return None
+    return trunk if nextn and any(b < trunk for b in draft.block_indices()) else None
+
+
+def _draft_renames(draft: ShardSet, block: int) -> tuple[dict[str, str], list[str]]:
+    """Draft block tensor -> name in the composite (blk.0 -> blk.N, or blk.N kept), and the globals
+    the composite does not carry (it uses the target's). A whole model with NextN blocks (what graft
+    takes them from) counts as the draft of its NextN blocks only."""
+    renames: dict[str, str] = {}
+    dropped: list[str] = []
+    start = _nextn_start(draft)
+    blocks = sorted({int(m["block"]) for _, t in draft.iter_tensors() if (m := BLOCK_TENSOR.match(t.name))})
+    if start is not None:
+        blocks = [b for b in blocks if b >= start]
+    shift = block - blocks[0] if blocks and blocks[0] in (0, start) else 0
+    for _, tensor in draft.iter_tensors():
+        match = BLOCK_TENSOR.match(tensor.name)
+        if match and start is not None and int(match["block"]) < start:
+            continue  # a trunk block of the source model: the target's trunk is what the composite has
+        if start is not None and not match:
+            continue  # its globals belong to the source model, not to the NextN block
+        if match:
+            renames[tensor.name] = f"blk.{int(match['block']) + shift}.{match['rest']}"
+        elif tensor.name in DRAFT_GLOBAL_TENSORS:
+            dropped.append(tensor.name)
+        else:
+            renames[tensor.name] = tensor.name
+    return renames, dropped
+
+
+# ------------------------------------------------------------------------------------------- metadata
+
+
+def _show(kv: KeyValue | None) -> str:
+    if kv is None:
+        return "(absent)"
+    text = repr(kv.value)
+    return (text if len(text) <= 40 else text[:37] + "...") + f" ({kv.type_name})"
+
+
+def _bookkeeping(key: str) -> bool:
+    """gguf-mtp's own keys (``gguf_mtp.pad``, ...): placement and provenance, not model metadata; not listed."""
+    return key == PAD_KEY or key.startswith("gguf_mtp.")
+
+
+def _kv_problems(
+    target: ShardSet, model: ScannedModel, layout: _Layout | None, added: int, allowed: set[str]
+) -> tuple[list[str], list[str]]:
+    """(problems, changes seen) comparing every target KV with the composite's, shard by shard."""
+    problems: list[str] = []
+    changes: list[str] = []
+    arch = target.arch
+    count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
+    per_layer = {kv.key for kv in per_layer_keys(target.first, arch, target.block_count)}
+    pairs = list(zip(target.headers, model.shards))
+    if len(model.shards) != len(target.headers):
+        # re-sharded after compose (llama-gguf-split --merge / --split): the split.* keys describe the new
+        # files, every other KV is compared with the target's first shard (gguf-split keeps them in shard 1)
+        changes.append(f"re-sharded: {len(target.headers)} -> {len(model.shards)} file(s)")
+        allowed = allowed | {KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT}
+        pairs = pairs[:1]
+    for index, (old_header, shard) in enumerate(pairs):
+        new_header = shard.header
+        if new_header is None:
+            continue  # "files" already fails
+        where = "" if index == 0 else f" in {shard.label}"
+        for key, old in old_header.kvs.items():
+            new = new_header.kvs.get(key)
+            if key in allowed:  # changed on purpose (--set-kv): listed, so the report names every change
+                if not _bookkeeping(key) and (new is None or new.raw != old.raw):
+                    value = "removed" if new is None else short_change(old.value, new.value, 40)
+                    changes.append(f"{key}{where} {value}")
+                continue
+            if new is None:
+                problems.append(f"{key}{where} was removed")
+            elif key == count_key and index == 0:
+                expected = target.block_count + (layout.nextn if layout else 0)
+                if new.vtype != old.vtype or new.value != expected:
+                    problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
+                elif new.value != old.value:
+                    changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
+            elif key == nextn_key and index == 0:  # a target may state 0 explicitly
+                expected = layout.nextn if layout else 0
+                if new.vtype != old.vtype or new.value != expected:
+                    problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
+                elif new.value != old.value:
+                    changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
+            elif key == KEY_SPLIT_TENSORS_COUNT:
+                expected = old.value + added
+                if new.vtype != old.vtype or new.value != expected:
+                    problems.append(f"{key}{where} is {_show(new)}, expected {expected} ({old.type_name})")
+                elif index == 0 and new.value != old.value:
+                    changes.append(f"{key} {old.value}->{new.value}")
+            elif key in per_layer and index == 0:
+                items = new.value if new.is_array else None
+                if new.element_type != old.element_type or items is None:
+                    problems.append(f"{key} is {_show(new)}, was {_show(old)}")
+                elif items[: len(old.value)] != old.value:
+                    trunk_items = items[: len(old.value)]
+                    problems.append(f"{key}: the trunk's entries changed ({old.value!r} -> {trunk_items!r})")
+                elif layout is not None and len(items) != layout.block_count:
+                    problems.append(f"{key} has {len(items)} entries, block_count is {layout.block_count}")
+                elif len(items) != len(old.value):
+                    changes.append(f"{key.split('.', 1)[1]} extended")
+            elif new.raw != old.raw:
+                problems.append(f"{key}{where} changed: {_show(old)} -> {_show(new)}")
+        for key, new in new_header.kvs.items():
+            if key in old_header.kvs:
+                continue
+            if key in allowed:
+                if not _bookkeeping(key):
+                    changes.append(f"{key}{where} = {short(new.value, 40)} (added)")
+                continue
+            if key == nextn_key and index == 0:
+                changes.append(f"{key.split('.', 1)[1]} = {new.value}")
+            else:
+                problems.append(f"{key}{where} was added ({_show(new)})")
+    return problems, changes
+
+
+# ------------------------------------------------------------------------------------------- llama.cpp
+
+
+def _llama_check(model: ScannedModel, layout: _Layout | None, llama: bool | None) -> tuple[Check, LlamaCheck | None]:
+    name = "llama.cpp"
+    if llama is False:
+        return Check(name, None, "skipped (--no-llama)"), None
+    if model.remote:
+        detail = "the composite is remote: download it to load it with llama.cpp"
+        return Check(name, None if llama is None else False, ("skipped: " if llama is None else "") + detail), None
+    if not llama_cpp_available():
+        detail = f"llama-cpp-python is not installed; to load the composite with llama.cpp: {INSTALL_HINT}"
+        return Check(name, None if llama is None else False, ("skipped: " if llama is None else "") + detail), None
+    # An MTP-only file (a standalone draft: no trunk blocks) has no trunk graph to run.
+    result = check_with_llama(model.shards[0].name, trunk=layout is None or layout.trunk > 0)
+    detail = result.summary()
+    ok = result.ok
+    declared = layout.nextn if layout else 0
+    if result.loaded and declared and result.n_layer_nextn != declared:
+        ok = False
+        detail += f"; the file declares {declared} NextN block(s), llama.cpp loaded {result.n_layer_nextn}"
+    elif result.loaded and declared and result.mtp_decode_ok is not True:
+        ok = False
+        detail += "; the MTP decode step did not run"
+    if not ok and result.error and result.error not in detail:
+        detail += f" ({result.error})"
+    return Check(name, ok, detail), result
+
+
+# ---------------------------------------------------------------------------------------------- verify
+
+
+def verify(
+    composite: str | os.PathLike[str],
+    *,
+    target: str | os.PathLike[str] | None = None,
+    draft: str | os.PathLike[str] | None = None,
+    llama: bool | None = None,
+    progress: bool = True,
+    allow_kv: Iterable[str] = (),
+    standalone: bool = False,
+) -> VerifyReport:
+    """Check a composite GGUF (one file or any shard of a split set) and report each check.
+
+    Args:
+        composite: the composite (a local path; a ``hf://`` file gets the header checks only).
+        target: the model the composite was made from: every one of its tensors must be in the
+            composite with identical bytes, and its KVs unchanged except ``{arch}.block_count``,
+            ``{arch}.nextn_predict_layers``, the per-layer arrays (extended; the trunk's entries
+            equal) and ``split.tensors.count``.
+        draft: the MTP draft: every one of its block tensors must be in the composite (``blk.0``
+            renamed to ``blk.N``), bytes identical; or a whole model with NextN blocks (a graft
+            source): then its NextN blocks' tensors.
+        llama: load the composite with llama.cpp and run one MTP decode step: ``True`` (fail when
+            llama-cpp-python is missing), ``False`` (skip), ``None`` (when installed).
+        progress: a progress bar over the bytes compared (stderr, only on a terminal).
+        allow_kv: further keys the composite may change or add (e.g. ``--set-kv`` keys of compose).
+        standalone: check an MTP-only draft (no trunk block tensors) as a draft; without it such a
+            file is refused, since it is not a model (llama.cpp runs it only beside its target).
+
+    Returns:
+        A :class:`VerifyReport`; ``.ok`` is true when no check failed.
+
+    Raises:
+        BadGGUFError: ``composite`` does not exist or is an MTP-only draft (without ``standalone``), or
+            ``target``/``draft`` is unreadable.
+        ShardSetError: ``target``/``draft`` is an inconsistent split set.
+        HubError: a remote composite could not be reached.
+    """
+    started = time.perf_counter()
+    if is_hub_path(composite) and (target is not None or draft is not None):
+        raise BadGGUFError("comparing bytes with --target/--draft needs the composite on disk", str(composite))
+    model = scan_model(composite)
+    report = VerifyReport(
+        composite=str(composite),
+        target=os.fspath(target) if target is not None else None,
+        draft=os.fspath(draft) if draft is not None else None,
+    )
+    target_set = open_model(target) if target is not None else None
+    draft_set = open_model(draft) if draft is not None else None
+
+    layout, layout_error = _layout(model)
+    _refuse_draft(model, layout, standalone)
+    report.checks += _structural_checks(model, layout, layout_error)
+
+    block = target_set.block_count if target_set is not None else (layout.trunk if layout else 0)
+    renames, dropped = _draft_renames(draft_set, block) if draft_set is not None else ({}, [])
+    report.checks.append(_nextn_check(model, layout, layout_error, renames.values()))
+
+    if target_set is not None or draft_set is not None:
+        report.checks += _byte_checks(report, model, target_set, draft_set, renames, dropped, progress)
+    if target_set is not None:
+        report.checks.append(_metadata_check(target_set, model, layout, allow_kv))
+
+    llama_check, report.llama = _llama_check(model, layout, llama)
+    report.checks.append(llama_check)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _refuse_draft(model: ScannedModel, layout: _Layout | None, standalone: bool) -> None:
+    """An MTP-only file is a draft, not a model: refused (one line) unless checked as one (``standalone``)."""
+    if layout is None or standalone:
+        return
+    blocks = {b for b in block_indices(t.name for h in model.headers for t in h.tensors) if b < layout.block_count}
+    first = layout.trunk
+    if is_mtp_only(BlockLayout(layout.arch, layout.block_count, layout.nextn), blocks):
+        raise BadGGUFError(
+            f"an MTP draft (blk.{first}{f'..{layout.block_count - 1}' if layout.nextn > 1 else ''} only, no trunk "
+            "block tensors), not a model: verify the composite made from it (gguf-mtp compose TARGET DRAFT -o OUTDIR "
+            "--verify)",
+            model.shards[0].name,
+        )
+
+
+def _byte_checks(
+    report: VerifyReport,
+    model: ScannedModel,
+    target: ShardSet | None,
+    draft: ShardSet | None,
+    renames: dict[str, str],
+    dropped: list[str],
+    progress: bool,
+) -> list[Check]:
+    composite = _locations(model)
+    total = 0
+    if target is not None:
+        total += 2 * sum(t.nbytes for _, t in target.iter_tensors())
+    if draft is not None:
+        total += 2 * sum(t.nbytes for _, t in draft.iter_tensors() if t.name in renames)
+    checks = []
+    with progress_bar(total, "verify", enabled=progress) as bar:
+        if target is not None:
+            result = _compare_tensors(target, composite, None, bar.update)
+            report.bytes_compared += result.nbytes
+            report.bytes_shared += result.shared
+            checks.append(
+                _check(
+                    "target tensors",
+                    result.problems("target"),
+                    f"all {result.compared} target tensors ({result.nbytes:,} bytes) identical in the composite"
+                    + result.sharing("target"),
+                )
+            )
+        if draft is not None:
+            result = _compare_tensors(draft, composite, renames, bar.update)
+            report.bytes_compared += result.nbytes
+            report.bytes_shared += result.shared
+            left_out = f"; left out {', '.join(dropped)} (the composite uses the target's)" if dropped else ""
+            first = next(iter(renames.values()), "")
+            block = BLOCK_TENSOR.match(first)
+            where = f" as blk.{block['block']}" if block else ""
+            checks.append(
+                _check(
+                    "draft tensors",
+                    result.problems("draft"),
+                    f"all {result.compared} draft block tensors ({result.nbytes:,} bytes) identical{where}"
+                    + result.sharing("draft")
+                    + left_out,
+                )
+            )
+    return checks
+
+
+def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | None, allow_kv: Iterable[str]) -> Check:
+    try:
+        # tensors the composite has and the target has not: what compose added to split.tensors.count
+        added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
+        # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.format.layout)
+        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
+    except GGUFMTPError as e:
+        return Check("target metadata", False, str(e))
+    compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]
+    n_kvs = sum(len(h.kvs) for h in compared)
+    where = "" if len(compared) == len(target.headers) else f" of the {len(compared)} readable shard(s)"
+    return _check(
+        "target metadata",
+        problems,
+        f"all {n_kvs} target KVs{where} unchanged" + (f" except {', '.join(changes)}" if changes else ""),
+    )

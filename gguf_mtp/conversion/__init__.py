@@ -1,0 +1,108 @@
+"""MTP head converters, one module per model family, in the shape of llama.cpp's ``conversion/``.
+
+:data:`FAMILY_MODULES` says which module handles which Hugging Face architecture (the
+``architectures`` entry of ``config.json``); importing a module registers its :class:`HeadModel`
+subclass through ``@HeadModel.register(...)``. Adding a family is one new module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gguf_mtp.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .base import HeadGGUFWriter, HeadModel, MappedTensor, TensorSource, tensor_segments
+
+__all__ = [
+    "FAMILY_MODULES",
+    "OUTTYPE_NAMES",
+    "HeadGGUFWriter",
+    "HeadModel",
+    "MappedTensor",
+    "TensorSource",
+    "get_model_class",
+    "model_class_for_arch",
+    "model_class_for_config",
+    "supported_architectures",
+    "tensor_segments",
+]
+
+#: The ``--outtype`` choices (:data:`.base.OUTTYPES` maps each to its ggml type).
+OUTTYPE_NAMES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0")
+
+#: What :func:`__getattr__` imports from :mod:`.base` on first use (keeps ``--help`` free of numpy).
+_FROM_BASE = frozenset({"HeadGGUFWriter", "HeadModel", "MappedTensor", "TensorSource", "tensor_segments"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_BASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import base
+
+    return getattr(base, name)
+
+
+#: HF architecture name -> module of this package that converts its MTP head.
+FAMILY_MODULES: dict[str, str] = {
+    "NemotronHForCausalLM": "nemotron",
+}
+
+
+def supported_architectures() -> list[str]:
+    """The HF architecture names an MTP head can be converted from."""
+    return sorted(FAMILY_MODULES)
+
+
+def get_model_class(hf_arch: str) -> type[HeadModel]:
+    """The converter class for an HF architecture name (imports its family module).
+
+    Raises:
+        CheckpointError: no converter handles ``hf_arch``; the message lists the supported ones.
+    """
+    module = FAMILY_MODULES.get(hf_arch)
+    if module is None:
+        raise CheckpointError(
+            f"architecture {hf_arch!r} is not supported; supported: {', '.join(supported_architectures())}"
+        )
+    importlib.import_module(f"{__name__}.{module}")
+    from .base import HeadModel
+
+    return HeadModel._classes[hf_arch]
+
+
+def model_class_for_config(config: dict[str, Any], where: str | None = None) -> type[HeadModel]:
+    """The converter class for a checkpoint's ``config.json`` (its first ``architectures`` entry).
+
+    Raises:
+        CheckpointError: no ``architectures`` entry, or none is supported.
+    """
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(
+            "config.json has no \"architectures\" list; supported: " + ", ".join(supported_architectures()), where
+        )
+    for arch in archs:
+        if arch in FAMILY_MODULES:
+            return get_model_class(arch)
+    raise CheckpointError(
+        f"architecture {archs[0]!r} is not supported; supported: {', '.join(supported_architectures())}", where
+    )
+
+
+def model_class_for_arch(arch: str) -> type[HeadModel]:
+    """The converter class whose heads become GGUF architecture ``arch`` (``nemotron_h_moe``).
+
+    Raises:
+        CheckpointError: no converter writes ``arch``.
+    """
+    for hf_arch in FAMILY_MODULES:
+        get_model_class(hf_arch)
+    from .base import HeadModel
+
+    model_class = HeadModel._classes_by_arch.get(arch)
+    if model_class is None:
+        known = ", ".join(sorted(HeadModel._classes_by_arch))
+        raise CheckpointError(f"no MTP head converter writes architecture {arch!r}; known: {known}")
+    return model_class

@@ -1,0 +1,679 @@
+"""The common work of every MTP head converter, in the shape of llama.cpp's ``conversion/base.py``.
+
+A family module subclasses :class:`HeadModel` and registers it under the Hugging Face architecture
+names it handles (``@HeadModel.register("NemotronHForCausalLM")``). It says three things: how
+checkpoint names map to GGUF names (:meth:`HeadModel.modify_tensors`, a generator yielding
+``(gguf_name, TensorSource)``, which is where experts get stacked), which hyperparameters to write
+(:meth:`HeadModel.set_gguf_parameters`, through gguf-py's :class:`~gguf.GGUFWriter`), and what the
+shapes and per-layer values of its NextN block are. The base class does the rest: reads the
+checkpoint lazily (headers only), checks shapes against ``config.json``, picks output types with
+llama.cpp's rule, and turns each tensor into output segments that :mod:`gguf_mtp.write` streams,
+one tensor (one expert) at a time.
+
+Unlike llama.cpp's converter, nothing here needs torch, and bytes that need no conversion (BF16 in,
+BF16 out) are copied by the kernel instead of passing through numpy.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGUF_DEFAULT_ALIGNMENT,
+    MODEL_ARCH,
+    MODEL_ARCH_NAMES,
+    MODEL_TENSOR,
+    TENSOR_NAMES,
+    GGMLQuantizationType,
+    GGUFValueType,
+    GGUFWriter,
+    LlamaFileType,
+)
+from gguf import quants as gguf_quants
+from gguf.gguf_writer import GGUFValue, WriterState
+
+from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.header import KeyValue, tensor_nbytes
+from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.shards import ShardSet, vocab_size
+from gguf_mtp.write import CopyRange, Generated, Segment
+
+from . import OUTTYPE_NAMES
+from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
+
+__all__ = [
+    "FILE_TYPES",
+    "FLOAT_DTYPES",
+    "LLAMA_MAX_EXPERTS",
+    "LLAMA_MAX_LAYERS",
+    "MAX_WIDTH",
+    "OUTTYPES",
+    "ExpertStack",
+    "HeadGGUFWriter",
+    "HeadModel",
+    "MappedTensor",
+    "TargetCheck",
+    "TensorSource",
+    "config_bool",
+    "config_float",
+    "config_int",
+    "tensor_segments",
+]
+
+Q = GGMLQuantizationType
+
+#: ``--outtype`` names -> ggml type (llama.cpp's converter offers the same names).
+OUTTYPES: dict[str, GGMLQuantizationType] = {name: Q[name.upper()] for name in OUTTYPE_NAMES}
+
+#: ``general.file_type`` of a file whose matrices are all of one type.
+FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
+    Q.F32: LlamaFileType.ALL_F32,
+    Q.F16: LlamaFileType.MOSTLY_F16,
+    Q.BF16: LlamaFileType.MOSTLY_BF16,
+    Q.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+}
+
+#: Floating-point safetensors dtypes the converter reads, and the ggml type that holds them unchanged.
+FLOAT_DTYPES: dict[str, GGMLQuantizationType | None] = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "F64": None}
+
+#: Names that only FP8 / NVFP4 checkpoints carry (scales next to packed weights).
+_QUANT_SIDECARS = ("weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale", "weight_packed",
+                   "weight_global_scale", "input_global_scale")
+
+#: Bytes of float32 working memory per converted chunk (memory stays flat whatever the tensor size).
+CHUNK_BYTES = 16 * 1024 * 1024
+
+#: llama.cpp's own limits (``src/llama-hparams.h``): a model it loads has at most this many layers
+#: (trunk and NextN blocks together) and routed experts. A head beyond them could never run.
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+
+#: The largest width, length or head count read from config.json: 16x today's largest models, and
+#: small enough that no product of two of them overflows GGUF's 64-bit dimensions.
+MAX_WIDTH = 1 << 20
+
+
+# ------------------------------------------------------------------------------------ config.json
+
+
+def _found(
+    config: dict[str, Any], keys: str | Sequence[str], where: str | os.PathLike[str] | None, *, optional: bool
+) -> tuple[str, Any] | None:
+    """(the first of ``keys`` that config.json sets to a non-null value, its value); ``None`` when none is
+    set and ``optional``.
+
+    Raises:
+        CheckpointError: none is set and the value is required.
+    """
+    names = (keys,) if isinstance(keys, str) else tuple(keys)
+    for key in names:
+        if config.get(key) is not None:
+            return key, config[key]
+    if optional:
+        return None
+    wanted = names[0] if len(names) == 1 else f"none of {', '.join(names)}"
+    raise CheckpointError(f"config.json has {'no ' if len(names) == 1 else ''}{wanted}", where)
+
+
+def _shown(value: Any) -> str:
+    """A config value as JSON (``256.0``, ``"4k"``, ``true``), cut short for a one-line message."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_int(
+    config: dict[str, Any], keys: str | Sequence[str], *, where: str | os.PathLike[str] | None,
+    minimum: int = 1, maximum: int = MAX_WIDTH, optional: bool = False, limit: str | None = None,
+) -> int | None:
+    """The integer hyperparameter ``keys`` (the first one set) of a config, checked for type and range.
+
+    A JSON integer only: ``256.0``, ``"256"``, ``true`` and ``1e30`` are refused, as is anything outside
+    ``minimum..maximum``. ``null`` counts as absent.
+
+    Args:
+        config: the parsed ``config.json``.
+        keys: the key, or its spellings in order of preference (``["hidden_size", "d_model"]``).
+        where: the config file, for messages.
+        optional: return ``None`` when absent instead of refusing.
+        limit: why ``maximum`` is what it is, added to the message when it is exceeded.
+
+    Raises:
+        CheckpointError: one line naming the key and its value.
+    """
+    found = _found(config, keys, where, optional=optional)
+    if found is None:
+        return None
+    key, value = found
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{key} = {_shown(value)} is not an integer (expected {minimum:,}..{maximum:,})", where)
+    if not minimum <= value <= maximum:
+        reason = f": {limit}" if limit and value > maximum else ""
+        raise CheckpointError(f"{key} = {value:,} is out of range (expected {minimum:,}..{maximum:,}){reason}", where)
+    return value
+
+
+def config_float(
+    config: dict[str, Any], keys: str | Sequence[str], *, where: str | os.PathLike[str] | None,
+    above: float = 0.0, maximum: float = 1e6, optional: bool = False,
+) -> float | None:
+    """The number hyperparameter ``keys`` of a config: finite, ``> above`` and ``<= maximum`` (an integer
+    such as ``5`` is accepted as ``5.0``; a string or a bool is not). ``null`` counts as absent.
+
+    Raises:
+        CheckpointError: one line naming the key and its value.
+    """
+    found = _found(config, keys, where, optional=optional)
+    if found is None:
+        return None
+    key, value = found
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"{key} = {_shown(value)} is not a number", where)
+    number = float(value)
+    if not math.isfinite(number) or not above < number <= maximum:
+        raise CheckpointError(f"{key} = {_shown(value)} is out of range (expected more than {above:g}, at most "
+                              f"{maximum:g})", where)
+    return number
+
+
+def config_bool(config: dict[str, Any], key: str, *, where: str | os.PathLike[str] | None) -> bool | None:
+    """The ``true``/``false`` hyperparameter ``key`` of a config, ``None`` when absent or null.
+
+    Raises:
+        CheckpointError: it is something else (``1``, ``"yes"``), named with its value.
+    """
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(f"{key} = {_shown(value)} is not true or false", where)
+    return value
+
+
+# ------------------------------------------------------------------------------------------ tensors
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    """What one output tensor is made of: checkpoint tensors concatenated in order.
+
+    One part for an ordinary tensor; for stacked experts one part per expert, stacked on a new
+    outermost axis (so the result's bytes are the experts' bytes one after the other, which is why
+    they can be written expert after expert without ever materialising the stack).
+    """
+
+    parts: tuple[SafetensorsTensor, ...]
+    shape: tuple[int, ...]  # row-major (torch) shape of the result
+
+    @classmethod
+    def single(cls, tensor: SafetensorsTensor) -> TensorSource:
+        return cls((tensor,), tensor.shape)
+
+    @classmethod
+    def stack(cls, parts: Sequence[SafetensorsTensor]) -> TensorSource:
+        """Stack same-shaped, same-dtype tensors on a new outer axis (``torch.stack(parts, dim=0)``).
+
+        Raises:
+            CheckpointError: the parts disagree in shape or dtype.
+        """
+        first = parts[0]
+        for part in parts[1:]:
+            if part.shape != first.shape or part.dtype != first.dtype:
+                raise CheckpointError(
+                    f"cannot stack {part.name} ({part.dtype} {list(part.shape)}) with {first.name} "
+                    f"({first.dtype} {list(first.shape)})",
+                    part.path,
+                )
+        return cls(tuple(parts), (len(parts), *first.shape))
+
+    @property
+    def dtype(self) -> str:
+        return self.parts[0].dtype
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parts)
+
+    @property
+    def ggml_shape(self) -> tuple[int, ...]:
+        """The shape in ggml order (ne0, the innermost dimension, first)."""
+        return tuple(reversed(self.shape))
+
+
+@dataclass(frozen=True)
+class MappedTensor:
+    """A checkpoint tensor (or stack) under its GGUF name, with the type it will be written in."""
+
+    name: str
+    source: TensorSource
+    ggml_type: GGMLQuantizationType
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.source.ggml_shape, self.ggml_type)
+
+
+def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":
+        # BF16 is the upper half of an IEEE float32: widening is a 16-bit shift, exact.
+        return (rows.astype(np.uint32) << 16).view(np.float32)
+    return rows.astype(np.float32, copy=False)
+
+
+def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int) -> Iterator[np.ndarray]:
+    """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks).
+    A chunk may share memory with the next one: consume it before asking for the next."""
+    rows_per_chunk = max(1, chunk_bytes // max(1, part.row_size * 4))
+    buffer: np.ndarray | None = None
+    fd = os.open(part.path, os.O_RDONLY)
+    try:
+        for start in range(0, part.n_rows, rows_per_chunk):
+            count = min(rows_per_chunk, part.n_rows - start)
+            buffer_rows = part.read_rows(fd, start, count, buffer)
+            if buffer is None:
+                buffer = buffer_rows.reshape(-1)
+            values = _to_f32(buffer_rows, part.dtype)
+            # gguf-py's own quantizer, as llama.cpp's converter uses it (BF16 rounds to nearest even).
+            yield np.ascontiguousarray(gguf_quants.quantize(values, qtype))
+    finally:
+        os.close(fd)
+
+
+def _merge_copies(segments: Iterable[Segment]) -> list[Segment]:
+    merged: list[Segment] = []
+    for segment in segments:
+        last = merged[-1] if merged else None
+        if (
+            isinstance(segment, CopyRange)
+            and isinstance(last, CopyRange)
+            and last.source == segment.source
+            and last.offset + last.nbytes == segment.offset
+        ):
+            merged[-1] = CopyRange(last.source, last.offset, last.nbytes + segment.nbytes)
+        else:
+            merged.append(segment)
+    return merged
+
+
+def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> list[Segment]:
+    """The output bytes of ``tensor`` as segments: kernel copies where the bytes pass unchanged (same
+    type in and out), generated chunks where they are converted or quantized; part after part."""
+    segments: list[Segment] = []
+    for part in tensor.source.parts:
+        if FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
+            segments.append(CopyRange(part.path, part.offset, part.nbytes))
+        else:
+            nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)
+            segments.append(
+                Generated(nbytes, lambda p=part, q=tensor.ggml_type: _converted_chunks(p, q, chunk_bytes))
+            )
+    return _merge_copies(segments)
+
+
+# ------------------------------------------------------------------------------------------- writer
+
+
+class HeadGGUFWriter(GGUFWriter):
+    """gguf-py's :class:`~gguf.GGUFWriter`, rendering its header (metadata and tensor infos, with the
+    offsets it computes) in memory; the tensor data is streamed separately, piece by piece, so the
+    writer never holds tensors. It can also carry KVs copied byte-exactly from another GGUF
+    (:meth:`add_copied_kv`), whatever their type.
+    """
+
+    def __init__(self, arch: str, *, alignment: int | None = None) -> None:
+        super().__init__(None, arch)
+        if alignment is not None and alignment != GGUF_DEFAULT_ALIGNMENT:
+            self.add_custom_alignment(alignment)
+
+    def add_copied_kv(self, kv: KeyValue) -> None:
+        """Add (or replace) a KV with its exact encoding, e.g. taken from the target model."""
+        self.kv_data[0][kv.key] = GGUFValue(kv, kv.vtype)
+
+    def clear_kvs(self) -> None:
+        """Drop every KV, ``general.architecture`` included (to re-add them in another file's order)."""
+        self.kv_data[0].clear()
+
+    def _pack_val(
+        self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None
+    ) -> bytes:
+        if isinstance(val, KeyValue):
+            return val.raw[val.value_offset - (4 if add_vtype else 0) :]
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+    def add_planned_tensor(self, name: str, ggml_shape: Sequence[int], ggml_type: int, nbytes: int) -> None:
+        """Register a tensor whose data will be streamed later (shape in ggml order)."""
+        # GGUFWriter takes numpy-order shapes and reverses them; float32 only marks "not raw bytes".
+        self.add_tensor_info(name, tuple(reversed(ggml_shape)), np.dtype(np.float32), nbytes,
+                             raw_dtype=GGMLQuantizationType(ggml_type))
+
+    def render_header(self) -> bytes:
+        """The header (magic .. tensor infos), padded to the data alignment."""
+        buffer = io.BytesIO()
+        self.fout = [buffer]  # type: ignore[list-item]
+        self.state = WriterState.EMPTY
+        self.write_header_to_file()
+        self.write_kv_data_to_file()
+        self.write_ti_data_to_file()
+        self.write_padding(buffer, buffer.tell())
+        self.fout = None
+        return buffer.getvalue()
+
+
+# -------------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """One hyperparameter the head and the target must agree on."""
+
+    key: str  # ``{arch}.`` suffix, e.g. ``expert_count``
+    value: int
+    config_key: str  # where the head's value comes from, for messages
+
+
+class HeadModel:
+    """Base class of one model family's MTP head converter (see the module docstring)."""
+
+    #: The GGUF architecture the head belongs to.
+    model_arch: ClassVar[MODEL_ARCH]
+    #: Checkpoint tensors of the MTP head start with this.
+    tensor_prefix: ClassVar[str] = "mtp."
+    #: HF architecture name -> converter class (filled by :meth:`register`).
+    _classes: ClassVar[dict[str, type[HeadModel]]] = {}
+    #: GGUF architecture name -> converter class.
+    _classes_by_arch: ClassVar[dict[str, type[HeadModel]]] = {}
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def register(cls, *names: str) -> Callable[[type[HeadModel]], type[HeadModel]]:
+        """Class decorator: handle the HF architectures ``names`` (``config.json`` ``architectures``)."""
+
+        def decorate(model_class: type[HeadModel]) -> type[HeadModel]:
+            model_class.hf_architectures = (*model_class.hf_architectures, *names)
+            for name in names:
+                cls._classes[name] = model_class
+            cls._classes_by_arch[MODEL_ARCH_NAMES[model_class.model_arch]] = model_class
+            return model_class
+
+        return decorate
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self.hparams: dict[str, Any] = checkpoint.config
+        self.notes: list[str] = []
+
+    # ---------------------------------------------------------------- family hooks (override these)
+
+    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        """Map one checkpoint tensor to zero or more ``(gguf_name, source)``; ``{bid}`` in a name stands for
+        the NextN block index. May hold tensors back and yield them later (stacked experts)."""
+        raise NotImplementedError
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """GGUF name (with ``{bid}``) -> row-major shape config.json implies, in output order."""
+        raise NotImplementedError
+
+    def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
+        """Write the hyperparameters the head implies (scalars; per-layer arrays come from
+        :meth:`nextn_layer_values` / :meth:`trunk_layer_values`)."""
+        raise NotImplementedError
+
+    def nextn_layer_values(self) -> dict[str, int]:
+        """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
+        raise NotImplementedError
+
+    def own_layer_arrays(self) -> tuple[str, ...]:
+        """The per-layer arrays this family writes, like llama.cpp's converter does for the model."""
+        raise NotImplementedError
+
+    def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
+        """Per-layer entries of the trunk blocks, when config.json describes a trunk of ``n_trunk`` blocks."""
+        return None
+
+    def target_checks(self) -> list[TargetCheck]:
+        """The hyperparameters a target model must share with the head."""
+        return []
+
+    def begin_tensors(self) -> None:
+        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back."""
+
+    def finish_tensors(self) -> None:
+        """Called after the last tensor: complain about anything held back and never yielded."""
+
+    # ------------------------------------------------------------------------------ common work
+
+    @property
+    def arch(self) -> str:
+        """The GGUF architecture name (``nemotron_h_moe``)."""
+        return MODEL_ARCH_NAMES[self.model_arch]
+
+    @property
+    def config_path(self) -> Path:
+        """The checkpoint's ``config.json`` (named by every message about a hyperparameter)."""
+        return self.checkpoint.folder / "config.json"
+
+    def find_hparam(self, keys: Sequence[str], optional: bool = False) -> Any:
+        """The first of ``keys`` config.json has, unchecked (prefer :meth:`hparam_int` and friends).
+
+        Raises:
+            CheckpointError: none of them, unless ``optional``.
+        """
+        for key in keys:
+            if key in self.hparams:
+                return self.hparams[key]
+        if optional:
+            return None
+        raise CheckpointError(f"config.json has none of {', '.join(keys)}", self.config_path)
+
+    def hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
+                   limit: str | None = None) -> int:
+        """A required integer hyperparameter, type- and range-checked (see :func:`config_int`)."""
+        value = config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum, limit=limit)
+        assert value is not None
+        return value
+
+    def optional_hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
+                            limit: str | None = None) -> int | None:
+        """An optional integer hyperparameter (``None`` when absent), checked like :meth:`hparam_int`."""
+        return config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum,
+                          optional=True, limit=limit)
+
+    def optional_hparam_float(self, keys: str | Sequence[str], *, above: float = 0.0,
+                              maximum: float = 1e6) -> float | None:
+        """An optional finite number hyperparameter (see :func:`config_float`)."""
+        return config_float(self.hparams, keys, where=self.config_path, above=above, maximum=maximum, optional=True)
+
+    def optional_hparam_bool(self, key: str) -> bool | None:
+        """An optional ``true``/``false`` hyperparameter (see :func:`config_bool`)."""
+        return config_bool(self.hparams, key, where=self.config_path)
+
+    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
+        """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
+        return TENSOR_NAMES[key] + suffix
+
+    def head_tensors(self) -> list[SafetensorsTensor]:
+        """The checkpoint tensors of the MTP head, in natural order.
+
+        Raises:
+            CheckpointError: there are none, or they are FP8/NVFP4-quantized.
+        """
+        head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
+        if not head:
+            raise CheckpointError(
+                f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
+                self.checkpoint.folder,
+            )
+        quant = self.hparams.get("quantization_config") or {}
+        for tensor in head:
+            sidecar = tensor.name.rsplit(".", 1)[-1] in _QUANT_SIDECARS
+            if sidecar or tensor.dtype in QUANTIZED_DTYPES or tensor.dtype not in FLOAT_DTYPES:
+                method = quant.get("quant_algo") or quant.get("quant_method") if isinstance(quant, dict) else None
+                raise CheckpointError(
+                    f"tensor {tensor.name!r} is {tensor.dtype}: this is a quantized (FP8/NVFP4"
+                    + (f", {method}" if method else "")
+                    + ") checkpoint, and dequantizing it is not supported yet; use the BF16 checkpoint",
+                    tensor.path,
+                )
+        return head
+
+    def map_tensors(self) -> list[tuple[str, TensorSource]]:
+        """Every head tensor under its GGUF name (``{bid}`` unformatted), in the family's output order,
+        checked against config.json: nothing missing, nothing unknown or duplicated, shapes as implied.
+
+        Raises:
+            CheckpointError: one line naming the tensor and the problem.
+        """
+        expected = self.expected_shapes()
+        mapped: dict[str, TensorSource] = {}
+        self.begin_tensors()
+        for tensor in self.head_tensors():
+            for name, source in self.modify_tensors(tensor):
+                if name in mapped:
+                    raise CheckpointError(
+                        f"{', '.join(source.names[:1])} and {mapped[name].names[0]} both map to {name.format(bid='N')}",
+                        tensor.path,
+                    )
+                mapped[name] = source
+        self.finish_tensors()
+        unknown = [n for n in mapped if n not in expected]
+        if unknown:
+            raise CheckpointError(f"{self.arch}: no NextN tensor {unknown[0].format(bid='N')} is expected",
+                                  mapped[unknown[0]].parts[0].path)
+        missing = [n for n in expected if n not in mapped]
+        if missing:
+            raise CheckpointError(
+                f"the MTP head lacks {len(missing)} tensor(s) llama.cpp needs, e.g. {missing[0].format(bid='N')}",
+                self.checkpoint.folder,
+            )
+        for name, shape in expected.items():
+            source = mapped[name]
+            if source.shape != shape:
+                what = source.names[0]
+                if len(source.parts) > 1:
+                    what = f"{len(source.parts)} stacked tensors like {what}"
+                raise CheckpointError(
+                    f"{what} has shape {list(source.shape)}, config.json implies {list(shape)} "
+                    f"(for {name.format(bid='N')})",
+                    source.parts[0].path,
+                )
+        return [(name, mapped[name]) for name in expected]
+
+    def output_type(
+        self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
+    ) -> GGMLQuantizationType:
+        """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
+        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32)."""
+        router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
+        if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
+            return Q.F32
+        if outtype is None:
+            return FLOAT_DTYPES.get(source.dtype) or Q.F32
+        block_size, _ = GGML_QUANT_SIZES[outtype]
+        if source.shape[-1] % block_size:
+            # What llama.cpp's converter does when a row does not split into quant blocks.
+            note = (f"{name.format(bid='N')}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
+                    f"{block_size}; written as F16")
+            if note not in self.notes:
+                self.notes.append(note)
+            return Q.F16
+        return outtype
+
+    def check_target(self, target: ShardSet) -> None:
+        """Refuse a target the head does not belong to: another architecture, or a hyperparameter of
+        :meth:`target_checks` that differs (per-layer arrays are compared on their non-zero entries).
+
+        Raises:
+            IncompatibleDraftError: one line naming the key and both values.
+        """
+        if target.arch != self.arch:
+            raise IncompatibleDraftError(
+                f"target architecture is {target.arch!r}; this {', '.join(self.hf_architectures)} head converts to "
+                f"{self.arch!r}",
+                target.name,
+            )
+        for check in self.target_checks():
+            key = f"{self.arch}.{check.key}"
+            if check.key == "vocab_size":
+                stated = [vocab_size(target)] if vocab_size(target) is not None else []
+            else:
+                value = target.get(key)
+                if value is None:
+                    continue
+                stated = [v for v in value if v] if isinstance(value, list) else [value]
+            wrong = sorted({v for v in stated if v != check.value})
+            if wrong:
+                raise IncompatibleDraftError(
+                    f"the head has {check.key} = {check.value} (config.json {check.config_key}), the target "
+                    f"{wrong[0] if len(wrong) == 1 else wrong}: they are not the same model",
+                    target.name,
+                )
+
+    def layer_arrays(self, block: int, target: ShardSet | None) -> dict[str, tuple[GGUFValueType, list[Any]]]:
+        """The per-layer arrays of a draft whose NextN block is ``block``: ``{arch}.`` suffix ->
+        (element type, ``block + 1`` entries), the NextN entry last.
+
+        Trunk entries come from the target's own arrays when given (element types kept), else from
+        config.json's layer pattern when it describes ``block`` blocks, else zeros (compose only reads
+        the NextN entry). Every per-layer array of the target is covered.
+
+        Raises:
+            IncompatibleDraftError: the target has a per-layer array whose NextN value is unknown here.
+        """
+        nextn = self.nextn_layer_values()
+        arrays: dict[str, tuple[GGUFValueType, list[Any]]] = {}
+        trunk = self.trunk_layer_values(block) or {}
+        for suffix in self.own_layer_arrays():
+            arrays[suffix] = (GGUFValueType.INT32, [*trunk.get(suffix, [0] * block), nextn[suffix]])
+        if target is not None:
+            for kv in per_layer_keys(target.first, self.arch, target.block_count):
+                suffix = kv.key[len(self.arch) + 1 :]
+                if suffix not in nextn:
+                    raise IncompatibleDraftError(
+                        f"the target has a per-layer array {kv.key}, and the {self.arch} converter does not know its "
+                        "value for the NextN block",
+                        target.name,
+                    )
+                assert kv.element_type is not None
+                arrays[suffix] = (kv.element_type, [*kv.value, nextn[suffix]])
+        return arrays
+
+    def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:
+        """:meth:`map_tensors` with the block index filled in and the output types chosen."""
+        return [
+            MappedTensor(name.format(bid=block), source, self.output_type(name, source, outtype))
+            for name, source in self.map_tensors()
+        ]
+
+
+@dataclass
+class ExpertStack:
+    """The experts of one projection, collected until all are present (they may arrive in any order);
+    only their descriptions are held, never their data."""
+
+    count: int
+    parts: dict[int, SafetensorsTensor] = field(default_factory=dict)
+
+    def add(self, index: int, tensor: SafetensorsTensor) -> TensorSource | None:
+        if not 0 <= index < self.count:
+            raise CheckpointError(f"{tensor.name}: expert {index} is outside 0..{self.count - 1} (config.json)",
+                                  tensor.path)
+        self.parts[index] = tensor
+        if len(self.parts) < self.count:
+            return None
+        return TensorSource.stack([self.parts[i] for i in sorted(self.parts)])
+
+    def missing(self, limit: int = 6) -> list[int]:
+        """Up to ``limit`` expert indices not seen (the count is bounded by config validation anyway)."""
+        return list(itertools.islice((i for i in range(self.count) if i not in self.parts), limit))
+
+    @property
+    def n_missing(self) -> int:
+        return self.count - len(self.parts)
+

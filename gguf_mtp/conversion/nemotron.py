@@ -1,0 +1,294 @@
+"""NVIDIA Nemotron-H MoE (Nemotron 3 Super): the MTPv2 head -> one NextN block of ``nemotron_h_moe``.
+
+The checkpoint's head has two layers: ``mtp.layers.0`` is the NextN input fusion (``enorm``,
+``hnorm``, ``eh_proj``) plus an attention sub-layer, ``mtp.layers.1`` a latent-MoE sub-layer plus the
+final head norm. llama.cpp folds both into one trailing block ``blk.N`` (N = the trunk's block
+count), which is therefore both an attention and a MoE layer in the per-layer metadata. Names and
+shapes follow llama.cpp's ``src/models/nemotron-h.cpp``; no transposes beyond the usual reversal to
+ggml order and no ``norm + 1``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
+
+from gguf_mtp.errors import CheckpointError
+
+from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
+from .safetensors_io import SafetensorsTensor
+
+T = MODEL_TENSOR
+
+#: The MTP layer pattern of an MTPv2 head: an attention layer, then a MoE layer. NVIDIA configs spell
+#: it ``mtp_hybrid_override_pattern: "*E"`` or ``mtp_layers_block_type: ["attention", "moe"]``.
+MTP_PATTERN = "*E"
+_BLOCK_TYPE_LETTERS = {"attention": "*", "moe": "E", "mamba": "M", "mlp": "-"}
+
+#: checkpoint name -> (gguf-py tensor, suffix). Experts are stacked separately.
+_RENAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    "mtp.layers.0.enorm.weight": (T.NEXTN_ENORM, ".weight"),
+    "mtp.layers.0.hnorm.weight": (T.NEXTN_HNORM, ".weight"),
+    "mtp.layers.0.eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
+    "mtp.layers.0.norm.weight": (T.ATTN_NORM, ".weight"),
+    "mtp.layers.0.mixer.q_proj.weight": (T.ATTN_Q, ".weight"),
+    "mtp.layers.0.mixer.k_proj.weight": (T.ATTN_K, ".weight"),
+    "mtp.layers.0.mixer.v_proj.weight": (T.ATTN_V, ".weight"),
+    "mtp.layers.0.mixer.o_proj.weight": (T.ATTN_OUT, ".weight"),
+    "mtp.layers.1.norm.weight": (T.ATTN_POST_NORM, ".weight"),
+    "mtp.layers.1.mixer.gate.weight": (T.FFN_GATE_INP, ".weight"),
+    # Both spellings of the routing bias occur in NVIDIA's checkpoints.
+    "mtp.layers.1.mixer.gate.e_score_correction_bias": (T.FFN_EXP_PROBS_B, ".bias"),
+    "mtp.layers.1.mixer.gate.e_score_correction.bias": (T.FFN_EXP_PROBS_B, ".bias"),
+    "mtp.layers.1.mixer.fc1_latent_proj.weight": (T.MOE_LATENT_DOWN, ".weight"),
+    "mtp.layers.1.mixer.fc2_latent_proj.weight": (T.MOE_LATENT_UP, ".weight"),
+    "mtp.layers.1.mixer.shared_experts.up_proj.weight": (T.FFN_UP_SHEXP, ".weight"),
+    "mtp.layers.1.mixer.shared_experts.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
+    "mtp.layers.1.final_layernorm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
+}
+# At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
+_EXPERT = re.compile(r"^mtp\.layers\.1\.mixer\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>up|down)_proj\.weight$")
+_STACKED = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
+
+
+#: A 32-bit GGUF value (context length, SSM inner size) holds at most this.
+_U32_MAX = 2**32 - 1
+_EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
+
+
+def mtp_pattern(config: dict[str, Any]) -> str | None:
+    """The MTP layer pattern a config states (``"*E"``), from either spelling; ``None`` when absent.
+    A value of another type comes back as its ``repr`` (it is refused as an unsupported pattern)."""
+    pattern = config.get("mtp_hybrid_override_pattern")
+    if pattern is None and isinstance(config.get("mtp_layers_block_type"), list):
+        pattern = "".join(_BLOCK_TYPE_LETTERS.get(t, "?") if isinstance(t, str) else "?"
+                          for t in config["mtp_layers_block_type"])
+    return pattern if pattern is None or isinstance(pattern, str) else repr(pattern)[:40]
+
+
+def trunk_pattern(config: dict[str, Any]) -> str | None:
+    """The trunk's layer pattern (``"M*EM*E..."``) from ``hybrid_override_pattern`` or ``layers_block_type``."""
+    pattern = config.get("hybrid_override_pattern")
+    if pattern is None and isinstance(config.get("layers_block_type"), list):
+        pattern = "".join(_BLOCK_TYPE_LETTERS.get(str(t), "?") for t in config["layers_block_type"])
+    return pattern if isinstance(pattern, str) else None
+
+
+@HeadModel.register("NemotronHForCausalLM")
+class NemotronHMTPModel(HeadModel):
+    """Nemotron-H MoE with an MTPv2 head (``num_nextn_predict_layers: 1``)."""
+
+    model_arch = MODEL_ARCH.NEMOTRON_H_MOE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.checkpoint.folder / "config.json"
+        if "num_experts_per_tok" not in self.hparams and "n_routed_experts" not in self.hparams:
+            raise CheckpointError("a Nemotron-H without experts (nemotron_h) has no MTP head llama.cpp can use; "
+                                  "only the MoE variant (nemotron_h_moe) does", config)
+        n_nextn = self.optional_hparam_int("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS)
+        n_nextn = 1 if n_nextn is None else n_nextn
+        if n_nextn != 1:
+            raise CheckpointError(f"num_nextn_predict_layers = {n_nextn}: only one NextN block is supported", config)
+        pattern = mtp_pattern(self.hparams)
+        if pattern is None:
+            self.notes.append(f"config.json states no MTP layer pattern; assuming {MTP_PATTERN!r} (MTPv2)")
+        elif pattern != MTP_PATTERN:
+            raise CheckpointError(
+                f"MTP layer pattern {pattern!r}: only {MTP_PATTERN!r} (an attention layer, then a MoE layer) is "
+                "supported", config)
+        self._read_hparams()
+        self._check_expert_count()
+        self._experts: dict[str, ExpertStack] = {}
+
+    def _read_hparams(self) -> None:
+        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_embd = need(["hidden_size", "d_model"])
+        self.n_head = need(["num_attention_heads", "n_head"])
+        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        self.head_dim = need(["head_dim", "attention_head_dim"])
+        self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+        self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+        self.n_ff_exp = need("moe_intermediate_size")
+        self.n_ff_shexp = need("moe_shared_expert_intermediate_size")
+        self.moe_latent = may("moe_latent_size")
+        self.vocab_size = may("vocab_size", maximum=2**31 - 1)  # llama.cpp's token ids are int32
+        self.context_length = may("max_position_embeddings", maximum=_U32_MAX)
+        self.norm_eps = self.optional_hparam_float(["layer_norm_epsilon", "norm_eps", "rms_norm_eps"], maximum=1.0)
+        self.n_shared_experts = may("n_shared_experts", minimum=0, maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+        self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
+        self.routed_scaling_factor = self.optional_hparam_float("routed_scaling_factor")
+        self.n_group = may("n_group", maximum=self.n_expert)
+        self.ssm_conv = may("conv_kernel", maximum=1024)
+        self.ssm_heads = may("mamba_num_heads")
+        self.ssm_head_dim = may("mamba_head_dim")
+        self.ssm_state = may("ssm_state_size")
+        self.ssm_groups = may("n_groups")
+        inner = (self.ssm_heads or 0) * (self.ssm_head_dim or 0)
+        if inner > _U32_MAX:
+            raise CheckpointError(f"mamba_num_heads x mamba_head_dim = {inner:,} does not fit GGUF's 32-bit "
+                                  "ssm.inner_size", self.config_path)
+
+    def _check_expert_count(self) -> None:
+        """Refuse an expert count the checkpoint's own expert tensors do not bear out, before anything
+        is sized by it (a config claiming 10^9 experts must not allocate 10^9 of anything)."""
+        if not any(name.startswith(self.tensor_prefix) for name in self.checkpoint.tensors):
+            return  # no head at all: head_tensors() says so
+        present = {int(m["expert"]) for t in self.checkpoint.tensors if (m := _EXPERT.match(t)) is not None}
+        beyond = sorted(i for i in present if i >= self.n_expert)
+        if beyond:
+            raise CheckpointError(
+                f"the MTP head holds expert {beyond[-1]}, but config.json n_routed_experts = {self.n_expert} "
+                f"(experts 0..{self.n_expert - 1})", self.config_path)
+        if len(present) != self.n_expert:
+            absent = [i for i in range(self.n_expert) if i not in present]  # n_expert <= LLAMA_MAX_EXPERTS
+            shown = ", ".join(str(i) for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+            raise CheckpointError(
+                f"n_routed_experts = {self.n_expert:,}, but the MTP head has tensors for {len(present)} experts "
+                f"(none for experts {shown})", self.config_path)
+
+    # ------------------------------------------------------------------------------------ tensors
+
+    def begin_tensors(self) -> None:
+        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED}
+
+    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        renamed = _RENAMES.get(tensor.name)
+        if renamed is not None:
+            key, suffix = renamed
+            yield self.format_tensor_name(key, suffix), TensorSource.single(tensor)
+            return
+        match = _EXPERT.match(tensor.name)
+        if match is None:
+            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
+        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
+        if stacked is not None:
+            yield self.format_tensor_name(_STACKED[match["proj"]]), stacked
+
+    def finish_tensors(self) -> None:
+        for proj, stack in self._experts.items():
+            missing = stack.missing(limit=6)
+            if missing:
+                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
+                raise CheckpointError(
+                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
+                    f"n_routed_experts); missing experts {shown}",
+                    self.checkpoint.folder,
+                )
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        h, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
+        latent = self.moe_latent or h
+        name = self.format_tensor_name
+        shapes = {
+            name(T.NEXTN_ENORM): (h,),
+            name(T.NEXTN_HNORM): (h,),
+            name(T.NEXTN_EH_PROJ): (h, 2 * h),
+            name(T.ATTN_NORM): (h,),
+            name(T.ATTN_Q): (q, h),
+            name(T.ATTN_K): (kv, h),
+            name(T.ATTN_V): (kv, h),
+            name(T.ATTN_OUT): (h, q),
+            name(T.ATTN_POST_NORM): (h,),
+            name(T.FFN_GATE_INP): (e, h),
+            name(T.FFN_EXP_PROBS_B, ".bias"): (e,),
+            name(T.MOE_LATENT_DOWN): (latent, h),
+            name(T.MOE_LATENT_UP): (h, latent),
+            name(T.FFN_UP_EXP): (e, f, latent),
+            name(T.FFN_DOWN_EXP): (e, latent, f),
+            name(T.FFN_UP_SHEXP): (s, h),
+            name(T.FFN_DOWN_SHEXP): (h, s),
+            name(T.NEXTN_SHARED_HEAD_NORM): (h,),
+        }
+        if self.moe_latent is None:
+            # Without a latent size the experts work at full width and there is no latent projection.
+            del shapes[name(T.MOE_LATENT_DOWN)], shapes[name(T.MOE_LATENT_UP)]
+        return shapes
+
+    # --------------------------------------------------------------------------------- metadata
+
+    def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
+        # Every value was type- and range-checked by _read_hparams (it fits the GGUF type it goes into).
+        writer.add_block_count(n_layers)
+        if self.context_length is not None:
+            writer.add_context_length(self.context_length)
+        writer.add_embedding_length(self.n_embd)
+        if self.vocab_size is not None:
+            writer.add_vocab_size(self.vocab_size)
+        writer.add_head_count(self.n_head)
+        writer.add_key_length(self.head_dim)
+        writer.add_value_length(self.head_dim)
+        # llama.cpp's nemotron_h loader requires layer_norm_epsilon (the head's final norm) as well.
+        eps = self.norm_eps if self.norm_eps is not None else 1e-5
+        writer.add_layer_norm_eps(eps)
+        writer.add_layer_norm_rms_eps(eps)
+        writer.add_expert_count(self.n_expert)
+        writer.add_expert_used_count(self.n_expert_used)
+        writer.add_expert_feed_forward_length(self.n_ff_exp)
+        writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
+        writer.add_expert_shared_count(1 if self.n_shared_experts is None else self.n_shared_experts)
+        if self.norm_topk_prob is not None:
+            writer.add_expert_weights_norm(self.norm_topk_prob)
+        if self.routed_scaling_factor is not None:
+            writer.add_expert_weights_scale(self.routed_scaling_factor)
+        if self.n_group is not None:
+            writer.add_expert_group_count(self.n_group)
+        if self.moe_latent is not None:
+            writer.add_moe_latent_size(self.moe_latent)
+        # The trunk's Mamba-2 settings: a head-only config usually still carries them, and a draft that
+        # states them describes the model it belongs to.
+        if self.ssm_conv is not None:
+            writer.add_ssm_conv_kernel(self.ssm_conv)
+        if self.ssm_heads is not None and self.ssm_head_dim is not None:
+            writer.add_ssm_inner_size(self.ssm_heads * self.ssm_head_dim)
+        if self.ssm_state is not None:
+            writer.add_ssm_state_size(self.ssm_state)
+        if self.ssm_heads is not None:
+            writer.add_ssm_time_step_rank(self.ssm_heads)
+        if self.ssm_groups is not None:
+            writer.add_ssm_group_count(self.ssm_groups)
+        writer.add_nextn_predict_layers(1)
+
+    def own_layer_arrays(self) -> tuple[str, ...]:
+        return ("attention.head_count_kv", "feed_forward_length")
+
+    def nextn_layer_values(self) -> dict[str, int]:
+        # The folded block is attention (kv heads) and MoE (feed_forward_length) at once.
+        return {
+            "attention.head_count_kv": self.n_head_kv,
+            "feed_forward_length": self.n_ff_exp,
+            "attention.head_count": self.n_head,
+            "expert_used_count": self.n_expert_used,
+            "expert_feed_forward_length": self.n_ff_exp,
+        }
+
+    def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
+        pattern = trunk_pattern(self.hparams)
+        if pattern is None or len(pattern) != n_trunk:
+            return None
+        return {
+            "attention.head_count_kv": [self.n_head_kv if c == "*" else 0 for c in pattern],
+            "feed_forward_length": [self.n_ff_exp if c == "E" else 0 for c in pattern],
+        }
+
+    def target_checks(self) -> list[TargetCheck]:
+        checks = [
+            TargetCheck("embedding_length", self.n_embd, "hidden_size"),
+            TargetCheck("attention.head_count", self.n_head, "num_attention_heads"),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, "num_key_value_heads"),
+            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
+            TargetCheck("expert_count", self.n_expert, "n_routed_experts"),
+            TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok"),
+            TargetCheck("expert_feed_forward_length", self.n_ff_exp, "moe_intermediate_size"),
+            TargetCheck("expert_shared_feed_forward_length", self.n_ff_shexp, "moe_shared_expert_intermediate_size"),
+        ]
+        if self.moe_latent is not None:
+            checks.append(TargetCheck("moe_latent_size", self.moe_latent, "moe_latent_size"))
+        if self.vocab_size is not None:
+            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
+        return checks

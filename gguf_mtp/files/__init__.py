@@ -1,0 +1,1 @@
+"""Files and bytes: safe opening, bounded JSON, kernel copies and extents, digests, the commit protocol."""

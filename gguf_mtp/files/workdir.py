@@ -1,0 +1,86 @@
+"""Work folders of ``demo --dir`` and ``pipeline --work-dir``: replace only what gguf-mtp made.
+
+Both commands write (and on a re-run replace or delete) files and sub-folders of fixed names in their
+work folder. They do so only in a folder they can prove they made: when a command creates the folder
+(or finds it empty) it writes the marker :data:`MARKER_NAME` (``.gguf-mtp-workdir``, a small JSON
+object naming the command); a later run of the same command finds it and goes on. A folder that is not
+empty and has no marker (or a marker of the other command) is refused with one line, unless ``force``
+says the user wants its files of those names replaced; a path that is a file is always refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gguf_mtp.errors import UnsafeOutputError
+
+__all__ = ["MARKER_NAME", "claim_work_dir", "marker_kind"]
+
+MARKER_NAME = ".gguf-mtp-workdir"
+MARKER_FORMAT = 1
+_MAX_MARKER_BYTES = 4096
+
+
+def marker_kind(folder: Path) -> str | None:
+    """The command named by ``folder``'s marker, or ``None`` (no marker, or not one gguf-mtp writes)."""
+    path = folder / MARKER_NAME
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_MARKER_BYTES:
+            return None
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT:
+        return None
+    kind = doc.get("created_by")
+    return kind if isinstance(kind, str) else None
+
+
+def _write_marker(folder: Path, kind: str) -> None:
+    data = json.dumps({"format": MARKER_FORMAT, "created_by": kind}) + "\n"
+    temporary = folder / f"{MARKER_NAME}.{os.getpid()}.partial"
+    temporary.write_text(data, encoding="utf-8")
+    os.replace(temporary, folder / MARKER_NAME)
+
+
+def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str = "--dir",
+                   also_ours: tuple[str, ...] = ()) -> bool:
+    """Make sure ``folder`` is a work folder of the command ``kind`` (``"demo"``, ``"pipeline"``).
+
+    Args:
+        folder: the work folder; created (with its parents) if missing.
+        kind: the command that uses it.
+        force: take a non-empty folder without the marker anyway (its files of the command's names are
+            replaced).
+        option: the command-line option naming the folder, for the message.
+        also_ours: names whose presence proves an older run of the same command made the folder (the
+            pipeline's state file, written before markers existed).
+
+    Returns:
+        Whether the folder was created by this call.
+
+    Raises:
+        UnsafeOutputError: one line: the path is a file, or a non-empty folder gguf-mtp did not make.
+    """
+    try:
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UnsafeOutputError(f"{option} names a file, not a folder", folder)
+        created = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        found = marker_kind(folder)
+        if found == kind:
+            return created
+        names = [n for n in os.listdir(folder) if n != MARKER_NAME]
+        if names and not force and not any(n in names for n in also_ours):
+            made_by = f"made by gguf-mtp {found}" if found else "not made by gguf-mtp " + kind
+            raise UnsafeOutputError(
+                f"{option}: this folder is not empty and was {made_by}; choose an empty or new folder "
+                f"(or use --force to let {kind} replace its files there)",
+                folder,
+            )
+        _write_marker(folder, kind)
+        return created
+    except OSError as e:
+        raise UnsafeOutputError(f"cannot use this {option} folder: {e.strerror or e}", folder) from None

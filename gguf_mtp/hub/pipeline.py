@@ -1,0 +1,604 @@
+"""``pipeline``: from two Hub repos (a target quant and an MTP head) to a verified, published composite.
+
+Stages, each a function of the ones before it:
+
+1. **target**: download exactly the target's shard set (``<prefix>-NNNNN-of-NNNNN.gguf``, chosen from
+   the repo's file list by the exact split pattern: never an earlier composite or an mmproj file that
+   a glob would also catch) into the Hub cache;
+2. **draft**: convert the head checkpoint to a draft GGUF (:func:`gguf_mtp.jobs.convert.convert`, which
+   downloads only the head's MTP files);
+3. **compose**: splice the draft into the target (:func:`gguf_mtp.jobs.compose.compose`);
+4. **verify**: check the composite against both inputs, with llama.cpp when installed
+   (:func:`gguf_mtp.check.verify.verify`);
+5. **publish**: upload it with a model card when ``out_repo`` is given (:func:`gguf_mtp.hub.publish.publish`).
+
+Resuming: a small JSON state file in the work folder records, for every finished stage, a key (a hash
+of its parameters and of its inputs' sha256) and its outputs (path, size, sha256). A re-run reuses a
+stage only when the key is the same *and* every recorded output still has its size and sha256 (they
+are checked, not trusted); anything else is redone, and the stages after it follow by their keys.
+Output folders of a redone stage are recreated, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gguf_mtp.constants import SPLIT_NAME, split_file_name
+from gguf_mtp.errors import HubError, ShardSetError, UnsafeOutputError, VerificationError
+from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
+from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.write import progress_bar
+
+from . import client as hub
+from .card import Provenance
+from .pipeline_state import load_stages
+
+__all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
+
+#: The state file in the work folder.
+STATE_NAME = "gguf-mtp-pipeline.json"
+STATE_FORMAT = 1
+STAGES = ("target", "draft", "compose", "verify", "publish")
+_LOCK_NAME = ".gguf-mtp-pipeline.lock"
+_SPLIT_GLOB_TAIL = "-*-of-*.gguf"
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ----------------------------------------------------------------------------------- choosing the target's files
+
+
+def _group_key(path: str) -> tuple[str, str, int] | None:
+    folder, _, name = path.rpartition("/")
+    match = SPLIT_NAME.match(name)
+    return (folder, match["prefix"], int(match["count"])) if match else None
+
+
+def _complete_set(folder: str, prefix: str, count: int, available: set[str], pattern: str) -> list[str]:
+    base = f"{folder}/" if folder else ""
+    names = [base + split_file_name(prefix, i, count) for i in range(1, count + 1)]
+    missing = [n.rpartition("/")[2] for n in names if n not in available]
+    if missing:
+        raise ShardSetError(f"{pattern!r}: the repo's split set is incomplete, missing {', '.join(missing)}")
+    return names
+
+
+def select_target_files(repo_files: Iterable[str], pattern: str) -> list[str]:
+    """The exact files of the one model ``pattern`` names in a repo, in shard order (pure).
+
+    ``pattern`` may be ``DIR/NAME-*-of-*.gguf`` (the split set whose prefix is exactly ``NAME``: a glob
+    would also match ``NAME-MTP-00001-of-00003.gguf``), one shard's exact name (its whole set), one
+    single-file model's name, or any other glob that matches the files of exactly one model.
+
+    Raises:
+        ShardSetError: nothing matches, several models match, or the split set is incomplete.
+    """
+    available = set(repo_files)
+    folder, _, base = pattern.rpartition("/")
+    if base.endswith(_SPLIT_GLOB_TAIL) and not _GLOB_CHARS.search(base[: -len(_SPLIT_GLOB_TAIL)] + folder):
+        prefix = base[: -len(_SPLIT_GLOB_TAIL)]
+        counts = sorted({k[2] for f in available if (k := _group_key(f)) and k[:2] == (folder, prefix)})
+        if not counts:
+            raise ShardSetError(f"{pattern!r} matches no file of the repo")
+        if len(counts) > 1:
+            raise ShardSetError(f"{pattern!r} matches split sets of {' and '.join(map(str, counts))} shards")
+        return _complete_set(folder, prefix, counts[0], available, pattern)
+    if not _GLOB_CHARS.search(pattern):
+        key = _group_key(pattern)
+        if key is not None:
+            return _complete_set(*key, available, pattern)
+        if pattern not in available:
+            raise ShardSetError(f"{pattern!r} is not a file of the repo")
+        return [pattern]
+    groups: dict[tuple[str, str, int] | str, list[str]] = {}
+    for f in sorted(available):
+        if fnmatch.fnmatchcase(f, pattern) and f.endswith(".gguf"):
+            groups.setdefault(_group_key(f) or f, []).append(f)
+    if not groups:
+        raise ShardSetError(f"{pattern!r} matches no .gguf file of the repo")
+    if len(groups) > 1:
+        shown = ", ".join(f"{k[1]}-*-of-{k[2]:05d}.gguf" if isinstance(k, tuple) else k for k in groups)
+        raise ShardSetError(f"{pattern!r} matches {len(groups)} models ({shown}); name one exactly")
+    key = next(iter(groups))
+    return _complete_set(*key, available, pattern) if isinstance(key, tuple) else [key]
+
+
+# ----------------------------------------------------------------------------------- the state file
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _key(stage: str, params: dict[str, Any], inputs: Sequence[FileDigest] = ()) -> str:
+    """A stage's identity: its parameters and the sha256 of its inputs."""
+    doc = {"stage": stage, "params": params, "inputs": [[d.name, d.size, d.sha256] for d in inputs]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class _State:
+    """The JSON record of finished stages, rewritten atomically after each one."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.path = work_dir / STATE_NAME
+        # A state file of any other shape (or a directory, a pipe) is refused with one line: it is not ours.
+        self.stages: dict[str, dict[str, Any]] = load_stages(self.path, STATE_FORMAT)
+
+    def record(self, stage: str, key: str, outputs: Sequence[FileDigest], detail: dict[str, Any]) -> None:
+        self.stages[stage] = {
+            "key": key, "finished": _now(), "outputs": [self._relative(d) for d in outputs], "detail": detail,
+        }
+        self._save()
+
+    def _relative(self, digest: FileDigest) -> dict[str, Any]:
+        # Outputs inside the work folder are recorded relative to it, so the folder can be moved.
+        entry = digest.to_dict()
+        with contextlib.suppress(ValueError):
+            entry["path"] = digest.path.resolve().relative_to(self.path.parent.resolve()).as_posix()
+        return entry
+
+    def outputs(self, record: dict[str, Any]) -> list[FileDigest]:
+        """A record's outputs with their paths resolved."""
+        digests = [FileDigest.from_dict(o) for o in record.get("outputs", [])]
+        return [FileDigest(self.path.parent / d.path, d.size, d.sha256) for d in digests]
+
+    def forget(self, stage: str) -> None:
+        if self.stages.pop(stage, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        data = json.dumps({"format": STATE_FORMAT, "stages": self.stages}, indent=2, sort_keys=True).encode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_NAME}.", suffix=".partial", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
+# ----------------------------------------------------------------------------------- reports
+
+
+@dataclass
+class StageResult:
+    """One stage of a run: ``ran`` (first time), ``reused`` (checked and kept), ``redone`` (a recorded
+    output no longer matched) or ``skipped`` (not asked for)."""
+
+    name: str
+    status: str
+    summary: str
+    seconds: float = 0.0
+    outputs: list[FileDigest] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "status": self.status, "summary": self.summary, "seconds": round(self.seconds, 3),
+            "outputs": [d.to_dict() for d in self.outputs],
+        }
+
+
+@dataclass
+class PipelineReport:
+    """What a pipeline run did, stage by stage."""
+
+    work_dir: Path
+    stages: list[StageResult] = field(default_factory=list)
+    target: list[Path] = field(default_factory=list)
+    draft: Path | None = None
+    composite: list[Path] = field(default_factory=list)
+    verification: Any = None  # a VerifyReport, when verify ran in this run
+    published: Any = None  # a PublishReport, when publish ran in this run
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def stage(self, name: str) -> StageResult:
+        return next(s for s in self.stages if s.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": "pipeline",
+            "work_dir": str(self.work_dir),
+            "stages": [s.to_dict() for s in self.stages],
+            "target": [str(p) for p in self.target],
+            "draft": str(self.draft) if self.draft else None,
+            "composite": [str(p) for p in self.composite],
+            "verification": self.verification.to_dict() if self.verification is not None else None,
+            "published": self.published.to_dict() if self.published is not None else None,
+            "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def describe(self) -> list[str]:
+        lines = [f"{s.name:8s} {s.status:8s} {s.summary}" for s in self.stages]
+        if self.composite:
+            lines.append(f"composite: {self.composite[0]}" + (f" (+{len(self.composite) - 1} shards)"
+                                                               if len(self.composite) > 1 else ""))
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append(f"done in {self.seconds:.1f} s")
+        return lines
+
+
+# ----------------------------------------------------------------------------------- the run
+
+
+@contextlib.contextmanager
+def _work_lock(work_dir: Path) -> Iterator[None]:
+    """One pipeline per work folder at a time (two would overwrite each other's outputs)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(work_dir / _LOCK_NAME, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UnsafeOutputError("another pipeline is running in this work folder", work_dir) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _fresh_folder(path: Path) -> Path:
+    """Recreate one of the pipeline's own output folders (never reuse what an earlier run left there)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+class _Runner:
+    """Runs the stages in order, reusing the ones whose record still holds."""
+
+    def __init__(self, work_dir: Path, say: Callable[[str], None], progress: bool) -> None:
+        self.work_dir = work_dir
+        self.state = _State(work_dir)
+        self.say = say
+        self.progress = progress
+
+    def recorded(self, stage: str, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The stage's record if it can be reused; else (None, why it cannot, or None if never run)."""
+        record = self.state.stages.get(stage)
+        if record is None:
+            return None, None
+        if record.get("key") != key:
+            return None, "its inputs or parameters changed"
+        outputs = self.state.outputs(record)
+        total = sum(d.size for d in outputs)
+        with progress_bar(total, f"checking {stage}", enabled=self.progress) as bar:
+            for d in outputs:
+                if not d.path.is_file():
+                    return None, f"{d.path.name} is gone"
+                if d.path.stat().st_size != d.size:
+                    return None, f"{d.path.name} changed size"
+                if sha256_file(d.path, bar=bar) != d.sha256:
+                    return None, f"{d.path.name} changed (sha256 differs from the record)"
+        return record, None
+
+    def digest(self, paths: Sequence[Path], stage: str) -> list[FileDigest]:
+        return digest_files(paths, progress=self.progress, desc=f"sha256 {stage}")
+
+
+def _say_default(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_pipeline(
+    *,
+    target_repo: str,
+    target_files: str,
+    head_repo: str,
+    out_repo: str | None = None,
+    work_dir: str | os.PathLike[str],
+    keep: bool = False,
+    force: bool = False,
+    target_revision: str | None = None,
+    head_revision: str | None = None,
+    out_revision: str | None = None,
+    private: bool = False,
+    basename: str | None = None,
+    outtype: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    api: Any = None,
+    llama: bool | None = None,
+    progress: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> PipelineReport:
+    """Download, convert, compose, verify and (with ``out_repo``) publish; resume from finished stages.
+
+    Args:
+        target_repo: the Hub repo of the target quant (``unsloth/NVIDIA-Nemotron-3-Super-120B-A12B-GGUF``).
+        target_files: which model in it: ``DIR/NAME-*-of-*.gguf``, one shard's name, or a single file's name.
+        head_repo: the MTP head checkpoint: a Hub repo id, or a local folder.
+        out_repo: publish the composite there (``OWNER/NAME``); without it the run ends after verify.
+        work_dir: folder for the state file, the draft and the composite (created if missing).
+        keep: after a successful publish, keep the draft and the composite (default: remove them).
+        force: use a non-empty ``work_dir`` that no pipeline made (its ``draft/`` and ``composite/`` are
+            replaced); without it such a folder is refused, and a new or empty one gets the marker
+            :data:`gguf_mtp.files.workdir.MARKER_NAME`.
+        target_revision, head_revision: revisions to download (default: the main branch).
+        out_revision: the branch to publish to.
+        private: create ``out_repo`` private.
+        basename: the composite's file prefix (default: the target's prefix + ``-MTP``).
+        outtype: the draft's matrix type (``bf16``, ``f16``, ``f32``, ``q8_0``; default: the head's).
+        cache_dir: the Hub cache for the target (default: huggingface_hub's, ``HF_HOME``/``HF_HUB_CACHE``).
+        api: an ``HfApi``-like object (a stand-in in tests).
+        llama: load the composite with llama.cpp in verify (default: when installed).
+        progress: progress bars on stderr.
+        say: where the one-line stage messages go (default: stderr).
+
+    Returns:
+        A :class:`PipelineReport`.
+
+    Raises:
+        HubError: downloads or the upload failed (offline without a cached copy, no access, ...).
+        ShardSetError: ``target_files`` does not name exactly one complete model.
+        VerificationError: the composite failed verification (nothing is published then).
+        GGUFMTPError: any other bad input (an incompatible head, an unsafe work folder, ...).
+    """
+    started = time.perf_counter()
+    say = say or _say_default
+    # Every repo id is checked before anything is created or asked (a trailing newline, "..", "a/b/c").
+    hub.check_repo_id(target_repo, "--target-repo")
+    if not Path(head_repo).expanduser().is_dir():
+        hub.check_repo_id(head_repo, "--head-repo")
+    if out_repo:
+        hub.check_repo_id(out_repo, "--out-repo")
+    work = Path(work_dir)
+    # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
+    claim_work_dir(work, "pipeline", force=force, option="--work-dir", also_ours=(STATE_NAME, _LOCK_NAME))
+    report = PipelineReport(work)
+    token = hub.resolve_token()
+    hub_api = hub.make_api(api, token=token)  # constructing it touches no network
+    if out_repo:
+        # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
+        say(f"[0/5] publish: checking the token and write access to {out_repo}")
+        hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
+    with _work_lock(work):
+        runner = _Runner(work, say, progress)
+        target, commit = _stage_target(runner, report, hub_api, token, target_repo, target_files, target_revision,
+                                       cache_dir)
+        draft = _stage_draft(runner, report, target, head_repo, head_revision, outtype)
+        composite = _stage_compose(runner, report, target, draft, basename)
+        _stage_verify(runner, report, target, draft, composite, llama)
+        provenance = Provenance(
+            target_repo=target_repo, target_revision=commit or target_revision,
+            target_files=tuple(runner.state.stages["target"]["detail"]["files"]),
+            head_source=head_repo, head_revision=head_revision,
+        )
+        published = _stage_publish(runner, report, hub_api, token, composite, out_repo, out_revision, private,
+                                   provenance)
+        if published and not keep:
+            for folder in (work / "composite", work / "draft"):
+                shutil.rmtree(folder, ignore_errors=True)
+            report.notes.append(
+                "removed the draft and the composite from the work folder (published; --keep keeps them)"
+            )
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _status(before: str | None) -> str:
+    return "redone" if before else "ran"
+
+
+def _stage_target(
+    runner: _Runner, report: PipelineReport, api: Any, token: str | None, repo: str, pattern: str,
+    revision: str | None, cache_dir: str | os.PathLike[str] | None,
+) -> tuple[list[FileDigest], str | None]:
+    stage = "target"
+    key = _key(stage, {"repo": repo, "files": pattern, "revision": revision})
+    started = time.perf_counter()
+    record, why = runner.recorded(stage, key)
+    if record is not None:
+        outputs = runner.state.outputs(record)
+        runner.say(f"[1/5] target: {len(outputs)} file(s) of {repo} already downloaded (sizes and sha256 checked)")
+        report.stages.append(StageResult(stage, "reused", f"{len(outputs)} file(s) of {repo}, checked",
+                                         time.perf_counter() - started, outputs))
+        report.target = [d.path for d in outputs]
+        return outputs, record["detail"].get("commit")
+    if why:
+        runner.say(f"[1/5] target: {why}; downloading again")
+    if hub.is_offline():
+        # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
+        listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)
+        if listing is None:
+            snapshot = hub.download_files(api, repo, [pattern], token=token, revision=revision, cache_dir=cache_dir)
+            listing = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    else:
+        listing = hub.list_repo_files(api, repo, token=token, revision=revision)
+    names = select_target_files(listing, pattern)
+    shown = ", ".join(n.rpartition("/")[2] for n in names)
+    runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
+    snapshot = hub.download_files(api, repo, [glob.escape(n) for n in names], token=token, revision=revision,
+                                  cache_dir=cache_dir, force=why is not None)
+    paths = [snapshot / n for n in names]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise HubError(f"{repo}: downloaded snapshot lacks {', '.join(missing)}")
+    model = open_model(paths[0])  # the set is complete and consistent, as llama.cpp will see it
+    outputs = runner.digest(model.paths, stage)
+    commit = snapshot.name if _COMMIT.match(snapshot.name) else None
+    runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo})
+    report.target = [d.path for d in outputs]
+    report.stages.append(StageResult(
+        stage, _status(why), f"{len(names)} file(s) of {repo}" + (f" @ {commit[:12]}" if commit else ""),
+        time.perf_counter() - started, outputs,
+    ))
+    return outputs, commit
+
+
+def _stage_draft(
+    runner: _Runner, report: PipelineReport, target: list[FileDigest], head: str, revision: str | None,
+    outtype: str | None,
+) -> FileDigest:
+    stage = "draft"
+    local = Path(head).expanduser()
+    source = str(local.resolve()) if local.is_dir() else head
+    key = _key(stage, {"head": source, "revision": revision, "outtype": outtype}, target)
+    started = time.perf_counter()
+    record, why = runner.recorded(stage, key)
+    if record is not None:
+        (draft,) = runner.state.outputs(record)
+        report.draft = draft.path
+        runner.say(f"[2/5] draft: {draft.name} already converted (size and sha256 checked)")
+        report.stages.append(StageResult(stage, "reused", f"{draft.name}, checked", time.perf_counter() - started,
+                                         [draft]))
+        return draft
+    runner.say(f"[2/5] draft: converting the MTP head of {head} for {target[0].name}"
+               + (f" ({why}, so again)" if why else ""))
+    from gguf_mtp.jobs.convert import convert
+
+    folder = _fresh_folder(runner.work_dir / "draft")
+    result = convert(source, folder / "mtp-draft.gguf", target=target[0].path, outtype=outtype, revision=revision,
+                     force=True, progress=runner.progress)
+    (draft,) = runner.digest([Path(result.output)], stage)
+    runner.state.record(stage, key, [draft], {"head": source, "revision": revision})
+    report.draft = draft.path
+    report.stages.append(StageResult(stage, _status(why), f"{draft.name} ({draft.size:,} bytes) from {head}",
+                                     time.perf_counter() - started, [draft]))
+    return draft
+
+
+def _default_basename(target: Sequence[FileDigest]) -> str:
+    match = SPLIT_NAME.match(target[0].name)
+    stem = match["prefix"] if match else target[0].path.stem
+    return f"{stem}-MTP"
+
+
+def _stage_compose(
+    runner: _Runner, report: PipelineReport, target: list[FileDigest], draft: FileDigest, basename: str | None
+) -> list[FileDigest]:
+    stage = "compose"
+    name = basename or _default_basename(target)
+    key = _key(stage, {"basename": name}, [*target, draft])
+    started = time.perf_counter()
+    record, why = runner.recorded(stage, key)
+    if record is not None:
+        outputs = runner.state.outputs(record)
+        report.composite = [d.path for d in outputs]
+        runner.say(f"[3/5] compose: {len(outputs)} file(s) {name}-* already composed (sizes and sha256 checked)")
+        report.stages.append(StageResult(stage, "reused", f"{len(outputs)} file(s) {name}-*, checked",
+                                         time.perf_counter() - started, outputs))
+        return outputs
+    runner.say(f"[3/5] compose: {target[0].name} + {draft.name} -> {name}" + (f" ({why}, so again)" if why else ""))
+    from gguf_mtp.jobs.compose import compose
+
+    folder = _fresh_folder(runner.work_dir / "composite")
+    result = compose(target[0].path, draft.path, folder, basename=name, force=True, progress=runner.progress)
+    outputs = runner.digest(result.output_paths, stage)
+    plan = result.plan
+    runner.state.record(stage, key, outputs, {"block": plan.block, "added": len(plan.renamed)})
+    report.composite = [d.path for d in outputs]
+    report.stages.append(StageResult(
+        stage, _status(why), f"{len(outputs)} file(s), {plan.target.tensor_count} target tensors + "
+        f"{len(plan.renamed)} NextN tensors as blk.{plan.block}", time.perf_counter() - started, outputs,
+    ))
+    return outputs
+
+
+def _stage_verify(
+    runner: _Runner, report: PipelineReport, target: list[FileDigest], draft: FileDigest,
+    composite: list[FileDigest], llama: bool | None,
+) -> None:
+    stage = "verify"
+    from gguf_mtp.check.llama_check import llama_cpp_available
+
+    use_llama = llama_cpp_available() if llama is None else llama
+    key = _key(stage, {"llama": use_llama}, [*target, draft, *composite])
+    started = time.perf_counter()
+    record, why = runner.recorded(stage, key)
+    if record is not None:
+        runner.say("[4/5] verify: these exact files passed before")
+        report.stages.append(StageResult(stage, "reused", record["detail"].get("summary", "passed before"),
+                                         time.perf_counter() - started))
+        return
+    llama_part = ", llama.cpp load + MTP decode" if use_llama else ""
+    runner.say(f"[4/5] verify: structure, target and draft bytes{llama_part}")
+    from gguf_mtp.check.verify import verify
+
+    result = verify(composite[0].path, target=target[0].path, draft=draft.path, llama=use_llama,
+                    progress=runner.progress)
+    report.verification = result
+    checks = list(result.checks)
+    if not result.ok:
+        runner.state.forget(stage)
+        failed = [c for c in checks if c.ok is False]
+        first = failed[0] if failed else None
+        detail = f"{first.name}: {first.detail}" if first is not None else "see the verify report"
+        raise VerificationError(f"the composite failed verification ({detail}); nothing was published",
+                                composite[0].path)
+    passed = sum(1 for c in checks if c.ok)
+    summary = f"{passed} checks passed" + (" (llama.cpp loaded it and ran the NextN block)" if use_llama else "")
+    runner.state.record(stage, key, [], {"summary": summary, "checks": [c.name for c in checks]})
+    report.stages.append(StageResult(stage, _status(why), summary, time.perf_counter() - started))
+
+
+def _stage_publish(
+    runner: _Runner, report: PipelineReport, api: Any, token: str | None, composite: list[FileDigest],
+    repo: str | None, revision: str | None, private: bool, provenance: Provenance,
+) -> bool:
+    stage = "publish"
+    if not repo:
+        report.stages.append(StageResult(stage, "skipped", "no --out-repo given"))
+        return False
+    key = _key(stage, {"repo": repo, "revision": revision, "private": private,
+                       "provenance": provenance.to_dict()}, composite)
+    record = runner.state.stages.get(stage)
+    why = None
+    if record is not None and record.get("key") == key:
+        from .publish import compare_remote
+
+        try:
+            remote = hub.remote_files(api, repo, [d.name for d in composite], token=token, revision=revision)
+        except HubError as e:
+            remote, why = {}, f"the Hub could not be asked ({e})"
+        if remote and all(c.ok for c in compare_remote(composite, None, remote)):
+            runner.say(f"[5/5] publish: {repo} already holds these files (sizes and sha256 checked on the Hub)")
+            report.stages.append(StageResult(stage, "reused", f"{repo}: the Hub still holds these files (checked)"))
+            return True
+        why = why or "the Hub's files differ from the composite"
+    elif record is not None:
+        why = "the composite or the destination changed"
+    started = time.perf_counter()
+    runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
+    from .publish import publish
+
+    result = publish(composite[0].path, repo, private=private, revision=revision, api=api, provenance=provenance,
+                     digests={str(d.path): d for d in composite}, progress=runner.progress, token=token)
+    report.published = result
+    runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
+    report.stages.append(StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}",
+                                     time.perf_counter() - started))
+    return True

@@ -1,0 +1,456 @@
+"""``publish``: upload a composite and its model card to the Hugging Face Hub, all or nothing.
+
+Order of work, so that nothing heavy happens before we know it can succeed, and nothing on the Hub
+looks complete before it is:
+
+1. **plan** (headers only): which files (exactly the shards of one model), how (one commit, or a
+   resumable upload for a large set);
+2. **check** (cheap Hub calls, skipped by ``dry_run``): token, ``whoami``, ``create_repo(exist_ok=True)``,
+   branch, write access;
+3. **hash** every file (streaming sha256) and render the card (:mod:`gguf_mtp.hub.card`);
+4. **upload** from a staging folder recreated on every run (links to the shards + ``README.md``):
+   a set that fits goes up as ONE commit; a large set goes up resumably, with any earlier card removed
+   first and the new card committed last, only after the shards on the Hub were checked;
+5. **compare** what the Hub reports (size; sha256 for LFS/Xet files; the git blob id of the card)
+   with the local files.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf_mtp.constants import SPLIT_NAME
+from gguf_mtp.errors import BadGGUFError, HubError, ShardSetError, VerificationError
+from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
+from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
+from gguf_mtp.model.shards import ShardSet, open_model
+
+from . import client as hub
+from .card import ModelFacts, Provenance, render_model_card
+
+__all__ = [
+    "CARD_NAME",
+    "ONE_COMMIT_MAX_BYTES",
+    "ONE_COMMIT_MAX_FILES",
+    "PublishPlan",
+    "PublishReport",
+    "RemoteCheck",
+    "compare_remote",
+    "find_model",
+    "plan_publish",
+    "publish",
+]
+
+#: A set up to this size goes up as one commit; a larger one resumably (a failed one-commit upload of
+#: a hundred GB starts over, a resumable one picks up where it stopped).
+ONE_COMMIT_MAX_BYTES = 50 * 2**30
+#: ... and up to this many files.
+ONE_COMMIT_MAX_FILES = 50
+#: The model card's name in the repo.
+CARD_NAME = "README.md"
+#: Staging folder (inside the published folder, so shards can be hard-linked), recreated on every run.
+STAGING_NAME = ".gguf-mtp-publish"
+#: What huggingface_hub's resumable upload keeps in the staging folder; kept so a re-run resumes.
+_RESUME_CACHE = ".cache"
+_UPLOAD_MODES = ("auto", "one-commit", "resumable")
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """What a publish run uploads, and how."""
+
+    repo: str
+    revision: str | None
+    private: bool
+    model: ShardSet
+    mode: str  # "one-commit" or "resumable"
+    standalone: bool = False  # an MTP-only draft published as such (for llama-server --spec-draft-model)
+
+    @property
+    def files(self) -> list[Path]:
+        return self.model.paths
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.file_size for h in self.model.headers)
+
+
+@dataclass(frozen=True)
+class RemoteCheck:
+    """One file compared with the Hub's record of it after the upload."""
+
+    name: str
+    size: int
+    remote_size: int | None
+    sha256: str | None  # local (for the card: its git blob id is compared instead)
+    remote_sha256: str | None
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "size": self.size, "remote_size": self.remote_size, "sha256": self.sha256,
+            "remote_sha256": self.remote_sha256, "ok": self.ok, "detail": self.detail,
+        }
+
+
+@dataclass
+class PublishReport:
+    """What a publish run did (or, with ``dry_run``, would do)."""
+
+    plan: PublishPlan
+    dry_run: bool
+    files: list[FileDigest]
+    card: str
+    user: str | None = None
+    commit_url: str | None = None
+    upload_method: str | None = None
+    checks: list[RemoteCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.dry_run or (bool(self.checks) and all(c.ok for c in self.checks))
+
+    @property
+    def url(self) -> str:
+        base = f"https://huggingface.co/{self.plan.repo}"
+        return f"{base}/tree/{self.plan.revision}" if self.plan.revision else base
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "command": "publish",
+            "dry_run": self.dry_run,
+            "repo": plan.repo,
+            "revision": plan.revision,
+            "private": plan.private,
+            "mode": plan.mode,
+            "standalone": plan.standalone,
+            "files": [f.to_dict() | {"name": f.name} for f in self.files],
+            "total_bytes": plan.total_bytes,
+            "card": self.card,
+            "user": self.user,
+            "commit_url": self.commit_url,
+            "upload_method": self.upload_method,
+            "checks": [c.to_dict() for c in self.checks],
+            "ok": self.ok,
+            "notes": list(self.notes),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def describe(self) -> list[str]:
+        """Human-readable lines (the card itself is not included)."""
+        plan = self.plan
+        how = "as one commit" if plan.mode == "one-commit" else "resumably (model card committed last)"
+        where = plan.repo + (f"@{plan.revision}" if plan.revision else "")
+        verb = "would upload" if self.dry_run else "uploaded"
+        lines = [f"{verb} {len(self.files)} file(s) + {CARD_NAME} to {where} {how}:"]
+        lines += [f"    {f.name}  {f.size:,} bytes  sha256 {f.sha256}" for f in self.files]
+        lines.append(f"    {CARD_NAME}  {len(self.card.encode()):,} bytes (model card)")
+        if self.dry_run:
+            lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
+        else:
+            bad = [c for c in self.checks if not c.ok]
+            if bad:
+                lines += [f"MISMATCH {c.name}: {c.detail}" for c in bad]
+            else:
+                lines.append(f"checked on the Hub: {len(self.checks)} file(s), sizes and hashes match")
+            lines.append(f"published: {self.commit_url or self.url}")
+        lines += [f"note: {n}" for n in self.notes]
+        return lines
+
+
+def _exact(name: str) -> str:
+    """An upload pattern that matches exactly ``name`` (huggingface_hub filters with fnmatch)."""
+    return glob.escape(name)
+
+
+def find_model(path: str | os.PathLike[str]) -> ShardSet:
+    """The one model in a folder (or the model a given file belongs to), checked as a complete set.
+
+    Raises:
+        BadGGUFError: no such folder, or no GGUF in it.
+        ShardSetError: several models in the folder, or an incomplete / inconsistent split set.
+    """
+    p = Path(path)
+    if p.is_file():
+        return open_model(p)
+    if not p.is_dir():
+        raise BadGGUFError("no such file or folder", p)
+    models: dict[str, Path] = {}
+    for f in sorted(p.iterdir()):
+        if f.name.startswith(".") or f.suffix != ".gguf" or not f.is_file():
+            continue
+        match = SPLIT_NAME.match(f.name)
+        key = f"{match['prefix']}-*-of-{match['count']}.gguf" if match else f.name
+        models.setdefault(key, f)
+    if not models:
+        raise BadGGUFError("no .gguf file in this folder", p)
+    if len(models) > 1:
+        raise ShardSetError(
+            f"holds {len(models)} models ({', '.join(sorted(models))}); pass the first file of the one to publish", p
+        )
+    return open_model(next(iter(models.values())))
+
+
+def plan_publish(
+    model: ShardSet,
+    repo: str,
+    *,
+    revision: str | None = None,
+    private: bool = False,
+    upload_mode: str = "auto",
+    one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES,
+    one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
+    standalone: bool = False,
+) -> PublishPlan:
+    """Decide what to upload and how (pure: headers only).
+
+    Args:
+        standalone: publish an MTP-only draft (NextN block tensors only) as a draft for
+            ``llama-server --spec-draft-model``; without it such a file is refused, since it is not a model.
+
+    Raises:
+        HubError: ``repo`` is not ``OWNER/NAME``, or ``upload_mode`` is unknown.
+        VerificationError: the model has no NextN block (nothing MTP to publish), an MTP-only draft is
+            given without ``standalone``, or a whole model with it.
+    """
+    hub.check_repo_id(repo)
+    if upload_mode not in _UPLOAD_MODES:
+        raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
+    if model.nextn_predict_layers == 0:
+        raise VerificationError(
+            f"{model.arch_key('{arch}.nextn_predict_layers')} is 0 or missing: not an MTP composite (compose it first)",
+            model.name,
+        )
+    draft = is_mtp_only(read_block_layout(model.first), model.block_indices())
+    if draft and not standalone:
+        raise VerificationError(
+            "an MTP draft (NextN block tensors only, no trunk block tensors), not a model: publish the composite "
+            "made from it (gguf-mtp compose TARGET DRAFT), or pass --standalone to publish it as a draft for "
+            "llama-server --spec-draft-model",
+            model.name,
+        )
+    if standalone and not draft:
+        raise VerificationError("--standalone publishes an MTP-only draft, but this is a whole model", model.name)
+    mode = upload_mode
+    if mode == "auto":
+        small = sum(h.file_size for h in model.headers) <= one_commit_max_bytes
+        few = len(model.headers) + 1 <= one_commit_max_files
+        mode = "one-commit" if small and few else "resumable"
+    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode, standalone)
+
+
+def compare_remote(
+    files: Sequence[FileDigest], card: bytes | None, remote: Mapping[str, hub.RemoteFile]
+) -> list[RemoteCheck]:
+    """Compare local files (and the card, when given) with what the Hub reports (pure).
+
+    Sizes are always compared; sha256 where the Hub reports one (LFS / Xet files); for the card, a plain
+    git file, its git blob id.
+    """
+    checks: list[RemoteCheck] = []
+    for f in files:
+        r = remote.get(f.name)
+        if r is None:
+            checks.append(RemoteCheck(f.name, f.size, None, f.sha256, None, False, "not on the Hub after the upload"))
+        elif r.size != f.size:
+            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, False,
+                                      f"size on the Hub {r.size:,} bytes, local {f.size:,}"))
+        elif r.sha256 is not None and r.sha256 != f.sha256:
+            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, False,
+                                      f"sha256 on the Hub {r.sha256}, local {f.sha256}"))
+        else:
+            detail = "size and sha256 match" if r.sha256 else "size matches (the Hub reports no sha256)"
+            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, True, detail))
+    if card is not None:
+        r = remote.get(CARD_NAME)
+        oid = git_blob_sha1(card)
+        if r is None:
+            checks.append(RemoteCheck(CARD_NAME, len(card), None, None, None, False, "not on the Hub after the upload"))
+        elif r.size != len(card) or (r.blob_id is not None and r.sha256 is None and r.blob_id != oid):
+            checks.append(RemoteCheck(CARD_NAME, len(card), r.size, None, r.sha256, False,
+                                      "the model card on the Hub differs from the one uploaded"))
+        else:
+            checks.append(RemoteCheck(CARD_NAME, len(card), r.size, None, r.sha256, True, "matches"))
+    return checks
+
+
+def _digests(paths: Sequence[Path], known: Mapping[str, FileDigest] | None, progress: bool) -> list[FileDigest]:
+    """sha256 of each file, reusing a caller's digest whose path and size still match."""
+    known = known or {}
+    result: dict[Path, FileDigest] = {}
+    todo = []
+    for p in paths:
+        d = known.get(str(p)) or known.get(p.name)
+        if d is not None and p.stat().st_size == d.size:
+            result[p] = FileDigest(p, d.size, d.sha256)
+        else:
+            todo.append(p)
+    if todo:
+        for d in digest_files(todo, progress=progress, desc="sha256"):
+            result[d.path] = d
+    return [result[p] for p in paths]
+
+
+def _staging_folder(model_folder: Path) -> tuple[Path, bool]:
+    """A fresh staging folder (its old links removed, the upload's resume cache kept); and whether
+    hard links can be used (same file system as the shards)."""
+    staging = model_folder / STAGING_NAME
+    try:
+        staging.mkdir(exist_ok=True)
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="gguf-mtp-publish-")), False
+    for entry in staging.iterdir():
+        if entry.name == _RESUME_CACHE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return staging, True
+
+
+def _stage(files: Sequence[Path], card: bytes) -> Path:
+    staging, same_fs = _staging_folder(files[0].parent)
+    for f in files:
+        link = staging / f.name
+        try:
+            if not same_fs:
+                raise OSError
+            os.link(f, link)
+        except OSError:
+            os.symlink(f.resolve(), link)
+    (staging / CARD_NAME).write_bytes(card)
+    return staging
+
+
+def publish(
+    outdir: str | os.PathLike[str],
+    repo: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    dry_run: bool = False,
+    api: Any = None,
+    provenance: Provenance | None = None,
+    digests: Mapping[str, FileDigest] | None = None,
+    upload_mode: str = "auto",
+    one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES,
+    one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
+    progress: bool = True,
+    token: str | None = None,
+    standalone: bool = False,
+) -> PublishReport:
+    """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
+
+    Args:
+        outdir: the folder holding the composite (exactly one model), or any of its files.
+        repo: the Hub repo, ``OWNER/NAME``; created if missing.
+        private: create the repo private (an existing repo keeps its visibility).
+        revision: the branch to commit to (created if missing); default the main branch.
+        dry_run: plan, hash and render the card only: no token needed, no network used.
+        api: an ``HfApi``-like object (default: a real one holding the token).
+        provenance: where the target and the head came from, for the card.
+        digests: already-known sha256 by path or file name (reused when the size still matches).
+        upload_mode: ``"auto"`` (by size and file count), ``"one-commit"`` or ``"resumable"``.
+        one_commit_max_bytes: with ``auto``, the largest set uploaded as one commit.
+        one_commit_max_files: with ``auto``, the most files (card included) uploaded as one commit.
+        progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
+        token: the Hub token (default: ``HF_TOKEN``, else the stored login).
+        standalone: publish an MTP-only draft as a draft (its card shows ``--spec-draft-model``).
+
+    Returns:
+        A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
+
+    Raises:
+        HubError: bad repo id, offline, no token, token refused or read-only, no write access, or an
+            upload failed (raised before any hashing or uploading when it is about the token or access),
+            or the Hub's record of an uploaded file disagrees with the local file.
+        BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
+        VerificationError: the model has no NextN block, or is an MTP-only draft without ``standalone``.
+
+    Example:
+        >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
+        >>> print(report.card)  # doctest: +SKIP
+    """
+    from gguf_mtp._version import __version__
+
+    started = time.perf_counter()
+    plan = plan_publish(
+        find_model(outdir), repo, revision=revision, private=private, upload_mode=upload_mode,
+        one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files, standalone=standalone,
+    )
+    user = None
+    hub_api = None
+    if not dry_run:
+        token = token or hub.resolve_token()
+        hub.require_online(f"publish to {repo}")
+        if not token:
+            raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
+        hub_api = hub.make_api(api, token=token)
+        user = hub.check_write_access(hub_api, repo, token=token, private=private, revision=plan.revision)
+    files = _digests(plan.files, digests, progress)
+    card = render_model_card(
+        repo=repo, files=files, facts=ModelFacts.from_model(plan.model), provenance=provenance or Provenance(),
+        version=__version__, standalone=standalone,
+    )
+    report = PublishReport(plan, dry_run, files, card, user=user)
+    if dry_run:
+        report.seconds = time.perf_counter() - started
+        return report
+    card_bytes = card.encode()
+    names = [f.name for f in files]
+    staging = _stage(plan.files, card_bytes)
+    what = "MTP draft" if standalone else "GGUF with MTP head"
+    message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
+    if plan.mode == "one-commit":
+        report.commit_url = hub.upload_one_commit(
+            hub_api, repo, staging, [_exact(n) for n in [*names, CARD_NAME]], token=token,
+            revision=plan.revision, message=message,
+        )
+        report.upload_method = "upload_folder"
+        remote = hub.remote_files(hub_api, repo, [*names, CARD_NAME], token=token, revision=plan.revision)
+        report.checks = compare_remote(files, card_bytes, remote)
+    else:
+        # An earlier card would make a half-uploaded set look complete: remove it first, add the new one last.
+        before = hub.remote_files(hub_api, repo, [CARD_NAME], token=token, revision=plan.revision)
+        if CARD_NAME in before:
+            hub.delete_remote_file(
+                hub_api, repo, CARD_NAME, token=token, revision=plan.revision,
+                message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
+            )
+            report.notes.append(f"removed the earlier {CARD_NAME} before uploading; the new one was added last")
+        report.upload_method = hub.upload_resumable(
+            hub_api, repo, staging, [_exact(n) for n in names], token=token, revision=plan.revision,
+            private=private, message=message,
+        )
+        remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
+        report.checks = compare_remote(files, None, remote)
+        if all(c.ok for c in report.checks):
+            report.commit_url = hub.upload_one_commit(
+                hub_api, repo, staging, [CARD_NAME], token=token, revision=plan.revision,
+                message=f"Add the model card (gguf-mtp {__version__})",
+            )
+            remote = hub.remote_files(hub_api, repo, [CARD_NAME], token=token, revision=plan.revision)
+            report.checks += compare_remote([], card_bytes, remote)
+        else:
+            report.notes.append(f"{CARD_NAME} was not uploaded because the files on the Hub do not match")
+    bad = [c for c in report.checks if not c.ok]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        held = "" if plan.mode == "one-commit" else f"; {CARD_NAME} was not uploaded"
+        raise HubError(f"after the upload, {bad[0].name} on the Hub does not match: {bad[0].detail}{more}{held}", repo)
+    shutil.rmtree(staging, ignore_errors=True)
+    report.seconds = time.perf_counter() - started
+    return report

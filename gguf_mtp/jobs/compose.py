@@ -1,0 +1,190 @@
+"""``compose``: splice an MTP draft into a (sharded, quantized) target GGUF as its final block."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
+from gguf_mtp.formatting import human_bytes, short_change
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.write import WriteReport, write_outputs
+
+from .compose_plan import CompositionPlan, plan_composition
+
+__all__ = ["ComposeReport", "compose", "plan"]
+
+
+@dataclass(kw_only=True)
+class ComposeReport(WriteReport):
+    """What a compose run did (or, with ``dry_run``, would do)."""
+
+    plan: CompositionPlan
+    verification: Any = None  # a VerifyReport when compose ran with verify=True
+
+    @property
+    def output_paths(self) -> list[Path]:
+        return [f.path for f in self.plan.files]
+
+    def describe(self) -> list[str]:
+        """The human-readable report (what the CLI prints)."""
+        plan = self.plan
+        verb = "would write" if self.dry_run else "wrote"
+        lines = [
+            f"target: {plan.target.arch}, {len(plan.target.headers)} file(s), {plan.target.tensor_count} tensors, "
+            f"blocks 0..{plan.block - 1}",
+            f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
+            + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
+        ]
+        for f in plan.files:
+            lines.append(
+                f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
+                + ")"
+            )
+            lines.extend(f"    {c.key} ({c.type_name}): {short_change(c.old, c.new)}" for c in f.kv_changes)
+        if self.dry_run:
+            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+        else:
+            rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
+            done = f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s"
+            lines.append(f"{done} ({rate:.0f} MiB/s{self.sharing()})")
+        if self.verification is not None:
+            lines.extend(self.verification.describe())
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        plan = self.plan
+        result: dict[str, Any] = {
+            "command": "compose",
+            "dry_run": self.dry_run,
+            "target": [str(p) for p in plan.target.paths],
+            "draft": plan.draft.name,
+            "architecture": plan.target.arch,
+            "block": plan.block,
+            "nextn_blocks": plan.nextn_blocks,
+            "files": [f.to_dict() for f in plan.files],
+            "tensors": {
+                "target": plan.target.tensor_count,
+                "added": len(plan.renamed),
+                "total": plan.target.tensor_count + len(plan.renamed),
+            },
+            "renamed": [{"draft": a, "composite": b} for a, b in plan.renamed],
+            "dropped": list(plan.dropped),
+            "kv_changes": [c.to_dict() for c in plan.kv_changes],
+            "bytes_to_write": plan.bytes_to_write,
+            **self.write_fields(),
+        }
+        if self.verification is not None:
+            result["verification"] = self.verification.to_dict()
+        return result
+
+
+def _overrides(set_kv: Iterable[str | KVOverride]) -> list[KVOverride]:
+    return [o if isinstance(o, KVOverride) else parse_set_kv(o) for o in set_kv]
+
+
+def plan(
+    target: str | os.PathLike[str],
+    draft: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    block: int | None = None,
+    set_kv: Sequence[str | KVOverride] = (),
+    basename: str | None = None,
+) -> CompositionPlan:
+    """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written)."""
+    return plan_composition(
+        open_model(target),
+        open_model(draft),
+        Path(output_dir),
+        block=block,
+        set_kv=_overrides(set_kv),
+        basename=basename,
+    )
+
+
+def compose(
+    target: str | os.PathLike[str],
+    draft: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    block: int | None = None,
+    set_kv: Sequence[str | KVOverride] = (),
+    basename: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    verify: bool = False,
+    llama: bool | None = None,
+) -> ComposeReport:
+    """Splice the NextN block(s) of ``draft`` into ``target`` and write the composite to ``output_dir``.
+
+    Every target tensor's bytes are copied verbatim (by the kernel), the draft's block tensors are
+    appended to the last shard under their new names, and the model metadata is patched:
+    ``{arch}.block_count``, ``{arch}.nextn_predict_layers``, every per-layer array and
+    ``split.tensors.count`` in every shard; every shard also carries the set id ``gguf_mtp.set_id``
+    (:mod:`gguf_mtp.set_id`), so ``verify`` notices a set mixed from two runs. Outputs appear atomically,
+    under a lock on ``output_dir`` (a concurrent writer is refused) and, with ``force``, the old files
+    come back if anything fails (:mod:`gguf_mtp.files.commit`).
+
+    Args:
+        target: a single-file GGUF or any shard of a ``<prefix>-NNNNN-of-NNNNN.gguf`` set.
+        draft: a GGUF whose block tensors are ``blk.0.*`` (renamed) or ``blk.N.*`` (kept).
+        output_dir: folder for the composite (created if missing); files keep the target's names.
+        block: the NextN block index; optional, and only the target's trunk block count is accepted.
+        set_kv: ``KEY=VALUE`` / ``KEY:TYPE=VALUE`` metadata overrides.
+        basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
+        dry_run: plan only; write nothing.
+        force: replace existing outputs (never inputs).
+        progress: show a progress bar on stderr when it is a terminal.
+        verify: verify the written composite (see :func:`gguf_mtp.check.verify`) before returning.
+        llama: with ``verify``, whether to load it with llama.cpp (default: when installed).
+
+    Returns:
+        A :class:`ComposeReport`.
+
+    Raises:
+        GGUFMTPError: bad input (``BadGGUFError``, ``ShardSetError``, ``IncompatibleDraftError``,
+            ``KVEditError``), an unsafe output (``UnsafeOutputError``) or a failed write
+            (``OutputWriteError``); nothing with a final name is left behind on failure.
+
+    Example:
+        >>> report = compose("Model-UD-Q4_K_XL-00001-of-00003.gguf", "mtp-draft.gguf", "out/")  # doctest: +SKIP
+        >>> report.plan.block, len(report.plan.renamed)  # doctest: +SKIP
+        (88, 18)
+    """
+    started = time.perf_counter()
+    composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename)
+    report = ComposeReport(plan=composition, dry_run=dry_run)
+    if composition.dropped:
+        report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
+    if dry_run:
+        report.seconds = time.perf_counter() - started
+        return report
+    stats = write_outputs(
+        composition.outputs,
+        inputs=[*composition.target.paths, *composition.draft.paths],
+        force=force,
+        progress=progress,
+        desc="compose",
+    )
+    report.record(stats)
+    if verify:
+        from gguf_mtp.check.verify import verify as verify_composite
+
+        report.verification = verify_composite(
+            composition.files[0].path,
+            target=composition.target.paths[0],
+            draft=composition.draft.paths[0],
+            llama=llama,
+            progress=progress,
+            allow_kv=[o.key for o in _overrides(set_kv)],  # what --set-kv changed on purpose
+        )
+    report.seconds = time.perf_counter() - started
+    return report

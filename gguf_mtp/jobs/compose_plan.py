@@ -1,0 +1,475 @@
+"""Plan a composition: which files, which KVs, which tensors from where. Pure: reads only headers.
+
+The plan is the whole truth of a compose run: ``--dry-run`` prints it, tests assert on it, and
+:mod:`gguf_mtp.write` writes exactly what it says. Nothing here is specific to one architecture:
+what counts as a block, a per-layer array or a NextN block comes from ``{arch}.block_count``,
+``{arch}.nextn_predict_layers`` and array lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFValueType
+
+from gguf_mtp.constants import (
+    BLOCK_TENSOR,
+    DRAFT_GLOBAL_TENSORS,
+    KEY_ALIGNMENT,
+    KEY_ARCHITECTURE,
+    KEY_BLOCK_COUNT,
+    KEY_EMBEDDING_LENGTH,
+    KEY_NEXTN_PREDICT_LAYERS,
+    KEY_SPLIT_TENSORS_COUNT,
+    split_file_name,
+)
+from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError
+from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
+from gguf_mtp.format.kv_edit import (
+    INT_RANGES,
+    KVChange,
+    KVOverride,
+    apply_kv_edits,
+    check_int,
+    resolve_override,
+    with_int_value,
+)
+from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.model.blocks import (
+    block_layout_problem,
+    block_tensor_problems,
+    is_mtp_only,
+    per_layer_keys,
+    read_block_layout,
+)
+from gguf_mtp.model.set_id import placeholder_kv, stamp_set_id, without_set_id
+from gguf_mtp.model.shards import ShardSet, vocab_size
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Zeros
+
+__all__ = [
+    "CompositionPlan",
+    "FilesPlan",
+    "KVChange",
+    "PlannedFile",
+    "plan_composition",
+]
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One output file of a plan (compose, strip), derived from one source file."""
+
+    output: OutputFile
+    source: Path  # the file it is derived from
+    tensors: tuple[TensorInfo, ...]
+    kv_changes: tuple[KVChange, ...]
+    added_tensors: tuple[str, ...] = ()
+    removed_tensors: tuple[str, ...] = ()
+    moved_tensors: tuple[str, ...] = ()  # tensors whose data offset changed (they followed removed data)
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "source": str(self.source),
+            "tensors": len(self.tensors),
+            "added_tensors": list(self.added_tensors),
+            "removed_tensors": list(self.removed_tensors),
+            "moved_tensors": list(self.moved_tensors),
+            "kv_changes": [c.to_dict() for c in self.kv_changes],
+            "bytes": self.output.size,
+        }
+
+
+class FilesPlan:
+    """What every plan made of :class:`PlannedFile` s offers (compose, strip)."""
+
+    files: tuple[PlannedFile, ...]
+
+    @property
+    def outputs(self) -> list[OutputFile]:
+        return [f.output for f in self.files]
+
+    @property
+    def kv_changes(self) -> list[KVChange]:
+        return [c for f in self.files for c in f.kv_changes]
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(f.output.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class CompositionPlan(FilesPlan):
+    """Everything a compose run will write."""
+
+    target: ShardSet
+    draft: ShardSet
+    block: int  # index of the first NextN block in the composite (= the target's trunk block count)
+    nextn_blocks: int
+    files: tuple[PlannedFile, ...]
+    renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
+    dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
+
+
+def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
+    arch = target.arch
+    draft_arch = draft.get(KEY_ARCHITECTURE)
+    if draft_arch != arch:
+        raise IncompatibleDraftError(f"draft is for architecture {draft_arch!r}, the target is {arch!r}", draft.name)
+    key = KEY_EMBEDDING_LENGTH.format(arch=arch)
+    width, draft_width = target.get(key), draft.get(key)
+    if draft_width is None:
+        raise IncompatibleDraftError(f"draft does not state {key}", draft.name)
+    if width != draft_width:
+        raise IncompatibleDraftError(f"draft {key} = {draft_width!r}, the target's is {width!r}", draft.name)
+    target_vocab, draft_vocab = vocab_size(target), vocab_size(draft)
+    if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
+        raise IncompatibleDraftError(
+            f"draft vocabulary has {draft_vocab} tokens, the target's {target_vocab}", draft.name
+        )
+
+
+def _check_roles(target: ShardSet, draft: ShardSet) -> None:
+    """Both inputs are what their place says (a model, a draft), and their blocks agree with their tensors.
+
+    Raises:
+        IncompatibleDraftError: the arguments look swapped, the target is itself a draft, or the draft is
+            a trunk-only model (``compose TARGET TARGET``).
+    """
+    target_layout = read_block_layout(target.first)
+    draft_layout, problem = block_layout_problem(draft.first)
+    if draft_layout is None:
+        if problem and KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch) in problem:
+            return  # a draft's count of its own blocks: _draft_blocks compares it with the blocks it carries
+        if draft.first.get(draft.arch_key(KEY_BLOCK_COUNT)) is not None:
+            raise BadGGUFError(problem or "no block layout", draft.name)
+        # a bare draft need not state a block count: the target's decides, judged by its tensors below
+    target_blocks, draft_blocks = target.block_indices(), draft.block_indices()
+    target_is_draft = is_mtp_only(target_layout, target_blocks)
+    draft_nextn = draft_layout.nextn if draft_layout is not None else 0
+    draft_is_trunk = draft_nextn == 0 and not any(".nextn." in t.name for _, t in draft.iter_tensors())
+    if target_is_draft and draft_is_trunk:
+        raise IncompatibleDraftError(
+            f"the arguments look swapped: {target.name} is an MTP draft (no trunk block tensors) and {draft.name} "
+            "a model without MTP; use: gguf-mtp compose TARGET DRAFT -o OUTDIR"
+        )
+    if target_is_draft:
+        raise IncompatibleDraftError("the target is an MTP draft (no trunk block tensors), not a model", target.name)
+    if draft_is_trunk and draft_blocks and not draft.is_split:  # a split draft gets its own message next
+        raise IncompatibleDraftError(
+            f"the draft has no NextN block: it looks like a trunk model ({draft.arch_key(KEY_NEXTN_PREDICT_LAYERS)} "
+            "is 0 or absent and no blk.*.nextn.* tensors)",
+            draft.name,
+        )
+
+
+def _check_block_tensors(*models: ShardSet) -> None:
+    """Refuse a model whose ``block_count`` disagrees with its tensors (trunk blocks without tensors).
+
+    Raises:
+        BadGGUFError: the first such disagreement, naming the file.
+    """
+    for model in models:
+        layout, _ = block_layout_problem(model.first)
+        if layout is None:
+            continue  # already refused or judged by _draft_blocks
+        problems = block_tensor_problems(layout, model.block_indices())
+        problems = [p for p in problems if not p.startswith("tensors of blk.")]  # those have their own message
+        if problems:
+            raise BadGGUFError(problems[0], model.name)
+
+
+def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInfo], list[str]]:
+    """(first draft block, number of blocks, block tensors, dropped globals) of a draft."""
+    by_block: dict[int, list[TensorInfo]] = {}
+    dropped: list[str] = []
+    for _, tensor in draft.iter_tensors():
+        match = BLOCK_TENSOR.match(tensor.name)
+        if match:
+            by_block.setdefault(int(match["block"]), []).append(tensor)
+        elif tensor.name in DRAFT_GLOBAL_TENSORS:
+            dropped.append(tensor.name)
+        else:
+            raise IncompatibleDraftError(
+                f"tensor {tensor.name!r} is outside any block; a draft may only carry blk.* tensors "
+                f"and {', '.join(DRAFT_GLOBAL_TENSORS)}",
+                draft.name,
+            )
+    if not by_block:
+        raise IncompatibleDraftError("draft has no blk.* tensors", draft.name)
+    indices = sorted(by_block)
+    first, count = indices[0], len(indices)
+    if indices != list(range(first, first + count)) or first not in (0, block):
+        shown = ", ".join(f"blk.{i}" for i in indices)
+        raise IncompatibleDraftError(
+            f"draft blocks {shown}: expected blk.0 (renamed to blk.{block}) or blk.{block} (the target's trunk "
+            "block count), contiguous",
+            draft.name,
+        )
+    declared = draft.get(KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch))
+    if declared is not None and declared != count:
+        raise IncompatibleDraftError(
+            f"draft declares nextn_predict_layers = {declared!r} but carries {count} block(s)", draft.name
+        )
+    tensors = [t for i in indices for t in by_block[i]]
+    return first, count, tensors, dropped
+
+
+def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUFValueType) -> Any:
+    """The draft's value of per-layer ``key`` for its block ``draft_block``."""
+    kv = draft.kv(key)
+    if kv is None:
+        raise IncompatibleDraftError(
+            f"the target's per-layer array {key} needs a value for the NextN block, and the draft has no {key}",
+            draft.name,
+        )
+    if kv.is_array:
+        values = kv.value
+        if draft_block >= len(values):
+            raise IncompatibleDraftError(
+                f"{key} has {len(values)} entries, none for the draft's block {draft_block}", draft.name
+            )
+        value = values[draft_block]
+    else:
+        value = kv.value
+    what = f"{draft.name}: {key}[{draft_block}]"
+    if element_type in INT_RANGES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise IncompatibleDraftError(f"{key} = {value!r} is not an integer", draft.name)
+        try:
+            return check_int(value, element_type, what)
+        except KVEditError as e:
+            raise IncompatibleDraftError(str(e)) from None
+    if element_type in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise IncompatibleDraftError(f"{key} = {value!r} is not a number", draft.name)
+        return float(value)
+    if element_type == GGUFValueType.BOOL and isinstance(value, bool):
+        return value
+    raise IncompatibleDraftError(f"{key}: cannot extend an array of {element_type.name} with {value!r}", draft.name)
+
+
+_RESERVED_KEYS = ("split.", "GGUF.")
+
+#: llama.cpp's ``GGML_MAX_NAME``: its GGUF reader refuses a tensor name of this many bytes or more, and
+#: renaming ``blk.0.x`` to ``blk.88.x`` makes a name longer.
+GGML_MAX_NAME = 64
+
+
+def _model_kv_edits(
+    target: ShardSet, draft: ShardSet, draft_first: int, n_blocks: int, overrides: Sequence[KVOverride]
+) -> dict[str, KeyValue | None]:
+    """The new shard-1 KVs, by key (replacing or adding), of a composition."""
+    arch = target.arch
+    block = target.trunk_block_count
+    edits: dict[str, KeyValue | None] = {}
+
+    count_key = KEY_BLOCK_COUNT.format(arch=arch)
+    edits[count_key] = with_int_value(target.first, count_key, block + n_blocks)
+
+    nextn_key = KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
+    nextn_kv = target.kv(nextn_key)
+    nextn_type = nextn_kv.vtype if nextn_kv is not None and nextn_kv.vtype in INT_RANGES else GGUFValueType.UINT32
+    edits[nextn_key] = encode_kv(nextn_key, nextn_type, n_blocks)
+
+    for kv in per_layer_keys(target.first, arch, block):
+        etype = kv.element_type
+        assert etype is not None
+        if etype not in INT_RANGES and etype not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL):
+            raise BadGGUFError(f"per-layer array {kv.key} has {etype.name} items; cannot extend it", target.name)
+        extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
+        items = kv.typed_value.items
+        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, items + extra))
+
+    for override in overrides:
+        key = override.key
+        if key.startswith(_RESERVED_KEYS) or key in (KEY_ALIGNMENT, KEY_ARCHITECTURE, count_key):
+            raise KVEditError(f"--set-kv {override}: {key} is managed by compose and cannot be set")
+        existing = target.kv(key)
+        if existing is None and key == nextn_key and override.type_name is None:
+            existing = edits[nextn_key]  # the key compose adds: an untyped override takes its type
+        resolved = resolve_override(override, existing)
+        if key == nextn_key and resolved.value != n_blocks:
+            raise KVEditError(
+                f"--set-kv {override}: the composite carries {n_blocks} NextN block(s), so {key} must be {n_blocks}"
+            )
+        edits[key] = resolved
+    return edits
+
+
+def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
+    if basename is None:
+        return [output_dir / Path(h.path).name for h in target.headers]
+    if "/" in basename or basename in ("", ".", ".."):
+        raise KVEditError(f"--basename {basename!r} must be a plain file name prefix")
+    count = len(target.headers)
+    if not target.is_split:
+        return [output_dir / f"{basename}.gguf"]
+    return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
+
+
+def _data_section(header: GGUFHeader) -> list[Zeros | CopyRange]:
+    """The target file's tensor data, copied verbatim, padded to the packed layout llama.cpp requires.
+
+    Raises:
+        BadGGUFError: the tensors are not back to back in table order (llama.cpp could not load it).
+    """
+    misplaced = header.first_misplaced_tensor()
+    if misplaced is not None:
+        tensor, expected = misplaced
+        raise BadGGUFError(
+            f"tensor {tensor.name!r} is at data offset {tensor.offset:,}, but llama.cpp requires {expected:,} "
+            "(tensors back to back in table order, each padded to the alignment)",
+            header.path,
+        )
+    size = header.packed_data_size
+    copied = min(size, header.data_size)
+    segments: list[Zeros | CopyRange] = []
+    if copied:
+        segments.append(CopyRange(Path(header.path), header.data_offset, copied))
+    if size > copied:  # the file ends without the last tensor's padding
+        segments.append(Zeros(size - copied))
+    return segments
+
+
+def _appended_layout(
+    start: int, alignment: int, tensors: Iterable[tuple[TensorInfo, str]], draft_path: Path, draft_data_offset: int
+) -> tuple[list[TensorInfo], list[Zeros | CopyRange], int]:
+    """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end)."""
+    infos: list[TensorInfo] = []
+    segments: list[Zeros | CopyRange] = []
+    position = start
+    for tensor, new_name in tensors:
+        offset = align_up(position, alignment)
+        if offset > position:
+            segments.append(Zeros(offset - position))
+        infos.append(TensorInfo(new_name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
+        segments.append(CopyRange(draft_path, draft_data_offset + tensor.offset, tensor.nbytes))
+        position = offset + tensor.nbytes
+    return infos, segments, position
+
+
+def plan_composition(
+    target: ShardSet,
+    draft: ShardSet,
+    output_dir: Path,
+    *,
+    block: int | None = None,
+    set_kv: Sequence[KVOverride] = (),
+    basename: str | None = None,
+) -> CompositionPlan:
+    """Plan the splice of ``draft``'s NextN block(s) into ``target`` as its final block(s).
+
+    Args:
+        target: the model to extend (one file or a split set), trunk only.
+        draft: a single-file GGUF whose block tensors are ``blk.0.*`` or ``blk.N.*``.
+        output_dir: where the composite's files go.
+        block: the NextN block index; only the target's trunk block count is accepted.
+        set_kv: extra metadata overrides for the model KVs.
+        basename: name the outputs ``NAME-0000k-of-0000n.gguf`` instead of the target's names.
+
+    Raises:
+        IncompatibleDraftError: the draft does not fit the target.
+        KVEditError: an override is invalid.
+        BadGGUFError: the target's metadata is unusable.
+    """
+    _check_roles(target, draft)  # first: a swapped pair is named as such, whatever else is wrong
+    if draft.is_split:
+        raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
+    _check_compatible(target, draft)
+    if target.nextn_predict_layers:
+        raise IncompatibleDraftError(
+            f"target already has {target.nextn_predict_layers} NextN block(s) "
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first",
+            target.name,
+        )
+    trunk = target.block_count
+    if trunk < 1:
+        raise BadGGUFError(f"{target.arch_key(KEY_BLOCK_COUNT)} = {trunk}: no trunk blocks", target.name)
+    if block is not None and block != trunk:
+        raise IncompatibleDraftError(
+            f"--block {block}: the NextN block must follow the trunk, so it can only be {trunk} "
+            f"(the target's {target.arch_key(KEY_BLOCK_COUNT)})",
+            target.name,
+        )
+    existing = sorted(i for i in target.block_indices() if i >= trunk)
+    if existing:
+        raise IncompatibleDraftError(
+            f"target already has tensors of blk.{existing[0]} (its block_count is {trunk})", target.name
+        )
+    draft_first, n_blocks, draft_tensors, dropped = _draft_blocks(draft, trunk)
+
+    renamed: list[tuple[TensorInfo, str]] = []
+    renamed_from: dict[str, str] = {}
+    for tensor in draft_tensors:
+        match = BLOCK_TENSOR.match(tensor.name)
+        assert match
+        new_name = f"blk.{int(match['block']) - draft_first + trunk}.{match['rest']}"
+        if new_name in target.tensor_locations:
+            raise IncompatibleDraftError(f"draft tensor {new_name!r} already exists in the target", draft.name)
+        if new_name in renamed_from:  # blk.0.x and blk.00.x are both block 0
+            raise IncompatibleDraftError(
+                f"draft tensors {renamed_from[new_name]!r} and {tensor.name!r} would both become {new_name!r}",
+                draft.name,
+            )
+        if len(new_name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
+            raise IncompatibleDraftError(
+                f"draft tensor {tensor.name!r} would be named {new_name!r}, longer than the "
+                f"{GGML_MAX_NAME - 1} bytes llama.cpp allows",
+                draft.name,
+            )
+        renamed_from[new_name] = tensor.name
+        renamed.append((tensor, new_name))
+
+    edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
+    _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
+    draft_header = draft.first
+    last = len(target.headers) - 1
+    files: list[PlannedFile] = []
+    for index, (header, final) in enumerate(zip(target.headers, _output_names(target, output_dir, basename))):
+        file_edits = dict(edits) if index == 0 else {}
+        if KEY_SPLIT_TENSORS_COUNT in header.kvs:
+            total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value + len(renamed)
+            file_edits[KEY_SPLIT_TENSORS_COUNT] = with_int_value(header, KEY_SPLIT_TENSORS_COUNT, total)
+        kvs, changes = apply_kv_edits(header, file_edits, final.name)
+
+        tensors = list(header.tensors)
+        data = _data_section(header)
+        added: list[str] = []
+        if index == last:
+            # Offsets and padding of appended tensors use the alignment of the file they are written to.
+            infos, segments, _ = _appended_layout(
+                header.packed_data_size, header.alignment, renamed, Path(draft_header.path), draft_header.data_offset
+            )
+            tensors += infos
+            data += segments
+            added = [t.name for t in infos]
+        # The set id (a placeholder until every header is known), then padding last (after every KV is
+        # known) so the target's data keeps its offset mod 4 KiB (reflink).
+        kvs = [*without_set_id(kvs), placeholder_kv()]
+        head = congruent_header(header.version, kvs, tensors, header.alignment, data, Path(header.path))
+        output = OutputFile(final, (Bytes(head), *data))
+        files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(changes), added_tensors=tuple(added)))
+    heads = [f.output.segments[0] for f in files]
+    stamped = stamp_set_id([h.data for h in heads if isinstance(h, Bytes)])
+    files = [
+        replace(f, output=OutputFile(f.output.path, (Bytes(head), *f.output.segments[1:])))
+        for f, head in zip(files, stamped)
+    ]
+
+    return CompositionPlan(
+        target=target,
+        draft=draft,
+        block=trunk,
+        nextn_blocks=n_blocks,
+        files=tuple(files),
+        renamed=tuple((t.name, new) for t, new in renamed),
+        dropped=tuple(dropped),
+    )

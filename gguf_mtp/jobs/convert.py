@@ -1,0 +1,513 @@
+"""``convert``: an MTP head checkpoint (safetensors) -> a GGUF draft that compose and llama.cpp accept.
+
+The data path: resolve SOURCE (a local folder, or a Hub repo of which only the MTP shards are
+downloaded) -> read ``config.json`` and the safetensors headers -> pick the family converter from
+:mod:`conversion` -> **plan** (pure: the tensors with their GGUF names, shapes, types and sources,
+the metadata, the exact header bytes, the output as segments; ``--dry-run`` prints it) -> **write**
+through :func:`gguf_mtp.write.write_outputs` (atomic; unchanged bytes copied by the kernel,
+converted ones streamed a bounded chunk at a time, experts one after the other).
+
+Two outputs are possible:
+
+* a *draft* (default): the head as one block ``blk.N`` plus the hyperparameters it implies and
+  per-layer arrays of ``N + 1`` entries, for :func:`gguf_mtp.jobs.compose.compose`;
+* a *standalone* MTP-only model (``standalone=True``, for ``llama-server --spec-draft-model``): the
+  same block plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
+  and the target's metadata (tokenizer included) with ``block_count``, ``nextn_predict_layers`` and
+  the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGMLQuantizationType, GGUFValueType
+
+from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
+from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
+from gguf_mtp.conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
+from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
+from gguf_mtp.errors import BadGGUFError, CheckpointError, GGUFMTPError, IncompatibleDraftError
+from gguf_mtp.format.header import GGUFArray, KeyValue, align_up, encode_kv, parse_header
+from gguf_mtp.format.kv_edit import INT_RANGES, check_int
+from gguf_mtp.formatting import human_bytes, short
+from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
+from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+
+__all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
+
+#: Key prefixes a standalone draft does not take over from the target (it is one file, not a split).
+_NOT_COPIED = ("split.",)
+
+#: The largest NextN block index: the draft has index + 1 layers, and llama.cpp loads at most
+#: LLAMA_MAX_LAYERS. It also bounds the per-layer arrays the draft carries.
+MAX_BLOCK_INDEX = LLAMA_MAX_LAYERS - 1
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor of the output: where it comes from and how its bytes are made."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order
+    type_name: str
+    nbytes: int
+    offset: int  # data-relative
+    sources: tuple[str, ...]  # checkpoint tensor names, or the target tensor's name
+    source_dtype: str  # safetensors dtype, or the target tensor's ggml type
+    how: str  # "copy", "convert BF16->F32", "quantize BF16->Q8_0", "copy from target", with "stack N experts"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "shape": list(self.shape), "type": self.type_name, "bytes": self.nbytes,
+            "offset": self.offset, "sources": list(self.sources), "source_dtype": self.source_dtype, "how": self.how,
+        }
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Everything a convert run will write (pure data; nothing is read beyond headers)."""
+
+    source: str
+    checkpoint: Checkpoint
+    hf_architecture: str
+    arch: str
+    block: int
+    standalone: bool
+    outtype: str  # "bf16", "q8_0", ... or "source"
+    output: OutputFile
+    tensors: tuple[PlannedTensor, ...]
+    kvs: tuple[KeyValue, ...]
+    target: ShardSet | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
+
+    @property
+    def bytes_to_write(self) -> int:
+        return self.output.size
+
+    @property
+    def inputs(self) -> list[Path]:
+        """Every input file (never to be written over)."""
+        paths = [*self.checkpoint.files, self.checkpoint.folder / "config.json"]
+        if self.checkpoint.index is not None:
+            paths.append(self.checkpoint.index)
+        if self.target is not None:
+            paths += self.target.paths
+        return paths
+
+
+def _how(tensor: MappedTensor) -> str:
+    source = tensor.source
+    same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type
+    if same:
+        how = "copy"
+    elif tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        how = f"convert {source.dtype}->{tensor.ggml_type.name}"
+    else:
+        how = f"quantize {source.dtype}->{tensor.ggml_type.name}"
+    if len(source.parts) > 1:
+        how = f"stack {len(source.parts)} experts, {how}"
+    return how
+
+
+def _block_index(target: ShardSet | None, block: int | None, standalone: bool) -> int:
+    if standalone and target is None:
+        raise GGUFMTPError(
+            "--standalone needs --target: an MTP-only model takes token_embd, output_norm, output and the "
+            "tokenizer from the target"
+        )
+    if target is None:
+        if block is None:
+            raise GGUFMTPError(
+                "the NextN block index is unknown: give --target TARGET.gguf (the model the head belongs to; "
+                "its trunk block count is the index) or --block N"
+            )
+        if block < 0:
+            raise GGUFMTPError(f"--block {block}: a block index cannot be negative")
+        if block > MAX_BLOCK_INDEX:
+            raise GGUFMTPError(
+                f"--block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
+                f"loads at most {LLAMA_MAX_LAYERS}, LLAMA_MAX_LAYERS)"
+            )
+        return block
+    if target.nextn_predict_layers:
+        raise IncompatibleDraftError(
+            f"target already has {target.nextn_predict_layers} NextN block(s) "
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); a head for it exists already",
+            target.name,
+        )
+    trunk = target.trunk_block_count
+    if not 0 <= trunk <= MAX_BLOCK_INDEX:
+        # The per-layer arrays of the draft get trunk + 1 entries: bounded before they are built.
+        raise IncompatibleDraftError(
+            f"{target.arch_key(KEY_BLOCK_COUNT)} = {trunk:,}: a head can follow at most {MAX_BLOCK_INDEX} trunk blocks "
+            f"(llama.cpp loads at most {LLAMA_MAX_LAYERS} layers)",
+            target.name,
+        )
+    if block is not None and block != trunk:
+        raise IncompatibleDraftError(
+            f"--block {block}: the NextN block follows the trunk, so for this target it is {trunk} "
+            f"({target.arch_key(KEY_BLOCK_COUNT)})",
+            target.name,
+        )
+    return trunk
+
+
+def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:
+    if outtype is None or isinstance(outtype, GGMLQuantizationType):
+        return outtype
+    key = outtype.lower()
+    if key in ("source", "auto"):
+        return None
+    if key not in OUTTYPES:
+        raise GGUFMTPError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
+    return OUTTYPES[key]
+
+
+def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet | None,
+               matrix_types: set[GGMLQuantizationType], name: str) -> None:
+    """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
+    writer.add_name(name)
+    model.set_gguf_parameters(writer, block + 1)
+    for suffix, (etype, values) in model.layer_arrays(block, target).items():
+        key = f"{model.arch}.{suffix}"
+        writer.add_copied_kv(encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values))))
+    if len(matrix_types) == 1:
+        writer.add_file_type(FILE_TYPES[next(iter(matrix_types))])
+
+
+def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet) -> None:
+    """The target's metadata in its own order and encodings, grown by one NextN block."""
+    arch = model.arch
+    count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
+    arrays = model.layer_arrays(block, target)
+    writer.clear_kvs()
+    for key, kv in target.first.kvs.items():
+        if key.startswith(_NOT_COPIED):
+            continue
+        if key == count_key:
+            if kv.vtype not in INT_RANGES:
+                raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", target.name)
+            kv = encode_kv(key, kv.vtype, check_int(block + 1, kv.vtype, f"{target.name}: {key}"))
+        elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
+            etype, values = arrays[key[len(arch) + 1 :]]
+            kv = encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values)))
+        writer.add_copied_kv(kv)
+    if nextn_key not in target.first.kvs:
+        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, 1))
+    else:
+        kv = target.first.kvs[nextn_key]
+        writer.add_copied_kv(encode_kv(nextn_key, kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32, 1))
+
+
+@dataclass(frozen=True)
+class _OutputTensor:
+    """One tensor to lay out: what the header says about it, and how its bytes are made."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order
+    ggml_type: int
+    nbytes: int
+    segments: tuple[Segment, ...]
+    sources: tuple[str, ...]
+    source_dtype: str
+    how: str
+
+
+def _head_item(tensor: MappedTensor) -> _OutputTensor:
+    return _OutputTensor(tensor.name, tensor.source.ggml_shape, tensor.ggml_type, tensor.nbytes,
+                         tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
+
+
+def _target_globals(target: ShardSet) -> list[_OutputTensor]:
+    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies."""
+    items = []
+    for name in DRAFT_GLOBAL_TENSORS:
+        if name not in target.tensor_locations:
+            if name == "output.weight":  # a tied output: llama.cpp falls back to token_embd
+                continue
+            raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+        shard, info = target.tensor_locations[name]
+        header = target.headers[shard]
+        copy = CopyRange(Path(header.path), header.data_offset + info.offset, info.nbytes)
+        items.append(_OutputTensor(name, info.shape, info.ggml_type, info.nbytes, (copy,), (name,), info.type_name,
+                                   "copy from target"))
+    return items
+
+
+def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path
+            ) -> tuple[bytes, list[Segment], list[PlannedTensor], list[KeyValue]]:
+    """Register ``items`` with gguf-py's writer, render the header, and lay the data out after it as
+    gguf-py places it (each tensor padded to the alignment): (header, data segments, tensors, KVs)."""
+    for item in items:
+        writer.add_planned_tensor(item.name, item.shape, item.ggml_type, item.nbytes)
+    header = writer.render_header()
+    alignment = writer.data_alignment
+    data_size = sum(align_up(item.nbytes, alignment) for item in items)
+    # Read the rendered header back with the strict parser: what is streamed is exactly what it says.
+    parsed = parse_header(lambda offset, n: header[offset : offset + n], len(header) + data_size, os.fspath(path))
+    if parsed.data_offset != len(header):
+        raise AssertionError("the rendered header is not padded to the data alignment")
+    segments: list[Segment] = []
+    planned: list[PlannedTensor] = []
+    position = 0
+    for item, info in zip(items, parsed.tensors, strict=True):
+        if (info.name, info.offset, info.nbytes) != (item.name, position, item.nbytes):
+            raise AssertionError(f"gguf-py laid {info.name} out at {info.offset}, expected {position}")
+        segments += item.segments
+        padding = align_up(item.nbytes, alignment) - item.nbytes
+        if padding:
+            segments.append(Zeros(padding))
+        position += item.nbytes + padding
+        planned.append(PlannedTensor(item.name, info.shape, info.type_name, info.nbytes, info.offset, item.sources,
+                                     item.source_dtype, item.how))
+    return header, segments, planned, list(parsed.kvs.values())
+
+
+def plan_conversion(
+    checkpoint: Checkpoint,
+    output: str | os.PathLike[str],
+    *,
+    source: str | None = None,
+    target: ShardSet | None = None,
+    block: int | None = None,
+    outtype: str | GGMLQuantizationType | None = None,
+    standalone: bool = False,
+) -> ConversionPlan:
+    """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
+
+    Args:
+        checkpoint: the opened checkpoint (see :func:`gguf_mtp.conversion.safetensors_io.open_checkpoint`).
+        output: the GGUF file to write.
+        source: how the user named the checkpoint (for reports).
+        target: the model the head belongs to: gives the block index, is checked against the head, and
+            provides the globals and metadata of a standalone draft.
+        block: the NextN block index (must equal the target's trunk block count when both are given).
+        outtype: ``"bf16"``, ``"f16"``, ``"f32"``, ``"q8_0"`` for matrices; ``None`` keeps the source dtype.
+        standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
+
+    Raises:
+        CheckpointError: unsupported architecture or dtype, no MTP tensors, missing or misshapen tensors.
+        IncompatibleDraftError: the head does not fit the target.
+        GGUFMTPError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``.
+    """
+    model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
+    model = model_class(checkpoint)
+    index = _block_index(target, block, standalone)
+    wanted_type = _outtype(outtype)
+    if target is not None:
+        model.check_target(target)
+    head = model.mapped_tensors(index, wanted_type)
+    matrix_types = {t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32}
+
+    alignment = target.first.alignment if standalone and target is not None else None
+    writer = HeadGGUFWriter(model.arch, alignment=alignment)
+    label = source or checkpoint.folder.name
+    items = [_head_item(t) for t in head]
+    if standalone:
+        assert target is not None
+        _standalone_kvs(model, writer, index, target)
+        token_embd, *head_of_model = _target_globals(target)
+        # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
+        items = [token_embd, *items, *head_of_model]
+    else:
+        _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head")
+    path = Path(output)
+    header, segments, planned, kvs = _layout(writer, items, path)
+
+    return ConversionPlan(
+        source=label,
+        checkpoint=checkpoint,
+        hf_architecture=next(a for a in checkpoint.config["architectures"] if a in model_class.hf_architectures),
+        arch=model.arch,
+        block=index,
+        standalone=standalone,
+        outtype=wanted_type.name.lower() if wanted_type is not None else "source",
+        output=OutputFile(path, (Bytes(header), *segments)),
+        tensors=tuple(planned),
+        kvs=tuple(kvs),
+        target=target,
+        notes=tuple(model.notes),
+    )
+
+
+def resolve_source(source: str | os.PathLike[str], revision: str | None = None) -> tuple[Path, HubCheckpoint | None]:
+    """A local checkpoint folder for ``source``: the folder itself, or the Hub snapshot of the repo id
+    ``source`` holding only its MTP shards (downloaded if not cached).
+
+    Raises:
+        CheckpointError: ``source`` is neither an existing folder nor a repo id.
+        HubError: see :func:`gguf_mtp.hub.checkpoint.download_head`.
+    """
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError("SOURCE must be a checkpoint folder (config.json + *.safetensors) or a Hub repo id",
+                                  path)
+        if revision is not None:
+            raise GGUFMTPError(f"--revision {revision}: a revision applies to Hub sources only, {path} is a folder")
+        return path, None
+    text = os.fspath(source)
+    if is_repo_id(text) and not text.startswith((".", "/", "~")):
+        download = download_head(text, revision=revision)
+        return download.folder, download
+    raise CheckpointError("no such folder, and not a Hub repo id (owner/name)", text)
+
+
+@dataclass(kw_only=True)
+class ConvertReport(WriteReport):
+    """What a convert run did (or, with ``dry_run``, would do)."""
+
+    plan: ConversionPlan
+    download: HubCheckpoint | None = None
+
+    @property
+    def output(self) -> Path:
+        return self.plan.path
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        plan = self.plan
+        return {
+            "command": "convert",
+            "dry_run": self.dry_run,
+            "source": plan.source,
+            "checkpoint": {
+                "folder": str(plan.checkpoint.folder),
+                "files": [str(p) for p in plan.checkpoint.files],
+                "head_tensors": len(plan.checkpoint.tensors),
+                "head_bytes": plan.checkpoint.total_bytes,
+            },
+            "download": None if self.download is None else {
+                "repo_id": self.download.repo_id,
+                "revision": self.download.revision,
+                "allow_patterns": list(self.download.allow_patterns),
+                "folder": str(self.download.folder),
+            },
+            "hf_architecture": plan.hf_architecture,
+            "architecture": plan.arch,
+            "block": plan.block,
+            "standalone": plan.standalone,
+            "outtype": plan.outtype,
+            "target": [str(p) for p in plan.target.paths] if plan.target is not None else None,
+            "output": str(plan.path),
+            "tensors": [t.to_dict() for t in plan.tensors],
+            "kvs": [_kv_dict(kv) for kv in plan.kvs],
+            "bytes_to_write": plan.bytes_to_write,
+            **self.write_fields(),
+            "notes": [*plan.notes, *self.notes],
+        }
+
+    def describe(self) -> list[str]:
+        """The human-readable report (the plan in full with ``dry_run``)."""
+        plan = self.plan
+        ckpt = plan.checkpoint
+        lines = [
+            f"source: {plan.source} ({plan.hf_architecture}; {len(ckpt.tensors)} head tensors, "
+            f"{human_bytes(ckpt.total_bytes)}, in {', '.join(p.name for p in ckpt.files)})",
+        ]
+        if self.download is not None:
+            lines.append(f"downloaded only: {', '.join(self.download.allow_patterns)} -> {self.download.folder}")
+        kind = "standalone MTP-only model" if plan.standalone else "draft"
+        from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
+        lines.append(
+            f"{kind}: {plan.arch} NextN block blk.{plan.block}, {len(plan.tensors) - from_target} head tensors"
+            + (f" + {from_target} copied from the target" if from_target else "")
+            + f", matrices: {plan.outtype}"
+        )
+        if self.dry_run:
+            for t in plan.tensors:
+                shape = "{" + ", ".join(str(d) for d in t.shape) + "}"
+                lines.append(f"    {t.name:<40} {t.type_name:<5} {shape:<18} {human_bytes(t.nbytes):>10}  {t.how}")
+            shown = [kv for kv in plan.kvs if not kv.key.startswith("tokenizer.")]
+            lines.append(f"metadata: {len(plan.kvs)} keys" + (
+                f" ({len(plan.kvs) - len(shown)} tokenizer keys not shown)" if len(shown) < len(plan.kvs) else ""))
+            lines.extend(f"    {kv.key} ({kv.type_name}) = {short(kv.value)}" for kv in shown)
+        lines.extend(f"note: {n}" for n in (*plan.notes, *self.notes))
+        if self.dry_run:
+            size = human_bytes(plan.bytes_to_write)
+            lines.append(f"dry run: {plan.path} ({size}) would be written; nothing was written")
+        else:
+            rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
+            size = human_bytes(self.bytes_written)
+            lines.append(f"wrote {plan.path} ({size}) in {self.seconds:.2f} s ({rate:.0f} MiB/s)")
+        return lines
+
+
+def _kv_dict(kv: KeyValue) -> dict[str, Any]:
+    length = kv.array_length
+    value: Any = f"<{length} items>" if length is not None and length > 64 else kv.value
+    return {"key": kv.key, "type": kv.type_name, "value": value}
+
+
+def convert(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    target: str | os.PathLike[str] | None = None,
+    block: int | None = None,
+    outtype: str | None = None,
+    standalone: bool = False,
+    revision: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> ConvertReport:
+    """Convert the MTP head of a Hugging Face checkpoint into a GGUF draft (or an MTP-only model).
+
+    Args:
+        source: a checkpoint folder (``config.json`` + ``*.safetensors``, with an index when sharded) or a
+            Hub repo id (``nvidia/...``), of which only ``config.json``, the index and the shards holding
+            ``mtp.*`` tensors are downloaded.
+        output: the GGUF file to write.
+        target: the (quantized, possibly sharded) model the head belongs to: its trunk block count is the
+            NextN block index, and its architecture and hyperparameters are checked against the head.
+        block: the NextN block index, when there is no ``target``.
+        outtype: ``"bf16"``, ``"f16"``, ``"f32"`` or ``"q8_0"`` for the matrices (norms, biases and the
+            router stay F32); default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
+        standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
+            ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
+        revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
+        dry_run: plan only: read headers, write nothing.
+        force: replace an existing output (never an input).
+        progress: progress bars on stderr (when it is a terminal).
+
+    Returns:
+        A :class:`ConvertReport` (``.output``, ``.to_dict()``, ``.describe()``).
+
+    Raises:
+        GGUFMTPError: bad input, one line naming the file and the problem: ``CheckpointError`` (config,
+            safetensors, unsupported architecture or dtype, no MTP head), ``HubError`` (offline, token),
+            ``IncompatibleDraftError`` (head and target disagree), ``UnsafeOutputError``,
+            ``OutputWriteError`` (nothing with the final name is left behind).
+
+    Example:
+        >>> convert("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "mtp-draft.gguf",
+        ...         target="NVIDIA-Nemotron-3-Super-120B-A12B-UD-Q4_K_XL-00001-of-00003.gguf")  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    folder, download = resolve_source(source, revision)
+    config = read_config(folder)
+    model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
+    checkpoint = open_checkpoint(folder, prefix=model_class.tensor_prefix)
+    target_set = open_model(target) if target is not None else None
+    plan = plan_conversion(
+        checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
+        standalone=standalone,
+    )
+    report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
+    if not dry_run:
+        stats = write_outputs([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert")
+        report.record(stats)
+    report.seconds = time.perf_counter() - started
+    return report
+

@@ -1,0 +1,370 @@
+"""``extract``: the NextN (MTP) block(s) of a model -> a draft GGUF that ``compose`` accepts.
+
+Which blocks are NextN blocks comes from the metadata alone, for every architecture: the last
+``{arch}.nextn_predict_layers`` of the ``{arch}.block_count`` blocks. Their tensors keep their
+``blk.N`` names and their bytes (copied by the kernel, never re-quantized).
+
+Two kinds of output:
+
+* a *draft* (default): the NextN block tensors plus the model KVs compose needs to extend a target
+  (architecture, widths, vocabulary size, ``nextn_predict_layers``, every per-layer array with the
+  NextN entries); the tokenizer is left out, so the file stays as small as the block.
+* a *standalone* MTP-only model (``standalone=True``): additionally the source's ``token_embd``,
+  ``output_norm`` and ``output`` and every model KV including the tokenizer -- the layout llama.cpp's
+  converter writes with ``--mtp``. llama.cpp loads it as MTP-only because ``blk.0.attn_norm.weight`` is
+  absent, so it serves as ``llama-server --spec-draft-model``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFValueType
+
+from gguf_mtp.constants import (
+    BLOCK_TENSOR,
+    DRAFT_GLOBAL_TENSORS,
+    KEY_BLOCK_COUNT,
+    KEY_NEXTN_PREDICT_LAYERS,
+    KEY_TOKENS,
+    KEY_VOCAB_SIZE,
+)
+from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
+from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header
+from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.blocks import missing_nextn_tensors
+from gguf_mtp.model.set_id import SET_ID_KEY
+from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+
+__all__ = [
+    "ExtractReport",
+    "ExtractionPlan",
+    "NextNBlocks",
+    "extract",
+    "find_nextn_blocks",
+    "plan_extraction",
+]
+
+#: Model KVs a (non-standalone) draft leaves out: the tokenizer (the composite keeps the target's) and
+#: the split keys (a draft is one file).
+_DRAFT_SKIPPED_PREFIXES = ("tokenizer.", "split.")
+_STANDALONE_SKIPPED_PREFIXES = ("split.",)
+
+
+@dataclass(frozen=True)
+class NextNBlocks:
+    """Where a model's NextN blocks are: their indices and their tensors, shard by shard."""
+
+    model: ShardSet
+    first: int  # index of the first NextN block (= the trunk block count)
+    count: int  # number of NextN blocks ({arch}.nextn_predict_layers)
+    tensors: tuple[tuple[int, TensorInfo], ...]  # (shard index, tensor), in file order
+
+    @property
+    def indices(self) -> range:
+        return range(self.first, self.first + self.count)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t.name for _, t in self.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for _, t in self.tensors)
+
+    def describe(self) -> str:
+        """``blk.88`` or ``blk.88..blk.89``."""
+        last = self.first + self.count - 1
+        return f"blk.{self.first}" if self.count == 1 else f"blk.{self.first}..blk.{last}"
+
+
+def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextNBlocks:
+    """Locate the NextN blocks of ``model`` from ``{arch}.block_count`` and ``{arch}.nextn_predict_layers``.
+
+    Args:
+        model: the model's headers.
+        require_tensors: refuse a NextN block the metadata declares but no tensor belongs to (a converter
+            that dropped the tensors but kept the count; strip repairs such a model, extract cannot).
+
+    Returns:
+        The NextN blocks and their tensors.
+
+    Raises:
+        NoNextNBlockError: ``nextn_predict_layers`` is 0 or absent.
+        BadGGUFError: a tensor belongs to a block at or beyond ``block_count``, or (with
+            ``require_tensors``) a declared NextN block has no tensors or lacks one llama.cpp requires.
+    """
+    block_count, count = model.block_count, model.nextn_predict_layers
+    first = block_count - count
+    if count == 0:
+        raise NoNextNBlockError(
+            f"no NextN (MTP) block: {model.arch_key(KEY_NEXTN_PREDICT_LAYERS)} is "
+            f"{'0' if model.kv(model.arch_key(KEY_NEXTN_PREDICT_LAYERS)) else 'absent'}",
+            model.name,
+        )
+    tensors: list[tuple[int, TensorInfo]] = []
+    seen: set[int] = set()
+    for shard, tensor in model.iter_tensors():
+        match = BLOCK_TENSOR.match(tensor.name)
+        if not match:
+            continue
+        block = int(match["block"])
+        if block >= block_count:
+            raise BadGGUFError(
+                f"tensor {tensor.name!r} lies beyond {model.arch_key(KEY_BLOCK_COUNT)} = {block_count}",
+                model.paths[shard],
+            )
+        if block >= first:
+            tensors.append((shard, tensor))
+            seen.add(block)
+    missing = [i for i in range(first, block_count) if i not in seen]
+    if require_tensors and missing:
+        raise BadGGUFError(
+            f"{model.arch_key(KEY_NEXTN_PREDICT_LAYERS)} = {count} declares NextN block(s) "
+            f"blk.{first}..blk.{block_count - 1}, but blk.{missing[0]} has no tensors",
+            model.name,
+        )
+    if require_tensors:
+        names = [t.name for _, t in tensors]
+        for block in range(first, block_count):
+            lacking = missing_nextn_tensors(names, model.arch, block)
+            if lacking:
+                # llama.cpp would load such a block and silently never use it.
+                raise BadGGUFError(f"NextN block blk.{block} is incomplete: no {', '.join(lacking)}", model.name)
+    return NextNBlocks(model, first, count, tuple(tensors))
+
+
+@dataclass(frozen=True)
+class ExtractionPlan:
+    """Everything an extract run will write: one file, its header, and where each tensor's bytes come from.
+
+    ``header`` is the header of the draft exactly as it will be written (its ``path`` is the output
+    path); ``output`` lays the file out as segments (the header bytes, then every tensor as a kernel
+    copy of its source range, padded to the alignment).
+    """
+
+    source: ShardSet
+    nextn: NextNBlocks
+    standalone: bool
+    header: GGUFHeader
+    output: OutputFile
+    left_out_kvs: tuple[str, ...]  # source KVs not carried
+    added_kvs: tuple[str, ...]  # KVs the draft states that the source did not
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
+
+    @property
+    def global_tensors(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.header.tensors if t.name not in self.nextn.names)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": str(self.path),
+            "standalone": self.standalone,
+            "nextn_blocks": list(self.nextn.indices),
+            "tensors": [
+                {"name": t.name, "type": t.type_name, "shape": list(t.shape), "bytes": t.nbytes}
+                for t in self.header.tensors
+            ],
+            "kvs": len(self.header.kvs),
+            "left_out_kvs": list(self.left_out_kvs),
+            "added_kvs": list(self.added_kvs),
+            "bytes": self.output.size,
+        }
+
+
+def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list[str], list[str]]:
+    """(KVs of the output, source keys left out, keys added)."""
+    skipped = _STANDALONE_SKIPPED_PREFIXES if standalone else _DRAFT_SKIPPED_PREFIXES
+    kvs, left_out, added = [], [], []
+    for key, kv in source.first.kvs.items():
+        if key == SET_ID_KEY:  # the composite's set id (gguf_mtp.set_id): the draft is no shard of it
+            continue
+        if key.startswith(skipped):
+            left_out.append(key)
+        else:
+            kvs.append(kv)
+    vocab_key = source.arch_key(KEY_VOCAB_SIZE)
+    tokens = source.kv(KEY_TOKENS)
+    if not standalone and source.kv(vocab_key) is None and tokens is not None:
+        # The tokenizer stays behind, so state the vocabulary size compose compares with the target's.
+        kvs.append(encode_kv(vocab_key, GGUFValueType.UINT32, tokens.array_length))
+        added.append(vocab_key)
+    return kvs, left_out, added
+
+
+def _layout(tensors: list[tuple[Path, int, TensorInfo]], alignment: int) -> tuple[list[TensorInfo], list[Segment]]:
+    """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments)."""
+    infos: list[TensorInfo] = []
+    segments: list[Segment] = []
+    position = 0
+    for path, data_offset, tensor in tensors:
+        offset = align_up(position, alignment)
+        if offset > position:
+            segments.append(Zeros(offset - position))
+        infos.append(TensorInfo(tensor.name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
+        segments.append(CopyRange(path, data_offset + tensor.offset, tensor.nbytes))
+        position = offset + tensor.nbytes
+    end = align_up(position, alignment)
+    if end > position:
+        segments.append(Zeros(end - position))  # like llama.cpp's writer: every tensor padded
+    return infos, segments
+
+
+def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standalone: bool = False) -> ExtractionPlan:
+    """Plan the extraction of ``source``'s NextN block(s) into ``output`` (pure: reads no tensor data).
+
+    Args:
+        source: a model with NextN blocks (one file or a split set).
+        output: path of the draft file to write.
+        standalone: also carry ``token_embd`` / ``output_norm`` / ``output`` and every model KV
+            (tokenizer included): an MTP-only model llama.cpp loads on its own.
+
+    Returns:
+        The :class:`ExtractionPlan`.
+
+    Raises:
+        NoNextNBlockError: the source has no NextN block.
+        BadGGUFError: its metadata and tensors disagree (see :func:`find_nextn_blocks`), or a
+            standalone file is asked for and the source has no ``token_embd`` / ``output_norm``.
+    """
+    nextn = find_nextn_blocks(source)
+    wanted = set(nextn.names)
+    if standalone:
+        globals_ = [name for name in DRAFT_GLOBAL_TENSORS if name in source.tensor_locations]
+        for needed in ("token_embd.weight", "output_norm.weight"):
+            if needed not in globals_:
+                raise BadGGUFError(f"no {needed}: cannot write a standalone MTP model without it", source.name)
+        wanted.update(globals_)
+    picked = [
+        (source.paths[shard], source.headers[shard].data_offset, tensor)
+        for shard, tensor in source.iter_tensors()
+        if tensor.name in wanted
+    ]
+    alignment = source.first.alignment
+    infos, segments = _layout(picked, alignment)
+    kvs, left_out, added = _draft_kvs(source, standalone)
+    # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.format.layout).
+    head = congruent_header(source.first.version, kvs, infos, alignment, segments)
+    path = Path(output)
+    # Read back what will be written with the strict parser: the plan's header is the file's own.
+    header = parse_header(
+        lambda offset, size: head[offset : offset + size], len(head) + sum(s.nbytes for s in segments), str(path)
+    )
+    return ExtractionPlan(
+        source=source,
+        nextn=nextn,
+        standalone=standalone,
+        header=header,
+        output=OutputFile(path, (Bytes(head), *segments)),
+        left_out_kvs=tuple(left_out),
+        added_kvs=tuple(added),
+    )
+
+
+@dataclass(kw_only=True)
+class ExtractReport(WriteReport):
+    """What an extract run did (or, with ``dry_run``, would do)."""
+
+    plan: ExtractionPlan
+
+    @property
+    def output(self) -> Path:
+        return self.plan.path
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report)."""
+        plan = self.plan
+        return {
+            "command": "extract",
+            "dry_run": self.dry_run,
+            "source": [str(p) for p in plan.source.paths],
+            "architecture": plan.source.arch,
+            **plan.to_dict(),
+            "bytes_to_write": plan.output.size,
+            **self.write_fields(),
+        }
+
+    def describe(self) -> list[str]:
+        """The human-readable report."""
+        plan = self.plan
+        kind = "standalone MTP-only model" if plan.standalone else "draft"
+        verb = "would write" if self.dry_run else "wrote"
+        lines = [
+            f"source: {plan.source.arch}, {len(plan.source.headers)} file(s), NextN block(s) {plan.nextn.describe()} "
+            f"({len(plan.nextn.tensors)} tensors)",
+            f"{verb} {kind} {plan.path} ({human_bytes(plan.output.size)}, {len(plan.header.tensors)} tensors, "
+            f"{len(plan.header.kvs)} KVs)",
+        ]
+        if plan.global_tensors:
+            lines.append(f"    with the source's {', '.join(plan.global_tensors)}")
+        lines.extend(f"    note: {n}" for n in self.notes)
+        if self.dry_run:
+            lines.append("dry run: nothing was written")
+        else:
+            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
+        return lines
+
+
+def _notes(plan: ExtractionPlan) -> Iterator[str]:
+    skipped_tokenizer = [k for k in plan.left_out_kvs if k.startswith("tokenizer.")]
+    if skipped_tokenizer:
+        yield (
+            f"left out the tokenizer ({len(skipped_tokenizer)} KV{'s' * (len(skipped_tokenizer) != 1)}): "
+            "a composite keeps its target's; "
+            "use --standalone for a file llama.cpp loads on its own"
+        )
+    for key in plan.added_kvs:
+        yield f"added {key} = {plan.header.get(key)} (the size of the source's token list)"
+
+
+def extract(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    standalone: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: bool = True,
+) -> ExtractReport:
+    """Write the NextN (MTP) block(s) of ``source`` to ``output``, byte for byte.
+
+    Args:
+        source: a GGUF with NextN blocks: one file or any shard of a ``<prefix>-NNNNN-of-NNNNN.gguf`` set.
+        output: the draft file to write (``compose`` accepts it as its DRAFT).
+        standalone: write an MTP-only model llama.cpp loads by itself (``llama-server --spec-draft-model``):
+            the block plus ``token_embd`` / ``output_norm`` / ``output`` and every model KV.
+        force: replace an existing output (never an input).
+        dry_run: plan only; write nothing.
+        progress: show a progress bar on stderr when it is a terminal.
+
+    Returns:
+        An :class:`ExtractReport`.
+
+    Raises:
+        NoNextNBlockError: the source has no NextN block.
+        BadGGUFError, ShardSetError: the source is malformed or incomplete.
+        UnsafeOutputError: the output is an input, exists (without ``force``) or cannot be written.
+        OutputWriteError: writing failed; nothing was left behind.
+
+    Example:
+        >>> extract("Model-Q8_0-00001-of-00003.gguf", "mtp-Model-Q8_0.gguf")  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    model = open_model(source)
+    plan = plan_extraction(model, output, standalone=standalone)
+    report = ExtractReport(plan=plan, dry_run=dry_run, notes=list(_notes(plan)))
+    if not dry_run:
+        stats = write_outputs([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract")
+        report.record(stats)
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,275 @@
+"""Synthetic Hugging Face MTP head checkpoints, for the tests, the demo and the benchmark.
+
+:func:`write_mtpv2_checkpoint` writes a folder laid out like NVIDIA's Nemotron-3-Super MTPv2 head:
+``config.json`` with the real keys, the real ``mtp.layers.{0,1}.*`` tensor names, sharded
+safetensors files and a ``model.safetensors.index.json``. Dimensions come from
+:class:`~gguf_mtp.testing.tiny_models.TinyHparams`, so the head fits the tiny targets of
+:func:`~gguf_mtp.testing.tiny_models.write_target` built with the same hparams (convert -> compose ->
+llama.cpp works), and realistic proportions (512 experts, wide embeddings) give a multi-GB head.
+
+The safetensors files are written here, not with the ``safetensors`` package: its numpy backend
+refuses BF16 and it wants every tensor in memory at once; this writer lays out the header first and
+then streams one tensor (a bounded run of rows) at a time, so memory stays flat at any size. Every
+tensor gets its own seeded values (norms around 1, weights around 0), so a tensor written under the
+wrong name is caught by value comparisons.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+
+from .tiny_models import TinyHparams
+
+__all__ = ["CheckpointTensor", "mtpv2_config", "mtpv2_tensors", "write_mtpv2_checkpoint", "write_safetensors"]
+
+DEFAULT_HPARAMS = TinyHparams()
+
+#: ``dtype`` argument -> (safetensors dtype, bytes per element).
+_DTYPES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+
+#: Elements generated per step while writing one tensor.
+_CHUNK_ELEMENTS = 4 * 1024 * 1024
+
+BIAS_SPELLINGS = ("e_score_correction_bias", "e_score_correction.bias")
+CONFIG_STYLES = ("pattern", "block_type")
+_LETTER_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}
+
+
+@dataclass(frozen=True)
+class CheckpointTensor:
+    """One tensor to write: name, row-major shape, safetensors dtype, and how to fill it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    fill: str  # "norm" (around 1), "weight" (around 0, small), "bias" (small)
+
+    @property
+    def nbytes(self) -> int:
+        itemsize = 4 if self.dtype == "F32" else 2
+        return int(np.prod(self.shape, dtype=np.int64)) * itemsize
+
+
+def mtpv2_config(
+    hparams: TinyHparams = DEFAULT_HPARAMS, *, trunk_pattern: str = "M*E", dtype: str = "bfloat16",
+    config_style: str = "pattern",
+) -> dict[str, object]:
+    """A Nemotron-H MoE ``config.json`` (NVIDIA's keys) for a head of ``hparams`` on a ``trunk_pattern`` trunk."""
+    if config_style not in CONFIG_STYLES:
+        raise ValueError(f"config_style must be one of {CONFIG_STYLES}")
+    hp = hparams
+    config: dict[str, object] = {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "torch_dtype": dtype,
+        "vocab_size": hp.n_vocab,
+        "hidden_size": hp.n_embd,
+        "num_hidden_layers": len(trunk_pattern),
+        "num_attention_heads": hp.n_head,
+        "num_key_value_heads": hp.n_head_kv,
+        "head_dim": hp.head_dim,
+        "mamba_num_heads": hp.ssm_heads,
+        "mamba_head_dim": hp.ssm_head_dim,
+        "n_groups": hp.ssm_groups,
+        "ssm_state_size": hp.ssm_state,
+        "conv_kernel": hp.ssm_conv,
+        "n_routed_experts": hp.n_expert,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": hp.n_ff_exp,
+        "moe_shared_expert_intermediate_size": hp.n_ff_shexp,
+        "moe_latent_size": hp.moe_latent,
+        "num_experts_per_tok": hp.n_expert_used,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "layer_norm_epsilon": 1e-5,
+        "max_position_embeddings": 4096,
+        "num_nextn_predict_layers": 1,
+    }
+    if config_style == "pattern":
+        config["hybrid_override_pattern"] = trunk_pattern
+        config["mtp_hybrid_override_pattern"] = "*E"
+    else:
+        config["layers_block_type"] = [_LETTER_TYPES[c] for c in trunk_pattern]
+        config["mtp_layers_block_type"] = ["attention", "moe"]
+    return config
+
+
+def mtpv2_tensors(
+    hparams: TinyHparams = DEFAULT_HPARAMS, *, dtype: str = "bfloat16", bias_spelling: str = BIAS_SPELLINGS[0],
+    with_trunk: bool = False,
+) -> list[CheckpointTensor]:
+    """The tensors of an MTPv2 head (NVIDIA's names and torch shapes), experts interleaved as in the
+    real checkpoint (``experts.0.down_proj``, ``experts.0.up_proj``, ``experts.1...``). The routing
+    bias is F32, as in NVIDIA's BF16 checkpoint; ``with_trunk`` adds the trunk's embedding, final norm
+    and LM head (a full-model checkpoint, of which only the ``mtp.*`` tensors are converted)."""
+    if bias_spelling not in BIAS_SPELLINGS:
+        raise ValueError(f"bias_spelling must be one of {BIAS_SPELLINGS}")
+    hp = hparams
+    st = _DTYPES[dtype][0]
+    h, q, kv = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+    latent, f, s = hp.moe_latent, hp.n_ff_exp, hp.n_ff_shexp
+    attn = "mtp.layers.0."
+    moe = "mtp.layers.1."
+    tensors = [
+        CheckpointTensor(attn + "enorm.weight", (h,), st, "norm"),
+        CheckpointTensor(attn + "hnorm.weight", (h,), st, "norm"),
+        CheckpointTensor(attn + "eh_proj.weight", (h, 2 * h), st, "weight"),
+        CheckpointTensor(attn + "norm.weight", (h,), st, "norm"),
+        CheckpointTensor(attn + "mixer.q_proj.weight", (q, h), st, "weight"),
+        CheckpointTensor(attn + "mixer.k_proj.weight", (kv, h), st, "weight"),
+        CheckpointTensor(attn + "mixer.v_proj.weight", (kv, h), st, "weight"),
+        CheckpointTensor(attn + "mixer.o_proj.weight", (h, q), st, "weight"),
+        CheckpointTensor(moe + "norm.weight", (h,), st, "norm"),
+        CheckpointTensor(moe + "mixer.gate.weight", (hp.n_expert, h), st, "weight"),
+        CheckpointTensor(moe + f"mixer.gate.{bias_spelling}", (hp.n_expert,), "F32", "bias"),
+        CheckpointTensor(moe + "mixer.fc1_latent_proj.weight", (latent, h), st, "weight"),
+        CheckpointTensor(moe + "mixer.fc2_latent_proj.weight", (h, latent), st, "weight"),
+    ]
+    for e in range(hp.n_expert):
+        tensors.append(CheckpointTensor(moe + f"mixer.experts.{e}.down_proj.weight", (latent, f), st, "weight"))
+        tensors.append(CheckpointTensor(moe + f"mixer.experts.{e}.up_proj.weight", (f, latent), st, "weight"))
+    tensors += [
+        CheckpointTensor(moe + "mixer.shared_experts.down_proj.weight", (h, s), st, "weight"),
+        CheckpointTensor(moe + "mixer.shared_experts.up_proj.weight", (s, h), st, "weight"),
+        CheckpointTensor(moe + "final_layernorm.weight", (h,), st, "norm"),
+    ]
+    if with_trunk:
+        tensors = [
+            CheckpointTensor("backbone.embeddings.weight", (hp.n_vocab, h), st, "weight"),
+            CheckpointTensor("backbone.norm_f.weight", (h,), st, "norm"),
+            CheckpointTensor("lm_head.weight", (hp.n_vocab, h), st, "weight"),
+            *tensors,
+        ]
+    return tensors
+
+
+def _values(tensor: CheckpointTensor, seed: int, index: int) -> Iterator[np.ndarray]:
+    """The tensor's values as float32, a bounded chunk at a time (seeded per tensor)."""
+    rng = np.random.default_rng([seed, index])
+    remaining = int(np.prod(tensor.shape, dtype=np.int64))
+    while remaining:
+        n = min(remaining, _CHUNK_ELEMENTS)
+        values = rng.standard_normal(n, dtype=np.float32)
+        if tensor.fill == "norm":
+            values = 1.0 + 0.1 * values
+        elif tensor.fill == "bias":
+            values *= 0.01
+        else:
+            values *= 0.02
+        remaining -= n
+        yield values
+
+
+def _encode(values: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "F32":
+        return values
+    if dtype == "F16":
+        return values.astype(np.float16)
+    return (values.view(np.uint32) >> 16).astype(np.uint16)  # BF16: the upper 16 bits
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: list[CheckpointTensor], *, seed: int = 0,
+                      first_index: int = 0) -> None:
+    """Write one safetensors file, streaming each tensor's values (the header is laid out first).
+
+    ``first_index`` offsets the per-tensor seeds, so a tensor's values do not depend on its file.
+    """
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for tensor in tensors:
+        header[tensor.name] = {"dtype": tensor.dtype, "shape": list(tensor.shape),
+                               "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the reference writer pads the header to 8 bytes with spaces
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for i, tensor in enumerate(tensors):
+            for chunk in _values(tensor, seed, first_index + i):
+                f.write(_encode(chunk, tensor.dtype).tobytes())
+
+
+def _split(tensors: list[CheckpointTensor], files: int) -> list[list[CheckpointTensor]]:
+    """Contiguous groups of about equal bytes, every group non-empty."""
+    if files > len(tensors):
+        raise ValueError(f"cannot spread {len(tensors)} tensors over {files} files")
+    total = sum(t.nbytes for t in tensors)
+    groups: list[list[CheckpointTensor]] = [[]]
+    done = 0
+    for i, tensor in enumerate(tensors):
+        unplaced = len(tensors) - i
+        unopened = files - len(groups)
+        if groups[-1] and unopened and (done >= total * len(groups) / files or unplaced <= unopened):
+            groups.append([])
+        groups[-1].append(tensor)
+        done += tensor.nbytes
+    return groups
+
+
+def write_mtpv2_checkpoint(
+    out_dir: str | os.PathLike[str],
+    *,
+    hparams: TinyHparams = DEFAULT_HPARAMS,
+    trunk_pattern: str = "M*E",
+    files: int = 2,
+    dtype: str = "bfloat16",
+    bias_spelling: str = BIAS_SPELLINGS[0],
+    config_style: str = "pattern",
+    with_trunk: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write a synthetic NVIDIA-style MTPv2 head checkpoint folder; returns the folder.
+
+    Args:
+        out_dir: the folder (created if missing).
+        hparams: dimensions; the same as a :func:`~gguf_mtp.testing.tiny_models.write_target` target's.
+        trunk_pattern: the trunk's layer pattern the config states (its length is ``num_hidden_layers``).
+        files: number of safetensors files (``model-0000k-of-0000n.safetensors`` + index; one file is
+            ``model.safetensors`` without an index).
+        dtype: ``"bfloat16"`` (NVIDIA's), ``"float16"`` or ``"float32"``; the routing bias is always F32.
+        bias_spelling: ``"e_score_correction_bias"`` or ``"e_score_correction.bias"`` (both occur).
+        config_style: ``"pattern"`` (``mtp_hybrid_override_pattern: "*E"``) or ``"block_type"``
+            (``mtp_layers_block_type: ["attention", "moe"]``).
+        with_trunk: also write trunk tensors (embedding, final norm, LM head), alone in the first file,
+            like a full-model checkpoint whose first shard holds no MTP tensor.
+        seed: seed of the values.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}")
+    if files < 1 or (with_trunk and files < 2):
+        raise ValueError("files must be >= 1 (>= 2 with_trunk)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = mtpv2_config(hparams, trunk_pattern=trunk_pattern, dtype=dtype, config_style=config_style)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    tensors = mtpv2_tensors(hparams, dtype=dtype, bias_spelling=bias_spelling, with_trunk=with_trunk)
+    if with_trunk:
+        trunk = [t for t in tensors if not t.name.startswith("mtp.")]
+        groups = [trunk, *_split(tensors[len(trunk) :], files - 1)]
+    else:
+        groups = _split(tensors, files)
+    if files == 1:
+        write_safetensors(out / "model.safetensors", tensors, seed=seed)
+        return out
+    weight_map: dict[str, str] = {}
+    index = 0
+    for number, group in enumerate(groups, start=1):
+        name = f"model-{number:05d}-of-{files:05d}.safetensors"
+        write_safetensors(out / name, group, seed=seed, first_index=index)
+        index += len(group)
+        weight_map.update({t.name: name for t in group})
+    total = sum(t.nbytes for t in tensors)
+    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_NAME).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
+    return out

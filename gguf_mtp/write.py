@@ -1,0 +1,497 @@
+"""Write planned output files safely and fast.
+
+A planned file is a list of segments: literal bytes (a header), a byte range of an input file copied
+verbatim, zero padding, or bytes generated on the fly in bounded chunks (converted tensor data).
+Copies go through the kernel (``copy_file_range``, then ``sendfile``, then a
+plain read/write loop where neither works), so tensor data never passes through Python buffers, and
+memory stays flat whatever the size.
+
+Safety rules: every output is written under a temporary name in its final folder, fsynced, and only
+renamed into place once every file of the set is complete (under a lock on the output folder, with
+no-replace renames and a journal, see :mod:`gguf_mtp.files.commit`); any failure or interrupt removes the
+temporary files and puts replaced files back; an output is never allowed to be one of the inputs (links
+included); an existing output is only replaced with ``force``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from gguf_mtp.files.commit import BACKUP_SUFFIX, JOURNAL_NAME, Replacement, backup_name, commit, folder_lock, recover
+from gguf_mtp.files.kernel_copy import CopyTally, copy_method, shareable_bytes
+from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
+
+from .constants import PARTIAL_SUFFIX, progress_disabled
+from .errors import OutputWriteError, UnsafeOutputError
+from .formatting import human_bytes
+
+__all__ = [
+    "Bytes",
+    "CopyRange",
+    "Generated",
+    "OutputFile",
+    "Segment",
+    "WriteReport",
+    "WriteStats",
+    "Zeros",
+    "check_outputs",
+    "copy_method",
+    "progress_bar",
+    "write_outputs",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """Literal bytes (a serialised header)."""
+
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class CopyRange:
+    """``nbytes`` bytes of ``source`` starting at absolute ``offset``, copied verbatim."""
+
+    source: Path
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """Zero padding."""
+
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """``nbytes`` bytes produced by ``chunks()`` one bounded buffer at a time (data transformed on the way,
+    e.g. a tensor converted from BF16 to F32), so memory stays flat whatever the total."""
+
+    nbytes: int
+    chunks: Callable[[], Iterable[Any]]  # each chunk supports the buffer protocol (bytes, numpy array)
+
+
+Segment = Bytes | CopyRange | Zeros | Generated
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """One file to write: its final path and its contents as segments, in order."""
+
+    path: Path
+    segments: tuple[Segment, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def sources(self) -> set[Path]:
+        return {s.source for s in self.segments if isinstance(s, CopyRange)}
+
+
+def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B") -> tqdm:
+    """A tqdm bar on stderr, off when disabled, when stderr is not a terminal, or globally off."""
+    disable = not enabled or progress_disabled() or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:
+    written = 0
+    for chunk in segment.chunks():
+        data = memoryview(chunk).cast("B")
+        _write_all(fd, data)
+        written += len(data)
+        bar.update(len(data))
+    if written != segment.nbytes:
+        raise OutputWriteError(f"a generated segment gave {written:,} bytes, planned {segment.nbytes:,}")
+
+
+def _partial_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_partials(final: Path) -> None:
+    """Remove temporary files a killed earlier run left for ``final`` (their writer is gone)."""
+    prefix = f".{final.name}."
+    with suppress(OSError):
+        for entry in os.scandir(final.parent):
+            name = entry.name
+            if name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX):
+                pid = name[len(prefix) : -len(PARTIAL_SUFFIX)]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
+    """Refuse outputs that are inputs (through any link), collide, exist without ``force``, or cannot be
+    written (read-only folder, not enough free space, a name the filesystem refuses).
+
+    Raises:
+        UnsafeOutputError: one line naming the file and the reason.
+    """
+    try:
+        _check_outputs(files, inputs, force=force)
+    except OSError as e:  # a name too long, a symlink loop, a folder we may not look into
+        where = e.filename if e.filename is not None else (files[0].path if files else None)
+        raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", where) from None
+
+
+def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
+    finals = [f.path for f in files]
+    if len({os.path.abspath(p) for p in finals}) != len(finals):
+        raise UnsafeOutputError("two outputs would have the same name", finals[0].parent)
+    all_inputs = list(inputs) + [s for f in files for s in f.sources]
+    for final in finals:
+        for source in all_inputs:
+            if _same_file(final, source) or os.path.abspath(final) == os.path.abspath(source):
+                raise UnsafeOutputError(f"output would overwrite the input {source}", final)
+        if final.is_dir():
+            raise UnsafeOutputError("output name is a folder", final)
+        if (final.exists() or final.is_symlink()) and not force:
+            raise UnsafeOutputError("output exists (use --force to replace it)", final)
+    folders = {f.parent for f in finals}
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise UnsafeOutputError("output folder is not a folder", folder)
+        probe = folder
+        while not probe.exists():
+            probe = probe.parent
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise UnsafeOutputError("output folder is not writable", probe)
+    needed = sum(f.size for f in files)
+    probe = finals[0].parent
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed > free:  # on a reflink filesystem, data shared with the inputs takes no new blocks
+        needed -= shareable_bytes(files, probe)
+    # Files replaced with --force free their space only after the rename: do not count it.
+    if needed > free:
+        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while writing, so temporary files are cleaned up either way."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+        # Past a file-size limit, let write() fail with EFBIG (cleaned up) instead of dying of SIGXFSZ.
+        previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGXFSZ, previous_xfsz)
+
+
+@dataclass(frozen=True)
+class WriteStats:
+    """What :func:`write_outputs` did."""
+
+    bytes_written: int
+    seconds: float
+    copy_methods: tuple[str, ...]
+    bytes_shared: int = 0  # of bytes_written: extents shared with an input (reflink), not copied
+    notes: tuple[str, ...] = ()  # e.g. an interrupted earlier run rolled back
+
+
+@dataclass
+class WriteReport:
+    """What every command that writes files reports: a dry run or not, bytes written, time, how copied.
+
+    The command reports (compose, convert, extract, strip, graft) extend it with their plan.
+    """
+
+    dry_run: bool = False
+    bytes_written: int = 0
+    seconds: float = 0.0
+    copy_methods: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    bytes_shared: int = 0
+
+    def record(self, stats: WriteStats) -> None:
+        """Take the figures of a finished :func:`write_outputs`."""
+        self.bytes_written = stats.bytes_written
+        self.copy_methods = stats.copy_methods
+        self.bytes_shared = stats.bytes_shared
+        self.notes.extend(n for n in stats.notes if n not in self.notes)
+
+    def sharing(self) -> str:
+        """``", 3.4 MiB shared with the inputs, 5.7 MiB copied"`` after a write that shared extents
+        (reflink), else ``""`` (nothing changes on other filesystems)."""
+        if not self.bytes_shared:
+            return ""
+        copied = human_bytes(self.bytes_written - self.bytes_shared)
+        return f", {human_bytes(self.bytes_shared)} shared with the inputs, {copied} copied"
+
+    def write_fields(self) -> dict[str, Any]:
+        """The shared part of the ``--json`` report."""
+        return {
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "bytes_shared": self.bytes_shared,
+            "bytes_copied": self.bytes_written - self.bytes_shared,
+            "copy_methods": list(self.copy_methods),
+            "notes": list(self.notes),
+        }
+
+
+def write_outputs(
+    files: Sequence[OutputFile],
+    *,
+    inputs: Sequence[Path] = (),
+    force: bool = False,
+    progress: bool = True,
+    desc: str = "writing",
+) -> WriteStats:
+    """Write every planned file atomically: all appear under their final names, or none does.
+
+    The output folder is locked for the whole run (a second gguf-mtp writer is refused, never merged);
+    a rename phase that a killed earlier run left half done is rolled back first; files replaced with
+    ``force`` are moved aside and only deleted once the whole new set is in place (see
+    :mod:`gguf_mtp.files.commit`).
+
+    Args:
+        files: the planned outputs.
+        inputs: input files that must never be overwritten (segment sources are added automatically).
+        force: replace existing outputs.
+        progress: show a byte progress bar on stderr (only when it is a terminal).
+
+    Raises:
+        UnsafeOutputError: see :func:`check_outputs`; or another run holds the output folder.
+        OutputWriteError: an I/O error while writing (the message says which file and why); temporary
+            files were removed, no new output was left behind, and replaced files are back in place.
+    """
+    groups: dict[Path, list[OutputFile]] = {}
+    for planned in files:
+        groups.setdefault(Path(os.path.abspath(planned.path.parent)), []).append(planned)
+    notes: list[str] = []
+    created: list[Path] = []  # folders this run made, removed again if it is refused before writing
+    try:
+        with ExitStack() as locks:
+            for folder in sorted(groups):
+                created.extend(_make_folder(folder))
+                try:
+                    locks.enter_context(folder_lock(folder))
+                    note = recover(folder)
+                except OSError as e:  # a folder we may not open, a journal we may not remove
+                    raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
+                if note is not None:
+                    log.warning(note)
+                    notes.append(note)
+                _remove_stale_backups(folder)
+            check_outputs(files, inputs, force=force)
+            created = []  # from here on (writing), the folder stays, as a folder made for the outputs does
+            stats = _write_locked(files, groups, force=force, progress=progress, desc=desc)
+    except BaseException:
+        for folder in reversed(created):  # refused before writing: leave nothing, not even the folder
+            with suppress(OSError):
+                folder.rmdir()  # only ever succeeds on an empty folder
+        raise
+    return WriteStats(stats.bytes_written, stats.seconds, stats.copy_methods, stats.bytes_shared, tuple(notes))
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create the output folder (to lock it) and return the folders made, outermost first; one line when
+    that is impossible."""
+    missing: list[Path] = []
+    probe = folder
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.insert(0, probe)
+        probe = probe.parent
+    try:
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UnsafeOutputError("output folder is not a folder", folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return missing
+    except OSError as e:
+        probe = folder
+        while not os.path.lexists(probe) and probe != probe.parent:  # lexists never raises
+            probe = probe.parent
+        if isinstance(e, PermissionError):
+            raise UnsafeOutputError("output folder is not writable", probe) from None
+        raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", folder) from None
+
+
+def _remove_stale_backups(folder: Path) -> None:
+    """Delete old outputs a killed run had moved aside and already replaced (no journal left: committed),
+    and the temporary journal of a run killed before its rename phase began."""
+    with suppress(OSError):
+        for entry in os.scandir(folder):
+            name = entry.name
+            # old outputs moved aside, and a journal a killed run had not yet put in place
+            journal = name.startswith(f"{JOURNAL_NAME}.") and name.endswith(PARTIAL_SUFFIX)
+            if journal or (name.startswith(".") and name.endswith(BACKUP_SUFFIX)):
+                pid = name[: -len(PARTIAL_SUFFIX if journal else BACKUP_SUFFIX)].rpartition(".")[2]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    with suppress(OSError):
+                        os.unlink(entry.path)
+
+
+def _write_locked(
+    files: Sequence[OutputFile], groups: dict[Path, list[OutputFile]], *, force: bool, progress: bool, desc: str
+) -> WriteStats:
+    """The writing and the rename phase of :func:`write_outputs`, with every output folder locked."""
+    started = time.perf_counter()
+    method = copy_method()
+    partials: list[Path] = []
+    methods: set[str] = set()
+    total = sum(f.size for f in files)
+    current = files[0].path if files else Path()
+    replacing = False
+    try:
+        with _sigterm_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
+            tally = CopyTally(bar)  # counts shared (cloned) bytes apart from copied ones
+            partial_of: dict[Path, Path] = {}
+            for planned in files:
+                current = planned.path
+                _remove_stale_partials(planned.path)
+                partial = _partial_path(planned.path)
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+                partials.append(partial)
+                partial_of[planned.path] = partial
+                try:
+                    _write_segments(fd, planned, bar, tally, method, methods)
+                finally:
+                    os.close(fd)
+                if os.path.getsize(partial) != planned.size:
+                    raise OutputWriteError(
+                        f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path
+                    )
+            # One fsync per file once all are written, not after each: that would stall reading the next
+            # file until the previous one is on disk (+20 % time for 3 shards; scripts/bench.py, issue 6).
+            for planned, partial in zip(files, partials):
+                current = planned.path
+                _fsync_file(partial)
+            # The entry point (shard 1) appears last, so a set that is visible is a complete set; the old
+            # files (--force) are moved aside first and come back if anything fails (gguf_mtp.files.commit).
+            for folder, planned_files in groups.items():
+                current = planned_files[0].path
+                entries = []
+                for planned in reversed(planned_files):
+                    exists = os.path.lexists(planned.path)
+                    if exists and not force:  # appeared since the checks: never replaced without --force
+                        raise UnsafeOutputError("output exists (use --force to replace it)", planned.path)
+                    replacing = replacing or exists
+                    backup = backup_name(planned.path.name) if exists else None
+                    entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
+                commit(folder, entries)
+                for planned in planned_files:
+                    partials.remove(partial_of[planned.path])
+    except OSError as e:
+        _discard(partials)
+        reason = e.strerror or str(e)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            reason = f"{reason} (disk full or file too large)"
+        raise OutputWriteError(f"writing failed: {reason}; {_left_behind(replacing)}", current) from None
+    except OutputWriteError as e:
+        _discard(partials)
+        raise OutputWriteError(f"{e.message}; {_left_behind(replacing)}", e.path or current) from None
+    except BaseException:
+        _discard(partials)
+        raise
+    if tally.shared:
+        methods.add("reflink")
+    return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)), tally.shared)
+
+
+def _left_behind(replacing: bool) -> str:
+    if replacing:
+        return "no output was left behind, the previous files are back in place"
+    return "no output was left behind"
+
+
+def _write_segments(
+    fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, methods: set[str]
+) -> None:
+    sources: dict[Path, int] = {}
+    try:
+        for segment in planned.segments:
+            if isinstance(segment, Bytes):
+                _write_all(fd, segment.data)
+                bar.update(segment.nbytes)
+            elif isinstance(segment, Zeros):
+                _write_all(fd, b"\0" * segment.nbytes)
+                bar.update(segment.nbytes)
+            elif isinstance(segment, Generated):
+                _write_generated(fd, segment, bar)
+            else:
+                if segment.source not in sources:
+                    sources[segment.source] = os.open(segment.source, os.O_RDONLY)
+                try:
+                    source_fd = sources[segment.source]
+                    methods.add(_copy(source_fd, fd, segment.offset, segment.nbytes, tally, method))
+                except OutputWriteError as e:  # the input shrank while we copied it
+                    raise OutputWriteError(f"{e.message} in {segment.source}", planned.path) from None
+    finally:
+        for source_fd in sources.values():
+            os.close(source_fd)
+
+
+def _discard(partials: list[Path]) -> None:
+    for partial in partials:
+        with suppress(OSError):
+            os.unlink(partial)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
