@@ -1,6 +1,6 @@
 """The patches in upstream/ apply to the llama.cpp vendored in llama-cpp-python 0.3.36 and change its behaviour.
 
-The sdist comes from pip (its cache after the first run) and is unpacked once into .cache/upstream/.
+The vendored tree comes from tests/upstream.py (the sdist, unpacked once into .cache/upstream/).
 """
 
 from __future__ import annotations
@@ -9,40 +9,17 @@ import shutil
 import struct
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / ".cache" / "upstream"
-SDIST = "llama-cpp-python==0.3.36"
-PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
-NEEDED = ("gguf-py/", "conversion/base.py")
-
-
-def _vendored_tree() -> Path:
-    """Download (once) the sdist and unpack the parts of its llama.cpp the patches touch."""
-    tree = CACHE / "llama.cpp"
-    if (tree / ".complete").exists():
-        return tree
-    CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", SDIST,
-                    "-d", str(CACHE)], check=True, timeout=600)
-    with tarfile.open(next(CACHE.glob("llama_cpp_python-0.3.36.tar.gz"))) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.name.startswith(PREFIX) and m.name[len(PREFIX):].startswith(NEEDED)]
-        for m in members:
-            m.name = m.name[len(PREFIX):]
-        tar.extractall(tree, members=members, filter="data")
-    (tree / ".complete").touch()
-    return tree
+from upstream import ROOT, llama_cpp_tree
 
 
 @pytest.fixture
 def fresh_tree(tmp_path: Path) -> Path:
     dst = tmp_path / "llama.cpp"
-    shutil.copytree(_vendored_tree(), dst, ignore=shutil.ignore_patterns(".complete"))
+    shutil.copytree(llama_cpp_tree(), dst, ignore=shutil.ignore_patterns(".complete"))
     return dst
 
 

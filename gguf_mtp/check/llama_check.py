@@ -76,6 +76,10 @@ class LlamaCheck:
     error: str | None = None  # llama.cpp's reason, when it refused
     crashed: str | None = None  # signal name, when llama.cpp died by a signal (a llama.cpp/build problem)
     log_tail: str = ""
+    #: sha256 of the last token's logits (float32) of the trunk and the MTP step: equal digests of two files
+    #: mean llama.cpp computes bit-identical logits from them (same build, same inputs).
+    trunk_logits_sha256: str | None = None
+    mtp_logits_sha256: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -219,9 +223,19 @@ def _finite(values: Any, n: int) -> bool:
     return all(math.isfinite(values[i]) for i in range(n))
 
 
+def _logits_digest(values: Any, n: int) -> str:
+    """sha256 of the ``n`` logits as little-endian float32: equal digests, bit-identical logits."""
+    import hashlib
+    import struct
+
+    return hashlib.sha256(struct.pack(f"<{n}f", *(values[i] for i in range(n)))).hexdigest()
+
+
 def _decode(
     llama: Any, ctx: Any, tokens: list[int], embd_rows: list[list[float]] | None, n_vocab: int
-) -> tuple[int, bool]:
+) -> tuple[int, bool, str | None]:
+    """Decode ``tokens`` (with the hidden states ``embd_rows`` for an MTP context); returns llama_decode's
+    status, whether the last token's logits are finite, and their digest."""
     import ctypes
 
     n = len(tokens)
@@ -241,13 +255,14 @@ def _decode(
             keep = (ctypes.c_float * len(flat))(*flat)
             batch.embd = ctypes.cast(keep, ctypes.POINTER(ctypes.c_float))
         rc = llama.llama_decode(ctx, batch)
-        finite = False
+        finite, digest = False, None
         if rc == 0:
             logits = llama.llama_get_logits_ith(ctx, n - 1)
             finite = bool(logits) and _finite(logits, n_vocab)
+            digest = _logits_digest(logits, n_vocab) if logits else None
         if keep is not None:
             batch.embd = None  # ours, not llama_batch_init's: do not let llama_batch_free free it
-        return rc, finite
+        return rc, finite, digest
     finally:
         llama.llama_batch_free(batch)
 
@@ -295,7 +310,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
             out["trunk_decode_ok"] = False
             out["error"] = "could not create a context"
         else:
-            rc, finite = _decode(llama, ctx, tokens, None, n_vocab)
+            rc, finite, out["trunk_logits_sha256"] = _decode(llama, ctx, tokens, None, n_vocab)
             out["trunk_decode_ok"] = rc == 0 and finite
             llama.llama_free(ctx)
     if mtp and out["n_layer_nextn"] > 0:
@@ -306,7 +321,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
             out["error"] = "could not create an MTP context"
         else:
             hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
-            rc, finite = _decode(llama, ctx, tokens, hidden, n_vocab)
+            rc, finite, out["mtp_logits_sha256"] = _decode(llama, ctx, tokens, hidden, n_vocab)
             out["mtp_decode_ok"] = rc == 0
             out["mtp_logits_finite"] = finite
             llama.llama_free(ctx)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -272,4 +272,48 @@ def write_mtpv2_checkpoint(
     total = sum(t.nbytes for t in tensors)
     index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_NAME).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def mamba_layer_tensors(hparams: TinyHparams, layer: int, dtype: str = "bfloat16") -> list[CheckpointTensor]:
+    """The tensors of one Mamba-2 trunk layer of a Nemotron-H checkpoint (HF names and torch shapes)."""
+    hp, st = hparams, _DTYPES[dtype][0]
+    h, inner, heads = hp.n_embd, hp.ssm_inner, hp.ssm_heads
+    conv = inner + 2 * hp.ssm_groups * hp.ssm_state
+    pre = f"backbone.layers.{layer}."
+    return [
+        CheckpointTensor(pre + "norm.weight", (h,), st, "norm"),
+        CheckpointTensor(pre + "mixer.in_proj.weight", (inner + conv + heads, h), st, "weight"),
+        CheckpointTensor(pre + "mixer.conv1d.weight", (conv, 1, hp.ssm_conv), st, "weight"),
+        CheckpointTensor(pre + "mixer.conv1d.bias", (conv,), st, "bias"),
+        CheckpointTensor(pre + "mixer.dt_bias", (heads,), "F32", "bias"),
+        CheckpointTensor(pre + "mixer.A_log", (heads,), "F32", "bias"),
+        CheckpointTensor(pre + "mixer.D", (heads,), "F32", "norm"),
+        CheckpointTensor(pre + "mixer.norm.weight", (inner,), st, "norm"),
+        CheckpointTensor(pre + "mixer.out_proj.weight", (h, inner), st, "weight"),
+    ]
+
+
+def write_full_nemotron_checkpoint(out_dir: str | os.PathLike[str], hparams: TinyHparams = DEFAULT_HPARAMS) -> Path:
+    """Write a complete NemotronH-MoE checkpoint with an MTPv2 head, the input of llama.cpp's own converter.
+
+    The trunk is ``M*E``: a Mamba-2 layer (llama.cpp's hybrid memory needs one recurrent layer to decode), an
+    attention layer and a latent-MoE layer shaped like the head's two sub-layers, so ``convert_hf_to_gguf.py``
+    makes blocks 0..2 of it and the MTP block ``blk.3``. One safetensors file; a tokenizer is the caller's
+    (llama.cpp's converter needs a real one).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = mtpv2_config(hparams, trunk_pattern="M*E")
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    head = mtpv2_tensors(hparams, with_trunk=True)
+
+    def as_trunk(tensor: CheckpointTensor, prefix: str, layer: int) -> CheckpointTensor:
+        return replace(tensor, name=f"backbone.layers.{layer}." + tensor.name[len(prefix) :])
+
+    attention = [t for t in head if t.name.startswith("mtp.layers.0.mixer.") or t.name == "mtp.layers.0.norm.weight"]
+    moe = [t for t in head if t.name.startswith("mtp.layers.1.") and not t.name.endswith("final_layernorm.weight")]
+    trunk = mamba_layer_tensors(hparams, 0)
+    trunk += [as_trunk(t, "mtp.layers.0.", 1) for t in attention] + [as_trunk(t, "mtp.layers.1.", 2) for t in moe]
+    write_safetensors(out / "model.safetensors", head[:3] + trunk + head[3:])
     return out

@@ -7,9 +7,9 @@ can run llama.cpp's converter (torch, transformers, tokenizers, safetensors, sen
 
 It unpacks llama.cpp from the llama-cpp-python 0.3.36 sdist (``.cache/upstream/``, pip-downloaded when missing) into
 two scratch trees, applies ``nemotronh-mtp-router-f32.patch`` to one, writes a tiny BF16 NemotronH checkpoint with an
-MTPv2 head (trunk ``*E``: one attention layer, one MoE layer; the MTP block becomes ``blk.2``) and a real GPT-2
+MTPv2 head (trunk ``M*E``: a Mamba-2, an attention and a MoE layer; the MTP block becomes ``blk.3``) and a real GPT-2
 tokenizer rebuilt from ``models/ggml-vocab-gpt-2.gguf``, converts it with ``--outtype bf16`` in each tree and prints
-the ggml type of the trunk router ``blk.1.ffn_gate_inp.weight`` and the MTP router ``blk.2.ffn_gate_inp.weight``.
+the ggml type of the trunk router ``blk.2.ffn_gate_inp.weight`` and the MTP router ``blk.3.ffn_gate_inp.weight``.
 Exit 0 when the unpatched output has the MTP router BF16 and the patched one F32 (trunk router F32 in both).
 """
 
@@ -21,19 +21,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gguf_mtp.testing.tiny_checkpoints import (  # noqa: E402
-    CheckpointTensor,
-    mtpv2_config,
-    mtpv2_tensors,
-    write_safetensors,
-)
+from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint  # noqa: E402
 from gguf_mtp.testing.tiny_models import TinyHparams  # noqa: E402
 
 CACHE = ROOT / ".cache" / "upstream"
@@ -41,8 +35,8 @@ SDIST = "llama-cpp-python==0.3.36"
 PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 NEEDED = ("gguf-py/", "conversion/", "convert_hf_to_gguf.py", "models/ggml-vocab-gpt-2.gguf")
 PATCH = HERE / "nemotronh-mtp-router-f32.patch"
-TRUNK_ROUTER = "blk.1.ffn_gate_inp.weight"
-MTP_ROUTER = "blk.2.ffn_gate_inp.weight"
+TRUNK_ROUTER = "blk.2.ffn_gate_inp.weight"
+MTP_ROUTER = "blk.3.ffn_gate_inp.weight"
 
 TOKENIZER_CODE = r"""
 import json, sys
@@ -102,22 +96,6 @@ def unpack(dst: Path) -> Path:
     return dst
 
 
-def _as_trunk(tensor: CheckpointTensor, src: str, layer: int) -> CheckpointTensor:
-    return replace(tensor, name=f"backbone.layers.{layer}." + tensor.name[len(src):])
-
-
-def write_checkpoint(out: Path, hp: TinyHparams) -> None:
-    """A full NemotronH-MoE checkpoint: trunk ``*E`` (its tensors shaped like the MTP block's) plus the MTPv2 head."""
-    out.mkdir(parents=True, exist_ok=True)
-    config = mtpv2_config(hp, trunk_pattern="*E")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    head = mtpv2_tensors(hp, with_trunk=True)
-    attn = [t for t in head if t.name.startswith("mtp.layers.0.mixer.") or t.name == "mtp.layers.0.norm.weight"]
-    moe = [t for t in head if t.name.startswith("mtp.layers.1.") and not t.name.endswith("final_layernorm.weight")]
-    trunk = [_as_trunk(t, "mtp.layers.0.", 0) for t in attn] + [_as_trunk(t, "mtp.layers.1.", 1) for t in moe]
-    write_safetensors(out / "model.safetensors", head[:3] + trunk + head[3:])
-
-
 def run(what: str, cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``; on failure print its output tail and a one-line error naming ``what``, and exit 2."""
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
@@ -144,12 +122,12 @@ def main() -> int:
         hp = TinyHparams(n_embd=256, n_vocab=50264, n_head=4, n_head_kv=2, head_dim=64, n_expert=4,
                          n_ff_exp=256, n_ff_shexp=256, moe_latent=256)
         ckpt = work / "hf"
-        write_checkpoint(ckpt, hp)
+        write_full_nemotron_checkpoint(ckpt, hp)
         env = {"PYTHONPATH": str(before / "gguf-py"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
         py = args.upstream_python
         vocab = before / "models" / "ggml-vocab-gpt-2.gguf"
         n_tok = run("tokenizer build", [py, "-c", TOKENIZER_CODE, str(vocab), str(ckpt)], env=env).stdout.strip()
-        print(f"checkpoint: {ckpt.name}/ NemotronHForCausalLM, trunk '*E', MTPv2 head, BF16, GPT-2 tokenizer "
+        print(f"checkpoint: {ckpt.name}/ NemotronHForCausalLM, trunk 'M*E', MTPv2 head, BF16, GPT-2 tokenizer "
               f"({n_tok} tokens)")
         types: dict[str, dict[str, str]] = {}
         for label, tree in (("before", before), ("after", after)):
