@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import sys
@@ -130,7 +131,7 @@ def _escape_unprintable_output() -> Callable[[], None]:
             reconfigure(errors=ESCAPE_ERRORS)
         except (ValueError, OSError):  # a detached or closed stream
             continue
-        undo.append(lambda r=reconfigure, e=errors: r(errors=e))
+        undo.append(functools.partial(reconfigure, errors=errors))
 
     def restore() -> None:
         for step in undo:

@@ -169,7 +169,7 @@ class SafetensorsTensor:
             out = np.empty(n, dtype)
         view = out[:n]
         want = n * dtype.itemsize
-        got = os.preadv(fd, [memoryview(view).cast("B")], self.offset + start * self.row_size * dtype.itemsize)
+        got = os.preadv(fd, [memoryview(view.data).cast("B")], self.offset + start * self.row_size * dtype.itemsize)
         if got != want:
             raise CheckpointError(f"tensor {self.name!r}: file ended early ({got} of {want} bytes read)", self.path)
         return view.reshape(count, self.row_size)

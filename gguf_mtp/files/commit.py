@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
@@ -180,7 +180,7 @@ def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
     fsync_dir(folder)  # the journal is on disk before any final name changes
 
 
-def _plain_name(value: object, suffix: str | None) -> bool:
+def _plain_name(value: object, suffix: str | None) -> TypeGuard[str]:
     return (
         isinstance(value, str)
         and value not in ("", ".", "..")

@@ -90,15 +90,15 @@ def _parse_value(text: str, vtype: GGUFValueType, what: str) -> Any:
         return check_int(value, vtype, what)
     if vtype in _FLOATS:
         try:
-            value = float(text)
+            number = float(text)
         except ValueError:
             raise KVEditError(f"{what}: {text!r} is not a number ({describe_type(vtype)})") from None
-        if vtype == GGUFValueType.FLOAT32 and math.isfinite(value):
+        if vtype == GGUFValueType.FLOAT32 and math.isfinite(number):
             try:
-                struct.pack("<f", value)
+                struct.pack("<f", number)
             except OverflowError:
                 raise KVEditError(f"{what}: {text!r} does not fit f32") from None
-        return value
+        return number
     if vtype == GGUFValueType.BOOL:
         lowered = text.strip().lower()
         if lowered in _TRUE:

@@ -33,13 +33,15 @@ from gguf import GGUFValueType
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK
 from gguf_mtp.write import CopyRange, OutputFile, Segment
 
-from .header import GGUFArray, KeyValue, TensorInfo, encode_kv, serialize_header
+from .header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv, serialize_header
 
 __all__ = [
     "PAD_KEY",
     "Congruence",
+    "appended_data_residue",
     "congruence",
     "congruent_header",
+    "header_at_residue",
     "placements",
     "without_padding",
 ]
@@ -101,10 +103,23 @@ def congruent_header(
         The header bytes, zero-filled to the data section; with a :data:`PAD_KEY` KV last where needed.
     """
     kv_list = without_padding(kvs)
+    return header_at_residue(version, kv_list, tensors, alignment, _wanted_residue(data, source, alignment))
+
+
+def header_at_residue(
+    version: int, kvs: Iterable[KeyValue], tensors: Sequence[TensorInfo], alignment: int, residue: int | None
+) -> bytes:
+    """A complete header whose data section starts at ``residue`` modulo :data:`SHARE_BLOCK` (padded with a
+    :data:`PAD_KEY` KV where needed; ``None``, or a residue the alignment cannot reach: no padding).
+
+    ``residue`` must be a multiple of ``alignment`` (a data section starts at a multiple of it).
+    """
+    kv_list = without_padding(kvs)
     plain = serialize_header(version, kv_list, tensors, alignment)
-    residue = _wanted_residue(data, source, alignment)
     if residue is None or alignment >= SHARE_BLOCK or len(plain) % SHARE_BLOCK == residue:
         return plain
+    if residue % alignment:
+        raise ValueError(f"data residue {residue} is not a multiple of the alignment {alignment}")
     # Without the alignment fill the tensor table ends here; the padding KV goes before the table.
     unpadded = len(serialize_header(version, kv_list, tensors, 1))
     start = unpadded + _PAD_OVERHEAD
@@ -112,6 +127,16 @@ def congruent_header(
     header = serialize_header(version, [*kv_list, _padding_kv(items)], tensors, alignment)
     assert len(header) == start + items and len(header) % SHARE_BLOCK == residue, "padding arithmetic"
     return header
+
+
+def appended_data_residue(last_shard: GGUFHeader) -> int:
+    """Where compose puts a draft's data section in the composite's last shard, modulo :data:`SHARE_BLOCK`.
+
+    Compose keeps the shard's data in step with its source and appends the draft's tensors right after the
+    shard's packed data, with their relative offsets unchanged (the same alignment). A draft whose data
+    section starts at this residue is therefore in step too, and a reflink filesystem shares its bytes.
+    """
+    return (last_shard.data_offset + last_shard.packed_data_size) % SHARE_BLOCK
 
 
 def placements(output: OutputFile) -> Iterator[tuple[int, CopyRange]]:

@@ -259,7 +259,7 @@ def split_key_problems(model: ScannedModel) -> list[str]:
     """``split.no`` / ``split.count`` as llama.cpp checks them, in every readable file (the rules of
     :func:`gguf_mtp.model.shards.split_rules`, shared with the strict reader)."""
     count = model.count if model.is_split else None
-    problems = []
+    problems: list[str] = []
     for shard in model.shards:
         if shard.header is not None:
             position = shard.number - 1 if model.is_split else 0
