@@ -19,7 +19,16 @@ define BUILD_NOTICE
 	fi
 endef
 
-.PHONY: install demo test lint bench clean
+# llama.cpp's own converter (the peer of the parity tests) needs torch: a venv of its own, never the project's.
+UPSTREAM_VENV  ?= .venv-upstream
+UPSTREAM_STAMP := $(UPSTREAM_VENV)/.gguf-mtp-installed
+UPSTREAM_PKGS  := torch==2.13.0 numpy sentencepiece transformers==4.57.6 safetensors tokenizers 'protobuf>=4.21.0,<5.0.0' pyyaml tqdm
+# The lowest releases pyproject.toml claims: the suite's non-llama part runs against them too.
+FLOOR_VENV  ?= .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.gguf-mtp-installed
+FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 tqdm==4.60.0 huggingface_hub==0.25.0 pytest hypothesis safetensors 'matplotlib<3.10'
+
+.PHONY: install demo test test-upstream test-floor upstream-venv lint typecheck bench clean
 
 install: $(TEST_STAMP)
 
@@ -40,15 +49,41 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 demo: $(DEMO_STAMP)
 	$(PY) -m gguf_mtp demo
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m mypy
+	GGUF_MTP_UPSTREAM_PYTHON=$(UPSTREAM_VENV)/bin/python $(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-upstream test-floor
+
+$(UPSTREAM_STAMP):
+	@echo "gguf-mtp: making $(UPSTREAM_VENV) for llama.cpp's own converter (torch CPU wheel, transformers)"
+	$(PYTHON) -m venv $(UPSTREAM_VENV)
+	$(UPSTREAM_VENV)/bin/pip install --quiet $(UPSTREAM_PKGS)
+	touch $@
+
+upstream-venv: $(UPSTREAM_STAMP)
+
+# upstream/01's before/after proof, as a maintainer would run it.
+test-upstream: $(TEST_STAMP) $(UPSTREAM_STAMP)
+	$(PY) upstream/01-nemotronh-mtp-router-f32/reproduce.py --upstream-python $(abspath $(UPSTREAM_VENV))/bin/python
+
+$(FLOOR_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install --quiet $(FLOOR_PKGS)
+	$(FLOOR_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "not llama and not upstream" -p no:cacheprovider
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
+
+typecheck: $(TEST_STAMP)
+	$(PY) -m mypy
 
 bench: $(TEST_STAMP)
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(UPSTREAM_VENV) $(FLOOR_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,59 +1,112 @@
 """The typed errors of gguf-mtp.
 
 Every error a user can cause (a malformed file, an incompatible draft, an unsafe output path) is a
-:class:`GGUFMTPError`. The command line maps these to exit status 2 and one line on stderr; anything
-else escaping the library is a bug (exit status 1).
+:class:`GGUFMTPError`, with the file it is about (:attr:`~GGUFMTPError.path`) and the problem
+(:attr:`~GGUFMTPError.message`). Each one is also the builtin exception of its kind, so a caller that
+knows nothing of gguf-mtp can still tell them apart:
+
+- :class:`ValueError`: the input is wrong (:class:`BadGGUFError`, :class:`ShardSetError`,
+  :class:`IncompatibleDraftError`, :class:`NoNextNBlockError`, :class:`KVEditError`,
+  :class:`CheckpointError`, :class:`VerificationError`, :class:`ParameterError`);
+- :class:`OSError`: the file system or the network failed or refused (:class:`UnsafeOutputError`,
+  :class:`OutputWriteError`, :class:`HubError`);
+- :class:`FileNotFoundError`: an input does not exist (:class:`GGUFNotFoundError`,
+  :class:`CheckpointNotFoundError`; still a :class:`BadGGUFError` / :class:`CheckpointError`).
+
+The command line maps every :class:`GGUFMTPError` to exit status 2 and one line on stderr; anything
+else escaping the library is a bug (exit status 1). Library messages name parameters
+(``outtype 'q4'``), not command-line flags.
 """
 
 from __future__ import annotations
 
 import os
 
+__all__ = [
+    "BadGGUFError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "GGUFMTPError",
+    "GGUFNotFoundError",
+    "HubError",
+    "IncompatibleDraftError",
+    "KVEditError",
+    "NoNextNBlockError",
+    "OutputWriteError",
+    "ParameterError",
+    "ShardSetError",
+    "UnsafeOutputError",
+    "VerificationError",
+]
+
 
 class GGUFMTPError(Exception):
-    """Base class of every error gguf-mtp raises on purpose."""
+    """Base class of every error gguf-mtp raises on purpose.
+
+    Attributes:
+        message: the problem, one line.
+        path: the file (or folder, or Hub address) it is about, or ``None``.
+    """
 
     def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.message = message
+        # One argument only: for the OSError kinds, two would be read as (errno, strerror).
         super().__init__(f"{self.path}: {message}" if self.path else message)
 
+    def __reduce__(self) -> tuple[type[GGUFMTPError], tuple[str, str | None]]:
+        # Pickled (multiprocessing, concurrent.futures) with message and path kept apart.
+        return type(self), (self.message, self.path)
 
-class BadGGUFError(GGUFMTPError):
+
+class BadGGUFError(GGUFMTPError, ValueError):
     """A file is not a well-formed GGUF (bad magic, truncated, inconsistent sizes, ...)."""
 
 
-class ShardSetError(GGUFMTPError):
+class GGUFNotFoundError(BadGGUFError, FileNotFoundError):
+    """A GGUF file given as input does not exist."""
+
+
+class ShardSetError(GGUFMTPError, ValueError):
     """A split set is incomplete or inconsistent (missing shard, mixed counts, wrong ``split.no``)."""
 
 
-class IncompatibleDraftError(GGUFMTPError):
+class IncompatibleDraftError(GGUFMTPError, ValueError):
     """The draft cannot be spliced into the target (other architecture, width, block index, ...)."""
 
 
 class NoNextNBlockError(IncompatibleDraftError):
-    """The model has no NextN (MTP) block to extract, strip or graft."""
+    """The model has no NextN (MTP) block to extract, strip, graft or publish."""
 
 
-class KVEditError(GGUFMTPError):
-    """A ``--set-kv`` override is malformed or does not fit the key's type."""
+class KVEditError(GGUFMTPError, ValueError):
+    """A KV override (``--set-kv``) is malformed or does not fit the key's type."""
 
 
-class UnsafeOutputError(GGUFMTPError):
+class ParameterError(GGUFMTPError, ValueError):
+    """A parameter has a value the operation cannot take (a negative block index, an unknown outtype,
+    options that contradict each other)."""
+
+
+class UnsafeOutputError(GGUFMTPError, OSError):
     """Writing the output would overwrite an input or an existing file, or cannot be done safely."""
 
 
-class OutputWriteError(GGUFMTPError):
+class OutputWriteError(GGUFMTPError, OSError):
     """Writing the output failed (disk full, permission denied, ...); partial outputs were removed."""
 
 
-class CheckpointError(GGUFMTPError):
+class CheckpointError(GGUFMTPError, ValueError):
     """A Hugging Face checkpoint (config.json, safetensors, index) is malformed or unsupported."""
 
 
-class HubError(GGUFMTPError):
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint (folder or file) given as input does not exist."""
+
+
+class HubError(GGUFMTPError, OSError):
     """A Hugging Face Hub operation failed (offline, missing token, no write access, ...)."""
 
 
-class VerificationError(GGUFMTPError):
+class VerificationError(GGUFMTPError, ValueError):
     """A composite failed verification."""

@@ -31,11 +31,11 @@ from typing import Any
 from tqdm import tqdm
 
 from gguf_mtp.files.commit import BACKUP_SUFFIX, JOURNAL_NAME, Replacement, backup_name, commit, folder_lock, recover
-from gguf_mtp.files.kernel_copy import CopyTally, copy_method, shareable_bytes
+from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
 
 from .constants import PARTIAL_SUFFIX, progress_disabled
-from .errors import OutputWriteError, UnsafeOutputError
+from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .formatting import human_bytes
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
     "write_outputs",
 ]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B"
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -177,6 +177,8 @@ def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force:
     """
     try:
         _check_outputs(files, inputs, force=force)
+    except UnsafeOutputError:  # an OSError too: already one line
+        raise
     except OSError as e:  # a name too long, a symlink loop, a folder we may not look into
         where = e.filename if e.filename is not None else (files[0].path if files else None)
         raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", where) from None
@@ -327,10 +329,12 @@ def write_outputs(
                 try:
                     locks.enter_context(folder_lock(folder))
                     note = recover(folder)
+                except GGUFMTPError:  # an OSError too (a refused journal, a failed roll-back): already one line
+                    raise
                 except OSError as e:  # a folder we may not open, a journal we may not remove
                     raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
                 if note is not None:
-                    log.warning(note)
+                    logger.warning(note)
                     notes.append(note)
                 _remove_stale_backups(folder)
             check_outputs(files, inputs, force=force)
@@ -387,6 +391,9 @@ def _write_locked(
     """The writing and the rename phase of :func:`write_outputs`, with every output folder locked."""
     started = time.perf_counter()
     method = copy_method()
+    logger.info("writing %d file(s), %s; copy method: %s", len(files), human_bytes(sum(f.size for f in files)),
+                "auto (reflink where possible, else copy_file_range, sendfile, read/write)" if method == "auto"
+                else f"{method} (forced by {ENV_COPY_METHOD})")
     partials: list[Path] = []
     methods: set[str] = set()
     total = sum(f.size for f in files)
@@ -403,10 +410,14 @@ def _write_locked(
                 fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
                 partials.append(partial)
                 partial_of[planned.path] = partial
+                before = (tally.shared, tally.copied)
+                used: set[str] = set()
                 try:
-                    _write_segments(fd, planned, bar, tally, method, methods)
+                    _write_segments(fd, planned, bar, tally, method, used)
                 finally:
                     os.close(fd)
+                methods |= used
+                _log_written(planned, used, tally.shared - before[0], tally.copied - before[1])
                 if os.path.getsize(partial) != planned.size:
                     raise OutputWriteError(
                         f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path
@@ -429,23 +440,37 @@ def _write_locked(
                     backup = backup_name(planned.path.name) if exists else None
                     entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
                 commit(folder, entries)
+                logger.info("committed %d file(s) in %s: %s%s", len(entries), folder,
+                            ", ".join(p.path.name for p in planned_files),
+                            " (replacing the previous files)" if any(e.backup for e in entries) else "")
                 for planned in planned_files:
                     partials.remove(partial_of[planned.path])
+    except OutputWriteError as e:  # before OSError, which it also is
+        _discard(partials)
+        raise OutputWriteError(f"{e.message}; {_left_behind(replacing)}", e.path or current) from None
+    except GGUFMTPError:  # an output that appeared since the checks (UnsafeOutputError): already one line
+        _discard(partials)
+        raise
     except OSError as e:
         _discard(partials)
         reason = e.strerror or str(e)
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             reason = f"{reason} (disk full or file too large)"
         raise OutputWriteError(f"writing failed: {reason}; {_left_behind(replacing)}", current) from None
-    except OutputWriteError as e:
-        _discard(partials)
-        raise OutputWriteError(f"{e.message}; {_left_behind(replacing)}", e.path or current) from None
     except BaseException:
         _discard(partials)
         raise
     if tally.shared:
         methods.add("reflink")
     return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)), tally.shared)
+
+
+def _log_written(planned: OutputFile, used: set[str], shared: int, copied: int) -> None:
+    """One INFO line per finished (not yet committed) output: how its bytes were made."""
+    written = planned.size - shared - copied  # headers, padding, converted tensor data
+    how = ", ".join(sorted(used | ({"reflink"} if shared else set()))) or "no copies"
+    logger.info("wrote %s (%s bytes): %s bytes shared with the inputs (reflink), %s copied (%s), %s written",
+                planned.path.name, f"{planned.size:,}", f"{shared:,}", f"{copied:,}", how, f"{written:,}")
 
 
 def _left_behind(replacing: bool) -> str:

@@ -77,6 +77,26 @@ def glm_draft(models: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def glm_draft3(models: Path) -> Path:
+    """A glm4moe MTP draft with three NextN blocks, blk.0..blk.2 (as Step-3.5 / MiMo-V2 heads come)."""
+    return write_draft(models / "drafts" / "glm-mtp3.gguf", family=GLM4MOE, block=0, nextn=3, quant="Q8_0", seed=5)
+
+
+@pytest.fixture(scope="session")
+def nemotron_draft3(models: Path) -> Path:
+    """A nemotron_h_moe MTP draft with three NextN blocks already at blk.3..blk.5 (for the M*E trunk)."""
+    return write_draft(models / "drafts" / "mtp-blk3-x3.gguf", block="N", nextn=3, seed=6)
+
+
+@pytest.fixture(scope="session")
+def glm_converted3(models: Path) -> Path:
+    """A 2-shard glm4moe model as a converter writes it with three NextN blocks (blk.2..blk.4)."""
+    return write_target(
+        models / "glm-mtp3", family=GLM4MOE, with_nextn=True, nextn=3, shards=2, quant="Q8_0", name="glm-mtp3", seed=9
+    )
+
+
+@pytest.fixture(scope="session")
 def gguf_split_tool() -> Path:
     """llama.cpp's own ``llama-gguf-split``, built once from the llama.cpp vendored in the pinned
     llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's hash), or

@@ -99,7 +99,12 @@ def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architectur
     by_hf = get_model_class("NemotronHForCausalLM")
     assert model_class_for_arch(ARCH) is by_hf
     assert by_hf.hf_architectures == ("NemotronHForCausalLM",)
-    assert supported_architectures() == ["NemotronHForCausalLM"]
+    assert supported_architectures() == sorted([
+        "Glm4MoeForCausalLM", "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+    ])
+    assert model_class_for_arch("glm4moe") is get_model_class("Glm4MoeForCausalLM")
+    assert get_model_class("Qwen3_5MoeForCausalLM") is get_model_class("Qwen3_5MoeForConditionalGeneration")
 
 
 def test_draft_holds_exactly_the_18_nextn_tensors_as_llama_cpp_names_them(draft_tensors: dict) -> None:
@@ -292,14 +297,14 @@ def test_standalone_metadata_is_the_target_grown_by_one_nextn_block(bf16_head: P
 
 
 def test_neither_target_nor_block_is_refused(bf16_head: Path, tmp_path: Path) -> None:
-    with pytest.raises(GGUFMTPError, match="--target TARGET.gguf .* or --block N"):
+    with pytest.raises(GGUFMTPError, match="give target .* or block$"):
         convert(bf16_head, tmp_path / "d.gguf")
     assert not (tmp_path / "d.gguf").exists()
 
 
 def test_block_other_than_the_target_trunk_count_is_refused(bf16_head: Path, nemotron_split: Path,
                                                             tmp_path: Path) -> None:
-    with pytest.raises(IncompatibleDraftError, match="--block 7: .* it is 3"):
+    with pytest.raises(IncompatibleDraftError, match="block 7: .* it is 3"):
         convert(bf16_head, tmp_path / "d.gguf", target=nemotron_split, block=7)
 
 
@@ -414,13 +419,14 @@ def test_output_over_an_input_is_refused(bf16_head: Path, tmp_path: Path) -> Non
     assert [p.name for p in bf16_head.iterdir() if p.name.startswith(".")] == []
 
 
-def test_glm_family_is_not_mistaken_for_a_head(tmp_path: Path) -> None:
-    # GLM4MOE targets exist in the tiny models; there is no GLM head converter yet: the error lists the supported.
+def test_nemotron_head_under_another_family_name_is_not_converted_as_that_family(tmp_path: Path) -> None:
+    # An MTPv2 head whose config.json claims GLM: the GLM converter looks for model.layers.{N}.* and says so.
     head = write_mtpv2_checkpoint(tmp_path / "head", files=1)
     config = (head / "config.json").read_text().replace("NemotronHForCausalLM", "Glm4MoeForCausalLM")
     (head / "config.json").write_text(config)
-    with pytest.raises(GGUFMTPError, match="'Glm4MoeForCausalLM' is not supported; supported: NemotronHForCausalLM"):
+    with pytest.raises(GGUFMTPError, match=r"no MTP head: no tensor name starts with 'model\.layers\.3\.'"):
         convert(head, tmp_path / "d.gguf", block=BLOCK)
+    assert not (tmp_path / "d.gguf").exists()
     assert GLM4MOE.arch == "glm4moe"
 
 

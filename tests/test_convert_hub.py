@@ -79,8 +79,12 @@ def test_hub_source_requests_only_config_index_and_mtp_shards(
 def test_hub_cache_in_these_tests_refuses_files_never_downloaded(full_checkpoint: Path, offline_cache: Path) -> None:
     # The guard the test above relies on: asking for the trunk shard fails, so it was never asked for.
     fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
-    with pytest.raises(LocalEntryNotFoundError):
-        huggingface_hub.snapshot_download(REPO, allow_patterns=["*.safetensors"])
+    try:  # recent huggingface_hub releases refuse an incomplete snapshot; 0.3x and 1.0 return what is cached
+        folder = huggingface_hub.snapshot_download(REPO, allow_patterns=["*.safetensors"])
+    except LocalEntryNotFoundError:
+        return
+    assert not (Path(folder) / TRUNK_SHARD).exists()
+    assert sorted(p.name for p in Path(folder).glob("*.safetensors"))  # the head shards are there
 
 
 def test_hub_revision_is_passed_through(full_checkpoint: Path, offline_cache: Path,
@@ -171,7 +175,7 @@ def test_cli_refused_token_is_one_clear_line(refusing_hub: tuple[str, type], tmp
                     _hub_env(endpoint, tmp_path, HF_TOKEN="hf_not_a_valid_token"))
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1
-    assert f"{REPO}: repository not found, or private and the token was refused" in done.stderr
+    assert f"repository {REPO} not found, or private and the token was refused" in done.stderr
 
 
 def test_cli_missing_token_is_one_clear_line(refusing_hub: tuple[str, type], tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ class HubStandIn:
     root: Path  # files live at root/{owner}/{repo}/{revision}/{path}
     url: str = ""
     redirect: bool = False
+    redirect_base: str = ""  # where a redirect points: "" (the same host) or another origin, e.g. http://localhost:PORT
     ignore_range: bool = False
     misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop" or "fake-gzip"
     log: list[Served] = field(default_factory=list)
@@ -183,7 +184,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 match = _RESOLVE.match(self.path)
                 assert match
                 self.send_response(302)
-                self.send_header("Location", f"/cdn/{match['repo']}/{match['rev']}/{match['path']}")
+                self.send_header("Location", f"{hub.redirect_base}/cdn/{match['repo']}/{match['rev']}/{match['path']}")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
@@ -256,6 +257,7 @@ def hub(server: HubStandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     server.redirect = False
+    server.redirect_base = ""
     server.ignore_range = False
     server.misbehave = None
     server.reset()
@@ -350,6 +352,41 @@ def test_redirect_to_a_cdn_is_followed(hub: HubStandIn, published: str) -> None:
     assert any(path.startswith("/cdn/") for _, path, _ in hub.requests)
 
 
+def test_the_token_is_not_sent_to_another_host(
+    hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_loopbacktesttoken")
+    hub.redirect = True
+    hub.redirect_base = hub.url.replace("127.0.0.1", "localhost")  # another origin, the same loopback server
+    assert inspect(published).mtp_verdict == "MTP: yes (1 block, blk.3)"
+    sent = [(path.startswith("/cdn/"), auth) for _, path, _, auth in
+            ((r.method, r.path, r.byte_range, r.authorization) for r in hub.log)]
+    assert {auth for cdn, auth in sent if not cdn} == {"Bearer hf_loopbacktesttoken"}
+    assert {auth for cdn, auth in sent if cdn} == {None}
+    assert sum(cdn for cdn, _ in sent) == 3
+
+
+def test_reads_need_none_of_huggingface_hubs_transports(
+    hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests, httpx and httpx2 differ between huggingface_hub's release lines: none of them is used."""
+    import sys
+
+    import huggingface_hub
+
+    for module in ("httpx2", "httpx", "requests", "httpcore", "httpcore2"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+
+    def no_session(*args: object, **kwargs: object) -> None:
+        raise AssertionError("huggingface_hub's HTTP session was used")
+
+    monkeypatch.setattr(huggingface_hub, "get_session", no_session)
+    monkeypatch.setattr("huggingface_hub.utils.get_session", no_session)
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.bytes_fetched == hub.total_sent and summary.http_requests == 3
+
+
 def test_revision_selects_the_files(hub: HubStandIn, nemotron_split: Path) -> None:
     hub.publish(shard_files(nemotron_split), folder="rev", revision="v1.0")
     address = f"hf://{REPO}/rev/{nemotron_split.name}"
@@ -387,7 +424,10 @@ def test_missing_repository_is_one_clear_error(hub: HubStandIn) -> None:
 def test_offline_mode_is_one_clear_error_and_no_request(
     hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # huggingface_hub reads it at import
     with pytest.raises(HubError, match="HF_HUB_OFFLINE is set"):
         inspect(published)
     assert main(["inspect", published]) == 2

@@ -23,8 +23,10 @@ from gguf_mtp.check.verify import verify
 from gguf_mtp.files.extents import ExtentProver, file_extents
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK, can_share
 from gguf_mtp.format.header import read_header
+from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.graft import graft
 from gguf_mtp.jobs.strip import strip
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 IMAGE_BYTES = 512 * 1024 * 1024  # mkfs.xfs wants 300 MiB at least; the image file is sparse
 _SHARED_FLAG = 0x2000
@@ -220,3 +222,18 @@ def test_preflight_counts_shared_bytes_as_free(xfs: Path, inputs: tuple[Path, Pa
         assert report.bytes_shared > 0
     finally:
         filler.unlink()
+
+
+def test_compose_of_a_draft_converted_for_the_target_shares_the_draft_too(xfs: Path, inputs: tuple[Path, Path]) -> None:
+    # convert --target puts the draft's data where compose appends it (mod 4 KiB): on XFS the composite then
+    # shares the draft's extents as well as the target's, and costs the disk only headers and partial blocks.
+    target, _ = inputs
+    head = write_mtpv2_checkpoint(xfs / "in" / "head", files=2)
+    draft = convert(head, xfs / "in" / "converted.gguf", target=target, progress=False).output
+    before = _used(xfs)
+    report = compose(target, draft, xfs / "composite-converted", progress=False)
+    grown = _used(xfs) - before
+    copied = report.bytes_written - report.bytes_shared
+    assert copied <= 2 * SHARE_BLOCK * (len(report.output_paths) + len(read_header(draft).tensors)) + 64 * 1024
+    assert grown <= 64 * 1024 * (len(report.output_paths) + 1), grown
+    assert _shared_bytes(draft, report.output_paths[-1]) == _whole_blocks(draft) > 0

@@ -18,11 +18,13 @@ from gguf_mtp import compose, open_model
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK, CopyTally, copy_range
 from gguf_mtp.format.header import GGUFArray, encode_kv, parse_header, read_header
-from gguf_mtp.format.layout import PAD_KEY, congruence, congruent_header, placements
+from gguf_mtp.format.layout import PAD_KEY, appended_data_residue, congruence, congruent_header, placements
 from gguf_mtp.jobs.compose_plan import plan_composition
+from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.extract import extract, plan_extraction
 from gguf_mtp.jobs.graft import plan_graft
 from gguf_mtp.jobs.strip import plan_strip, strip
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Zeros, write_outputs
 
@@ -175,6 +177,28 @@ def test_extract_then_compose_puts_even_the_draft_ranges_in_step(
     plan = plan_composition(open_model(trunk), open_model(draft), tmp_path / "again")
     tally = congruence(plan.outputs)
     assert tally.in_step == tally.copied
+
+
+@pytest.mark.parametrize("target_fixture", ["nemotron_split", "nemotron_single", "nemotron_metaonly"])
+def test_a_draft_converted_for_its_target_lands_in_step_in_the_composite(
+    target_fixture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # convert --target lays the draft's data out where compose will append it (mod 4 KiB): every byte of
+    # the composite, the draft's included, can then share extents with an input.
+    target = request.getfixturevalue(target_fixture)
+    head = write_mtpv2_checkpoint(tmp_path / "head", files=2)
+    draft = convert(head, tmp_path / "draft.gguf", target=target, progress=False).output
+    assert read_header(draft).data_offset % SHARE_BLOCK == appended_data_residue(open_model(target).headers[-1])
+    plan = plan_composition(open_model(target), open_model(draft), tmp_path / "c")
+    tally = congruence(plan.outputs)
+    assert tally.in_step == tally.copied
+    assert _assert_ranges_from_in_step(plan.outputs[-1], draft) == sum(t.nbytes for t in read_header(draft).tensors)
+    # the padding is ours: compose does not carry the draft's into the composite, and the bytes are as before
+    composite = compose(target, draft, tmp_path / "out", progress=False).output_paths[-1]
+    assert reader_kvs(composite).keys() == reader_kvs(
+        compose(target, draft, tmp_path / "again", progress=False).output_paths[-1]).keys()
+    unpadded = convert(head, tmp_path / "plain.gguf", block=open_model(target).block_count, progress=False).output
+    assert reader_tensors(draft) == reader_tensors(unpadded)
 
 
 def test_graft_puts_every_target_range_in_step(converted: Path, nemotron_split: Path, tmp_path: Path) -> None:

@@ -28,8 +28,7 @@ from gguf_mtp.model.blocks import (
     is_mtp_only,
     layer_kinds,
     missing_nextn_by_block,
-    nextn_kind_problems,
-    unextended_arrays,
+    per_layer_problems,
 )
 from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
 
@@ -310,10 +309,9 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
             problems += block_tensor_problems(layout, declared)
             mtp_only = is_mtp_only(layout, declared)
         if block_count is not None:
-            trunk = block_count - nextn
+            trunk = block_count - (nextn or 0)
             kinds = layer_kinds(first, arch, block_count)
-            problems += unextended_arrays(first, arch, block_count, trunk)
-            problems += nextn_kind_problems(first, arch, block_count, trunk)
+            problems += per_layer_problems(first, arch, block_count, trunk)
     nextn = nextn or 0
     nextn_blocks = tuple(range(block_count - nextn, block_count)) if block_count is not None else ()
     missing = {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}

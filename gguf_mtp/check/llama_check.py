@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,6 +57,8 @@ CONTEXT_PARAMS: dict[str, Any] = {
     "op_offload": False,
     "no_perf": True,
 }
+logger = logging.getLogger(__name__)
+
 _REASON = re.compile(r"(error|failed|GGML_ASSERT|corrupted|wrong|missing|invalid|exception)", re.IGNORECASE)
 
 
@@ -142,13 +147,18 @@ def check_with_llama(
     cmd = _child_command(os.fspath(path), mtp, trunk)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     result = LlamaCheck(os.fspath(path))
+    logger.info("llama.cpp check: OMP_NUM_THREADS=%s %s", env["OMP_NUM_THREADS"], shlex.join(cmd))
+    started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, errors="replace")
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
         result.error = f"llama.cpp did not finish within {timeout:.0f} s"
         result.log_tail = stderr[-4000:]
+        logger.info("llama.cpp check: killed after %.0f s", timeout)
         return result
+    logger.info("llama.cpp check: exit status %d after %.1f s", proc.returncode, time.perf_counter() - started)
+    logger.debug("llama.cpp stderr (last 4000 characters):\n%s", proc.stderr[-4000:])
     result.log_tail = proc.stderr[-4000:]
     report = None
     for line in reversed(proc.stdout.splitlines()):
@@ -178,6 +188,7 @@ def check_with_llama(
             result.mtp_decode_ok = False
     elif not result.loaded and result.error is None:
         result.error = _reason(proc.stderr) or "load failed"
+    logger.info("llama.cpp check of %s: %s", result.path, result.summary())
     return result
 
 

@@ -1,8 +1,9 @@
 """``verify``: prove a composite is right, check by check.
 
 Structural checks read only headers (every shard present and readable, ``split.*`` right in every
-shard, tensors sized and placed as llama.cpp requires, per-layer arrays as long as ``block_count``,
-every declared NextN block complete). With the target, every target tensor's bytes are compared with
+shard, tensors sized and placed as llama.cpp requires, per-layer arrays as long as ``block_count``
+and trunk-length ones as long as the trunk, per :mod:`gguf_mtp.model.arch_rules`, every declared
+NextN block complete). With the target, every target tensor's bytes are compared with
 the composite's and every target KV must be unchanged except those compose changes; with the draft,
 every draft block tensor must be in the composite, bytes identical. Bytes are compared in fixed-size
 chunks read with ``os.pread`` (memory stays flat whatever the model size), under a progress bar.
@@ -41,9 +42,8 @@ from gguf_mtp.model.blocks import (
     block_layout_problem,
     is_mtp_only,
     missing_nextn_tensors,
-    nextn_kind_problems,
     per_layer_keys,
-    unextended_arrays,
+    per_layer_problems,
 )
 from gguf_mtp.model.set_id import SET_ID_KEY, set_id_problems
 from gguf_mtp.model.shard_scan import (
@@ -226,8 +226,7 @@ def _structural_checks(model: ScannedModel, layout: _Layout | None, layout_error
     checks.append(
         _check(
             "per-layer arrays",
-            unextended_arrays(first, layout.arch, layout.block_count, layout.trunk)
-            + nextn_kind_problems(first, layout.arch, layout.block_count, layout.trunk),
+            per_layer_problems(first, layout.arch, layout.block_count, layout.trunk),
             f"{len(arrays)} array(s) with {layout.block_count} entries (block_count)"
             + (f": {', '.join(kv.key.split('.', 1)[1] for kv in arrays)}" if arrays else ""),
         )

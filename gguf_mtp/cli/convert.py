@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from gguf_mtp.conversion import OUTTYPE_NAMES, supported_architectures
+from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
 from .common import add_output_flags, print_json, print_report
 
@@ -30,20 +32,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")
+    p.add_argument("--drop-nextn-copies", action="store_true",
+                   help="GLM-4.5: leave out the NextN layer's own embed_tokens/shared_head.head copies (about 1.5 GB "
+                        "each); llama.cpp uses the trunk's")
     p.add_argument("--revision", metavar="REV", help="Hub revision (branch, tag or commit) of a repo-id SOURCE")
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
     p.set_defaults(run=run)
 
 
+#: How the library's parameter names read on this command line (the library never names flags).
+_AS_FLAGS = (
+    (re.compile(r"^(block|outtype|revision) '?([^':]*)'?:"), lambda m: f"--{m[1]} {m[2]}:"),
+    (re.compile(r"^standalone needs target:"), lambda m: "--standalone needs --target:"),
+    (re.compile(r"^drop_nextn_copies:"), lambda m: "--drop-nextn-copies:"),
+    (re.compile(r"give target \((.*)\) or block$"), lambda m: f"give --target TARGET.gguf ({m[1]}) or --block N"),
+)
+
+
+def _in_flags(error: GGUFMTPError) -> GGUFMTPError:
+    """``error`` with the parameters its message names spelled as this command's flags."""
+    message = error.message
+    for pattern, flag in _AS_FLAGS:
+        message = pattern.sub(flag, message)
+    return error if message == error.message else type(error)(message, error.path)
+
+
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.convert import convert
 
-    report = convert(
-        args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
-        standalone=args.standalone, revision=args.revision, dry_run=args.dry_run, force=args.force,
-        progress=not (args.quiet or args.json),
-    )
+    try:
+        report = convert(
+            args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
+            standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies, revision=args.revision,
+            dry_run=args.dry_run, force=args.force,
+            progress=not (args.quiet or args.json),
+        )
+    except (ParameterError, IncompatibleDraftError) as e:
+        raise _in_flags(e) from None
     if args.json:
         print_json(report.to_dict())
     else:

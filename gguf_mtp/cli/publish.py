@@ -62,7 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="one commit, resumable, or by size (default: auto)")
     p.add_argument("--standalone", action="store_true",
                    help="publish an MTP-only draft (convert/extract --standalone) for llama-server --spec-draft-model; "
-                        "the card shows that command")
+                        "the card shows that command and llama-server -hf; the files are named mtp-* as -hf expects")
+    p.add_argument("--path-in-repo", metavar="FOLDER",
+                   help="upload into this folder of the repo (e.g. the folder of a quant, so that a --standalone "
+                        "sidecar lies next to it for llama-server -hf); default the repo root")
     add_provenance_flags(p)
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     report = publish(
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
-        standalone=args.standalone,
+        standalone=args.standalone, path_in_repo=args.path_in_repo,
     )
     if args.json:
         print_json(report.to_dict())

@@ -47,6 +47,12 @@ def __getattr__(name: str) -> Any:
 #: HF architecture name -> module of this package that converts its MTP head.
 FAMILY_MODULES: dict[str, str] = {
     "NemotronHForCausalLM": "nemotron",
+    "Glm4MoeForCausalLM": "glm4moe",
+    "Qwen3_5MoeForCausalLM": "qwen35",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35",
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5ForConditionalGeneration": "qwen35",
+    "Qwen3NextForCausalLM": "qwen35",
 }
 
 

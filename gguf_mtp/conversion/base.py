@@ -16,7 +16,7 @@ BF16 out) are copied by the kernel instead of passing through numpy.
 
 from __future__ import annotations
 
-import io
+import functools
 import itertools
 import json
 import math
@@ -40,10 +40,9 @@ from gguf import (
     LlamaFileType,
 )
 from gguf import quants as gguf_quants
-from gguf.gguf_writer import GGUFValue, WriterState
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.format.header import KeyValue, tensor_nbytes
+from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
 from gguf_mtp.model.blocks import per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
@@ -73,7 +72,7 @@ __all__ = [
 Q = GGMLQuantizationType
 
 #: ``--outtype`` names -> ggml type (llama.cpp's converter offers the same names).
-OUTTYPES: dict[str, GGMLQuantizationType] = {name: Q[name.upper()] for name in OUTTYPE_NAMES}
+OUTTYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
 
 #: ``general.file_type`` of a file whose matrices are all of one type.
 FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
@@ -311,9 +310,8 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)
-            segments.append(
-                Generated(nbytes, lambda p=part, q=tensor.ggml_type: _converted_chunks(p, q, chunk_bytes))
-            )
+            chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes)
+            segments.append(Generated(nbytes, chunks))
     return _merge_copies(segments)
 
 
@@ -321,49 +319,85 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
 
 
 class HeadGGUFWriter(GGUFWriter):
-    """gguf-py's :class:`~gguf.GGUFWriter`, rendering its header (metadata and tensor infos, with the
-    offsets it computes) in memory; the tensor data is streamed separately, piece by piece, so the
-    writer never holds tensors. It can also carry KVs copied byte-exactly from another GGUF
+    """Records the metadata a converter sets through gguf-py's :class:`~gguf.GGUFWriter` API as
+    :class:`~gguf_mtp.format.header.KeyValue` entries, encoded by this project's codec.
+
+    Converters keep llama.cpp's shape: :meth:`HeadModel.set_gguf_parameters` calls the writer's public
+    ``add_*`` methods (``add_block_count``, ``add_expert_count``...), which gguf-py turns into key names
+    and value types and hands to :meth:`add_key_value`, the one method overridden here. Nothing else of
+    gguf-py's writer is used: it never opens a file, and the header is rendered by
+    :func:`gguf_mtp.format.header.serialize_header` from :attr:`kvs` and tensor infos the plan lays out
+    (the codec is the only serializer). KVs copied byte-exactly from another GGUF keep their encoding
     (:meth:`add_copied_kv`), whatever their type.
     """
 
     def __init__(self, arch: str, *, alignment: int | None = None) -> None:
+        self._kvs: dict[str, KeyValue] = {}  # before super().__init__, which adds general.architecture
         super().__init__(None, arch)
         if alignment is not None and alignment != GGUF_DEFAULT_ALIGNMENT:
             self.add_custom_alignment(alignment)
 
+    def add_key_value(self, key: str, val: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
+        """Encode and record one KV (a key set twice keeps its place and takes the new value, as in gguf-py).
+
+        Raises:
+            ValueError: a value gguf-py could not write either (an empty array without ``sub_type``, an array
+                of mixed types, an unknown type).
+        """
+        vtype = GGUFValueType(vtype)
+        if vtype == GGUFValueType.ARRAY:
+            self._kvs[key] = encode_kv(key, vtype, _typed_array(val, sub_type, key))
+        else:
+            self._kvs[key] = encode_kv(key, vtype, _scalar(val, vtype))
+
+    def remove_key(self, key: str) -> None:
+        """Drop ``key`` if it was set."""
+        self._kvs.pop(key, None)
+
     def add_copied_kv(self, kv: KeyValue) -> None:
         """Add (or replace) a KV with its exact encoding, e.g. taken from the target model."""
-        self.kv_data[0][kv.key] = GGUFValue(kv, kv.vtype)
+        self._kvs[kv.key] = kv
 
     def clear_kvs(self) -> None:
         """Drop every KV, ``general.architecture`` included (to re-add them in another file's order)."""
-        self.kv_data[0].clear()
+        self._kvs.clear()
 
-    def _pack_val(
-        self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None
-    ) -> bytes:
-        if isinstance(val, KeyValue):
-            return val.raw[val.value_offset - (4 if add_vtype else 0) :]
-        return super()._pack_val(val, vtype, add_vtype, sub_type)
+    @property
+    def kvs(self) -> list[KeyValue]:
+        """The recorded KVs, in the order they were first set."""
+        return list(self._kvs.values())
 
-    def add_planned_tensor(self, name: str, ggml_shape: Sequence[int], ggml_type: int, nbytes: int) -> None:
-        """Register a tensor whose data will be streamed later (shape in ggml order)."""
-        # GGUFWriter takes numpy-order shapes and reverses them; float32 only marks "not raw bytes".
-        self.add_tensor_info(name, tuple(reversed(ggml_shape)), np.dtype(np.float32), nbytes,
-                             raw_dtype=GGMLQuantizationType(ggml_type))
+    @property
+    def alignment(self) -> int:
+        """The data alignment (``general.alignment`` when set, else GGUF's default of 32)."""
+        return self.data_alignment
 
-    def render_header(self) -> bytes:
-        """The header (magic .. tensor infos), padded to the data alignment."""
-        buffer = io.BytesIO()
-        self.fout = [buffer]  # type: ignore[list-item]
-        self.state = WriterState.EMPTY
-        self.write_header_to_file()
-        self.write_kv_data_to_file()
-        self.write_ti_data_to_file()
-        self.write_padding(buffer, buffer.tell())
-        self.fout = None
-        return buffer.getvalue()
+
+def _scalar(val: Any, vtype: GGUFValueType) -> Any:
+    """A scalar as the codec takes it: strings as ``str`` (bytes are kept exactly through surrogateescape)."""
+    if vtype == GGUFValueType.STRING and isinstance(val, (bytes, bytearray)):
+        return bytes(val).decode("utf-8", "surrogateescape")
+    return val
+
+
+def _typed_array(val: Any, sub_type: GGUFValueType | None, key: str) -> GGUFArray:
+    """A gguf-py array value (a list, or ``bytes`` for u8) as a :class:`GGUFArray`, its element type
+    ``sub_type`` or, like gguf-py, the type of its items (``int`` -> i32, ``float`` -> f32, ``str``)."""
+    if isinstance(val, (bytes, bytearray)):
+        return GGUFArray(sub_type or GGUFValueType.UINT8, tuple(val))
+    if not isinstance(val, Sequence) or isinstance(val, str):
+        raise ValueError(f"{key}: a GGUF array needs a sequence, not {type(val).__name__}")
+    if sub_type is None:
+        if not val:
+            raise ValueError(f"{key}: an empty GGUF array needs its element type")
+        sub_type = GGUFValueType.get_type(val[0])
+        if any(GGUFValueType.get_type(item) is not sub_type for item in val[1:]):
+            raise ValueError(f"{key}: all items of a GGUF array must have the same type")
+    etype = GGUFValueType(sub_type)
+    if etype == GGUFValueType.ARRAY:
+        return GGUFArray(etype, tuple(item if isinstance(item, GGUFArray) else _typed_array(item, None, key)
+                                      for item in val))
+    return GGUFArray(etype, tuple(_scalar(item, etype) for item in val))
 
 
 # -------------------------------------------------------------------------------------------- model
@@ -385,6 +419,9 @@ class HeadModel:
     model_arch: ClassVar[MODEL_ARCH]
     #: Checkpoint tensors of the MTP head start with this.
     tensor_prefix: ClassVar[str] = "mtp."
+    #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
+    #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
+    keep_nextn_copies: ClassVar[bool | None] = None
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
     #: GGUF architecture name -> converter class.
@@ -403,6 +440,15 @@ class HeadModel:
             return model_class
 
         return decorate
+
+    @classmethod
+    def head_prefix(cls, config: dict[str, Any]) -> str:
+        """The name prefix of the head's tensors for a ``config.json`` (what is downloaded and opened)."""
+        return cls.tensor_prefix
+
+    def default_block(self) -> int | None:
+        """The NextN block index when neither a target nor ``block`` gives it (``None``: one of them must)."""
+        return None
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
@@ -601,7 +647,8 @@ class HeadModel:
         for check in self.target_checks():
             key = f"{self.arch}.{check.key}"
             if check.key == "vocab_size":
-                stated = [vocab_size(target)] if vocab_size(target) is not None else []
+                vocab = vocab_size(target)
+                stated = [vocab] if vocab is not None else []
             else:
                 value = target.get(key)
                 if value is None:

@@ -1,11 +1,14 @@
-"""NVIDIA Nemotron-H MoE (Nemotron 3 Super): the MTPv2 head -> one NextN block of ``nemotron_h_moe``.
+"""NVIDIA Nemotron-H MoE (Nemotron 3 Super, Nano, 3.5 Lightning): the MTPv2 head -> one NextN block of
+``nemotron_h_moe``.
 
 The checkpoint's head has two layers: ``mtp.layers.0`` is the NextN input fusion (``enorm``,
 ``hnorm``, ``eh_proj``) plus an attention sub-layer, ``mtp.layers.1`` a latent-MoE sub-layer plus the
 final head norm. llama.cpp folds both into one trailing block ``blk.N`` (N = the trunk's block
 count), which is therefore both an attention and a MoE layer in the per-layer metadata. Names and
 shapes follow llama.cpp's ``src/models/nemotron-h.cpp``; no transposes beyond the usual reversal to
-ggml order and no ``norm + 1``.
+ggml order and no ``norm + 1``. Super's MoE is latent (``moe_latent_size``, ``fc1/fc2_latent_proj``); Nano's
+is not: without ``moe_latent_size`` (absent or null) the experts work at full width and no ``ffn_latent_*``
+tensor is expected, as in llama.cpp's loader, where both are optional.
 """
 
 from __future__ import annotations

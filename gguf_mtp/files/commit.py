@@ -204,6 +204,8 @@ def _read_journal(path: Path) -> tuple[int | None, list[Replacement]]:
         if path.stat().st_size > _MAX_JOURNAL_BYTES:
             raise bad("too big")
         doc = json.loads(path.read_bytes())
+    except UnsafeOutputError:  # bad() itself: an OSError too
+        raise
     except (OSError, ValueError, RecursionError) as e:
         raise bad(f"unreadable: {e.__class__.__name__}") from None
     if not isinstance(doc, dict) or doc.get("format") != JOURNAL_FORMAT or not isinstance(doc.get("entries"), list):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import struct
 from collections.abc import Iterable
@@ -56,6 +57,8 @@ _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, e
 #: ... and for cloning also "no such ioctl on this filesystem" and a range the filesystem will not clone.
 _NO_CLONE_ERRNOS = _FALLBACK_ERRNOS | {errno.ENOTTY, errno.EISDIR, errno.ENOTSUP}
 
+logger = logging.getLogger(__name__)
+
 
 class Progress(Protocol):
     """What a copy reports its progress to (a tqdm bar, or a :class:`CopyTally`)."""
@@ -71,6 +74,7 @@ class CopyTally:
         self.bar = bar
         self.shared = 0
         self.copied = 0
+        self.fallbacks: set[tuple[str, int | None]] = set()  # (method, errno) already logged at INFO
 
     def update(self, n: int) -> None:
         """``n`` more bytes copied."""
@@ -139,6 +143,7 @@ def _clone(src_fd: int, dst_fd: int, offset: int, nbytes: int, dst_offset: int, 
             fcntl.ioctl(dst_fd, _FICLONERANGE, _CLONE_ARGS.pack(src_fd, offset + done, n, dst_offset + done))
         except OSError as e:
             if e.errno in _NO_CLONE_ERRNOS:
+                _fallback(bar, "reflink (FICLONERANGE)", e, "copying instead")
                 break
             raise
         done += n
@@ -162,6 +167,7 @@ def _stream(src_fd: int, dst_fd: int, offset: int, nbytes: int, bar: Progress, m
         except OSError as e:
             if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
                 raise
+            _fallback(bar, "copy_file_range", e, "trying sendfile" if hasattr(os, "sendfile") else "using read/write")
     if method in ("auto", "sendfile") and hasattr(os, "sendfile"):
         try:
             while offset < end:
@@ -174,6 +180,7 @@ def _stream(src_fd: int, dst_fd: int, offset: int, nbytes: int, bar: Progress, m
         except OSError as e:
             if method != "auto" or e.errno not in _FALLBACK_ERRNOS:
                 raise
+            _fallback(bar, "sendfile", e, "using read/write")
     while offset < end:
         chunk = os.pread(src_fd, min(8 * 1024 * 1024, end - offset), offset)
         if not chunk:
@@ -185,6 +192,19 @@ def _stream(src_fd: int, dst_fd: int, offset: int, nbytes: int, bar: Progress, m
         offset += len(chunk)
         bar.update(len(chunk))
     return "readwrite"
+
+
+def _fallback(bar: Progress, method: str, error: OSError, then: str) -> None:
+    """Log that ``method`` cannot be used here: at INFO the first time a :class:`CopyTally` (one write)
+    meets it, at DEBUG after that (a write of many ranges would otherwise repeat it for each)."""
+    code = errno.errorcode.get(error.errno, str(error.errno)) if error.errno is not None else "no errno"
+    seen: set[tuple[str, int | None]] | None = getattr(bar, "fallbacks", None)
+    key = (method, error.errno)
+    first = seen is None or key not in seen
+    if seen is not None:
+        seen.add(key)
+    level = logging.INFO if first else logging.DEBUG
+    logger.log(level, "%s is not possible here (%s: %s): %s", method, code, error.strerror or error, then)
 
 
 def can_share(source: Path, folder: Path) -> bool:

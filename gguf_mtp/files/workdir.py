@@ -82,5 +82,7 @@ def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str 
             )
         _write_marker(folder, kind)
         return created
+    except UnsafeOutputError:  # an OSError too: already one line
+        raise
     except OSError as e:
         raise UnsafeOutputError(f"cannot use this {option} folder: {e.strerror or e}", folder) from None

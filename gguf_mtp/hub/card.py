@@ -192,6 +192,8 @@ def render_model_card(
     provenance: Provenance = Provenance(),
     version: str,
     standalone: bool = False,
+    names: Sequence[str] | None = None,
+    path_in_repo: str | None = None,
 ) -> str:
     """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft).
 
@@ -202,12 +204,15 @@ def render_model_card(
         provenance: where the target and the head came from.
         version: the gguf-mtp version that wrote the files.
         standalone: the files are an MTP-only draft: the card says it is not a model by itself and shows
-            the ``llama-server -m TARGET --spec-draft-model DRAFT`` command.
+            the ``llama-server -m TARGET --spec-draft-model DRAFT`` and ``llama-server -hf`` commands.
+        names: the files' paths in the repo (default: their names).
+        path_in_repo: the repo folder the files are in (default: the root).
 
     Returns:
         The card's text: YAML front matter, then Markdown.
     """
-    first = files[0].name
+    paths = list(names) if names is not None else [f.name for f in files]
+    first = paths[0]
     title = repo.split("/", 1)[-1]
     what = markdown_code(facts.name) if facts.name else f"A {markdown_code(facts.architecture)} model"
     block = facts.first_nextn_block
@@ -268,8 +273,9 @@ def render_model_card(
         "| file | size | sha256 |",
         "|---|---:|---|",
     ]
-    lines += [f"| {markdown_code(f.name)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |" for f in files]
-    lines += _run_section_standalone(repo, title, first, facts, provenance) if standalone else [
+    lines += [f"| {markdown_code(n)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |"
+              for f, n in zip(files, paths)]
+    lines += _run_section_standalone(repo, title, first, facts, provenance, path_in_repo) if standalone else [
         "",
         "## Run it",
         "",
@@ -287,7 +293,7 @@ def render_model_card(
         "## Check it",
         "",
         "```sh",
-        "sha256sum " + " ".join(shell_word(f.name) for f in files),
+        "sha256sum " + " ".join(shell_word(n) for n in paths),
         f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}",
         "```",
         "",
@@ -295,13 +301,25 @@ def render_model_card(
     return "\n".join(lines)
 
 
+def hf_command(repo: str, tag: str | None = None, draft_repo: str | None = None) -> str:
+    """``llama-server -hf REPO[:TAG] --spec-type draft-mtp``: llama.cpp downloads the model and, for
+    ``draft-mtp``, the ``mtp-*.gguf`` sidecar in the model's folder or a parent of it (``-hfd`` names a
+    separate repo holding the sidecar)."""
+    model = f"{repo}:{tag}" if tag else repo
+    draft = f" -hfd {shell_word(draft_repo)}" if draft_repo else ""
+    return f"llama-server -hf {shell_word(model)}{draft} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+
+
 def _run_section_standalone(
-    repo: str, title: str, first: str, facts: ModelFacts, provenance: Provenance
+    repo: str, title: str, first: str, facts: ModelFacts, provenance: Provenance, path_in_repo: str | None = None
 ) -> list[str]:
-    """"Run it" for an MTP-only draft: the target with ``-m``, this file with ``--spec-draft-model``."""
+    """"Run it" for an MTP-only draft: with ``--spec-draft-model`` (files on disk) and with ``-hf``."""
     target = provenance.target_files[0] if provenance.target_files else TARGET_PLACEHOLDER
     where = f" of {_repo_link(provenance.target_repo)}" if provenance.target_repo else ""
-    return [
+    download = f"hf download {shell_word(repo)} --local-dir {shell_word(title)}"
+    if path_in_repo:
+        download = f"hf download {shell_word(repo)} {shell_word(first)} --local-dir {shell_word(title)}"
+    lines = [
         "",
         "## Run it",
         "",
@@ -309,7 +327,29 @@ def _run_section_standalone(
         f"({markdown_code(target)} is its first file), then give llama.cpp both:",
         "",
         "```sh",
-        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
+        download,
         draft_command(target, f"{title}/{first}"),
         "```",
     ]
+    same_repo = provenance.target_repo == repo or (provenance.target_repo is None and path_in_repo)
+    if same_repo:
+        tag = path_in_repo.rsplit("/", 1)[-1] if path_in_repo else None
+        lines += [
+            "",
+            "Or let llama.cpp download the model and this sidecar (a file named `mtp-*` in the model's folder "
+            "or a parent of it) itself:",
+            "",
+            "```sh",
+            hf_command(repo, tag),
+            "```",
+        ]
+    elif provenance.target_repo:
+        lines += [
+            "",
+            "Or let llama.cpp download the target model and this sidecar itself:",
+            "",
+            "```sh",
+            hf_command(provenance.target_repo, None, repo),
+            "```",
+        ]
+    return lines

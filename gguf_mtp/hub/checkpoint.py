@@ -10,15 +10,14 @@ those shards only (with the Hub's own progress bars and cache, so a second run d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from huggingface_hub import constants as hf_constants  # cheap; the download stack is imported on first use
-
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_index
-from gguf_mtp.errors import CheckpointError, HubError
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_config, read_index
+from gguf_mtp.errors import CheckpointError
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 
@@ -39,50 +38,12 @@ class HubCheckpoint:
     allow_patterns: tuple[str, ...]
 
 
-def _offline() -> bool:
-    return bool(hf_constants.HF_HUB_OFFLINE)
-
-
-@contextmanager
-def _hub_errors(repo_id: str, revision: str | None, what: str) -> Iterator[None]:
-    """Turn huggingface_hub's exceptions into one clear HubError line."""
-    import huggingface_hub
-    from huggingface_hub import errors as hf_errors
+def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextManager[None]:
+    """huggingface_hub's failures while fetching ``what`` as one :class:`HubError` line (see :mod:`.client`)."""
+    from .client import hub_errors
 
     at = f"@{revision}" if revision else ""
-    try:
-        yield
-    except hf_errors.GatedRepoError:
-        raise HubError(
-            f"{repo_id} is gated: accept its terms on https://huggingface.co/{repo_id}, then set HF_TOKEN "
-            "(or run `hf auth login`) with that account"
-        ) from None
-    except hf_errors.RepositoryNotFoundError:
-        token = "the token was refused" if huggingface_hub.get_token() else "no token is set (set HF_TOKEN)"
-        raise HubError(f"{repo_id}: repository not found, or private and {token}") from None
-    except hf_errors.RevisionNotFoundError:
-        raise HubError(f"{repo_id}: revision {revision!r} not found") from None
-    except hf_errors.LocalEntryNotFoundError as e:
-        if _offline():
-            raise HubError(
-                f"{repo_id}{at}: HF_HUB_OFFLINE is set and {what} is not in the Hub cache "
-                f"({hf_constants.HF_HUB_CACHE}); run once online or unset HF_HUB_OFFLINE"
-            ) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HubError(f"{repo_id}{at}: cannot reach the Hub and {what} is not cached ({first})") from None
-    except hf_errors.RemoteEntryNotFoundError:
-        raise HubError(f"{repo_id}{at} has no {what}") from None
-    except hf_errors.HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else "?"
-        if status in (401, 403):
-            raise HubError(f"{repo_id}: the Hub refused access (HTTP {status}); check HF_TOKEN") from None
-        raise HubError(f"{repo_id}: the Hub answered HTTP {status} while fetching {what}") from None
-    except hf_errors.HFValidationError as e:
-        raise HubError(f"{repo_id!r} is not a valid Hub repo id ({e})") from None
-    except hf_errors.OfflineModeIsEnabled:
-        raise HubError(f"{repo_id}{at}: HF_HUB_OFFLINE is set and {what} is not in the Hub cache") from None
-    except OSError as e:
-        raise HubError(f"{repo_id}{at}: downloading {what} failed: {e}") from None
+    return hub_errors(f"download {what} from {repo_id}{at}", repo_id, revision=revision, file=what)
 
 
 def head_files(weight_map: dict[str, str], prefix: str = "mtp.") -> list[str]:
@@ -90,8 +51,17 @@ def head_files(weight_map: dict[str, str], prefix: str = "mtp.") -> list[str]:
     return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
 
 
-def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "mtp.") -> HubCheckpoint:
+def download_head(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    prefix: str = "mtp.",
+    head_prefix: Callable[[dict[str, Any]], str] | None = None,
+) -> HubCheckpoint:
     """Download ``config.json``, the index and only the shards that hold the MTP head of ``repo_id``.
+
+    The head is the tensors whose names start with ``prefix``, or with ``head_prefix(config)`` when given
+    (``model.layers.{num_hidden_layers}.`` for GLM: it depends on the downloaded ``config.json``).
 
     A repo without an index (one ``model.safetensors``) is fetched whole: there is nothing to choose.
 
@@ -105,9 +75,11 @@ def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "m
 
     check_repo_id(repo_id)
     check_token_env()  # huggingface_hub reads HF_TOKEN itself: a non-ASCII one would be a traceback there
-    with _hub_errors(repo_id, revision, CONFIG_NAME):
-        huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
-    with _hub_errors(repo_id, revision, INDEX_NAME):
+    with _fetching(repo_id, revision, CONFIG_NAME):
+        config_path = huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
+    if head_prefix is not None:
+        prefix = head_prefix(read_config(Path(config_path).parent))
+    with _fetching(repo_id, revision, INDEX_NAME):
         index_path = _download_index(repo_id, revision)
     if index_path is not None:
         files = head_files(read_index(index_path), prefix)
@@ -118,7 +90,7 @@ def download_head(repo_id: str, *, revision: str | None = None, prefix: str = "m
         patterns = (CONFIG_NAME, INDEX_NAME, *files)
     else:
         patterns = (CONFIG_NAME, "*.safetensors")
-    with _hub_errors(repo_id, revision, ", ".join(patterns[2:]) or "the safetensors files"):
+    with _fetching(repo_id, revision, ", ".join(patterns[2:]) or "the safetensors files"):
         folder = huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=list(patterns))
     return HubCheckpoint(repo_id, revision, Path(folder), patterns)
 
@@ -127,14 +99,16 @@ def _download_index(repo_id: str, revision: str | None) -> str | None:
     """The index file, or ``None`` when the repo has none (a single-file checkpoint)."""
     import huggingface_hub
     from huggingface_hub import errors as hf_errors
-    from huggingface_hub.file_download import _CACHED_NO_EXIST
 
+    remote_missing = getattr(hf_errors, "RemoteEntryNotFoundError", hf_errors.EntryNotFoundError)  # < 1.0
     try:
         return huggingface_hub.hf_hub_download(repo_id, INDEX_NAME, revision=revision)
-    except hf_errors.RemoteEntryNotFoundError:
-        return None
-    except hf_errors.LocalEntryNotFoundError:
-        # Offline, the Hub cache remembers the files it found missing; anything else is unknowable.
-        if huggingface_hub.try_to_load_from_cache(repo_id, INDEX_NAME, revision=revision) is _CACHED_NO_EXIST:
+    except hf_errors.LocalEntryNotFoundError:  # before 1.0 a subclass of EntryNotFoundError: test it first
+        # Offline, the Hub cache remembers the files it found missing (try_to_load_from_cache returns its
+        # "cached as missing" marker, neither a path nor None); anything else is unknowable.
+        cached = huggingface_hub.try_to_load_from_cache(repo_id, INDEX_NAME, revision=revision)
+        if cached is not None and not isinstance(cached, str):
             return None
         raise
+    except remote_missing:
+        return None

@@ -20,16 +20,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gguf_mtp.errors import HubError
+from gguf_mtp.formatting import printable
 
 __all__ = [
     "RemoteFile",
+    "RemoteNotFoundError",
+    "answer_error",
     "cached_repo_files",
+    "check_path_in_repo",
     "check_repo_id",
     "check_token_env",
     "check_token_text",
     "check_write_access",
     "delete_remote_file",
     "download_files",
+    "hub_error",
+    "hub_errors",
     "is_offline",
     "is_repo_id",
     "list_repo_files",
@@ -43,20 +49,19 @@ __all__ = [
 
 T = TypeVar("T")
 
-_TRUE = {"1", "on", "yes", "true"}
 _LOGIN_HINT = "set HF_TOKEN or run `hf auth login`"
 
 
 def is_offline() -> bool:
-    """Whether Hub access is switched off (``HF_HUB_OFFLINE=1``, read now and as huggingface_hub read it)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
-        return True
-    try:
-        from huggingface_hub import constants
+    """Whether Hub access is switched off, exactly as the installed huggingface_hub decides it.
 
-        return bool(constants.HF_HUB_OFFLINE)
-    except (ImportError, AttributeError):
-        return False
+    ``huggingface_hub.constants.is_offline_mode()`` where the release has it, else its ``HF_HUB_OFFLINE``
+    constant (both read ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` when huggingface_hub is imported).
+    """
+    from huggingface_hub import constants
+
+    check = getattr(constants, "is_offline_mode", None)
+    return bool(check()) if callable(check) else bool(constants.HF_HUB_OFFLINE)
 
 
 def require_online(what: str) -> None:
@@ -70,24 +75,21 @@ def require_online(what: str) -> None:
 
 
 def resolve_token() -> str | None:
-    """The token to use: ``HF_TOKEN`` when set, else the stored login, else ``None``.
+    """The token huggingface_hub would send: ``HF_TOKEN`` when set, else the stored login, else ``None``.
 
     Raises:
         HubError: the token holds characters an HTTP header cannot carry (a token is ASCII).
     """
-    env = os.environ.get("HF_TOKEN", "").strip()
-    if env:
-        check_token_text(env, "HF_TOKEN")
-        return env
-    try:
-        from huggingface_hub import get_token
+    from huggingface_hub import get_token
 
+    source = "HF_TOKEN" if os.environ.get("HF_TOKEN", "").strip() else "the stored Hugging Face token"
+    try:
         token = get_token()
-    except Exception:  # a broken stored-token file is the same as no token for our purpose
+    except (OSError, UnicodeError):  # an unreadable stored-token file is the same as no token for our purpose
         return None
     if token:
-        check_token_text(token, "the stored Hugging Face token")
-    return token
+        check_token_text(token, source)
+    return token or None
 
 
 def check_token_text(token: str, source: str = "HF_TOKEN") -> None:
@@ -103,14 +105,12 @@ def check_token_text(token: str, source: str = "HF_TOKEN") -> None:
 
 
 def check_token_env() -> None:
-    """Check ``HF_TOKEN`` (when set) the way :func:`resolve_token` does, for code that lets huggingface_hub read it.
+    """Check the token huggingface_hub will read (see :func:`resolve_token`), for code that lets it read it.
 
     Raises:
         HubError: see :func:`check_token_text`.
     """
-    env = os.environ.get("HF_TOKEN", "").strip()
-    if env:
-        check_token_text(env, "HF_TOKEN")
+    resolve_token()
 
 
 def make_api(api: Any = None, *, token: str | None = None) -> Any:
@@ -124,61 +124,126 @@ def make_api(api: Any = None, *, token: str | None = None) -> Any:
     return HfApi(token=token, library_name="gguf-mtp", library_version=__version__)
 
 
+# ----------------------------------------------------------------------------------------------- errors
+
+
+class RemoteNotFoundError(HubError):
+    """The repository exists, but not this file (at this revision)."""
+
+
+def _first_line(error: object) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _token_state() -> str:
+    try:
+        return "the token was refused" if resolve_token() else "no token is set (set HF_TOKEN)"
+    except HubError:
+        return "the token was refused"
+
+
+def answer_error(
+    status: int, error_code: str | None, what: str, repo: str, *, revision: str | None = None,
+    file: str | None = None, detail: str = "", write: bool = False, path: str | None = None,
+) -> HubError:
+    """The one-line :class:`HubError` for an HTTP answer of the Hub: ``status`` and its ``X-Error-Code``.
+
+    This is the one place where the Hub's answers become messages; :func:`hub_error` turns
+    huggingface_hub's typed exceptions into the same answers first.
+    """
+    at = f" at revision {revision}" if revision else ""
+    code = (error_code or "").strip()
+    if code == "GatedRepo":
+        text = f"{repo} is gated: accept its terms on https://huggingface.co/{repo}, then set HF_TOKEN " \
+               "(or run `hf auth login`) with that account"
+    elif code == "RevisionNotFound":
+        text = f"revision {revision!r} not found in {repo}"
+    elif code == "RepoNotFound" or (status == 404 and not file and code != "EntryNotFound"):
+        text = f"repository {repo} not found, or private and {_token_state()}"
+    elif code == "EntryNotFound" or status == 404:
+        missing = f"no file {file}" if file else "a file asked for is not"
+        return RemoteNotFoundError(f"cannot {what}: {missing} in {repo}{at}", path)
+    elif status == 401:
+        text = f"the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
+    elif status == 403 and write:
+        text = f"no write access to {repo} (403); use a token with write permission for it"
+    elif status == 403:
+        text = f"no access to {repo} (403); set HF_TOKEN to a token that can read it"
+    else:
+        text = f"the Hub answered {status}" + (f": {detail}" if detail else "")
+    return HubError(f"cannot {what}: {text}", path)
+
+
+def hub_error(
+    error: BaseException, what: str, repo: str, *, revision: str | None = None, file: str | None = None,
+    write: bool = False, path: str | None = None,
+) -> HubError | None:
+    """The one-line :class:`HubError` for a failed huggingface_hub call, or ``None`` when ``error`` is a bug.
+
+    Matches huggingface_hub's typed exceptions (``huggingface_hub.errors``), then plain network errors.
+    """
+    from huggingface_hub import errors as e
+
+    remote_missing = getattr(e, "RemoteEntryNotFoundError", e.EntryNotFoundError)  # before 1.0: EntryNotFoundError
+    cached = f"{file} is" if file else "the files are"
+    if isinstance(error, HubError):
+        return error
+    if isinstance(error, e.OfflineModeIsEnabled) or (isinstance(error, e.LocalEntryNotFoundError) and is_offline()):
+        return HubError(f"cannot {what}: HF_HUB_OFFLINE is set and {cached} not in the Hub cache "
+                        "(run once online, or unset HF_HUB_OFFLINE)", path)
+    if isinstance(error, e.LocalTokenNotFoundError):
+        return HubError(f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})", path)
+    if isinstance(error, e.HFValidationError):
+        return HubError(f"cannot {what}: {printable(_first_line(error))}", path)
+    if isinstance(error, e.LocalEntryNotFoundError):
+        return HubError(f"cannot {what}: the Hub cannot be reached and {cached} not cached "
+                        f"({printable(_first_line(error))})", path)
+    codes = ((e.GatedRepoError, "GatedRepo"), (e.RevisionNotFoundError, "RevisionNotFound"),
+             (e.RepositoryNotFoundError, "RepoNotFound"), (remote_missing, "EntryNotFound"))
+    for kind, code in codes:
+        if isinstance(error, kind):
+            return answer_error(404, code, what, repo, revision=revision, file=file, write=write, path=path)
+    if isinstance(error, e.HfHubHTTPError):
+        status = _status(error)
+        return answer_error(status or 0, None, what, repo, revision=revision, file=file, write=write, path=path,
+                            detail=printable(_first_line(error)))
+    if isinstance(error, (OSError, ConnectionError, TimeoutError)):  # network and file-system failures
+        return HubError(f"cannot {what}: {type(error).__name__}: {printable(_first_line(error))}", path)
+    return None
+
+
 def _status(error: BaseException) -> int | None:
     response = getattr(error, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
 
 
-def _explain(error: BaseException, what: str, repo: str) -> str:
-    """One line for a failed Hub call, naming what we tried and why it failed."""
-    name = type(error).__name__
-    status = _status(error)
-    if name == "OfflineModeIsEnabled" or is_offline():
-        return f"cannot {what}: HF_HUB_OFFLINE is set and the files are not in the Hub cache (run once online)"
-    if name in ("LocalTokenNotFoundError",):
-        return f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})"
-    if name == "GatedRepoError":
-        return f"cannot {what}: {repo} is gated; accept its terms on the Hub with the account of your token"
-    if name == "RevisionNotFoundError":
-        return f"cannot {what}: revision not found in {repo}"
-    if name in ("RepositoryNotFoundError",) or status == 404:
-        return f"cannot {what}: {repo} not found, or private and not visible to your token"
-    if status == 401:
-        return f"cannot {what}: the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
-    if status == 403:
-        return f"cannot {what}: no write access to {repo} (403); use a token with write permission for it"
-    if name in ("LocalEntryNotFoundError", "IncompleteSnapshotError"):
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "not in the local cache"
-        return f"cannot {what}: {first}"
-    detail = str(error).strip().splitlines()[0] if str(error).strip() else name
-    if status is not None:
-        return f"cannot {what}: the Hub answered {status}: {detail}"
-    return f"cannot {what}: {name}: {detail}"
-
-
-def _is_hub_failure(error: BaseException) -> bool:
-    """Errors that mean "the Hub (or the network, or the cache) said no", as opposed to bugs."""
-    if isinstance(error, (OSError, ConnectionError, TimeoutError)):
-        return True  # HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled and network errors are OSErrors
-    module = type(error).__module__ or ""
-    return module.startswith(("huggingface_hub", "httpx", "requests", "urllib3"))
-
-
 @contextmanager
-def _hub_errors(what: str, repo: str) -> Iterator[None]:
+def hub_errors(
+    what: str, repo: str, *, revision: str | None = None, file: str | None = None, write: bool = False
+) -> Iterator[None]:
+    """Run a block of huggingface_hub calls; Hub failures leave it as one :func:`hub_error` line."""
     try:
         yield
-    except HubError:
-        raise
-    except Exception as e:
-        if _is_hub_failure(e):
-            raise HubError(_explain(e, what, repo)) from e
-        raise
+    except Exception as error:
+        translated = hub_error(error, what, repo, revision=revision, file=file, write=write)
+        if translated is None:
+            raise
+        if translated is error:
+            raise
+        raise translated from error
 
 
 def _call(what: str, repo: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    with _hub_errors(what, repo):
+    """``fn(*args, **kwargs)``, a call that reads from the Hub."""
+    with hub_errors(what, repo):
+        return fn(*args, **kwargs)
+
+
+def _write(what: str, repo: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, a call that writes to ``repo`` (a 403 means no write access)."""
+    with hub_errors(what, repo, write=True):
         return fn(*args, **kwargs)
 
 
@@ -186,8 +251,8 @@ def check_repo_id(repo: str, what: str | None = None) -> None:
     """Refuse what is not an ``OWNER/NAME`` repo id, before any Hub call.
 
     huggingface_hub's own rules apply (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits,
-    ``-_.``, no ``--`` or ``..``, at most 96 characters, no trailing newline), plus an owner: every id
-    gguf-mtp takes names a repo of someone's.
+    ``-_.``, no ``--`` or ``..``, at most 96 characters), plus an owner (every id gguf-mtp takes names a
+    repo of someone's) and no control character (older releases let a trailing newline through).
 
     Raises:
         HubError: ``repo`` is malformed.
@@ -195,18 +260,36 @@ def check_repo_id(repo: str, what: str | None = None) -> None:
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    from gguf_mtp.formatting import printable
-
     shown = printable(repr(repo)) if isinstance(repo, str) else type(repo).__name__
     if what:
         shown = f"{what} {shown}"
     if not isinstance(repo, str) or repo.count("/") != 1:
         raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME)")
+    if not repo.isprintable():  # validate_repo_id before 2.0 lets a trailing newline through
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): it holds a control character")
     try:
         validate_repo_id(repo)
     except HFValidationError as e:
         reason = str(e).split(": '", 1)[0].strip().rstrip(".").replace("Repo id", "a repo id")
         raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): {printable(reason)}") from None
+
+
+def check_path_in_repo(path: str, what: str = "path_in_repo") -> str:
+    """``path`` as a folder path inside a repository (``a/b``; slashes at the ends dropped).
+
+    Raises:
+        HubError: an empty, ``.`` or ``..`` part, a backslash or a control character: the path would not
+            stay inside the repository, or would not be one folder path.
+    """
+    text = path.strip("/") if isinstance(path, str) else ""
+    parts = text.split("/")
+    if not text or any(part in ("", ".", "..") for part in parts):
+        raise HubError(f"{what} {printable(repr(path))}: a folder path in the repo has no empty, '.' or '..' parts "
+                       "(it must stay inside the repository)")
+    if any(not part.isprintable() or "\\" in part for part in parts):
+        raise HubError(f"{what} {printable(repr(path))}: a folder path in the repo has no control characters "
+                       "or backslashes")
+    return text
 
 
 def is_repo_id(text: str) -> bool:
@@ -243,12 +326,13 @@ def check_write_access(
         role = ((who.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
         raise HubError(f"cannot publish to {repo}: the token of {user} is read-only; use a token with write access")
-    _call(f"create {repo}", repo, api.create_repo, repo, token=token, private=private, repo_type="model", exist_ok=True)
+    _write(f"create {repo}", repo, api.create_repo, repo, token=token, private=private, repo_type="model",
+           exist_ok=True)
     if revision and revision != "main":
-        _call(f"create branch {revision} in {repo}", repo, api.create_branch, repo, branch=revision, token=token,
+        _write(f"create branch {revision} in {repo}", repo, api.create_branch, repo, branch=revision, token=token,
               repo_type="model", exist_ok=True)
     if _accepts(getattr(api, "auth_check", None), "write"):
-        _call(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
+        _write(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
     return user
 
 
@@ -270,7 +354,7 @@ def upload_one_commit(
     Raises:
         HubError: the upload failed.
     """
-    info = _call(
+    info = _write(
         f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
         revision=revision, token=token, allow_patterns=list(names), commit_message=message,
     )
@@ -293,12 +377,12 @@ def upload_resumable(
         HubError: the upload failed (re-run to resume).
     """
     if hasattr(api, "upload_large_folder"):
-        _call(
+        _write(
             f"upload to {repo}", repo, api.upload_large_folder, repo_id=repo, folder_path=str(folder),
             repo_type="model", revision=revision, private=private, allow_patterns=list(names),
         )
         return "upload_large_folder"
-    _call(
+    _write(
         f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
         revision=revision, token=token, allow_patterns=list(names), commit_message=message,
     )
@@ -346,7 +430,7 @@ def delete_remote_file(
     Raises:
         HubError: the Hub refused.
     """
-    _call(f"delete {path} from {repo}", repo, api.delete_file, path, repo, token=token, repo_type="model",
+    _write(f"delete {path} from {repo}", repo, api.delete_file, path, repo, token=token, repo_type="model",
           revision=revision, commit_message=message)
 
 
@@ -373,7 +457,8 @@ def cached_repo_files(
     except ImportError:
         return None
     try:
-        tree = get_cached_repo_tree(repo, revision=revision, cache_dir=cache_dir)
+        folder = Path(cache_dir) if cache_dir is not None else None
+        tree = get_cached_repo_tree(repo, revision=revision, cache_dir=folder)
     except Exception:  # no listing cached for this revision
         return None
     return [f.path for f in tree]

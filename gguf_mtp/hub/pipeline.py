@@ -114,8 +114,8 @@ def select_target_files(repo_files: Iterable[str], pattern: str) -> list[str]:
     if len(groups) > 1:
         shown = ", ".join(f"{k[1]}-*-of-{k[2]:05d}.gguf" if isinstance(k, tuple) else k for k in groups)
         raise ShardSetError(f"{pattern!r} matches {len(groups)} models ({shown}); name one exactly")
-    key = next(iter(groups))
-    return _complete_set(*key, available, pattern) if isinstance(key, tuple) else [key]
+    chosen = next(iter(groups))
+    return _complete_set(*chosen, available, pattern) if isinstance(chosen, tuple) else [chosen]
 
 
 # ----------------------------------------------------------------------------------- the state file

@@ -47,6 +47,7 @@ __all__ = [
     "find_model",
     "plan_publish",
     "publish",
+    "sidecar_name",
 ]
 
 #: A set up to this size goes up as one commit; a larger one resumably (a failed one-commit upload of
@@ -61,6 +62,8 @@ STAGING_NAME = ".gguf-mtp-publish"
 #: What huggingface_hub's resumable upload keeps in the staging folder; kept so a re-run resumes.
 _RESUME_CACHE = ".cache"
 _UPLOAD_MODES = ("auto", "one-commit", "resumable")
+#: What llama.cpp's ``-hf`` download looks for in a sidecar's path (common/download.cpp).
+SIDECAR_MARK = "mtp-"
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,25 @@ class PublishPlan:
     model: ShardSet
     mode: str  # "one-commit" or "resumable"
     standalone: bool = False  # an MTP-only draft published as such (for llama-server --spec-draft-model)
+    path_in_repo: str | None = None  # the repo folder the files (and the card) go to; None: the repo root
 
     @property
     def files(self) -> list[Path]:
         return self.model.paths
+
+    @property
+    def names_in_repo(self) -> list[str]:
+        """Each file's path in the repo: in :attr:`path_in_repo`, a draft named as a sidecar (``mtp-*``)."""
+        return [self.repo_path(sidecar_name(p.name) if self.standalone else p.name) for p in self.files]
+
+    @property
+    def card_path(self) -> str:
+        """The model card's path in the repo (``README.md`` of :attr:`path_in_repo`)."""
+        return self.repo_path(CARD_NAME)
+
+    def repo_path(self, name: str) -> str:
+        """``name`` inside :attr:`path_in_repo`."""
+        return f"{self.path_in_repo}/{name}" if self.path_in_repo else name
 
     @property
     def total_bytes(self) -> int:
@@ -136,7 +154,11 @@ class PublishReport:
             "private": plan.private,
             "mode": plan.mode,
             "standalone": plan.standalone,
-            "files": [f.to_dict() | {"name": f.name} for f in self.files],
+            "path_in_repo": plan.path_in_repo,
+            "card_path": plan.card_path,
+            "files": [
+                f.to_dict() | {"name": f.name, "path_in_repo": n} for f, n in zip(self.files, plan.names_in_repo)
+            ],
             "total_bytes": plan.total_bytes,
             "card": self.card,
             "user": self.user,
@@ -154,9 +176,9 @@ class PublishReport:
         how = "as one commit" if plan.mode == "one-commit" else "resumably (model card committed last)"
         where = plan.repo + (f"@{plan.revision}" if plan.revision else "")
         verb = "would upload" if self.dry_run else "uploaded"
-        lines = [f"{verb} {len(self.files)} file(s) + {CARD_NAME} to {where} {how}:"]
-        lines += [f"    {f.name}  {f.size:,} bytes  sha256 {f.sha256}" for f in self.files]
-        lines.append(f"    {CARD_NAME}  {len(self.card.encode()):,} bytes (model card)")
+        lines = [f"{verb} {len(self.files)} file(s) + {plan.card_path} to {where} {how}:"]
+        lines += [f"    {n}  {f.size:,} bytes  sha256 {f.sha256}" for f, n in zip(self.files, plan.names_in_repo)]
+        lines.append(f"    {plan.card_path}  {len(self.card.encode()):,} bytes (model card)")
         if self.dry_run:
             lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
         else:
@@ -168,6 +190,13 @@ class PublishReport:
             lines.append(f"published: {self.commit_url or self.url}")
         lines += [f"note: {n}" for n in self.notes]
         return lines
+
+
+def sidecar_name(name: str) -> str:
+    """The name an MTP-only draft is published under so that ``llama-server -hf REPO --spec-type draft-mtp``
+    downloads it: llama.cpp takes a ``.gguf`` whose path contains ``mtp-`` (``name`` itself when it does).
+    """
+    return name if SIDECAR_MARK in name else f"{SIDECAR_MARK}{name}"
 
 
 def _exact(name: str) -> str:
@@ -213,15 +242,23 @@ def plan_publish(
     one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES,
     one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
     standalone: bool = False,
+    path_in_repo: str | None = None,
+    target_files: Sequence[str] = (),
 ) -> PublishPlan:
     """Decide what to upload and how (pure: headers only).
 
     Args:
         standalone: publish an MTP-only draft (NextN block tensors only) as a draft for
             ``llama-server --spec-draft-model``; without it such a file is refused, since it is not a model.
+            Its files are published under sidecar names (:func:`sidecar_name`).
+        path_in_repo: the folder of the repo the files and the card go to (e.g. the folder of a quant, so
+            that a sidecar lies next to it); default the repo root.
+        target_files: the target's file paths in its repo, when ``repo`` is the target's repo: a sidecar
+            must then lie in the folder of the target's first file or a parent of it (llama.cpp's rule).
 
     Raises:
-        HubError: ``repo`` is not ``OWNER/NAME``, or ``upload_mode`` is unknown.
+        HubError: ``repo`` is not ``OWNER/NAME``, ``upload_mode`` is unknown, ``path_in_repo`` is not a
+            folder path inside the repo, or a sidecar would lie where llama.cpp's ``-hf`` does not look.
         VerificationError: the model has no NextN block (nothing MTP to publish), an MTP-only draft is
             given without ``standalone``, or a whole model with it.
     """
@@ -248,41 +285,59 @@ def plan_publish(
         small = sum(h.file_size for h in model.headers) <= one_commit_max_bytes
         few = len(model.headers) + 1 <= one_commit_max_files
         mode = "one-commit" if small and few else "resumable"
-    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode, standalone)
+    folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
+    if standalone and target_files:
+        _check_sidecar_folder(folder, target_files[0])
+    return PublishPlan(
+        repo, revision if revision not in ("", None) else None, private, model, mode, standalone, folder
+    )
+
+
+def _check_sidecar_folder(folder: str | None, target_first: str) -> None:
+    """Refuse a sidecar folder that is neither the target's folder nor a parent of it."""
+    target_folder = target_first.rsplit("/", 1)[0] if "/" in target_first else ""
+    inside = folder is None or target_folder == folder or target_folder.startswith(f"{folder}/")
+    if not inside:
+        raise HubError(
+            f"path_in_repo {folder!r} is not the folder of the target file {target_first!r} nor a parent of it: "
+            f"llama-server -hf finds a sidecar only there (use path_in_repo {target_folder or '(the root)'!r})"
+        )
 
 
 def compare_remote(
-    files: Sequence[FileDigest], card: bytes | None, remote: Mapping[str, hub.RemoteFile]
+    files: Sequence[FileDigest], card: bytes | None, remote: Mapping[str, hub.RemoteFile], *,
+    names: Sequence[str] | None = None, card_path: str = CARD_NAME,
 ) -> list[RemoteCheck]:
     """Compare local files (and the card, when given) with what the Hub reports (pure).
 
+    ``names`` are the files' paths in the repo (default: their names) and ``card_path`` the card's.
     Sizes are always compared; sha256 where the Hub reports one (LFS / Xet files); for the card, a plain
     git file, its git blob id.
     """
     checks: list[RemoteCheck] = []
-    for f in files:
-        r = remote.get(f.name)
+    for f, name in zip(files, names if names is not None else [f.name for f in files]):
+        r = remote.get(name)
         if r is None:
-            checks.append(RemoteCheck(f.name, f.size, None, f.sha256, None, False, "not on the Hub after the upload"))
+            checks.append(RemoteCheck(name, f.size, None, f.sha256, None, False, "not on the Hub after the upload"))
         elif r.size != f.size:
-            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, False,
+            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
                                       f"size on the Hub {r.size:,} bytes, local {f.size:,}"))
         elif r.sha256 is not None and r.sha256 != f.sha256:
-            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, False,
+            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
                                       f"sha256 on the Hub {r.sha256}, local {f.sha256}"))
         else:
             detail = "size and sha256 match" if r.sha256 else "size matches (the Hub reports no sha256)"
-            checks.append(RemoteCheck(f.name, f.size, r.size, f.sha256, r.sha256, True, detail))
+            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, True, detail))
     if card is not None:
-        r = remote.get(CARD_NAME)
+        r = remote.get(card_path)
         oid = git_blob_sha1(card)
         if r is None:
-            checks.append(RemoteCheck(CARD_NAME, len(card), None, None, None, False, "not on the Hub after the upload"))
+            checks.append(RemoteCheck(card_path, len(card), None, None, None, False, "not on the Hub after the upload"))
         elif r.size != len(card) or (r.blob_id is not None and r.sha256 is None and r.blob_id != oid):
-            checks.append(RemoteCheck(CARD_NAME, len(card), r.size, None, r.sha256, False,
+            checks.append(RemoteCheck(card_path, len(card), r.size, None, r.sha256, False,
                                       "the model card on the Hub differs from the one uploaded"))
         else:
-            checks.append(RemoteCheck(CARD_NAME, len(card), r.size, None, r.sha256, True, "matches"))
+            checks.append(RemoteCheck(card_path, len(card), r.size, None, r.sha256, True, "matches"))
     return checks
 
 
@@ -321,18 +376,65 @@ def _staging_folder(model_folder: Path) -> tuple[Path, bool]:
     return staging, True
 
 
-def _stage(files: Sequence[Path], card: bytes) -> Path:
+def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: str) -> Path:
+    """The staging folder laid out as the repo: a link per file at its repo path, and the card."""
     staging, same_fs = _staging_folder(files[0].parent)
-    for f in files:
-        link = staging / f.name
+    for f, name in zip(files, names):
+        link = staging / name
+        link.parent.mkdir(parents=True, exist_ok=True)
         try:
             if not same_fs:
                 raise OSError
             os.link(f, link)
         except OSError:
             os.symlink(f.resolve(), link)
-    (staging / CARD_NAME).write_bytes(card)
+    (staging / card_path).parent.mkdir(parents=True, exist_ok=True)
+    (staging / card_path).write_bytes(card)
     return staging
+
+
+
+def _upload(
+    report: PublishReport, hub_api: Any, token: str | None, staging: Path, card_bytes: bytes, message: str
+) -> None:
+    """Upload the staged files and card (one commit, or resumably with the card last); record the checks."""
+    from gguf_mtp._version import __version__
+
+    plan = report.plan
+    repo, files, names, card_path = plan.repo, report.files, plan.names_in_repo, plan.card_path
+    private = plan.private
+    if plan.mode == "one-commit":
+        report.commit_url = hub.upload_one_commit(
+            hub_api, repo, staging, [_exact(n) for n in [*names, card_path]], token=token,
+            revision=plan.revision, message=message,
+        )
+        report.upload_method = "upload_folder"
+        remote = hub.remote_files(hub_api, repo, [*names, card_path], token=token, revision=plan.revision)
+        report.checks = compare_remote(files, card_bytes, remote, names=names, card_path=card_path)
+    else:
+        # An earlier card would make a half-uploaded set look complete: remove it first, add the new one last.
+        before = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
+        if card_path in before:
+            hub.delete_remote_file(
+                hub_api, repo, card_path, token=token, revision=plan.revision,
+                message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
+            )
+            report.notes.append(f"removed the earlier {card_path} before uploading; the new one was added last")
+        report.upload_method = hub.upload_resumable(
+            hub_api, repo, staging, [_exact(n) for n in names], token=token, revision=plan.revision,
+            private=private, message=message,
+        )
+        remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
+        report.checks = compare_remote(files, None, remote, names=names)
+        if all(c.ok for c in report.checks):
+            report.commit_url = hub.upload_one_commit(
+                hub_api, repo, staging, [_exact(card_path)], token=token, revision=plan.revision,
+                message=f"Add the model card (gguf-mtp {__version__})",
+            )
+            remote = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
+            report.checks += compare_remote([], card_bytes, remote, card_path=card_path)
+        else:
+            report.notes.append(f"{card_path} was not uploaded because the files on the Hub do not match")
 
 
 def publish(
@@ -351,6 +453,7 @@ def publish(
     progress: bool = True,
     token: str | None = None,
     standalone: bool = False,
+    path_in_repo: str | None = None,
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
@@ -368,7 +471,10 @@ def publish(
         one_commit_max_files: with ``auto``, the most files (card included) uploaded as one commit.
         progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
         token: the Hub token (default: ``HF_TOKEN``, else the stored login).
-        standalone: publish an MTP-only draft as a draft (its card shows ``--spec-draft-model``).
+        standalone: publish an MTP-only draft as a sidecar (named ``mtp-*``; its card shows both
+            ``--spec-draft-model`` and ``llama-server -hf``).
+        path_in_repo: the repo folder the files and the card go to (e.g. a quant's folder, next to which a
+            sidecar is found by ``llama-server -hf``); default the repo root.
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
@@ -390,6 +496,8 @@ def publish(
     plan = plan_publish(
         find_model(outdir), repo, revision=revision, private=private, upload_mode=upload_mode,
         one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files, standalone=standalone,
+        path_in_repo=path_in_repo,
+        target_files=provenance.target_files if provenance and provenance.target_repo == repo else (),
     )
     user = None
     hub_api = None
@@ -403,53 +511,23 @@ def publish(
     files = _digests(plan.files, digests, progress)
     card = render_model_card(
         repo=repo, files=files, facts=ModelFacts.from_model(plan.model), provenance=provenance or Provenance(),
-        version=__version__, standalone=standalone,
+        version=__version__, standalone=standalone, names=plan.names_in_repo, path_in_repo=plan.path_in_repo,
     )
     report = PublishReport(plan, dry_run, files, card, user=user)
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report
     card_bytes = card.encode()
-    names = [f.name for f in files]
-    staging = _stage(plan.files, card_bytes)
+    names = plan.names_in_repo
+    card_path = plan.card_path
+    staging = _stage(plan.files, card_bytes, names, card_path)
     what = "MTP draft" if standalone else "GGUF with MTP head"
     message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
-    if plan.mode == "one-commit":
-        report.commit_url = hub.upload_one_commit(
-            hub_api, repo, staging, [_exact(n) for n in [*names, CARD_NAME]], token=token,
-            revision=plan.revision, message=message,
-        )
-        report.upload_method = "upload_folder"
-        remote = hub.remote_files(hub_api, repo, [*names, CARD_NAME], token=token, revision=plan.revision)
-        report.checks = compare_remote(files, card_bytes, remote)
-    else:
-        # An earlier card would make a half-uploaded set look complete: remove it first, add the new one last.
-        before = hub.remote_files(hub_api, repo, [CARD_NAME], token=token, revision=plan.revision)
-        if CARD_NAME in before:
-            hub.delete_remote_file(
-                hub_api, repo, CARD_NAME, token=token, revision=plan.revision,
-                message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
-            )
-            report.notes.append(f"removed the earlier {CARD_NAME} before uploading; the new one was added last")
-        report.upload_method = hub.upload_resumable(
-            hub_api, repo, staging, [_exact(n) for n in names], token=token, revision=plan.revision,
-            private=private, message=message,
-        )
-        remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
-        report.checks = compare_remote(files, None, remote)
-        if all(c.ok for c in report.checks):
-            report.commit_url = hub.upload_one_commit(
-                hub_api, repo, staging, [CARD_NAME], token=token, revision=plan.revision,
-                message=f"Add the model card (gguf-mtp {__version__})",
-            )
-            remote = hub.remote_files(hub_api, repo, [CARD_NAME], token=token, revision=plan.revision)
-            report.checks += compare_remote([], card_bytes, remote)
-        else:
-            report.notes.append(f"{CARD_NAME} was not uploaded because the files on the Hub do not match")
+    _upload(report, hub_api, token, staging, card_bytes, message)
     bad = [c for c in report.checks if not c.ok]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        held = "" if plan.mode == "one-commit" else f"; {CARD_NAME} was not uploaded"
+        held = "" if plan.mode == "one-commit" else f"; {card_path} was not uploaded"
         raise HubError(f"after the upload, {bad[0].name} on the Hub does not match: {bad[0].detail}{more}{held}", repo)
     shutil.rmtree(staging, ignore_errors=True)
     report.seconds = time.perf_counter() - started

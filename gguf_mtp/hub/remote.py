@@ -2,9 +2,13 @@
 
 A Hub file is named ``hf://OWNER/REPO/path/to/file.gguf``, optionally with a revision
 (``...file.gguf@REV`` or ``hf://OWNER/REPO@REV/path``) and a repo type prefix (``hf://datasets/...``).
-Its URL comes from :func:`huggingface_hub.hf_hub_url` (so ``HF_ENDPOINT`` is honoured) and requests go
-through huggingface_hub's shared HTTP session with its headers (so ``HF_TOKEN`` or a stored login is
-sent, and redirects to the CDN are followed). The first request asks for :data:`FIRST_READ` bytes and
+Its URL comes from :func:`huggingface_hub.hf_hub_url` (so ``HF_ENDPOINT`` is honoured) and each request
+carries huggingface_hub's headers (:func:`huggingface_hub.utils.build_hf_headers`: the token of
+``get_token()``, so ``HF_TOKEN`` or a stored login, and its user agent). Only public huggingface_hub API
+is used: the requests themselves go over the standard library's ``http.client`` (environment proxies
+honoured), because huggingface_hub's transport is requests, httpx or httpx2 depending on its release
+line, and a deadline needs the socket. Redirects (to the CDN) are followed, at most ten, and the token
+is not sent to another host. The first request asks for :data:`FIRST_READ` bytes and
 learns the file size from ``Content-Range``; the header parser then asks for more only as it needs it,
 doubling each time, and never more than :data:`MAX_REMOTE_HEADER_BYTES` in all.
 
@@ -18,15 +22,18 @@ absolute segments): the token travels with every request. Each request has an ov
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import socket
+import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from huggingface_hub import constants as hf_constants  # cheap; the HTTP stack is imported on first use
 
@@ -38,6 +45,8 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import GGUFMTPError, HubError
 from gguf_mtp.formatting import printable
+
+from .client import RemoteNotFoundError
 
 __all__ = [
     "FIRST_READ",
@@ -64,10 +73,9 @@ _USAGE = f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]"
 _CONTENT_RANGE = re.compile(r"^bytes (?:(?P<start>\d+)-(?P<end>\d+)|\*)/(?P<size>\d+|\*)$")
 _RETRY_STATUSES = {429, 500, 502, 503, 504}
 _ATTEMPTS = 3
-
-
-class RemoteNotFoundError(HubError):
-    """The repository exists, but not this file (at this revision)."""
+_REDIRECTS = {301, 302, 303, 307, 308}
+_MAX_REDIRECTS = 10
+_CHUNK = 64 * 1024
 
 
 def is_hub_path(source: object) -> bool:
@@ -211,11 +219,6 @@ def _endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
 
 
-def _offline() -> bool:
-    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return hf_constants.is_offline_mode() or flag.strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
 class RemoteFile:
     """A Hub file read by HTTP range requests, keeping what it read from the start of the file.
 
@@ -286,17 +289,14 @@ def _get_range(
     Transport failures are retried (:data:`_ATTEMPTS` in all) while the file's deadline allows; a
     request past its own deadline is not: a server that slow will not be faster the second time.
     """
-    if _offline():
+    from .client import is_offline, resolve_token
+
+    if is_offline():
         raise HubError(
             "HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header; unset it, or inspect a local copy",
             str(hub_file),
         )
-    from huggingface_hub.utils import build_hf_headers
-
-    from .client import resolve_token
-
-    resolve_token()  # a token the HTTP layer cannot send is one line here, not a traceback there
-    headers = build_hf_headers()
+    headers = _headers(resolve_token())  # a token HTTP cannot send is one line here, not a traceback there
     headers["Range"] = f"bytes={start}-{start + length - 1}"
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
     request_timeout = timeout_setting(ENV_HUB_REQUEST_TIMEOUT, DEFAULT_HUB_REQUEST_TIMEOUT)
@@ -324,6 +324,15 @@ def _get_range(
     raise HubError(f"cannot read from {host} after {_ATTEMPTS} attempts: {_one_line(last_error)}", str(hub_file))
 
 
+def _headers(token: str | None) -> dict[str, str]:
+    """huggingface_hub's request headers (user agent, ``authorization`` when there is a token)."""
+    from huggingface_hub.utils import build_hf_headers
+
+    from gguf_mtp._version import __version__
+
+    return dict(build_hf_headers(token=token or False, library_name="gguf-mtp", library_version=__version__))
+
+
 def _file_timeout() -> float:
     return timeout_setting(ENV_HUB_FILE_TIMEOUT, DEFAULT_HUB_FILE_TIMEOUT)
 
@@ -347,8 +356,7 @@ class _Exchange:
 
     Per-read timeouts do not bound a server that sends one byte every few seconds; the caller waits
     for the worker until the deadline, then shuts the connection's socket down (which wakes the
-    worker's blocked read) and gives up. The socket is known from the connection's ``connect_tcp``
-    trace event, or from the response once its headers are in.
+    worker's blocked read) and gives up. The worker registers each socket as soon as it is connected.
     """
 
     def __init__(self) -> None:
@@ -359,14 +367,8 @@ class _Exchange:
         self.result: tuple[bytes, int, int] | None = None
         self.error: BaseException | None = None
 
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's ``trace`` extension: remember the socket of a new connection."""
-        if event.endswith("connect_tcp.complete") or event.endswith("start_tls.complete"):
-            self.remember(info.get("return_value"))
-
-    def remember(self, stream: Any) -> None:
-        get_extra_info = getattr(stream, "get_extra_info", None)
-        sock = get_extra_info("socket") if callable(get_extra_info) else None
+    def remember(self, sock: object) -> None:
+        """Keep ``sock`` to shut down at the deadline (at once if the deadline has passed)."""
         if isinstance(sock, socket.socket):
             with self._lock:
                 self._sockets.append(sock)
@@ -411,41 +413,76 @@ def _request_with_deadline(
     return exchange.result
 
 
+def _connect(url: str, timeout: float, exchange: _Exchange) -> tuple[http.client.HTTPConnection, str]:
+    """An open connection for ``url`` (through the environment's proxy, if any) and the request target.
+
+    Plain ``http.client`` on purpose: huggingface_hub's own transport differs between its release lines
+    (requests, httpx, httpx2), and only a connection whose socket is known can be cut off at a deadline.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HubError(f"cannot follow the server's answer: unsupported address {printable(url)[:200]}")
+    secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    proxy = None if urllib.request.proxy_bypass(parts.hostname) else urllib.request.getproxies().get(parts.scheme)
+    via = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}") if proxy else None
+    if via is not None and via.hostname:
+        connection: http.client.HTTPConnection
+        if secure:
+            connection = http.client.HTTPSConnection(via.hostname, via.port or 80, timeout=timeout,
+                                                     context=ssl.create_default_context())
+            connection.set_tunnel(parts.hostname, port)
+        else:
+            connection = http.client.HTTPConnection(via.hostname, via.port or 80, timeout=timeout)
+            target = url
+    elif secure:
+        connection = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout,
+                                                 context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    connection.connect()
+    exchange.remember(connection.sock)
+    return connection, target
+
+
 def _request(
     hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, exchange: _Exchange
 ) -> tuple[bytes, int, int]:
-    import httpx2
-    from huggingface_hub import get_session
-    from huggingface_hub.errors import OfflineModeIsEnabled
-
     name = str(hub_file)
-    read_timeout = max(1.0, min(float(hf_constants.HF_HUB_DOWNLOAD_TIMEOUT) * 3, exchange.deadline - time.monotonic()))
-    timeout = httpx2.Timeout(read_timeout)
-    try:
-        with get_session().stream(
-            "GET", url, headers=headers, follow_redirects=True, timeout=timeout, extensions={"trace": exchange.trace}
-        ) as response:
-            exchange.remember(response.extensions.get("network_stream"))
-            status = response.status_code
-            if status in _RETRY_STATUSES:
-                response.read()
-                raise _Retry(HubError(f"HTTP {status}"))
-            if status >= 400 and status != 416:
-                response.read()
-                _raise_for_status(hub_file, response)
-            return _read_body(hub_file, response, start, length, exchange)
-    except OfflineModeIsEnabled:
-        raise HubError("HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header", name) from None
-    except httpx2.TooManyRedirects:
-        raise HubError(f"too many redirects from {_host(url)} (a redirect loop?)", name) from None
-    except httpx2.DecodingError as e:
-        raise HubError(f"the body does not decode as its Content-Encoding says: {_one_line(e)}", name) from None
-    except httpx2.TransportError as e:
-        if exchange.cancelled.is_set():
-            raise _DeadlinePassed from None
-        raise _Retry(e) from None
-    except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:  # e.g. a redirect to somewhere unreachable
-        raise HubError(f"cannot follow the server's answer: {_one_line(e)}", name) from None
+    read_timeout = max(1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3,
+                                exchange.deadline - time.monotonic()))
+    origin = _origin(url)
+    for _ in range(_MAX_REDIRECTS + 1):
+        sent = headers if _origin(url) == origin else {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        try:
+            connection, target = _connect(url, read_timeout, exchange)
+            try:
+                connection.request("GET", target, headers=sent)
+                response = connection.getresponse()
+                status = response.status
+                if status in _REDIRECTS and response.getheader("Location"):
+                    url = urljoin(url, response.getheader("Location", ""))
+                    continue
+                if status in _RETRY_STATUSES:
+                    raise _Retry(HubError(f"HTTP {status}"))
+                if status >= 400 and status != 416:
+                    raise _status_error(hub_file, response)
+                return _read_body(hub_file, response, start, length, exchange)
+            finally:
+                connection.close()
+        except HubError:
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            if exchange.cancelled.is_set():
+                raise _DeadlinePassed from None
+            raise _Retry(e) from None
+    raise HubError(f"too many redirects from {_host(url)} (a redirect loop?)", name)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc.lower()
 
 
 def _read_body(
@@ -453,40 +490,41 @@ def _read_body(
 ) -> tuple[bytes, int, int]:
     """The body of a range response, the file size it states, and the bytes received."""
     name = str(hub_file)
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
     if encoding not in ("", "identity"):
         # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
         raise HubError(f"the server compressed the body (Content-Encoding: {printable(encoding)[:40]}) "
                        "although the file's own bytes were asked for", name)
-    if response.status_code == 416:  # e.g. an empty file: "bytes */0"
-        match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
-        response.read()
+    content_range = response.getheader("Content-Range") or ""
+    if response.status == 416:  # e.g. an empty file: "bytes */0"
+        match = _CONTENT_RANGE.match(content_range)
         if match and match["size"] != "*":
             return b"", int(match["size"]), 0
         raise HubError("the server refused the byte range request (HTTP 416)", name)
-    if response.status_code == 206:
-        match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+    if response.status == 206:
+        match = _CONTENT_RANGE.match(content_range)
         if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
-            raise HubError(f"unexpected Content-Range {response.headers.get('Content-Range')!r}", name)
+            raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
         size = int(match["size"])
-    elif response.status_code == 200:
+    elif response.status == 200:
         # The server ignores Range: read no further than asked, then hang up (never the whole file).
         if start:
             raise HubError("the server does not support HTTP range requests", name)
-        size = int(response.headers.get("Content-Length", -1))
+        size = _content_length(response)
         if size < 0:
             raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
     else:
-        raise HubError(f"unexpected HTTP status {response.status_code}", name)
+        raise HubError(f"unexpected HTTP status {response.status}", name)
     chunks: list[bytes] = []
     received = 0
-    for chunk in response.iter_raw():
+    while received < length:  # never more than asked for, whatever the server means to send
+        chunk = response.read1(min(_CHUNK, length - received))
         if exchange is not None and exchange.cancelled.is_set():
             raise _DeadlinePassed
+        if not chunk:
+            break
         chunks.append(chunk)
         received += len(chunk)
-        if received >= length:
-            break
     body = b"".join(chunks)[:length]
     expected = min(length, size - start)
     if len(body) < expected:
@@ -494,46 +532,20 @@ def _read_body(
     return body, size, received
 
 
-def _raise_for_status(hub_file: HubFile, response: Any) -> None:
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RemoteEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
+def _content_length(response: Any) -> int:
+    text = (response.getheader("Content-Length") or "").strip()
+    return int(text) if text.isdigit() else -1
+
+
+def _status_error(hub_file: HubFile, response: Any) -> HubError:
+    """The Hub's error answer (status, ``X-Error-Code``, ``X-Error-Message``) as one line."""
+    from .client import answer_error
+
+    message = printable(response.getheader("X-Error-Message") or response.reason or "")[:200]
+    return answer_error(
+        response.status, response.getheader("X-Error-Code"), "read the header", hub_file.repo_id,
+        revision=hub_file.revision, file=hub_file.path_in_repo, detail=message, path=str(hub_file),
     )
-    from huggingface_hub.utils import hf_raise_for_status
-
-    name = str(hub_file)
-    try:
-        hf_raise_for_status(response)
-    except GatedRepoError:
-        raise HubError(
-            f"{hub_file.repo_id} is gated: accept its terms on the Hub and set HF_TOKEN (or run `hf auth login`)",
-            name,
-        ) from None
-    except RepositoryNotFoundError:
-        raise HubError(
-            f"repository {hub_file.repo_id} not found (or private: set HF_TOKEN to a token that can read it)", name
-        ) from None
-    except RevisionNotFoundError:
-        raise HubError(f"revision {hub_file.revision!r} not found in {hub_file.repo_id}", name) from None
-    except RemoteEntryNotFoundError:
-        raise RemoteNotFoundError(_not_found(hub_file), name) from None
-    except HfHubHTTPError as e:
-        if response.status_code == 404:
-            raise RemoteNotFoundError(_not_found(hub_file), name) from None
-        if response.status_code in (401, 403):
-            raise HubError(
-                f"HTTP {response.status_code}: no access (set HF_TOKEN to a token that can read it)", name
-            ) from None
-        raise HubError(f"HTTP {response.status_code}: {_one_line(e)}", name) from None
-    raise HubError(f"HTTP {response.status_code}", name)
-
-
-def _not_found(hub_file: HubFile) -> str:
-    at = f" at revision {hub_file.revision}" if hub_file.revision else ""
-    return f"no file {hub_file.path_in_repo} in {hub_file.repo_id}{at}"
 
 
 def _one_line(error: object) -> str:

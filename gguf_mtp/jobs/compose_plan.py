@@ -1,9 +1,9 @@
 """Plan a composition: which files, which KVs, which tensors from where. Pure: reads only headers.
 
 The plan is the whole truth of a compose run: ``--dry-run`` prints it, tests assert on it, and
-:mod:`gguf_mtp.write` writes exactly what it says. Nothing here is specific to one architecture:
-what counts as a block, a per-layer array or a NextN block comes from ``{arch}.block_count``,
-``{arch}.nextn_predict_layers`` and array lengths.
+:mod:`gguf_mtp.write` writes exactly what it says. What counts as a block or a NextN block comes
+from ``{arch}.block_count`` and ``{arch}.nextn_predict_layers``; which per-layer arrays get which
+entries for the NextN blocks, from the per-architecture table :mod:`gguf_mtp.model.arch_rules`.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from gguf_mtp.format.kv_edit import (
     with_int_value,
 )
 from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.model.arch_rules import SPLICE_REFUSED, LayerKeyRule, NextNValue, extended_arrays, is_known_arch
 from gguf_mtp.model.blocks import (
     block_layout_problem,
     block_tensor_problems,
     is_mtp_only,
-    per_layer_keys,
     read_block_layout,
 )
 from gguf_mtp.model.set_id import placeholder_kv, stamp_set_id, without_set_id
@@ -256,6 +256,61 @@ def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUF
     raise IncompatibleDraftError(f"{key}: cannot extend an array of {element_type.name} with {value!r}", draft.name)
 
 
+def _constant_value(target: ShardSet, kv: KeyValue, rule: LayerKeyRule, element_type: GGUFValueType) -> Any:
+    """The fixed NextN entry of ``rule`` as an item of ``kv`` (whose items are ``element_type``)."""
+    value = rule.value
+    if element_type == GGUFValueType.BOOL and isinstance(value, bool):
+        return value
+    if element_type in INT_RANGES and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if element_type in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64) and isinstance(value, (int, float)):
+        return float(value)
+    raise BadGGUFError(
+        f"per-layer array {kv.key} has {element_type.name} items, but its NextN entry is {rule.describe()}", target.name
+    )
+
+
+def _per_layer_edits(target: ShardSet, draft: ShardSet, draft_first: int, n_blocks: int) -> dict[str, KeyValue]:
+    """The target's per-layer arrays with entries for the ``n_blocks`` NextN blocks, per
+    :mod:`gguf_mtp.model.arch_rules`: the draft's entries (its blocks ``draft_first ..``), a constant, or
+    none (trunk-length arrays are not among them).
+
+    Raises:
+        IncompatibleDraftError: an array the table does not know that the draft carries no values for
+            (every such key named), or a draft value that does not fit.
+        BadGGUFError: an array of items that cannot be extended.
+    """
+    arch = target.arch
+    refusal = SPLICE_REFUSED.get(arch)
+    if refusal:
+        raise IncompatibleDraftError(f"cannot compose {arch}: {refusal}", draft.name)
+    arrays = extended_arrays(target.first, arch, target.trunk_block_count)
+    for kv, _ in arrays:  # first: an array no rule or draft could extend is the target's own fault
+        etype = kv.element_type
+        assert etype is not None
+        if etype not in INT_RANGES and etype not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL):
+            raise BadGGUFError(f"per-layer array {kv.key} has {etype.name} items; cannot extend it", target.name)
+    unknown = [kv.key for kv, rule in arrays if rule is None and draft.kv(kv.key) is None]
+    if unknown:
+        known = is_known_arch(arch)
+        rules = f"gguf-mtp's {arch} rules do not give" if known else f"gguf-mtp has no rules for {arch!r} to give"
+        raise IncompatibleDraftError(
+            f"the target has per-layer array(s) {', '.join(unknown)} whose NextN value {rules} "
+            "(gguf_mtp/model/arch_rules.py), and the draft carries no values for them",
+            draft.name,
+        )
+    edits: dict[str, KeyValue] = {}
+    for kv, rule in arrays:
+        etype = kv.element_type
+        assert etype is not None
+        if rule is not None and rule.kind is NextNValue.CONSTANT:
+            extra = (_constant_value(target, kv, rule, etype),) * n_blocks
+        else:
+            extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
+        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, kv.typed_value.items + extra))
+    return edits
+
+
 _RESERVED_KEYS = ("split.", "GGUF.")
 
 #: llama.cpp's ``GGML_MAX_NAME``: its GGUF reader refuses a tensor name of this many bytes or more, and
@@ -279,14 +334,7 @@ def _model_kv_edits(
     nextn_type = nextn_kv.vtype if nextn_kv is not None and nextn_kv.vtype in INT_RANGES else GGUFValueType.UINT32
     edits[nextn_key] = encode_kv(nextn_key, nextn_type, n_blocks)
 
-    for kv in per_layer_keys(target.first, arch, block):
-        etype = kv.element_type
-        assert etype is not None
-        if etype not in INT_RANGES and etype not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL):
-            raise BadGGUFError(f"per-layer array {kv.key} has {etype.name} items; cannot extend it", target.name)
-        extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
-        items = kv.typed_value.items
-        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, items + extra))
+    edits.update(_per_layer_edits(target, draft, draft_first, n_blocks))
 
     for override in overrides:
         key = override.key

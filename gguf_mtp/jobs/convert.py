@@ -19,27 +19,44 @@ Two outputs are possible:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
-from gguf_mtp.errors import BadGGUFError, CheckpointError, GGUFMTPError, IncompatibleDraftError
-from gguf_mtp.format.header import GGUFArray, KeyValue, align_up, encode_kv, parse_header
+from gguf_mtp.errors import (
+    BadGGUFError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    IncompatibleDraftError,
+    ParameterError,
+)
+from gguf_mtp.format.header import (
+    GGUFArray,
+    KeyValue,
+    TensorInfo,
+    align_up,
+    encode_kv,
+    parse_header,
+)
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
+from gguf_mtp.format.layout import appended_data_residue, header_at_residue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
+
+logger = logging.getLogger(__name__)
 
 #: Key prefixes a standalone draft does not take over from the target (it is one file, not a split).
 _NOT_COPIED = ("split.",)
@@ -119,23 +136,24 @@ def _how(tensor: MappedTensor) -> str:
     return how
 
 
-def _block_index(target: ShardSet | None, block: int | None, standalone: bool) -> int:
+def _block_index(target: ShardSet | None, block: int | None, standalone: bool, default: int | None = None) -> int:
     if standalone and target is None:
-        raise GGUFMTPError(
-            "--standalone needs --target: an MTP-only model takes token_embd, output_norm, output and the "
+        raise ParameterError(
+            "standalone needs target: an MTP-only model takes token_embd, output_norm, output and the "
             "tokenizer from the target"
         )
     if target is None:
+        block = default if block is None else block
         if block is None:
-            raise GGUFMTPError(
-                "the NextN block index is unknown: give --target TARGET.gguf (the model the head belongs to; "
-                "its trunk block count is the index) or --block N"
+            raise ParameterError(
+                "the NextN block index is unknown: give target (the model the head belongs to; its trunk block "
+                "count is the index) or block"
             )
         if block < 0:
-            raise GGUFMTPError(f"--block {block}: a block index cannot be negative")
+            raise ParameterError(f"block {block}: a block index cannot be negative")
         if block > MAX_BLOCK_INDEX:
-            raise GGUFMTPError(
-                f"--block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
+            raise ParameterError(
+                f"block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
                 f"loads at most {LLAMA_MAX_LAYERS}, LLAMA_MAX_LAYERS)"
             )
         return block
@@ -155,7 +173,7 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool) -
         )
     if block is not None and block != trunk:
         raise IncompatibleDraftError(
-            f"--block {block}: the NextN block follows the trunk, so for this target it is {trunk} "
+            f"block {block}: the NextN block follows the trunk, so for this target it is {trunk} "
             f"({target.arch_key(KEY_BLOCK_COUNT)})",
             target.name,
         )
@@ -169,7 +187,7 @@ def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType
     if key in ("source", "auto"):
         return None
     if key not in OUTTYPES:
-        raise GGUFMTPError(f"--outtype {outtype}: choose one of {', '.join(OUTTYPES)}")
+        raise ParameterError(f"outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
     return OUTTYPES[key]
 
 
@@ -244,33 +262,33 @@ def _target_globals(target: ShardSet) -> list[_OutputTensor]:
     return items
 
 
-def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path
+def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path, residue: int | None = None
             ) -> tuple[bytes, list[Segment], list[PlannedTensor], list[KeyValue]]:
-    """Register ``items`` with gguf-py's writer, render the header, and lay the data out after it as
-    gguf-py places it (each tensor padded to the alignment): (header, data segments, tensors, KVs)."""
-    for item in items:
-        writer.add_planned_tensor(item.name, item.shape, item.ggml_type, item.nbytes)
-    header = writer.render_header()
-    alignment = writer.data_alignment
-    data_size = sum(align_up(item.nbytes, alignment) for item in items)
-    # Read the rendered header back with the strict parser: what is streamed is exactly what it says.
-    parsed = parse_header(lambda offset, n: header[offset : offset + n], len(header) + data_size, os.fspath(path))
-    if parsed.data_offset != len(header):
-        raise AssertionError("the rendered header is not padded to the data alignment")
+    """Lay ``items`` out as llama.cpp's converter does (each tensor at the previous end, padded to the
+    alignment), serialize the header with the codec, and plan the data after it: (header, data
+    segments, tensors, KVs). ``residue``: where the data section must start modulo 4 KiB
+    (:func:`~gguf_mtp.format.layout.header_at_residue`; ``None``: no padding)."""
+    alignment = writer.alignment
+    infos: list[TensorInfo] = []
     segments: list[Segment] = []
-    planned: list[PlannedTensor] = []
     position = 0
-    for item, info in zip(items, parsed.tensors, strict=True):
-        if (info.name, info.offset, info.nbytes) != (item.name, position, item.nbytes):
-            raise AssertionError(f"gguf-py laid {info.name} out at {info.offset}, expected {position}")
+    for item in items:
+        infos.append(TensorInfo(item.name, item.shape, item.ggml_type, position, item.nbytes))
         segments += item.segments
         padding = align_up(item.nbytes, alignment) - item.nbytes
         if padding:
             segments.append(Zeros(padding))
         position += item.nbytes + padding
-        planned.append(PlannedTensor(item.name, info.shape, info.type_name, info.nbytes, info.offset, item.sources,
-                                     item.source_dtype, item.how))
-    return header, segments, planned, list(parsed.kvs.values())
+    kvs = writer.kvs
+    header = header_at_residue(GGUF_VERSION, kvs, infos, alignment, residue)
+    # Read the header back with the strict parser: what llama.cpp would refuse (a name too long, a
+    # duplicate) is refused here, before anything is written.
+    parsed = parse_header(lambda offset, n: header[offset : offset + n], len(header) + position, os.fspath(path))
+    if parsed.data_offset != len(header) or parsed.tensors != tuple(infos):
+        raise AssertionError("the serialized header does not read back as planned")
+    planned = [PlannedTensor(item.name, info.shape, info.type_name, info.nbytes, info.offset, item.sources,
+                             item.source_dtype, item.how) for item, info in zip(items, parsed.tensors, strict=True)]
+    return header, segments, planned, kvs
 
 
 def plan_conversion(
@@ -282,6 +300,7 @@ def plan_conversion(
     block: int | None = None,
     outtype: str | GGMLQuantizationType | None = None,
     standalone: bool = False,
+    drop_nextn_copies: bool = False,
 ) -> ConversionPlan:
     """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
 
@@ -294,22 +313,40 @@ def plan_conversion(
         block: the NextN block index (must equal the target's trunk block count when both are given).
         outtype: ``"bf16"``, ``"f16"``, ``"f32"``, ``"q8_0"`` for matrices; ``None`` keeps the source dtype.
         standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
+        drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
+            them in its NextN layer; llama.cpp falls back to the trunk's).
 
     Raises:
         CheckpointError: unsupported architecture or dtype, no MTP tensors, missing or misshapen tensors.
         IncompatibleDraftError: the head does not fit the target.
-        GGUFMTPError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``.
+        ParameterError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``
+            or ``block``.
     """
     model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
-    model = model_class(checkpoint)
-    index = _block_index(target, block, standalone)
+    if drop_nextn_copies:
+        if model_class.keep_nextn_copies is None:
+            raise ParameterError(f"drop_nextn_copies: a {model_class.model_arch.name.lower()} head has no "
+                                 "embedding/LM head copies to drop")
+        model = model_class(checkpoint, keep_nextn_copies=False)  # type: ignore[call-arg]
+    else:
+        model = model_class(checkpoint)
+    index = _block_index(target, block, standalone, model.default_block())
     wanted_type = _outtype(outtype)
     if target is not None:
         model.check_target(target)
     head = model.mapped_tensors(index, wanted_type)
-    matrix_types = {t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32}
+    matrix_types: set[GGMLQuantizationType] = {
+        t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32
+    }
 
-    alignment = target.first.alignment if standalone and target is not None else None
+    alignment, residue = None, None
+    if target is not None and standalone:
+        alignment = target.first.alignment
+    elif target is not None:
+        # Compose appends the draft's tensors to the target's last shard with that shard's alignment: a draft
+        # laid out in step with where they land shares its extents with the composite on a reflink filesystem.
+        alignment = target.headers[-1].alignment
+        residue = appended_data_residue(target.headers[-1])
     writer = HeadGGUFWriter(model.arch, alignment=alignment)
     label = source or checkpoint.folder.name
     items = [_head_item(t) for t in head]
@@ -322,9 +359,9 @@ def plan_conversion(
     else:
         _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head")
     path = Path(output)
-    header, segments, planned, kvs = _layout(writer, items, path)
+    header, segments, planned, kvs = _layout(writer, items, path, residue)
 
-    return ConversionPlan(
+    plan = ConversionPlan(
         source=label,
         checkpoint=checkpoint,
         hf_architecture=next(a for a in checkpoint.config["architectures"] if a in model_class.hf_architectures),
@@ -338,6 +375,24 @@ def plan_conversion(
         target=target,
         notes=tuple(model.notes),
     )
+    _log_plan(plan, len(header))
+    return plan
+
+
+def _log_plan(plan: ConversionPlan, header_size: int) -> None:
+    """The plan at INFO (one summary line, the tensors), the KVs at DEBUG."""
+    kind = "standalone MTP-only model" if plan.standalone else "draft"
+    logger.info("convert plan: %s -> %s, %s %s NextN block blk.%d, %d tensors, %d KVs, header %s bytes, "
+                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.block,
+                len(plan.tensors), len(plan.kvs), f"{header_size:,}", f"{plan.bytes_to_write:,}", plan.outtype)
+    for t in plan.tensors:
+        logger.info("convert plan: %s %s %s at data offset %s (%s bytes): %s", t.name, t.type_name, list(t.shape),
+                    f"{t.offset:,}", f"{t.nbytes:,}", t.how)
+    if logger.isEnabledFor(logging.DEBUG):  # decoding a tokenizer array only for a DEBUG reader
+        for kv in plan.kvs:
+            logger.debug("convert plan: KV %s (%s) = %s", kv.key, kv.type_name, short(kv.value))
+    for note in plan.notes:
+        logger.info("convert plan: note: %s", note)
 
 
 def resolve_source(source: str | os.PathLike[str], revision: str | None = None) -> tuple[Path, HubCheckpoint | None]:
@@ -345,7 +400,9 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
     ``source`` holding only its MTP shards (downloaded if not cached).
 
     Raises:
-        CheckpointError: ``source`` is neither an existing folder nor a repo id.
+        CheckpointError: ``source`` is a file, not a folder.
+        CheckpointNotFoundError: ``source`` is neither an existing folder nor a repo id.
+        ParameterError: a ``revision`` for a local folder.
         HubError: see :func:`gguf_mtp.hub.checkpoint.download_head`.
     """
     path = Path(source)
@@ -354,13 +411,18 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
             raise CheckpointError("SOURCE must be a checkpoint folder (config.json + *.safetensors) or a Hub repo id",
                                   path)
         if revision is not None:
-            raise GGUFMTPError(f"--revision {revision}: a revision applies to Hub sources only, {path} is a folder")
+            raise ParameterError(f"revision {revision!r}: a revision applies to Hub sources only, {path} is a folder")
         return path, None
     text = os.fspath(source)
     if is_repo_id(text) and not text.startswith((".", "/", "~")):
-        download = download_head(text, revision=revision)
+        download = download_head(text, revision=revision, head_prefix=_head_prefix)
         return download.folder, download
-    raise CheckpointError("no such folder, and not a Hub repo id (owner/name)", text)
+    raise CheckpointNotFoundError("no such folder, and not a Hub repo id (owner/name)", text)
+
+
+def _head_prefix(config: dict[str, Any]) -> str:
+    """The tensor-name prefix of the head a ``config.json`` describes (``mtp.``, ``model.layers.92.``)."""
+    return model_class_for_config(config).head_prefix(config)
 
 
 @dataclass(kw_only=True)
@@ -457,6 +519,7 @@ def convert(
     block: int | None = None,
     outtype: str | None = None,
     standalone: bool = False,
+    drop_nextn_copies: bool = False,
     revision: str | None = None,
     dry_run: bool = False,
     force: bool = False,
@@ -476,6 +539,7 @@ def convert(
             router stay F32); default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
         standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
             ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
+        drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
         dry_run: plan only: read headers, write nothing.
         force: replace an existing output (never an input).
@@ -487,8 +551,10 @@ def convert(
     Raises:
         GGUFMTPError: bad input, one line naming the file and the problem: ``CheckpointError`` (config,
             safetensors, unsupported architecture or dtype, no MTP head), ``HubError`` (offline, token),
-            ``IncompatibleDraftError`` (head and target disagree), ``UnsafeOutputError``,
-            ``OutputWriteError`` (nothing with the final name is left behind).
+            ``IncompatibleDraftError`` (head and target disagree), ``ParameterError`` (arguments that cannot
+            go together), ``UnsafeOutputError``, ``OutputWriteError`` (nothing with the final name is left
+            behind). Each is also a ``ValueError`` (bad input) or an ``OSError`` (files, the Hub); a missing
+            local ``source`` is a ``FileNotFoundError`` (:class:`~gguf_mtp.errors.CheckpointNotFoundError`).
 
     Example:
         >>> convert("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "mtp-draft.gguf",
@@ -498,11 +564,11 @@ def convert(
     folder, download = resolve_source(source, revision)
     config = read_config(folder)
     model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
-    checkpoint = open_checkpoint(folder, prefix=model_class.tensor_prefix)
+    checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
     target_set = open_model(target) if target is not None else None
     plan = plan_conversion(
         checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
-        standalone=standalone,
+        standalone=standalone, drop_nextn_copies=drop_nextn_copies,
     )
     report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
     if not dry_run:

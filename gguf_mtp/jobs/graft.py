@@ -167,8 +167,10 @@ def _slice(segments: Sequence[Segment], offset: int, nbytes: int, name: str) -> 
                 yield Bytes(segment.data[lo - position : hi - position])
             elif isinstance(segment, Zeros):
                 yield Zeros(hi - lo)
-            else:
+            elif isinstance(segment, CopyRange):
                 yield CopyRange(segment.source, segment.offset + lo - position, hi - lo)
+            else:  # a planned draft is header bytes, copies and padding only
+                raise TypeError(f"{name}: cannot slice a {type(segment).__name__} segment")
         position = segment_end
         if position >= end:
             return

@@ -2,10 +2,11 @@
 
 The NextN tensors leave the tensor tables, ``{arch}.block_count`` drops to the trunk count (its type
 kept), ``{arch}.nextn_predict_layers`` is removed (what llama.cpp's converters write for a model
-without MTP, and what a target had before ``compose`` added the key), every per-layer array is cut
-back to the trunk, and ``split.tensors.count`` is lowered in every shard. Every other KV and tensor is
-kept byte for byte, so stripping a composite gives back its target, and ``compose`` of the stripped
-model with the extracted block gives back the composite.
+without MTP, and what a target had before ``compose`` added the key), every per-layer array that
+``compose`` extends (:mod:`gguf_mtp.model.arch_rules`) is cut back to the trunk, and
+``split.tensors.count`` is lowered in every shard. Every other KV and tensor is kept byte for byte,
+so stripping a composite gives back its target, and ``compose`` of the stripped model with the
+extracted block gives back the composite.
 
 Tensor data moves with the kernel. Where the NextN tensors sit at the end of a shard (as ``compose``
 puts them) every other tensor keeps its data offset and the shard is one copy up to where the NextN
@@ -32,7 +33,7 @@ from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, 
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
 from gguf_mtp.format.layout import congruent_header
 from gguf_mtp.formatting import human_bytes, short
-from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
@@ -62,7 +63,11 @@ def _model_kv_edits(model: ShardSet, trunk: int) -> dict[str, KeyValue | None]:
     count_key = model.arch_key(KEY_BLOCK_COUNT)
     edits: dict[str, KeyValue | None] = {count_key: with_int_value(first, count_key, trunk)}
     edits[model.arch_key(KEY_NEXTN_PREDICT_LAYERS)] = None
-    for kv in per_layer_keys(first, model.arch, model.block_count):
+    # What compose extended (gguf_mtp.model.arch_rules), and a trunk-length array someone extended anyway
+    # (llama.cpp would refuse the stripped model with it too).
+    cut = [kv for kv, _ in extended_arrays(first, model.arch, model.block_count)]
+    cut += [kv for kv in trunk_only_arrays(first, model.arch) if kv.array_length == model.block_count != trunk]
+    for kv in cut:
         array = kv.typed_value
         edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(array.element_type, array.items[:trunk]))
     return edits

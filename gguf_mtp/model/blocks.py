@@ -7,7 +7,7 @@ metadata: ``{arch}.block_count``, ``{arch}.nextn_predict_layers`` and the per-la
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from gguf_mtp.constants import (
@@ -15,10 +15,11 @@ from gguf_mtp.constants import (
     KEY_ARCHITECTURE,
     KEY_BLOCK_COUNT,
     KEY_NEXTN_PREDICT_LAYERS,
-    NOT_PER_LAYER_ARRAYS,
 )
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.format.header import GGUFHeader, KeyValue
+
+from .arch_rules import NextNValue, exact_length_arrays, extended_arrays, trunk_only_arrays
 
 __all__ = [
     "MAX_BLOCK_COUNT",
@@ -28,13 +29,17 @@ __all__ = [
     "block_indices",
     "block_layout_problem",
     "block_tensor_problems",
+    "constant_entry_problems",
     "is_mtp_only",
     "layer_kinds",
     "missing_nextn_by_block",
     "missing_nextn_tensors",
     "nextn_kind_problems",
     "nextn_required_tensors",
+    "per_layer_keys",
+    "per_layer_problems",
     "read_block_layout",
+    "trunk_array_problems",
     "unextended_arrays",
 ]
 
@@ -109,7 +114,7 @@ def _missing(have: Collection[str], arch: str | None, prefix: str) -> list[str]:
     return [prefix + suffix for suffix in missing]
 
 
-def missing_nextn_by_block(names: Iterable[str], arch: str | None, blocks: range) -> dict[int, list[str]]:
+def missing_nextn_by_block(names: Iterable[str], arch: str | None, blocks: Sequence[int]) -> dict[int, list[str]]:
     """:func:`missing_nextn_tensors` for every block of ``blocks`` at once, in one pass over ``names``
     (a model declaring thousands of NextN blocks costs one scan, not one per block)."""
     by_block: dict[int, set[str]] = {}
@@ -288,28 +293,67 @@ def layer_kinds(header: GGUFHeader, arch: str, n_layers: int) -> tuple[str, ...]
 
 
 def per_layer_keys(header: GGUFHeader, arch: str, block_count: int) -> list[KeyValue]:
-    """The per-layer arrays of a model: ``{arch}.*`` arrays exactly ``block_count`` long (except the
-    known arrays that are not per layer, :data:`NOT_PER_LAYER_ARRAYS`)."""
-    prefix = f"{arch}."
-    return [
-        kv
-        for key, kv in header.kvs.items()
-        if key.startswith(prefix)
-        and kv.is_array
-        and kv.array_length == block_count
-        and key[len(prefix) :] not in NOT_PER_LAYER_ARRAYS
-    ]
+    """The per-layer arrays of a model that get entries for NextN blocks: ``{arch}.*`` arrays exactly
+    ``block_count`` long, except the known arrays that are not per layer (:data:`NOT_PER_LAYER_ARRAYS`)
+    and those llama.cpp reads with the trunk's length (:mod:`gguf_mtp.model.arch_rules`)."""
+    return [kv for kv, _ in extended_arrays(header, arch, block_count)]
 
 
 def unextended_arrays(header: GGUFHeader, arch: str, block_count: int, trunk_blocks: int) -> list[str]:
-    """Per-layer arrays still as long as the trunk when NextN blocks were added (llama.cpp: "key has
-    wrong array length")."""
+    """Per-layer arrays still as long as the trunk when NextN blocks were added, and arrays llama.cpp reads
+    with exactly ``block_count`` entries that have another length (llama.cpp: "key has wrong array
+    length"); arrays llama.cpp reads with the trunk's length are left out."""
     if trunk_blocks == block_count:
         return []
-    return [
+    problems = [
         f"{kv.key} has {kv.array_length} entries, but block_count is {block_count} (not extended for the NextN block)"
         for kv in per_layer_keys(header, arch, trunk_blocks)
     ]
+    return problems + [
+        f"{kv.key} has {kv.array_length} entries, but block_count is {block_count} (llama.cpp requires one per block)"
+        for kv in exact_length_arrays(header, arch)
+        if kv.array_length not in (block_count, trunk_blocks)
+    ]
+
+
+def trunk_array_problems(header: GGUFHeader, arch: str, trunk_blocks: int) -> list[str]:
+    """Arrays llama.cpp reads with the trunk's length (``glm-dsa.attention.indexer.types``) that are not
+    that long: extending them for a NextN block makes llama.cpp refuse the file."""
+    return [
+        f"{kv.key} has {kv.array_length} entries, but llama.cpp reads it with the trunk's {trunk_blocks} "
+        "(it must not be extended for the NextN block)"
+        for kv in trunk_only_arrays(header, arch)
+        if kv.array_length != trunk_blocks
+    ]
+
+
+def constant_entry_problems(header: GGUFHeader, arch: str, block_count: int, trunk_blocks: int) -> list[str]:
+    """NextN entries of arrays whose NextN value llama.cpp fixes (``qwen35moe.attention.recurrent_layers``:
+    false) that hold another value."""
+    problems = []
+    for kv, rule in extended_arrays(header, arch, block_count):
+        if rule is None or rule.kind is not NextNValue.CONSTANT or trunk_blocks == block_count:
+            continue
+        values = kv.value
+        for i in range(trunk_blocks, block_count):
+            value = values[i]
+            if value != rule.value or isinstance(value, bool) != isinstance(rule.value, bool):
+                problems.append(f"blk.{i}: {kv.key}[{i}] is {value!r}, but a NextN block's entry is {rule.describe()}")
+    return problems
+
+
+def per_layer_problems(header: GGUFHeader, arch: str, block_count: int, trunk_blocks: int) -> list[str]:
+    """Every per-layer metadata problem of a model with NextN blocks that llama.cpp would refuse or
+    misread: arrays not extended, trunk-length arrays extended, wrong constant NextN entries, and NextN
+    blocks of a hybrid model that are not attention and feed-forward."""
+    if trunk_blocks == block_count:
+        return trunk_array_problems(header, arch, trunk_blocks)
+    return (
+        unextended_arrays(header, arch, block_count, trunk_blocks)
+        + trunk_array_problems(header, arch, trunk_blocks)
+        + constant_entry_problems(header, arch, block_count, trunk_blocks)
+        + nextn_kind_problems(header, arch, block_count, trunk_blocks)
+    )
 
 
 def nextn_kind_problems(header: GGUFHeader, arch: str, block_count: int, trunk_blocks: int) -> list[str]:
@@ -317,7 +361,7 @@ def nextn_kind_problems(header: GGUFHeader, arch: str, block_count: int, trunk_b
     feed-forward (the mark of a copied trunk entry: trunk layers are one or the other)."""
     letter = _HYBRID_FFN_LETTER.get(arch)
     kinds = layer_kinds(header, arch, block_count) if letter is not None else None
-    if kinds is None:
+    if kinds is None or letter is None:
         return []
     return [
         f"blk.{i}: attention.head_count_kv and feed_forward_length make it {kinds[i]!r}, but a NextN block is "

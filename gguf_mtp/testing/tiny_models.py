@@ -12,6 +12,7 @@ finite values, so ``check_tensors`` passes and one decode step stays finite. No 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, MODEL_ARCH, MODEL_ARCH_NAMES, ExpertGatingFuncType, GGMLQuantizationType, GGUFWriter
 
-from gguf_mtp.format.header import KeyValue, read_header, serialize_header
+from gguf_mtp.format.header import KeyValue, encode_kv, read_header, serialize_header
 
 __all__ = [
     "GLM4MOE",
@@ -28,6 +29,7 @@ __all__ = [
     "TinyHparams",
     "block_tensors",
     "matrix_type",
+    "relabel_arch",
     "tensor_role",
     "write_draft",
     "write_target",
@@ -108,13 +110,13 @@ TensorSpec = tuple[str, tuple[str, ...], str]
 
 
 def _nemotron_block(kind: str) -> list[TensorSpec]:
-    attn = [
+    attn: list[TensorSpec] = [
         ("attn_q.weight", ("n_embd", "q_width"), "matrix"),
         ("attn_k.weight", ("n_embd", "kv_width"), "matrix"),
         ("attn_v.weight", ("n_embd", "kv_width"), "matrix"),
         ("attn_output.weight", ("q_width", "n_embd"), "matrix"),
     ]
-    moe = [
+    moe: list[TensorSpec] = [
         ("ffn_gate_inp.weight", ("n_embd", "n_expert"), "small"),
         ("exp_probs_b.bias", ("n_expert",), "zero"),
         ("ffn_latent_down.weight", ("n_embd", "moe_latent"), "matrix"),
@@ -124,7 +126,7 @@ def _nemotron_block(kind: str) -> list[TensorSpec]:
         ("ffn_up_shexp.weight", ("n_embd", "n_ff_shexp"), "matrix"),
         ("ffn_down_shexp.weight", ("n_ff_shexp", "n_embd"), "matrix"),
     ]
-    norm = [("attn_norm.weight", ("n_embd",), "one")]
+    norm: list[TensorSpec] = [("attn_norm.weight", ("n_embd",), "one")]
     if kind == "M":
         return [
             *norm,
@@ -284,7 +286,7 @@ def matrix_type(role: str, quant: str | GGMLQuantizationType) -> GGMLQuantizatio
     """The type a matrix of ``role`` (``attn_q``, ``ffn_up_exps``, ...) gets under ``quant``."""
     if quant == "mixed":
         return _MIXED.get(role, Q.Q8_0)
-    return Q[quant] if isinstance(quant, str) else quant
+    return Q.__members__[quant] if isinstance(quant, str) else quant
 
 
 def _quant_payload(shape: Sequence[int], qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
@@ -410,6 +412,7 @@ def write_target(
     alignment: int | None = None,
     hparams: TinyHparams = TinyHparams(),
     with_nextn: bool = False,
+    nextn: int = 1,
     seed: int = 0,
 ) -> Path:
     """Write a tiny trunk-only (or, with ``with_nextn``, MTP-carrying) model; returns its first file.
@@ -424,15 +427,18 @@ def write_target(
         alignment: write ``general.alignment`` (single-file models only; gguf-py pads split shards to it
             but writes the key into shard 1 only).
         with_nextn: append the family's NextN block (a model as llama.cpp's converter writes it with MTP).
+        nextn: with ``with_nextn``, how many NextN blocks (Step-3.5 and MiMo-V2 ship 3), in order.
         seed: random seed of the tensor contents.
     """
+    if nextn < 1:
+        raise ValueError("nextn must be at least 1")
     pattern = pattern or family.default_pattern
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name or 'tiny-' + family.arch}.gguf"
     if alignment is not None and shards > 1:
         raise ValueError("general.alignment is only supported for single-file tiny models")
-    full = pattern + ("+" if with_nextn else "")
+    full = pattern + ("+" * nextn if with_nextn else "")
     _write(
         path,
         family,
@@ -445,7 +451,7 @@ def write_target(
         metadata_only_first=metadata_only_first,
         alignment=alignment,
         seed=seed,
-        nextn=1 if with_nextn else 0,
+        nextn=nextn if with_nextn else 0,
         per_layer_from=full,
     )
     return _first_file(path, shards)
@@ -461,33 +467,37 @@ def write_draft(
     quant: str | GGMLQuantizationType = "BF16",
     hparams: TinyHparams = TinyHparams(),
     alignment: int | None = None,
+    nextn: int = 1,
     seed: int = 1,
 ) -> Path:
-    """Write an MTP draft: one NextN block as ``blk.0`` or as ``blk.N`` (``block="N"`` means the trunk's
-    block count), with per-layer metadata for that block, optionally carrying ``token_embd``,
+    """Write an MTP draft: ``nextn`` NextN blocks from ``blk.0`` or from ``blk.N`` (``block="N"`` means the
+    trunk's block count), with per-layer metadata for those blocks, optionally carrying ``token_embd``,
     ``output_norm`` and ``output`` like a llama.cpp ``--mtp`` export.
     """
+    if nextn < 1:
+        raise ValueError("nextn must be at least 1")
     pattern = trunk_pattern or family.default_pattern
     index = len(pattern) if block == "N" else int(block)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A blk.N draft describes N+1 layers (its per-layer arrays have an entry for block N); blk.0 only one.
-    layers = pattern + "+" if index == len(pattern) else "+"
+    # A blk.N draft describes N+k layers (its per-layer arrays have entries for blocks N..N+k-1); blk.0 only k.
+    heads = "+" * nextn
+    layers = pattern + heads if index == len(pattern) else heads
     if index not in (0, len(pattern)):
-        layers = "*" * index + "+"
+        layers = "*" * index + heads
     _write(
         path,
         family,
         layers,
         hparams,
-        blocks=[(index, "nextn")],
+        blocks=[(index + j, "nextn") for j in range(nextn)],
         globals_=with_globals,
         quant=quant,
         shards=1,
         metadata_only_first=False,
         alignment=alignment,
         seed=seed,
-        nextn=1,
+        nextn=nextn,
         per_layer_from=layers,
     )
     return path
@@ -505,6 +515,52 @@ def add_raw_kvs(path: str | os.PathLike[str], kvs: Sequence[KeyValue]) -> None:
         while chunk := src.read(1 << 20):
             dst.write(chunk)
     os.replace(tmp, path)
+
+
+def _rekeyed(kv: KeyValue, key: str) -> KeyValue:
+    """``kv`` under another key: the same type and value bytes."""
+    name = key.encode("utf-8")
+    head = struct.pack("<Q", len(name)) + name + struct.pack("<I", kv.vtype)
+    return KeyValue(key, kv.vtype, head + kv.raw[kv.value_offset :], len(head))
+
+
+def relabel_arch(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    arch: str,
+    *,
+    set_kvs: Sequence[KeyValue] = (),
+    drop_keys: Sequence[str] = (),
+) -> Path:
+    """Copy one tiny GGUF file as a model of another architecture (for fixtures of architectures gguf-py
+    cannot build a model of): ``general.architecture`` becomes ``arch``, every ``{old}.*`` key is renamed
+    ``{arch}.*`` (values and types kept), then ``drop_keys`` (full new names) are removed and ``set_kvs``
+    added or replaced. Tensors and their bytes are copied as they are; ``dst`` is written atomically."""
+    src, dst = Path(src), Path(dst)
+    header = read_header(src)
+    old = header.get("general.architecture")
+    assert isinstance(old, str)
+    renamed: list[KeyValue] = []
+    for key, kv in header.kvs.items():
+        if key == "general.architecture":
+            renamed.append(encode_kv(key, kv.vtype, arch))
+        elif key.startswith(old + "."):
+            renamed.append(_rekeyed(kv, arch + key[len(old) :]))
+        else:
+            renamed.append(kv)
+    replaced = {kv.key: kv for kv in set_kvs}
+    kvs = [replaced.pop(kv.key, kv) for kv in renamed if kv.key not in drop_keys]
+    kvs += list(replaced.values())
+    head = serialize_header(header.version, kvs, header.tensors, header.alignment)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        fout.write(head)
+        fin.seek(header.data_offset)
+        while chunk := fin.read(1 << 20):
+            fout.write(chunk)
+    os.replace(tmp, dst)
+    return dst
 
 
 def with_hparams(**changes: int) -> TinyHparams:

@@ -1,0 +1,436 @@
+"""Qwen3.5 / Qwen3.6 (dense ``qwen35``, MoE ``qwen35moe``) and Qwen3-Next (``qwen3next``): the ``mtp.*`` head ->
+one NextN block.
+
+The checkpoints keep the head under top-level ``mtp.*`` names, also when the trunk is
+``model.language_model.*`` (the ``...ForConditionalGeneration`` layout, whose text hyperparameters sit in
+``text_config``). llama.cpp's converter (``conversion/qwen.py``, ``_QwenMtpMixin``) renames the head to
+``model.layers.{num_hidden_layers}.*`` and maps it like a full-attention trunk layer; this module does the
+same with its own table (:data:`_GLUE`, :data:`_LAYER`), because PyPI gguf 0.19.0's ``TensorNameMap`` has no
+NextN entries for these architectures (its ``MODEL_TENSOR`` members and global ``TENSOR_NAMES`` are used).
+
+Transforms, as upstream does them:
+
+* RMSNorm ``+1``: Qwen's RMSNorm multiplies by ``1 + weight``; llama.cpp's converter bakes the ``+1`` into every
+  ``*norm.weight`` of the head (after the rename, so ``enorm``, ``hnorm``, ``shared_head.norm``, ``attn_norm``,
+  ``post_attention_norm``, ``q_norm``, ``k_norm``), in float32, and writes the norms F32. Here it is streamed per
+  tensor (:class:`PlusOneTensor`).
+* a packed ``mlp.experts.gate_up_proj`` ``[E, 2F, H]`` is split on dim -2: rows ``0..F`` of each expert are the
+  gate, ``F..2F`` the up projection. Each half of each expert is a contiguous byte range of the checkpoint, so
+  BF16 stays a kernel copy; ``mlp.experts.down_proj`` ``[E, H, F]`` is already ``ffn_down_exps``.
+* per-expert ``mlp.experts.{e}.{gate,up,down}_proj.weight`` are stacked expert after expert.
+* ``ffn_gate_inp`` and ``ffn_gate_inp_shexp`` (the shared expert's gate ``[1, H]``) are F32, llama.cpp's rule.
+
+The per-layer array llama.cpp reads for the NextN block is ``{arch}.attention.recurrent_layers`` (exact length
+``block_count``); the NextN entry is ``false``. Without that array ``full_attention_interval`` already classifies
+the NextN block as attention (``is_recr`` needs ``il < n_layer()``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.shards import ShardSet
+
+from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
+from .safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
+
+__all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
+
+T = MODEL_TENSOR
+Q = GGMLQuantizationType
+
+#: The one per-layer array of these architectures (bool, exact length block_count).
+RECURRENT = "attention.recurrent_layers"
+
+#: ``mtp.X`` -> (gguf-py tensor, norm: gets ``+1``). Upstream's rename: fc -> eh_proj, pre_fc_norm_embedding ->
+#: enorm, pre_fc_norm_hidden -> hnorm, norm -> shared_head.norm (conversion/qwen.py, _QwenMtpMixin).
+_GLUE: dict[str, tuple[MODEL_TENSOR, bool]] = {
+    "mtp.fc.weight": (T.NEXTN_EH_PROJ, False),
+    "mtp.pre_fc_norm_embedding.weight": (T.NEXTN_ENORM, True),
+    "mtp.pre_fc_norm_hidden.weight": (T.NEXTN_HNORM, True),
+    "mtp.norm.weight": (T.NEXTN_SHARED_HEAD_NORM, True),
+}
+#: ``mtp.layers.0.X`` -> (gguf-py tensor, norm: gets ``+1``): a full-attention decoder layer.
+_LAYER: dict[str, tuple[MODEL_TENSOR, bool]] = {
+    "input_layernorm.weight": (T.ATTN_NORM, True),
+    "post_attention_layernorm.weight": (T.ATTN_POST_NORM, True),
+    "self_attn.q_proj.weight": (T.ATTN_Q, False),  # query and output gate together: 2 * n_head * head_dim rows
+    "self_attn.k_proj.weight": (T.ATTN_K, False),
+    "self_attn.v_proj.weight": (T.ATTN_V, False),
+    "self_attn.o_proj.weight": (T.ATTN_OUT, False),
+    "self_attn.q_norm.weight": (T.ATTN_Q_NORM, True),
+    "self_attn.k_norm.weight": (T.ATTN_K_NORM, True),
+    # dense FFN (qwen35)
+    "mlp.gate_proj.weight": (T.FFN_GATE, False),
+    "mlp.up_proj.weight": (T.FFN_UP, False),
+    "mlp.down_proj.weight": (T.FFN_DOWN, False),
+    # MoE (qwen35moe, qwen3next)
+    "mlp.gate.weight": (T.FFN_GATE_INP, False),
+    "mlp.experts.down_proj": (T.FFN_DOWN_EXP, False),
+    "mlp.experts.down_proj.weight": (T.FFN_DOWN_EXP, False),
+    "mlp.shared_expert.gate_proj.weight": (T.FFN_GATE_SHEXP, False),
+    "mlp.shared_expert.up_proj.weight": (T.FFN_UP_SHEXP, False),
+    "mlp.shared_expert.down_proj.weight": (T.FFN_DOWN_SHEXP, False),
+    "mlp.shared_expert_gate.weight": (T.FFN_GATE_INP_SHEXP, False),
+}
+_PACKED_GATE_UP = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj.weight")
+# At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
+_EXPERT = re.compile(r"^mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
+_STACKED = {"gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
+_LAYER_PREFIX = re.compile(r"^mtp\.layers\.(?P<layer>[0-9]{1,6})\.(?P<rest>.+)$")
+
+_U32_MAX = 2**32 - 1
+_EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
+
+
+@dataclass(frozen=True)
+class PlusOneTensor(SafetensorsTensor):
+    """A norm weight read as ``float32(stored) + 1`` (Qwen's ``1 + weight`` RMSNorm, baked in as llama.cpp's
+    converter does). ``dtype`` is ``"<stored>+1"`` (``"BF16+1"``), so it is never copied as is and reports say
+    what it is; the rows come back as float32, which the base class writes as F32."""
+
+    stored: str = "BF16"
+
+    @classmethod
+    def of(cls, tensor: SafetensorsTensor) -> PlusOneTensor:
+        return cls(tensor.name, f"{tensor.dtype}+1", tensor.shape, tensor.path, tensor.offset, tensor.nbytes,
+                   stored=tensor.dtype)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return SAFETENSORS_DTYPES[self.stored]
+
+    def numpy(self) -> np.ndarray:
+        """The transformed values, float32 (the tensor is a norm: small)."""
+        return self._plus_one(super().numpy())
+
+    def read_rows(self, fd: int, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+        return self._plus_one(super().read_rows(fd, start, count, None))
+
+    def _plus_one(self, raw: np.ndarray) -> np.ndarray:
+        bf16 = self.stored == "BF16"
+        values = (raw.astype(np.uint32) << 16).view(np.float32) if bf16 else raw.astype(np.float32)
+        return values + np.float32(1)
+
+
+def _expert_half(tensor: SafetensorsTensor, expert: int, half: int, n_ff: int) -> SafetensorsTensor:
+    """Rows ``half*F .. half*F+F`` of expert ``expert`` of a packed ``[E, 2F, H]`` tensor, as a byte range."""
+    row_bytes = tensor.shape[-1] * SAFETENSORS_DTYPES[tensor.dtype].itemsize
+    first_row = (2 * expert + half) * n_ff
+    what = "gate" if half == 0 else "up"
+    return replace(tensor, name=f"{tensor.name}[{expert}].{what}", shape=(n_ff, tensor.shape[-1]),
+                   offset=tensor.offset + first_row * row_bytes, nbytes=n_ff * row_bytes)
+
+
+class _QwenMTPModel(HeadModel):
+    """What the three Qwen MTP heads share (the head is a full-attention block of the trunk's kind)."""
+
+    #: The FFN of the NextN block: "dense" (qwen35) or "moe".
+    ffn: ClassVar[str] = "moe"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        text = self.hparams.get("text_config")
+        if text is not None:
+            if not isinstance(text, dict):
+                raise CheckpointError("text_config is not a JSON object", self.config_path)
+            # The ConditionalGeneration layout: the text model's hyperparameters are nested (upstream merges them).
+            self.hparams = {**self.hparams, **text}
+        n_mtp = self.optional_hparam_int(["mtp_num_hidden_layers", "num_nextn_predict_layers"], minimum=0,
+                                         maximum=LLAMA_MAX_LAYERS)
+        layers = {m["layer"] for t in self.checkpoint.tensors if (m := _LAYER_PREFIX.match(t)) is not None}
+        if n_mtp is None:
+            n_mtp = len(layers)  # Qwen3-Next and the first Qwen3.6 configs do not state it: count (as upstream)
+        if n_mtp > 1 or len(layers) > 1:
+            raise CheckpointError(f"the MTP head has {max(n_mtp, len(layers))} layers: llama.cpp's {self.arch} "
+                                  "runs one NextN block", self.config_path)
+        if layers and layers != {"0"}:
+            raise CheckpointError(f"the MTP head's layer is mtp.layers.{next(iter(layers))}, expected "
+                                  "mtp.layers.0", self.config_path)
+        self._read_hparams()
+        self._experts: dict[str, ExpertStack] = {}
+
+    def _read_hparams(self) -> None:
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_embd = need("hidden_size")
+        self.n_head = need("num_attention_heads")
+        self.n_head_kv = need("num_key_value_heads", maximum=self.n_head)
+        head_dim = may("head_dim")
+        if head_dim is None:
+            head_dim = self.n_embd // self.n_head
+        self.head_dim = head_dim
+        self.n_layer = may("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1)
+        self.vocab_size = may("vocab_size", maximum=2**31 - 1)
+        self.context_length = may("max_position_embeddings", maximum=_U32_MAX)
+        self.norm_eps = self.optional_hparam_float("rms_norm_eps", maximum=1.0)
+        self.interval = may("full_attention_interval", maximum=LLAMA_MAX_LAYERS)
+        self.ssm_conv = may("linear_conv_kernel_dim", maximum=1024)
+        self.ssm_state = may("linear_key_head_dim")
+        self.ssm_groups = may("linear_num_key_heads")
+        self.ssm_v_heads = may("linear_num_value_heads")
+        self.ssm_v_dim = may("linear_value_head_dim")
+        if self.ffn == "dense":
+            self.n_ff = need("intermediate_size")
+        else:
+            self.n_expert = need("num_experts", maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+            self.n_ff_exp = need("moe_intermediate_size")
+            self.n_ff_shexp = need("shared_expert_intermediate_size")
+            self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
+            self._check_expert_count()
+        rope = self.hparams.get("rope_parameters")
+        rope = rope if isinstance(rope, dict) else {}
+        factor = rope.get("partial_rotary_factor", self.hparams.get("partial_rotary_factor", 0.25))
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise CheckpointError(f"partial_rotary_factor = {factor!r} is not a number in (0, 1]", self.config_path)
+        self.rope_dims = int(self.head_dim * factor)
+        theta = rope.get("rope_theta", self.hparams.get("rope_theta"))
+        self.rope_theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+        sections = rope.get("mrope_section")
+        self.mrope_sections: list[int] | None = None
+        if isinstance(sections, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in sections):
+            self.mrope_sections = [*sections, *[0] * (4 - len(sections))][:4]
+
+    def _check_expert_count(self) -> None:
+        """Refuse per-expert tensors outside ``0..num_experts-1`` before anything is sized by them."""
+        for name in self.checkpoint.tensors:
+            layer = _LAYER_PREFIX.match(name)
+            match = _EXPERT.match(layer["rest"]) if layer is not None else None
+            if match is not None and int(match["expert"]) >= self.n_expert:
+                raise CheckpointError(f"the MTP head holds expert {int(match['expert'])}, but config.json "
+                                      f"num_experts = {self.n_expert}", self.config_path)
+
+    def default_block(self) -> int | None:
+        """The NextN block index when neither a target nor ``--block`` gives it: ``num_hidden_layers`` (the head
+        follows the trunk; Qwen3.6-35B-A3B: 40)."""
+        return self.n_layer
+
+    # ------------------------------------------------------------------------------------ tensors
+
+    def begin_tensors(self) -> None:
+        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED} if self.ffn == "moe" else {}
+
+    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        glue = _GLUE.get(tensor.name)
+        layer = _LAYER_PREFIX.match(tensor.name)
+        rest = layer["rest"] if layer is not None else None
+        renamed = glue if glue is not None else _LAYER.get(rest) if rest is not None else None
+        if renamed is not None:
+            key, norm = renamed
+            part = PlusOneTensor.of(tensor) if norm else tensor
+            yield self.format_tensor_name(key), TensorSource.single(part)
+            return
+        if rest in _PACKED_GATE_UP:
+            yield from self._split_gate_up(tensor)
+            return
+        match = _EXPERT.match(rest) if rest is not None else None
+        if match is None or self.ffn != "moe":
+            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor",
+                                  tensor.path)
+        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
+        if stacked is not None:
+            yield self.format_tensor_name(_STACKED[match["proj"]]), stacked
+
+    def _split_gate_up(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        if self.ffn != "moe":
+            raise CheckpointError(f"{tensor.name}: a packed expert tensor in a dense {self.arch} head", tensor.path)
+        e, f, h = self.n_expert, self.n_ff_exp, self.n_embd
+        if tensor.shape != (e, 2 * f, h):
+            raise CheckpointError(f"{tensor.name} has shape {list(tensor.shape)}, config.json implies "
+                                  f"{[e, 2 * f, h]} (num_experts, 2 x moe_intermediate_size, hidden_size)",
+                                  tensor.path)
+        if tensor.dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"tensor {tensor.name!r} is {tensor.dtype}: not a float dtype", tensor.path)
+        for half, key in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP)):
+            parts = [_expert_half(tensor, expert, half, f) for expert in range(e)]
+            yield self.format_tensor_name(key), TensorSource.stack(parts)
+
+    def finish_tensors(self) -> None:
+        stacks = self._experts
+        if all(len(s.parts) == 0 for s in stacks.values()):
+            return  # packed experts (or none: map_tensors names what is missing)
+        for proj, stack in stacks.items():
+            missing = stack.missing(limit=6)
+            if missing:
+                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
+                raise CheckpointError(
+                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
+                    f"num_experts); missing experts {shown}", self.checkpoint.folder)
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
+        name = self.format_tensor_name
+        shapes: dict[str, tuple[int, ...]] = {
+            name(T.NEXTN_EH_PROJ): (h, 2 * h),
+            name(T.NEXTN_ENORM): (h,),
+            name(T.NEXTN_HNORM): (h,),
+            name(T.ATTN_NORM): (h,),
+            name(T.ATTN_Q): (2 * q, h),
+            name(T.ATTN_K): (kv, h),
+            name(T.ATTN_V): (kv, h),
+            name(T.ATTN_OUT): (h, q),
+            name(T.ATTN_Q_NORM): (d,),
+            name(T.ATTN_K_NORM): (d,),
+            name(T.ATTN_POST_NORM): (h,),
+        }
+        if self.ffn == "dense":
+            f = self.n_ff
+            shapes |= {name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h), name(T.FFN_DOWN): (h, f)}
+        else:
+            e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
+            shapes |= {
+                name(T.FFN_GATE_INP): (e, h),
+                name(T.FFN_GATE_EXP): (e, f, h),
+                name(T.FFN_UP_EXP): (e, f, h),
+                name(T.FFN_DOWN_EXP): (e, h, f),
+                name(T.FFN_GATE_INP_SHEXP): (1, h),
+                name(T.FFN_GATE_SHEXP): (s, h),
+                name(T.FFN_UP_SHEXP): (s, h),
+                name(T.FFN_DOWN_SHEXP): (h, s),
+            }
+        shapes[name(T.NEXTN_SHARED_HEAD_NORM)] = (h,)
+        return shapes
+
+    def output_type(self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
+                    ) -> GGMLQuantizationType:
+        # llama.cpp's converter keeps the shared expert's gate F32 as well as the router.
+        if name == self.format_tensor_name(T.FFN_GATE_INP_SHEXP):
+            return Q.F32
+        return super().output_type(name, source, outtype)
+
+    # --------------------------------------------------------------------------------- metadata
+
+    def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
+        writer.add_block_count(n_layers)
+        if self.context_length is not None:
+            writer.add_context_length(self.context_length)
+        writer.add_embedding_length(self.n_embd)
+        if self.vocab_size is not None:
+            writer.add_vocab_size(self.vocab_size)
+        writer.add_head_count(self.n_head)
+        writer.add_head_count_kv(self.n_head_kv)
+        writer.add_key_length(self.head_dim)
+        writer.add_value_length(self.head_dim)
+        writer.add_rope_dimension_count(self.rope_dims)
+        if self.rope_theta is not None:
+            writer.add_rope_freq_base(self.rope_theta)
+        writer.add_layer_norm_rms_eps(self.norm_eps if self.norm_eps is not None else 1e-6)
+        if self.ffn == "dense":
+            writer.add_feed_forward_length(self.n_ff)
+        else:
+            writer.add_expert_count(self.n_expert)
+            writer.add_expert_used_count(self.n_expert_used)
+            writer.add_expert_feed_forward_length(self.n_ff_exp)
+            writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
+        if self.ssm_conv is not None:
+            writer.add_ssm_conv_kernel(self.ssm_conv)
+        if self.ssm_state is not None:
+            writer.add_ssm_state_size(self.ssm_state)
+        if self.ssm_groups is not None:
+            writer.add_ssm_group_count(self.ssm_groups)
+        if self.ssm_v_heads is not None:
+            writer.add_ssm_time_step_rank(self.ssm_v_heads)
+            if self.ssm_v_dim is not None:
+                writer.add_ssm_inner_size(self.ssm_v_heads * self.ssm_v_dim)
+        writer.add_full_attention_interval(self.interval if self.interval is not None else 4)
+        self.add_rope_sections(writer)
+        writer.add_nextn_predict_layers(1)
+
+    def add_rope_sections(self, writer: GGUFWriter) -> None:
+        """Qwen3.5's multi-section RoPE (qwen35*: required by llama.cpp; upstream's default [11, 11, 10, 0])."""
+        writer.add_rope_dimension_sections(self.mrope_sections or [11, 11, 10, 0])
+
+    def own_layer_arrays(self) -> tuple[str, ...]:
+        return (RECURRENT,)
+
+    def nextn_layer_values(self) -> dict[str, int]:
+        return {RECURRENT: False}
+
+    def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
+        """The trunk's recurrence flags from ``layer_types``; when a config has none (Qwen3-Next's), the
+        pattern transformers derives from ``full_attention_interval`` (what upstream's converter then sees)."""
+        layer_types = self.hparams.get("layer_types")
+        if layer_types is None and self.n_layer is not None:
+            interval = self.interval if self.interval is not None else 4
+            layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(self.n_layer)]
+        if not isinstance(layer_types, list) or len(layer_types) != n_trunk:
+            return None
+        return {RECURRENT: [t == "linear_attention" for t in layer_types]}
+
+    def layer_arrays(self, block: int, target: ShardSet | None) -> dict[str, tuple[GGUFValueType, list[Any]]]:
+        """``attention.recurrent_layers`` as a bool array with ``false`` for the NextN block: the target's own
+        entries when it has the array (none when it has not: its ``full_attention_interval`` decides), else
+        config.json's layer pattern (:meth:`trunk_layer_values`, as upstream writes it) when it describes
+        ``block`` trunk blocks, else nothing.
+
+        Raises:
+            IncompatibleDraftError: the target has another per-layer array, whose NextN value is unknown here.
+        """
+        if target is None:
+            trunk = self.trunk_layer_values(block)
+            return {} if trunk is None else {RECURRENT: (GGUFValueType.BOOL, [*trunk[RECURRENT], False])}
+        arrays: dict[str, tuple[GGUFValueType, list[Any]]] = {}
+        for kv in per_layer_keys(target.first, self.arch, target.block_count):
+            suffix = kv.key[len(self.arch) + 1 :]
+            if suffix != RECURRENT:
+                raise IncompatibleDraftError(
+                    f"the target has a per-layer array {kv.key}, and the {self.arch} converter does not know its "
+                    "value for the NextN block", target.name)
+            assert kv.element_type is not None
+            arrays[suffix] = (kv.element_type, [*kv.value, False])
+        return arrays
+
+    def target_checks(self) -> list[TargetCheck]:
+        checks = [
+            TargetCheck("embedding_length", self.n_embd, "hidden_size"),
+            TargetCheck("attention.head_count", self.n_head, "num_attention_heads"),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, "num_key_value_heads"),
+            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
+        ]
+        if self.ffn == "dense":
+            checks.append(TargetCheck("feed_forward_length", self.n_ff, "intermediate_size"))
+        else:
+            checks += [
+                TargetCheck("expert_count", self.n_expert, "num_experts"),
+                TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok"),
+                TargetCheck("expert_feed_forward_length", self.n_ff_exp, "moe_intermediate_size"),
+                TargetCheck("expert_shared_feed_forward_length", self.n_ff_shexp, "shared_expert_intermediate_size"),
+            ]
+        if self.vocab_size is not None:
+            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
+        return checks
+
+
+@HeadModel.register("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+class Qwen35MoeMTPModel(_QwenMTPModel):
+    """Qwen3.5 / Qwen3.6 MoE (35B-A3B, 122B-A10B, 397B-A17B): gated attention + MoE with a gated shared expert."""
+
+    model_arch = MODEL_ARCH.QWEN35MOE
+    ffn = "moe"
+
+
+@HeadModel.register("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+class Qwen35MTPModel(_QwenMTPModel):
+    """Qwen3.5 / Qwen3.6 dense (0.8B .. 27B): gated attention + a dense SwiGLU FFN."""
+
+    model_arch = MODEL_ARCH.QWEN35
+    ffn = "dense"
+
+
+@HeadModel.register("Qwen3NextForCausalLM")
+class Qwen3NextMTPModel(_QwenMTPModel):
+    """Qwen3-Next-80B-A3B: the NextN block is a full-attention trunk block (MoE), plus the NextN fusion."""
+
+    model_arch = MODEL_ARCH.QWEN3NEXT
+    ffn = "moe"
+
+    def add_rope_sections(self, writer: GGUFWriter) -> None:
+        """Qwen3-Next has plain (partial) RoPE: no sections."""

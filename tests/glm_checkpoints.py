@@ -1,0 +1,166 @@
+"""Tiny random GLM-4.5-family (``Glm4MoeForCausalLM``) checkpoints with the real config keys and tensor names.
+
+A full checkpoint: ``model.embed_tokens``, ``num_hidden_layers`` trunk layers (the first
+``first_k_dense_replace`` dense, the rest MoE), the NextN layer ``model.layers.{N}`` (a MoE layer plus
+``eh_proj``/``enorm``/``hnorm``/``shared_head.norm``, and with ``nextn_copies`` GLM-4.5's own
+``embed_tokens``/``shared_head.head``), ``model.norm`` and ``lm_head``. Layouts:
+
+* ``"shards"``: ``model-00001-of-00002`` (everything but the NextN layer) + ``model-00002-of-00002`` (the
+  NextN layer alone) + index, the way GLM-4.5 / 4.5-Air put their last layer in the last shard;
+* ``"mtp-file"``: GLM-4.6 / 4.7: the NextN layer in its own ``mtp.safetensors``, listed by the index;
+* ``"mtp-file-no-index"``: the same two files without an index.
+
+A tensor's values depend only on its position in :func:`glm_tensors` (not on its file), so every layout
+of the same hparams holds the same bytes. Dimensions come from :class:`TinyHparams` (``n_ff_dense`` is the
+dense layers' width), so the head fits :data:`~gguf_mtp.testing.tiny_models.GLM4MOE` tiny targets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_models import TinyHparams
+
+LAYOUTS = ("shards", "mtp-file", "mtp-file-no-index")
+#: The special tokens llama.cpp's GLM vocab code looks up (../shared/reference/upstream-interop.md).
+GLM_SPECIAL_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+#: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8.
+GLM_VOCAB = 50264
+GLM_HPARAMS = TinyHparams(n_embd=128, n_vocab=GLM_VOCAB, n_head=4, n_head_kv=2, head_dim=32, n_expert=4,
+                          n_expert_used=2, n_ff_exp=64, n_ff_dense=128)
+
+
+def glm_config(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False) -> dict[str, object]:
+    """A ``config.json`` with GLM-4.5-Air's keys (``use_qk_norm`` true is GLM-4.5 355B's)."""
+    return {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "torch_dtype": "bfloat16",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "head_dim": hp.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hp.n_embd,
+        "partial_rotary_factor": 0.5,
+        "initializer_range": 0.02,
+        "intermediate_size": hp.n_ff_dense,
+        "max_position_embeddings": 4096,
+        "moe_intermediate_size": hp.n_ff_exp,
+        "norm_topk_prob": True,
+        "num_attention_heads": hp.n_head,
+        "n_group": 1,
+        "topk_group": 1,
+        "n_routed_experts": hp.n_expert,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": hp.n_expert_used,
+        "first_k_dense_replace": dense,
+        "num_hidden_layers": n_layers,
+        "num_key_value_heads": hp.n_head_kv,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_qk_norm": qk_norm,
+        "vocab_size": hp.n_vocab,
+    }
+
+
+def _layer(hp: TinyHparams, layer: int, *, moe: bool, qk_norm: bool, bias_spelling: str) -> list[CheckpointTensor]:
+    h, q, kv, d = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.head_dim
+    p = f"model.layers.{layer}."
+    tensors = [
+        CheckpointTensor(p + "input_layernorm.weight", (h,), "BF16", "norm"),
+        CheckpointTensor(p + "self_attn.q_proj.weight", (q, h), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.q_proj.bias", (q,), "BF16", "bias"),
+        CheckpointTensor(p + "self_attn.k_proj.weight", (kv, h), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.k_proj.bias", (kv,), "BF16", "bias"),
+        CheckpointTensor(p + "self_attn.v_proj.weight", (kv, h), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.v_proj.bias", (kv,), "BF16", "bias"),
+        CheckpointTensor(p + "self_attn.o_proj.weight", (h, q), "BF16", "weight"),
+    ]
+    if qk_norm:
+        tensors += [CheckpointTensor(p + "self_attn.q_norm.weight", (d,), "BF16", "norm"),
+                    CheckpointTensor(p + "self_attn.k_norm.weight", (d,), "BF16", "norm")]
+    tensors.append(CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"))
+    if not moe:
+        f = hp.n_ff_dense
+        return [
+            *tensors,
+            CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight"),
+        ]
+    f = hp.n_ff_exp
+    tensors += [
+        CheckpointTensor(p + "mlp.gate.weight", (hp.n_expert, h), "BF16", "weight"),
+        CheckpointTensor(p + f"mlp.gate.{bias_spelling}", (hp.n_expert,), "F32", "bias"),
+    ]
+    for e in range(hp.n_expert):  # interleaved per expert, as in zai-org's checkpoints
+        tensors += [
+            CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight"),
+        ]
+    return [
+        *tensors,
+        CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
+        CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
+        CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight"),
+    ]
+
+
+def glm_tensors(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False,
+                nextn_copies: bool = False, bias_spelling: str = BIAS_SPELLINGS[0]) -> list[CheckpointTensor]:
+    """Every tensor of the full checkpoint: trunk first, then the NextN layer ``model.layers.{n_layers}``."""
+    h, v = hp.n_embd, hp.n_vocab
+    trunk = [CheckpointTensor("model.embed_tokens.weight", (v, h), "BF16", "weight")]
+    for layer in range(n_layers):
+        trunk += _layer(hp, layer, moe=layer >= dense, qk_norm=qk_norm, bias_spelling=bias_spelling)
+    trunk += [CheckpointTensor("model.norm.weight", (h,), "BF16", "norm"),
+              CheckpointTensor("lm_head.weight", (v, h), "BF16", "weight")]
+    p = f"model.layers.{n_layers}."
+    nextn = [
+        CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
+        CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
+        CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
+        CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm"),
+    ]
+    if nextn_copies:
+        nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
+                 CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
+    nextn += _layer(hp, n_layers, moe=True, qk_norm=qk_norm, bias_spelling=bias_spelling)
+    return trunk + nextn
+
+
+def write_glm_checkpoint(
+    out_dir: Path, hp: TinyHparams = GLM_HPARAMS, *, layout: str = "shards", n_layers: int = 3, dense: int = 1,
+    qk_norm: bool = False, nextn_copies: bool = False, bias_spelling: str = BIAS_SPELLINGS[0], seed: int = 0,
+) -> Path:
+    """Write a full tiny GLM-4.5-family checkpoint folder (see the module docstring); returns the folder.
+    No tokenizer: llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = glm_config(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    tensors = glm_tensors(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm, nextn_copies=nextn_copies,
+                          bias_spelling=bias_spelling)
+    head = f"model.layers.{n_layers}."
+    trunk = [t for t in tensors if not t.name.startswith(head)]
+    nextn = tensors[len(trunk):]
+    names = (("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors") if layout == "shards"
+             else ("model-00001-of-00001.safetensors", "mtp.safetensors"))
+    write_safetensors(out / names[0], trunk, seed=seed)
+    write_safetensors(out / names[1], nextn, seed=seed, first_index=len(trunk))
+    if layout != "mtp-file-no-index":
+        weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in nextn}
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
+        (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return out

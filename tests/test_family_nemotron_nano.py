@@ -1,0 +1,211 @@
+"""Nemotron 3 Nano / 3.5 Lightning: ``nemotron_h_moe`` whose MoE has no latent projection (experts at full width).
+
+The existing Nemotron-H converter handles it (no ``moe_latent_size`` -> no ``ffn_latent_*``, experts
+``[hidden, ff]``); these tests prove it by value, through llama.cpp, and against llama.cpp's own converter. The
+upstream part converts one tiny full Nano checkpoint three ways: ``--no-mtp``, ``--mtp``, and full with the router
+patch of ``upstream/01`` (which only changes the MTP router's type: the one thing that keeps an unpatched full
+file's MTP logits from matching). Allowed differences are in :data:`ALLOWED`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from helpers import reader_kvs, reader_tensors
+from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
+
+from gguf_mtp.conversion.safetensors_io import SafetensorsFile
+from gguf_mtp.errors import CheckpointError
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.jobs.strip import strip
+from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, mtpv2_config, write_mtpv2_checkpoint
+from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
+
+Q = GGMLQuantizationType
+BLOCK = 3  # the M*E trunk's block count: the NextN block is blk.3
+ROUTER = f"blk.{BLOCK}.ffn_gate_inp.weight"
+#: tensor -> (how, why) gguf-mtp's NextN block may differ from upstream's --mtp export (the same two as Super's).
+ALLOWED = {
+    ROUTER: ("widened", "gguf-mtp keeps every router F32, the MTP one too; upstream's F32 rule reads the block id "
+             "from the HF name (mtp.layers.1 -> 1) and leaves the MTP router BF16 (upstream/01 fixes it)"),
+    f"blk.{BLOCK}.attn_q.weight": ("permuted", "upstream runs the MTP attention through LlamaModel.permute "
+                                   "(Granite's undo_permute); Nemotron-H has no RoPE, so the same row order change "
+                                   "in Q and K leaves Q.K^T and the logits unchanged"),
+    f"blk.{BLOCK}.attn_k.weight": ("permuted", "as attn_q"),
+}
+PATCH = Path(__file__).resolve().parent.parent / "upstream/01-nemotronh-mtp-router-f32/nemotronh-mtp-router-f32.patch"
+#: Nano's NextN block: NextN fusion 3, attention 5, MoE 7 (no latent projections), head norm 1.
+NANO_BLOCK = {
+    "nextn.enorm.weight": (Q.F32, (128,)), "nextn.hnorm.weight": (Q.F32, (128,)),
+    "nextn.eh_proj.weight": (Q.BF16, (256, 128)), "attn_norm.weight": (Q.F32, (128,)),
+    "attn_q.weight": (Q.BF16, (128, 128)), "attn_k.weight": (Q.BF16, (128, 64)), "attn_v.weight": (Q.BF16, (128, 64)),
+    "attn_output.weight": (Q.BF16, (128, 128)), "post_attention_norm.weight": (Q.F32, (128,)),
+    "ffn_gate_inp.weight": (Q.F32, (128, 4)), "exp_probs_b.bias": (Q.F32, (4,)),
+    "ffn_up_exps.weight": (Q.BF16, (128, 128, 4)), "ffn_down_exps.weight": (Q.BF16, (128, 128, 4)),
+    "ffn_up_shexp.weight": (Q.BF16, (128, 128)), "ffn_down_shexp.weight": (Q.BF16, (128, 128)),
+    "nextn.shared_head_norm.weight": (Q.F32, (128,)),
+}
+
+
+def _raw(folder: Path, name: str) -> bytes:
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors = SafetensorsFile(path).tensors
+        if name in tensors:
+            with open(path, "rb") as f:
+                f.seek(tensors[name].offset)
+                return f.read(tensors[name].nbytes)
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_nano_head_checkpoint(tmp_path_factory.mktemp("nano") / "Nano-head")
+
+
+def test_nano_head_names_shapes_types(head: Path, tmp_path: Path) -> None:
+    draft = convert(head, tmp_path / "d.gguf", block=BLOCK, progress=False).output
+    ours = reader_tensors(draft)
+    assert {n: (t, s) for n, (t, s, _) in ours.items()} == {f"blk.{BLOCK}.{k}": v for k, v in NANO_BLOCK.items()}
+    assert not any("latent" in n for n in ours)
+    kvs = reader_kvs(draft)
+    assert "nemotron_h_moe.moe_latent_size" not in kvs
+    assert kvs["nemotron_h_moe.expert_feed_forward_length"][1] == NANO_HPARAMS.n_ff_exp
+    assert kvs["nemotron_h_moe.feed_forward_length"][1] == [0, 0, 128, 128]  # M*E + NextN (attention + MoE)
+    assert kvs["nemotron_h_moe.attention.head_count_kv"][1] == [0, 2, 0, 2]
+    # experts stacked in index order at full width, bytes unchanged
+    for proj in ("up", "down"):
+        parts = [_raw(head, f"mtp.layers.1.mixer.experts.{e}.{proj}_proj.weight") for e in range(4)]
+        assert len(set(parts)) == 4
+        assert ours[f"blk.{BLOCK}.ffn_{proj}_exps.weight"][2] == b"".join(parts)
+    assert ours[f"blk.{BLOCK}.attn_q.weight"][2] == _raw(head, "mtp.layers.0.mixer.q_proj.weight")
+
+
+def test_null_latent_size_and_both_bias_spellings_give_the_same_draft(head: Path, tmp_path: Path) -> None:
+    reference = reader_tensors(convert(head, tmp_path / "ref.gguf", block=BLOCK, progress=False).output)
+    for latent_key, spelling in (("null", BIAS_SPELLINGS[0]), ("absent", BIAS_SPELLINGS[1])):
+        folder = write_nano_head_checkpoint(tmp_path / f"{latent_key}-{spelling}" / head.name, latent_key=latent_key,
+                                            bias_spelling=spelling, files=1)
+        out = convert(folder, tmp_path / f"{latent_key}-{spelling}.gguf", block=BLOCK, progress=False).output
+        assert reader_tensors(out) == reference
+
+
+def test_latent_tensors_without_latent_size_are_refused(tmp_path: Path) -> None:
+    # a Super-shaped head whose config lost moe_latent_size: one line, nothing written
+    folder = write_mtpv2_checkpoint(tmp_path / "h", hparams=NANO_HPARAMS)
+    config = mtpv2_config(NANO_HPARAMS)
+    del config["moe_latent_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"no NextN tensor blk\.N\.ffn_latent_(down|up)\.weight is expected"):
+        convert(folder, tmp_path / "d.gguf", block=BLOCK, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
+
+
+@pytest.mark.llama
+def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp_path: Path) -> None:
+    from gguf_mtp.check.llama_check import check_with_llama
+
+    # tiny_models' Nemotron trunk always has latent projections; with moe_latent = n_embd its experts are at full
+    # width, so Nano's head (no latent projection) fits it, and llama.cpp skips the absent latent tensors.
+    assert NANO_HPARAMS.moe_latent == NANO_HPARAMS.n_embd
+    target = write_target(tmp_path / "t", family=NEMOTRON_H_MOE, hparams=NANO_HPARAMS, quant="BF16")
+    draft = convert(head, tmp_path / "d.gguf", target=target, progress=False)
+    assert not any("latent" in t.name for t in draft.plan.tensors)
+    composite = compose(target, draft.output, tmp_path / "out", progress=False).output_paths[0]
+    check = check_with_llama(composite)
+    assert check.ok, check.summary() + "\n" + check.log_tail
+    assert (check.n_layer, check.n_layer_nextn) == (BLOCK, 1)
+    assert check.mtp_decode_ok and check.mtp_logits_finite
+
+
+# --------------------------------------------------------------------------------------- upstream parity
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from upstream import llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("nano-parity")
+    checkpoint = write_full_nano_checkpoint(work / "hf")
+    write_gpt2_tokenizer(checkpoint)
+    patched = work / "patched-llama.cpp"
+    shutil.copytree(llama_cpp_tree(), patched, ignore=shutil.ignore_patterns(".complete"))
+    subprocess.run(["git", "apply", str(PATCH)], cwd=patched, check=True)
+    out = {
+        "checkpoint": checkpoint,
+        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
+        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
+        "full_patched": upstream_convert(checkpoint, work / "full-patched.gguf", tree=patched),
+    }
+    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
+    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
+    return out
+
+
+def _f32(tensor: tuple[int, tuple[int, ...], bytes]) -> np.ndarray:
+    qtype, _, raw = tensor
+    if qtype == Q.BF16:
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert qtype == Q.F32
+    return np.frombuffer(raw, np.float32)
+
+
+def _llama_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's ``LlamaModel.permute`` of a (rows, cols) projection."""
+    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(rows.shape)
+
+
+def _same_up_to(name: str, ours: tuple, theirs: tuple, how: str) -> bool:
+    if ours[1] != theirs[1]:
+        return False
+    if how == "widened":
+        return ours[0] == Q.F32 and theirs[0] == Q.BF16 and np.array_equal(_f32(ours), _f32(theirs))
+    heads = NANO_HPARAMS.n_head if name.endswith("attn_q.weight") else NANO_HPARAMS.n_head_kv
+    permuted = _llama_permute(_f32(ours).reshape(-1, ours[1][0]), heads)
+    return ours[2] != theirs[2] and np.array_equal(permuted.reshape(-1), _f32(theirs))
+
+
+def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        how = ALLOWED.get(name, ("", ""))[0]
+        if how in allowed:
+            assert _same_up_to(name, ours[name], theirs[name], how), f"{name}: not equal {how}"
+        else:
+            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+class TestUpstreamParity:
+    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
+        prefix = f"blk.{BLOCK}."
+        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(prefix)}
+        assert sorted(theirs) == sorted(prefix + k for k in NANO_BLOCK)  # upstream writes no latent tensor either
+        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
+        stripped = strip(upstream["full_patched"], tmp_path / "stripped", progress=False).output_paths[0]
+        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
+        # the patched full file has the F32 MTP router gguf-mtp writes: only the harmless q/k row order differs
+        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full_patched"]),
+                             ("permuted",))
+
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.llama_check import check_with_llama
+
+        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full_patched"])
+        for check in (ours, theirs):
+            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        assert (ours.n_layer, ours.n_layer_nextn) == (BLOCK, 1)
+        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
+        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
+        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
