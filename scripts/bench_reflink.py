@@ -29,8 +29,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_inputs import SyntheticTarget, TargetSpec, ensure_draft, ensure_target, size_label
+from bench_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
 from bench_lib import Command, Sample, load_average, run_alternating
+
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
 __all__ = [
     "REFLINK_MD",
@@ -105,6 +107,23 @@ def _composite(inputs: Path, target: SyntheticTarget, draft: Path, log: Callable
     if done.returncode:
         raise RuntimeError(f"compose for the reflink inputs failed: {done.stderr.strip()}")
     return folder / target.first.name
+
+
+def _converted_draft(inputs: Path, target: SyntheticTarget, log: Callable[[str], None]) -> Path:
+    """The draft as users make it, ``gguf-mtp convert HEAD --target TARGET``: an MTPv2 head checkpoint of the
+    target's dimensions converted for it, so its data lands in step where compose appends it."""
+    label = size_label(target.spec.size)
+    head = inputs / f"head-{label}"
+    if not (head / "config.json").exists():
+        log(f"writing an MTPv2 head checkpoint for the {label} target")
+        write_mtpv2_checkpoint(head, hparams=target.hparams, files=2)
+    draft = inputs / f"draft-{label}.gguf"
+    done = subprocess.run([PYTHON, "-m", "gguf_mtp", "convert", str(head), "-o", str(draft), "--target",
+                           str(target.first), "--force", "--quiet"], capture_output=True, text=True, check=False,
+                          env={**os.environ, **_env()})
+    if done.returncode:
+        raise RuntimeError(f"convert for the reflink inputs failed: {done.stderr.strip()}")
+    return draft
 
 
 def reflink_group(mount: Path, target: SyntheticTarget, draft: Path, composite: Path) -> list[Command]:
@@ -195,7 +214,7 @@ def run_reflink(
         shutil.rmtree(mount / "runs", ignore_errors=True)
         for size in sizes:
             target = ensure_target(inputs, TargetSpec(size, shards, pattern), log=log)
-            draft = ensure_draft(inputs, target.hparams, log=log)
+            draft = _converted_draft(inputs, target, log)
             composite = _composite(inputs, target, draft, log)
             inputs_info.append({"size": size, "shards": shards, "target_bytes": target.nbytes,
                                 "draft_bytes": draft.stat().st_size})

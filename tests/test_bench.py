@@ -274,8 +274,9 @@ def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict,
         assert all(rows[(tool, size)]["median_seconds"] > 0 for tool in tools)
         assert rows[("cp --reflink=never", size)]["median_extra_disk"] >= target + draft  # a real copy
         assert abs(rows[("cp --reflink=always", size)]["median_extra_disk"]) < MiB  # shared
-        # compose shares the target's data: only the draft (and a few header blocks) is new
-        assert draft - MiB < rows[("compose", size)]["median_extra_disk"] <= draft + MiB
+        # compose shares the target's data and, the draft being made by convert --target, the draft's too:
+        # only headers and partial blocks are new
+        assert abs(rows[("compose", size)]["median_extra_disk"]) < MiB
         assert abs(rows[("strip", size)]["median_extra_disk"]) < MiB
         assert rows[("graft", size)]["median_extra_disk"] < MiB  # the NextN block's data is shared too
         assert rows[("compose", size)]["bytes_out"] >= target + draft

@@ -147,12 +147,9 @@ def test_only_the_exact_shard_set_is_used_not_the_stray_composite_or_mmproj(firs
     assert names == [s.rpartition("/")[2] for s in SHARDS]
 
 
+@pytest.mark.llama
 def test_composite_loads_in_llama_cpp(first_run: tuple[Path, dict]) -> None:
     _, report = first_run
-    from gguf_mtp.check.llama_check import llama_cpp_available
-
-    if not llama_cpp_available():
-        pytest.skip("llama-cpp-python is not installed")
     names = [c["name"] for c in report["verification"]["checks"] if c["ok"]]
     assert any("llama" in n for n in names)
 
