@@ -52,7 +52,7 @@ demo: $(DEMO_STAMP)
 test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	GGUF_MTP_UPSTREAM_PYTHON=$(UPSTREAM_VENV)/bin/python $(PY) -m pytest -q
+	GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-upstream test-floor
 
 $(UPSTREAM_STAMP):

@@ -18,6 +18,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GGUF_MTP_DISABLE_PROGRESS", "1")
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected: `-m "not llama"` runs without llama-cpp-python
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if llama_cpp_available():
         return

@@ -61,7 +61,9 @@ def upstream_python() -> str:
 
     Missing: the test fails under ``CI=true`` (CI must build it) and is skipped elsewhere, naming the fix.
     """
-    python = os.environ.get("GGUF_MTP_UPSTREAM_PYTHON") or str(UPSTREAM_VENV / "bin" / "python")
+    # Absolute (not resolved: a venv's python is a symlink whose target is not the venv): the converter
+    # runs with the llama.cpp tree as its working directory.
+    python = os.path.abspath(os.environ.get("GGUF_MTP_UPSTREAM_PYTHON") or UPSTREAM_VENV / "bin" / "python")
     probe = [python, "-c", "import torch, transformers, sentencepiece, yaml"]
     try:
         ok = subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
