@@ -11,7 +11,7 @@ import re
 
 from gguf import Keys
 
-from .errors import GGUFMTPError
+from .errors import ParameterError
 
 #: Set to any non-empty value to turn every progress bar off.
 ENV_DISABLE_PROGRESS = "GGUF_MTP_DISABLE_PROGRESS"
@@ -80,14 +80,14 @@ def max_header_bytes() -> int:
     of every command at start-up.
 
     Raises:
-        GGUFMTPError: the variable is set to something other than a positive whole number of bytes.
+        ParameterError: the variable is set to something other than a positive whole number of bytes.
     """
     raw = os.environ.get(ENV_MAX_HEADER_BYTES)
     if raw is None or raw.strip() == "":
         return DEFAULT_MAX_HEADER_BYTES
     text = raw.strip()
     if not (text.isascii() and text.isdigit()) or int(text) == 0:
-        raise GGUFMTPError(f"{ENV_MAX_HEADER_BYTES}={raw!r} is not a positive whole number of bytes (e.g. 536870912)")
+        raise ParameterError(f"{ENV_MAX_HEADER_BYTES}={raw!r} is not a positive whole number of bytes (e.g. 536870912)")
     return int(text)
 
 
@@ -97,6 +97,7 @@ ENV_HUB_REQUEST_TIMEOUT = "GGUF_MTP_HUB_REQUEST_TIMEOUT"
 ENV_HUB_FILE_TIMEOUT = "GGUF_MTP_HUB_FILE_TIMEOUT"
 DEFAULT_HUB_REQUEST_TIMEOUT = 60.0
 DEFAULT_HUB_FILE_TIMEOUT = 300.0
+
 
 def split_file_name(prefix: str, number: int, count: int) -> str:
     """The llama.cpp name of shard ``number`` (1-based) of ``count``."""

@@ -9,7 +9,7 @@ knows nothing of gguf-mtp can still tell them apart:
   :class:`IncompatibleDraftError`, :class:`NoNextNBlockError`, :class:`KVEditError`,
   :class:`CheckpointError`, :class:`VerificationError`, :class:`ParameterError`);
 - :class:`OSError`: the file system or the network failed or refused (:class:`UnsafeOutputError`,
-  :class:`OutputWriteError`, :class:`HubError`);
+  :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`);
 - :class:`FileNotFoundError`: an input does not exist (:class:`GGUFNotFoundError`,
   :class:`CheckpointNotFoundError`; still a :class:`BadGGUFError` / :class:`CheckpointError`).
 
@@ -30,6 +30,7 @@ __all__ = [
     "GGUFNotFoundError",
     "HubError",
     "IncompatibleDraftError",
+    "InputReadError",
     "KVEditError",
     "NoNextNBlockError",
     "OutputWriteError",
@@ -46,17 +47,22 @@ class GGUFMTPError(Exception):
     Attributes:
         message: the problem, one line.
         path: the file (or folder, or Hub address) it is about, or ``None``.
+        parameters: the parameters of the call the message names (``("set_kv",)``), as written in Python;
+            the command line shows their flags instead (``--set-kv``).
     """
 
-    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, message: str, path: str | os.PathLike[str] | None = None, parameter: str | tuple[str, ...] | None = None
+    ) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.message = message
+        self.parameters = (parameter,) if isinstance(parameter, str) else tuple(parameter or ())
         # One argument only: for the OSError kinds, two would be read as (errno, strerror).
         super().__init__(f"{self.path}: {message}" if self.path else message)
 
-    def __reduce__(self) -> tuple[type[GGUFMTPError], tuple[str, str | None]]:
-        # Pickled (multiprocessing, concurrent.futures) with message and path kept apart.
-        return type(self), (self.message, self.path)
+    def __reduce__(self) -> tuple[type[GGUFMTPError], tuple[str, str | None, tuple[str, ...]]]:
+        # Pickled (multiprocessing, concurrent.futures) with message, path and parameters kept apart.
+        return type(self), (self.message, self.path, self.parameters)
 
 
 class BadGGUFError(GGUFMTPError, ValueError):
@@ -80,12 +86,24 @@ class NoNextNBlockError(IncompatibleDraftError):
 
 
 class KVEditError(GGUFMTPError, ValueError):
-    """A KV override (``--set-kv``) is malformed or does not fit the key's type."""
+    """A KV override (the ``set_kv`` parameter) is malformed or does not fit the key's type."""
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        parameter: str | tuple[str, ...] | None = "set_kv",
+    ) -> None:
+        super().__init__(message, path, parameter)
 
 
 class ParameterError(GGUFMTPError, ValueError):
     """A parameter has a value the operation cannot take (a negative block index, an unknown outtype,
-    options that contradict each other)."""
+    options that contradict each other, a malformed ``GGUF_MTP_*`` environment setting)."""
+
+
+class InputReadError(GGUFMTPError, OSError):
+    """An input exists but cannot be read (permission denied, an I/O error)."""
 
 
 class UnsafeOutputError(GGUFMTPError, OSError):

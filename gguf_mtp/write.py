@@ -196,7 +196,7 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
         if final.is_dir():
             raise UnsafeOutputError("output name is a folder", final)
         if (final.exists() or final.is_symlink()) and not force:
-            raise UnsafeOutputError("output exists (use --force to replace it)", final)
+            raise UnsafeOutputError("output exists (use force to replace it)", final, parameter="force")
     folders = {f.parent for f in finals}
     for folder in folders:
         if folder.exists() and not folder.is_dir():
@@ -391,9 +391,14 @@ def _write_locked(
     """The writing and the rename phase of :func:`write_outputs`, with every output folder locked."""
     started = time.perf_counter()
     method = copy_method()
-    logger.info("writing %d file(s), %s; copy method: %s", len(files), human_bytes(sum(f.size for f in files)),
-                "auto (reflink where possible, else copy_file_range, sendfile, read/write)" if method == "auto"
-                else f"{method} (forced by {ENV_COPY_METHOD})")
+    logger.info(
+        "writing %d file(s), %s; copy method: %s",
+        len(files),
+        human_bytes(sum(f.size for f in files)),
+        "auto (reflink where possible, else copy_file_range, sendfile, read/write)"
+        if method == "auto"
+        else f"{method} (forced by {ENV_COPY_METHOD})",
+    )
     partials: list[Path] = []
     methods: set[str] = set()
     total = sum(f.size for f in files)
@@ -435,14 +440,20 @@ def _write_locked(
                 for planned in reversed(planned_files):
                     exists = os.path.lexists(planned.path)
                     if exists and not force:  # appeared since the checks: never replaced without --force
-                        raise UnsafeOutputError("output exists (use --force to replace it)", planned.path)
+                        raise UnsafeOutputError(
+                            "output exists (use force to replace it)", planned.path, parameter="force"
+                        )
                     replacing = replacing or exists
                     backup = backup_name(planned.path.name) if exists else None
                     entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
                 commit(folder, entries)
-                logger.info("committed %d file(s) in %s: %s%s", len(entries), folder,
-                            ", ".join(p.path.name for p in planned_files),
-                            " (replacing the previous files)" if any(e.backup for e in entries) else "")
+                logger.info(
+                    "committed %d file(s) in %s: %s%s",
+                    len(entries),
+                    folder,
+                    ", ".join(p.path.name for p in planned_files),
+                    " (replacing the previous files)" if any(e.backup for e in entries) else "",
+                )
                 for planned in planned_files:
                     partials.remove(partial_of[planned.path])
     except OutputWriteError as e:  # before OSError, which it also is
@@ -469,8 +480,15 @@ def _log_written(planned: OutputFile, used: set[str], shared: int, copied: int) 
     """One INFO line per finished (not yet committed) output: how its bytes were made."""
     written = planned.size - shared - copied  # headers, padding, converted tensor data
     how = ", ".join(sorted(used | ({"reflink"} if shared else set()))) or "no copies"
-    logger.info("wrote %s (%s bytes): %s bytes shared with the inputs (reflink), %s copied (%s), %s written",
-                planned.path.name, f"{planned.size:,}", f"{shared:,}", f"{copied:,}", how, f"{written:,}")
+    logger.info(
+        "wrote %s (%s bytes): %s bytes shared with the inputs (reflink), %s copied (%s), %s written",
+        planned.path.name,
+        f"{planned.size:,}",
+        f"{shared:,}",
+        f"{copied:,}",
+        how,
+        f"{written:,}",
+    )
 
 
 def _left_behind(replacing: bool) -> str:
@@ -479,9 +497,7 @@ def _left_behind(replacing: bool) -> str:
     return "no output was left behind"
 
 
-def _write_segments(
-    fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, methods: set[str]
-) -> None:
+def _write_segments(fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, methods: set[str]) -> None:
     sources: dict[Path, int] = {}
     try:
         for segment in planned.segments:
@@ -518,5 +534,3 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-

@@ -6,8 +6,10 @@ import hashlib
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +112,19 @@ def no_hang(seconds: float = 60) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """A test HTTP server that stays silent when a client hangs up mid-response.
+
+    The standard server prints a traceback to stderr for every handler error; a client that
+    stops reading on purpose (a refused gzip body, a bounded read) would then leak a traceback
+    into the stderr that CLI tests assert on, depending on thread timing.
+    """
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]

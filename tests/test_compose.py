@@ -181,7 +181,7 @@ def test_target_that_already_has_mtp_is_refused(nemotron_draft0: Path, tmp_path:
 
 def test_existing_output_is_refused_without_force(nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path) -> None:
     compose(nemotron_split, nemotron_draft0, tmp_path / "out")
-    with pytest.raises(UnsafeOutputError, match="--force"):
+    with pytest.raises(UnsafeOutputError, match=r"use force to replace it"):
         compose(nemotron_split, nemotron_draft0, tmp_path / "out")
     report = compose(nemotron_split, nemotron_draft0, tmp_path / "out", force=True)
     assert report.bytes_written == report.plan.bytes_to_write

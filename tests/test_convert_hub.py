@@ -18,7 +18,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 from convert_support import fill_hub_cache
-from helpers import reader_kvs, reader_tensors
+from helpers import LoopbackServer, reader_kvs, reader_tensors
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -67,8 +67,12 @@ def test_hub_source_requests_only_config_index_and_mtp_shards(
 ) -> None:
     fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
     report = convert(REPO, tmp_path / "draft.gguf", block=BLOCK, progress=False)
-    wanted = ["config.json", "model.safetensors.index.json", "model-00002-of-00003.safetensors",
-              "model-00003-of-00003.safetensors"]
+    wanted = [
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+    ]
     assert [c["allow_patterns"] for c in snapshot_requests] == [wanted]
     assert report.to_dict()["download"]["allow_patterns"] == wanted
     local = convert(full_checkpoint, tmp_path / "local.gguf", block=BLOCK, progress=False).output
@@ -87,8 +91,9 @@ def test_hub_cache_in_these_tests_refuses_files_never_downloaded(full_checkpoint
     assert sorted(p.name for p in Path(folder).glob("*.safetensors"))  # the head shards are there
 
 
-def test_hub_revision_is_passed_through(full_checkpoint: Path, offline_cache: Path,
-                                        snapshot_requests: list[dict[str, object]], tmp_path: Path) -> None:
+def test_hub_revision_is_passed_through(
+    full_checkpoint: Path, offline_cache: Path, snapshot_requests: list[dict[str, object]], tmp_path: Path
+) -> None:
     fill_hub_cache(offline_cache, REPO, full_checkpoint, leave_out=(TRUNK_SHARD,), commit=COMMIT)
     report = convert(REPO, tmp_path / "draft.gguf", block=BLOCK, revision=COMMIT, dry_run=True)
     assert snapshot_requests[0]["revision"] == COMMIT
@@ -113,13 +118,20 @@ def test_hub_index_without_mtp_tensors_is_refused_before_any_shard_download(
 def _run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
     full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "gguf_mtp", "convert", *args], capture_output=True, text=True,
-                          env=full_env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "convert", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_cli_offline_with_nothing_cached_is_one_clear_line(tmp_path: Path) -> None:
-    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"],
-                    {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    done = _run_cli(
+        [REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"], {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1
     assert "HF_HUB_OFFLINE is set and config.json is not in the Hub cache" in done.stderr
@@ -127,8 +139,10 @@ def test_cli_offline_with_nothing_cached_is_one_clear_line(tmp_path: Path) -> No
 
 def test_cli_offline_with_a_filled_cache_converts(full_checkpoint: Path, tmp_path: Path) -> None:
     fill_hub_cache(tmp_path / "hf" / "hub", REPO, full_checkpoint, leave_out=(TRUNK_SHARD,))
-    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3", "--json"],
-                    {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    done = _run_cli(
+        [REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3", "--json"],
+        {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "d.gguf").stat().st_size > 0
 
@@ -154,7 +168,7 @@ class _RefusingHub(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def refusing_hub() -> Iterator[tuple[str, type[_RefusingHub]]]:
     handler = type("Handler", (_RefusingHub,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = LoopbackServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -165,14 +179,21 @@ def refusing_hub() -> Iterator[tuple[str, type[_RefusingHub]]]:
 
 
 def _hub_env(endpoint: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost", **extra}
+    return {
+        "HF_ENDPOINT": endpoint,
+        "HF_HOME": str(tmp_path / "hf"),
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        **extra,
+    }
 
 
 def test_cli_refused_token_is_one_clear_line(refusing_hub: tuple[str, type], tmp_path: Path) -> None:
     endpoint, _ = refusing_hub
-    done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"],
-                    _hub_env(endpoint, tmp_path, HF_TOKEN="hf_not_a_valid_token"))
+    done = _run_cli(
+        [REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"],
+        _hub_env(endpoint, tmp_path, HF_TOKEN="hf_not_a_valid_token"),
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1
     assert f"repository {REPO} not found, or private and the token was refused" in done.stderr

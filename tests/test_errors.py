@@ -4,6 +4,7 @@ them; real failing calls, not hand-made exceptions, prove it."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -42,6 +43,7 @@ KINDS: dict[type[GGUFMTPError], type[Exception]] = {
     errors.VerificationError: ValueError,
     errors.UnsafeOutputError: OSError,
     errors.OutputWriteError: OSError,
+    errors.InputReadError: OSError,
     errors.HubError: OSError,
 }
 
@@ -91,7 +93,7 @@ def test_existing_output_is_caught_as_oserror(tmp_path: Path) -> None:
     else:
         pytest.fail("an existing output was replaced without force")
     assert isinstance(caught, UnsafeOutputError)
-    assert str(caught) == f"{out}: output exists (use --force to replace it)"  # not re-wrapped as an OS failure
+    assert str(caught) == f"{out}: output exists (use force to replace it)"  # not re-wrapped as an OS failure
     assert out.read_bytes() == b"mine"
 
 
@@ -161,3 +163,36 @@ def test_bad_parameters_are_value_errors_named_by_parameter(head: Path, tmp_path
     assert caught.value.message.startswith(message)
     assert "--" not in caught.value.message  # a library names parameters; only the CLI knows flags
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------ library words, CLI words
+
+
+def test_the_library_names_the_parameter_and_the_cli_names_its_flag(
+    head: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gguf_mtp.cli import main
+
+    out = tmp_path / "d.gguf"
+    convert(head, out, block=3, progress=False)
+    with pytest.raises(UnsafeOutputError) as caught:
+        convert(head, out, block=3, progress=False)
+    assert caught.value.message == "output exists (use force to replace it)"
+    assert caught.value.parameters == ("force",)
+
+    assert main(["convert", str(head), "-o", str(out), "--block", "3", "-q"]) == 2
+    assert capsys.readouterr().err == f"gguf-mtp: error: {out}: output exists (use --force to replace it)\n"
+    assert main(["convert", str(head), "-o", str(out), "--block", "3", "-q", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"] == "output exists (use --force to replace it)"
+
+
+def test_only_the_named_parameter_becomes_a_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gguf_mtp.cli import main
+
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"GGUF")
+    # set_kv names a parameter; the KV key inside the message must stay as written.
+    code = main(["compose", str(target), str(target), "-o", str(tmp_path / "o"), "--set-kv", "block_count", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "set_kv" not in err

@@ -14,13 +14,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
 from gguf import GGUFValueType
-from helpers import shard_files
+from helpers import LoopbackServer, shard_files
 
 from gguf_mtp import BadGGUFError, HubError, compose
 from gguf_mtp.check.inspect import inspect
@@ -235,8 +235,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
     hub = HubStandIn(tmp_path_factory.mktemp("hub"))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
-    httpd.daemon_threads = True
+    httpd = LoopbackServer(("127.0.0.1", 0), _handler(hub))
     hub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -292,9 +291,7 @@ def test_remote_summary_equals_the_local_one(hub: HubStandIn, published: str, co
     assert remote.remote
     assert _comparable(remote.to_dict()) == _comparable(inspect(composite, tensors=True).to_dict())
     assert remote.mtp_verdict == "MTP: yes (1 block, blk.3)"
-    assert [s.name for s in remote.shards] == [
-        f"hf://{REPO}/{FOLDER}/{p.name}" for p in shard_files(composite)
-    ]
+    assert [s.name for s in remote.shards] == [f"hf://{REPO}/{FOLDER}/{p.name}" for p in shard_files(composite)]
 
 
 def test_only_header_bytes_are_transferred(hub: HubStandIn, published: str, composite: Path) -> None:
@@ -359,8 +356,10 @@ def test_the_token_is_not_sent_to_another_host(
     hub.redirect = True
     hub.redirect_base = hub.url.replace("127.0.0.1", "localhost")  # another origin, the same loopback server
     assert inspect(published).mtp_verdict == "MTP: yes (1 block, blk.3)"
-    sent = [(path.startswith("/cdn/"), auth) for _, path, _, auth in
-            ((r.method, r.path, r.byte_range, r.authorization) for r in hub.log)]
+    sent = [
+        (path.startswith("/cdn/"), auth)
+        for _, path, _, auth in ((r.method, r.path, r.byte_range, r.authorization) for r in hub.log)
+    ]
     assert {auth for cdn, auth in sent if not cdn} == {"Bearer hf_loopbacktesttoken"}
     assert {auth for cdn, auth in sent if cdn} == {None}
     assert sum(cdn for cdn, _ in sent) == 3
@@ -570,8 +569,10 @@ def test_a_non_ascii_token_is_one_line_and_nothing_is_sent(
     monkeypatch.setenv("HF_TOKEN", "hf_t\u00f6ken")
     assert main(["inspect", published]) == 2
     err = capsys.readouterr().err
-    assert err == "gguf-mtp: error: HF_TOKEN contains non-ASCII characters; a Hugging Face token is ASCII " \
+    assert (
+        err == "gguf-mtp: error: HF_TOKEN contains non-ASCII characters; a Hugging Face token is ASCII "
         "(hf_...): set it again\n"
+    )
     assert hub.requests == []
 
 
@@ -591,7 +592,10 @@ def test_a_hub_web_address_is_read_like_hf(hub: HubStandIn, published: str, comp
     ("address", "message"),
     [
         ("https://example.com/x.gguf", "only files on the Hugging Face Hub can be read remotely"),
-        (f"https://huggingface.co/{REPO}", "a Hub file's web address is https://huggingface.co/OWNER/REPO/blob/REV/PATH"),
+        (
+            f"https://huggingface.co/{REPO}",
+            "a Hub file's web address is https://huggingface.co/OWNER/REPO/blob/REV/PATH",
+        ),
         (f"https://huggingface.co/{REPO}/tree/main/x.gguf", "a Hub file's web address is"),
     ],
 )
@@ -616,7 +620,9 @@ def test_paths_that_leave_the_repository_are_refused_before_any_request(hub: Hub
     assert hub.requests == []
 
 
-@pytest.mark.parametrize("address", ["hf://o\n/r/a.gguf", "hf://o/r\n/a.gguf", "hf://o/r--x/a.gguf", "hf://o/.r/a.gguf"])
+@pytest.mark.parametrize(
+    "address", ["hf://o\n/r/a.gguf", "hf://o/r\n/a.gguf", "hf://o/r--x/a.gguf", "hf://o/.r/a.gguf"]
+)
 def test_malformed_repo_ids_in_addresses_are_refused(address: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(HubError, match=r"is not a Hub repo id \(OWNER/NAME\)"):
         HubFile.parse(address)

@@ -16,7 +16,7 @@ import pytest
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.verify import verify
 from gguf_mtp.cli import main
-from gguf_mtp.errors import BadGGUFError, VerificationError
+from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.hub.card import draft_command
 from gguf_mtp.hub.publish import publish
 from gguf_mtp.testing.tiny_models import write_draft, write_target
@@ -61,7 +61,10 @@ def test_a_draft_with_globals_is_inspected_as_a_spec_draft_model(
     assert main(["inspect", str(drafts["standalone"]), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["kind"], report["mtp_only"], report["standalone"], report["has_mtp"]) == (
-        "mtp-draft", True, True, False
+        "mtp-draft",
+        True,
+        True,
+        False,
     )
     assert report["mtp_verdict"] == (
         "MTP: draft only (1 block, blk.3): not a model by itself; run it beside its target: "
@@ -110,7 +113,7 @@ def test_publish_refuses_a_draft_without_standalone(
 
 
 def test_publish_standalone_refuses_a_whole_model(whole_model: Path) -> None:
-    with pytest.raises(VerificationError, match="--standalone publishes an MTP-only draft, but this is a whole model"):
+    with pytest.raises(ParameterError, match="standalone publishes an MTP-only draft, but this is a whole model"):
         publish(whole_model, "me/m", dry_run=True, standalone=True, progress=False)
 
 
@@ -118,8 +121,16 @@ def test_the_card_of_a_standalone_draft_shows_the_spec_draft_model_command(
     drafts: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
-        "publish", str(drafts["standalone"]), "--repo", "me/mtp-tiny", "--dry-run", "--standalone",
-        "--target-repo", "owner/Tiny-GGUF", "--target-file", "Q4/Tiny-Q4-00001-of-00003.gguf",
+        "publish",
+        str(drafts["standalone"]),
+        "--repo",
+        "me/mtp-tiny",
+        "--dry-run",
+        "--standalone",
+        "--target-repo",
+        "owner/Tiny-GGUF",
+        "--target-file",
+        "Q4/Tiny-Q4-00001-of-00003.gguf",
     ]
     assert main(argv) == 0
     card = capsys.readouterr().out.split("----- README.md -----\n", 1)[1]

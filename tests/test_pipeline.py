@@ -569,7 +569,7 @@ def test_a_foreign_non_empty_work_folder_is_refused_and_left_alone(
     hub = RecordingHub(source=target_repo)
     with pytest.raises(UnsafeOutputError, match="not empty and was not made by gguf-mtp pipeline") as e:
         _run(hub, tmp_path, head_checkpoint)
-    assert "\n" not in str(e.value) and "--force" in str(e.value)
+    assert "\n" not in str(e.value) and "use force" in str(e.value)
     assert folder_bytes(work) == before and sorted(os.listdir(work)) == ["composite", "draft"]
     assert hub.calls == []  # refused before anything was asked
 
@@ -583,10 +583,11 @@ def test_the_cli_refuses_a_foreign_work_folder_with_one_line(tmp_path: Path) -> 
     assert folder_bytes(work) == before
 
 
-def test_a_work_dir_that_is_a_file_is_refused(online: None, target_repo: Path, head_checkpoint: Path,
-                                              tmp_path: Path) -> None:
+def test_a_work_dir_that_is_a_file_is_refused(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
     (tmp_path / "work").write_bytes(b"a user's file")
-    with pytest.raises(UnsafeOutputError, match="--work-dir names a file, not a folder"):
+    with pytest.raises(UnsafeOutputError, match="work_dir names a file, not a folder"):
         _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
     assert (tmp_path / "work").read_bytes() == b"a user's file"
 

@@ -17,7 +17,7 @@ import pytest
 from helpers import copy_model, shard_files
 from hub_standin import LargeFolderHub, RecordingHub, http_error
 
-from gguf_mtp import HubError, ShardSetError, VerificationError, compose
+from gguf_mtp import HubError, NoNextNBlockError, ShardSetError, compose
 from gguf_mtp._version import __version__
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
@@ -307,7 +307,7 @@ def test_incomplete_shard_set_is_refused(composite: Path, token: str) -> None:
 
 
 def test_model_without_nextn_block_is_refused(nemotron_split: Path, token: str) -> None:
-    with pytest.raises(VerificationError, match="not an MTP composite"):
+    with pytest.raises(NoNextNBlockError, match="not an MTP composite"):
         publish(nemotron_split, REPO, api=RecordingHub(), progress=False)
 
 

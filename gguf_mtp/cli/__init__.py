@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -37,7 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in subparsers.choices.values():
         _accept_verbose(sub)
         _case_insensitive_choices(sub)
+        sub.set_defaults(flag_of_parameter=_flag_of_parameter(sub))
     return parser
+
+
+def _flag_of_parameter(sub: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's destination (the library's parameter name) and the flag that sets it."""
+    return {action.dest: max(action.option_strings, key=len) for action in sub._actions if action.option_strings}
+
+
+def _in_cli_terms(text: str, parameters: tuple[str, ...], flag_of_parameter: dict[str, str]) -> str:
+    """A library message with the parameters it names shown as the command's flags (``set_kv`` → ``--set-kv``)."""
+    for parameter in parameters:
+        flag = flag_of_parameter.get(parameter)
+        if flag is not None:
+            text = re.sub(rf"(?<![\w-]){re.escape(parameter)}(?![\w-])", flag, text, count=1)
+    return text
 
 
 def _accept_verbose(sub: argparse.ArgumentParser) -> None:
@@ -78,7 +94,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.run(args) or 0)
     except GGUFMTPError as e:
-        _fail(want_json, f"gguf-mtp: error: {printable(e)}", e.message, e.path, 2)
+        flags = getattr(args, "flag_of_parameter", {})
+        message = _in_cli_terms(e.message, e.parameters, flags)
+        _fail(
+            want_json, f"gguf-mtp: error: {printable(_in_cli_terms(str(e), e.parameters, flags))}", message, e.path, 2
+        )
         return 2
     except KeyboardInterrupt:
         _fail(want_json, "gguf-mtp: interrupted; no output was left behind", "interrupted", None, 130)

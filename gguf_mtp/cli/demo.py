@@ -15,11 +15,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compose, verify (llama.cpp loads the composite and runs its NextN block, when installed), inspect, and "
         "show the model card a publish would upload. Nothing is downloaded.",
     )
-    p.add_argument("--dir", help="work folder: new, empty, or an earlier demo's (default: a temporary folder, "
-                   "removed at the end)")
+    p.add_argument(
+        "--dir",
+        dest="work_dir",
+        help="work folder: new, empty, or an earlier demo's (default: a temporary folder, removed at the end)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary folder's files and say where they are")
-    p.add_argument("--force", action="store_true",
-                   help="use a non-empty --dir that no demo made (its files of the demo's names are replaced)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="use a non-empty --dir that no demo made (its files of the demo's names are replaced)",
+    )
     p.add_argument("--no-llama", action="store_true", help="skip the llama.cpp load")
     p.add_argument("--json", action="store_true", help="print the steps as one JSON report instead of lines")
     p.set_defaults(run=run)
@@ -30,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     lines: list[str] = []
     say = lines.append if args.json else print
-    ok = run_demo(args.dir, llama=False if args.no_llama else None, keep=args.keep, force=args.force, say=say)
+    ok = run_demo(args.work_dir, llama=False if args.no_llama else None, keep=args.keep, force=args.force, say=say)
     if args.json:
         print_json({"command": "demo", "ok": ok, "steps": lines})
     return 0 if ok else 2

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gguf_mtp.errors import CheckpointError
+from gguf_mtp.errors import CheckpointError, CheckpointNotFoundError
 from gguf_mtp.files.json_io import load_json_file, parse_json
 from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
 
@@ -67,8 +67,14 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 
 #: Quantized dtypes of FP8 / FP4 checkpoints (ModelOpt, compressed-tensors): known, not convertible yet.
 QUANTIZED_DTYPES: dict[str, float] = {
-    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
-    "F6_E2M3": 0.75, "F6_E3M2": 0.75, "F4": 0.5,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1,
+    "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
+    "F4": 0.5,
 }
 
 #: The most header bytes accepted (real checkpoints use a few hundred KiB).
@@ -192,8 +198,9 @@ class SafetensorsFile:
         self.file_size = size
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-            raise CheckpointError("corrupt safetensors header: __metadata__ is not a {string: string} object",
-                                  self.path)
+            raise CheckpointError(
+                "corrupt safetensors header: __metadata__ is not a {string: string} object", self.path
+            )
         self.metadata: dict[str, str] = metadata
         self.tensors: dict[str, SafetensorsTensor] = {}
         for name, entry in header.items():
@@ -208,12 +215,13 @@ class SafetensorsFile:
         try:
             fd, info = open_regular(self.path)
         except FileNotFoundError:
-            raise CheckpointError("no such file", self.path) from None
+            raise CheckpointNotFoundError("no such file", self.path) from None
         except IsADirectoryError:
             raise CheckpointError("is a directory, not a safetensors file", self.path) from None
         except NotARegularFileError:
-            raise CheckpointError("is not a regular file (a pipe, socket or device); give a safetensors file",
-                                  self.path) from None
+            raise CheckpointError(
+                "is not a regular file (a pipe, socket or device); give a safetensors file", self.path
+            ) from None
         except OSError as e:
             raise CheckpointError(f"cannot open: {e.strerror}", self.path) from None
         try:
@@ -232,8 +240,7 @@ class SafetensorsFile:
         finally:
             os.close(fd)
         if len(raw) != header_len:
-            raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes",
-                                  self.path)
+            raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes", self.path)
         return size, raw
 
     def _entry(self, name: str, entry: Any) -> SafetensorsTensor:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.errors import GGUFMTPError
+from gguf_mtp.errors import GGUFNotFoundError, InputReadError
 from gguf_mtp.write import progress_bar
 
 __all__ = ["FileDigest", "digest_files", "git_blob_sha1", "sha256_file"]
@@ -61,7 +61,7 @@ def sha256_file(path: str | os.PathLike[str], *, bar: Any = None) -> str:
         bar: an optional tqdm bar, advanced by the bytes read.
 
     Raises:
-        GGUFMTPError: the file cannot be read (the message names it).
+        InputReadError: the file cannot be read (the message names it).
     """
     digest = hashlib.sha256()
     buffer = bytearray(HASH_CHUNK)
@@ -73,7 +73,7 @@ def sha256_file(path: str | os.PathLike[str], *, bar: Any = None) -> str:
                 if bar is not None:
                     bar.update(n)
     except OSError as e:
-        raise GGUFMTPError(f"cannot read: {e.strerror or e}", path) from None
+        raise InputReadError(f"cannot read: {e.strerror or e}", path) from None
     return digest.hexdigest()
 
 
@@ -83,15 +83,18 @@ def digest_files(
     """Size and sha256 of each file, with one byte progress bar over all of them.
 
     Raises:
-        GGUFMTPError: a file is missing or cannot be read.
+        GGUFNotFoundError: a file is missing.
+        InputReadError: a file cannot be read.
     """
     files = [Path(p) for p in paths]
     sizes = []
     for f in files:
         try:
             sizes.append(f.stat().st_size)
+        except FileNotFoundError:
+            raise GGUFNotFoundError("no such file", f) from None
         except OSError as e:
-            raise GGUFMTPError(f"cannot read: {e.strerror or e}", f) from None
+            raise InputReadError(f"cannot read: {e.strerror or e}", f) from None
     with progress_bar(sum(sizes), desc, enabled=progress) as bar:
         return [FileDigest(f, size, sha256_file(f, bar=bar)) for f, size in zip(files, sizes)]
 

@@ -45,8 +45,9 @@ def _write_marker(folder: Path, kind: str) -> None:
     os.replace(temporary, folder / MARKER_NAME)
 
 
-def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str = "--dir",
-                   also_ours: tuple[str, ...] = ()) -> bool:
+def claim_work_dir(
+    folder: Path, kind: str, *, force: bool = False, parameter: str = "work_dir", also_ours: tuple[str, ...] = ()
+) -> bool:
     """Make sure ``folder`` is a work folder of the command ``kind`` (``"demo"``, ``"pipeline"``).
 
     Args:
@@ -54,7 +55,7 @@ def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str 
         kind: the command that uses it.
         force: take a non-empty folder without the marker anyway (its files of the command's names are
             replaced).
-        option: the command-line option naming the folder, for the message.
+        parameter: the caller's parameter naming the folder, for the message.
         also_ours: names whose presence proves an older run of the same command made the folder (the
             pipeline's state file, written before markers existed).
 
@@ -66,7 +67,7 @@ def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str 
     """
     try:
         if os.path.lexists(folder) and not folder.is_dir():
-            raise UnsafeOutputError(f"{option} names a file, not a folder", folder)
+            raise UnsafeOutputError(f"{parameter} names a file, not a folder", folder, parameter)
         created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         found = marker_kind(folder)
@@ -76,13 +77,14 @@ def claim_work_dir(folder: Path, kind: str, *, force: bool = False, option: str 
         if names and not force and not any(n in names for n in also_ours):
             made_by = f"made by gguf-mtp {found}" if found else "not made by gguf-mtp " + kind
             raise UnsafeOutputError(
-                f"{option}: this folder is not empty and was {made_by}; choose an empty or new folder "
-                f"(or use --force to let {kind} replace its files there)",
+                f"{parameter}: this folder is not empty and was {made_by}; choose an empty or new folder "
+                f"(or use force to let {kind} replace its files there)",
                 folder,
+                (parameter, "force"),
             )
         _write_marker(folder, kind)
         return created
     except UnsafeOutputError:  # an OSError too: already one line
         raise
     except OSError as e:
-        raise UnsafeOutputError(f"cannot use this {option} folder: {e.strerror or e}", folder) from None
+        raise UnsafeOutputError(f"cannot use this {parameter} folder: {e.strerror or e}", folder, parameter) from None

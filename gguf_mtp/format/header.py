@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import KEY_ALIGNMENT, MAX_ALIGNMENT, MAX_TENSORS, max_header_bytes
-from gguf_mtp.errors import BadGGUFError
+from gguf_mtp.errors import BadGGUFError, GGUFNotFoundError
 from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
 
 __all__ = [
@@ -122,9 +122,7 @@ def tensor_nbytes(shape: Sequence[int], ggml_type: int) -> int:
         raise ValueError(f"unknown ggml type {ggml_type}")
     block_size, type_size = sizes
     if shape and shape[0] % block_size:
-        raise ValueError(
-            f"ne0={shape[0]} is not a multiple of {ggml_type_name(ggml_type)}'s block size {block_size}"
-        )
+        raise ValueError(f"ne0={shape[0]} is not a multiple of {ggml_type_name(ggml_type)}'s block size {block_size}")
     n_elements = 1
     for dim in shape:
         n_elements *= dim
@@ -182,7 +180,6 @@ class KeyValue:
     def type_name(self) -> str:
         """``u32``, ``str``, ``arr[i16]``, ... as shown in reports."""
         return describe_type(self.vtype, self.element_type)
-
 
 
 class KVTable(Mapping[str, KeyValue]):
@@ -704,7 +701,7 @@ def read_header(path: str | os.PathLike[str], *, limit: int | None = None) -> GG
     try:
         fd, info = open_regular(name)  # a named pipe is refused without waiting for a writer
     except FileNotFoundError:
-        raise BadGGUFError("no such file", name) from None
+        raise GGUFNotFoundError("no such file", name) from None
     except IsADirectoryError:
         raise BadGGUFError("is a directory, not a GGUF file", name) from None
     except NotARegularFileError:

@@ -1,4 +1,4 @@
-"""Typed metadata values: ``--set-kv`` overrides and range-checked integer encodings.
+"""Typed metadata values: ``set_kv`` overrides (``--set-kv``) and range-checked integer encodings.
 
 An override of an existing key keeps that key's type, and its value must parse as that type; a new
 key must say its type (``KEY:TYPE=VALUE``). Nothing is ever silently coerced into another type.
@@ -46,7 +46,7 @@ _FALSE = {"false", "0", "no", "off"}
 
 @dataclass(frozen=True)
 class KVOverride:
-    """One ``--set-kv`` request, not yet checked against a file."""
+    """One ``set_kv`` request, not yet checked against a file."""
 
     key: str
     type_name: str | None
@@ -64,12 +64,12 @@ def parse_set_kv(spec: str) -> KVOverride:
     """
     left, sep, text = spec.partition("=")
     if not sep or not left:
-        raise KVEditError(f"--set-kv {spec!r}: expected KEY=VALUE or KEY:TYPE=VALUE")
+        raise KVEditError(f"set_kv {spec!r}: expected KEY=VALUE or KEY:TYPE=VALUE")
     key, colon, type_name = left.partition(":")
     if not key:
-        raise KVEditError(f"--set-kv {spec!r}: empty key")
+        raise KVEditError(f"set_kv {spec!r}: empty key")
     if colon and type_name not in TYPE_BY_NAME:
-        raise KVEditError(f"--set-kv {spec!r}: unknown type {type_name!r} (use one of {', '.join(TYPE_BY_NAME)})")
+        raise KVEditError(f"set_kv {spec!r}: unknown type {type_name!r} (use one of {', '.join(TYPE_BY_NAME)})")
     return KVOverride(key, type_name if colon else None, text)
 
 
@@ -118,7 +118,7 @@ def resolve_override(override: KVOverride, existing: KeyValue | None) -> KeyValu
         KVEditError: a type change on an existing key, a missing type on a new key, an array key, or a
             value that does not parse as the type.
     """
-    what = f"--set-kv {override}"
+    what = f"set_kv {override}"
     if existing is not None:
         if existing.is_array:
             raise KVEditError(f"{what}: {override.key} is an array ({existing.type_name}); arrays cannot be set")

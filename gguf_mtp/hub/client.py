@@ -71,7 +71,7 @@ def require_online(what: str) -> None:
         HubError: ``HF_HUB_OFFLINE`` is set.
     """
     if is_offline():
-        raise HubError(f"cannot {what}: HF_HUB_OFFLINE is set (unset it, or use --dry-run)")
+        raise HubError(f"cannot {what}: HF_HUB_OFFLINE is set (unset it, or use dry_run)", parameter="dry_run")
 
 
 def resolve_token() -> str | None:
@@ -144,8 +144,16 @@ def _token_state() -> str:
 
 
 def answer_error(
-    status: int, error_code: str | None, what: str, repo: str, *, revision: str | None = None,
-    file: str | None = None, detail: str = "", write: bool = False, path: str | None = None,
+    status: int,
+    error_code: str | None,
+    what: str,
+    repo: str,
+    *,
+    revision: str | None = None,
+    file: str | None = None,
+    detail: str = "",
+    write: bool = False,
+    path: str | None = None,
 ) -> HubError:
     """The one-line :class:`HubError` for an HTTP answer of the Hub: ``status`` and its ``X-Error-Code``.
 
@@ -155,8 +163,10 @@ def answer_error(
     at = f" at revision {revision}" if revision else ""
     code = (error_code or "").strip()
     if code == "GatedRepo":
-        text = f"{repo} is gated: accept its terms on https://huggingface.co/{repo}, then set HF_TOKEN " \
-               "(or run `hf auth login`) with that account"
+        text = (
+            f"{repo} is gated: accept its terms on https://huggingface.co/{repo}, then set HF_TOKEN "
+            "(or run `hf auth login`) with that account"
+        )
     elif code == "RevisionNotFound":
         text = f"revision {revision!r} not found in {repo}"
     elif code == "RepoNotFound" or (status == 404 and not file and code != "EntryNotFound"):
@@ -176,8 +186,14 @@ def answer_error(
 
 
 def hub_error(
-    error: BaseException, what: str, repo: str, *, revision: str | None = None, file: str | None = None,
-    write: bool = False, path: str | None = None,
+    error: BaseException,
+    what: str,
+    repo: str,
+    *,
+    revision: str | None = None,
+    file: str | None = None,
+    write: bool = False,
+    path: str | None = None,
 ) -> HubError | None:
     """The one-line :class:`HubError` for a failed huggingface_hub call, or ``None`` when ``error`` is a bug.
 
@@ -190,24 +206,41 @@ def hub_error(
     if isinstance(error, HubError):
         return error
     if isinstance(error, e.OfflineModeIsEnabled) or (isinstance(error, e.LocalEntryNotFoundError) and is_offline()):
-        return HubError(f"cannot {what}: HF_HUB_OFFLINE is set and {cached} not in the Hub cache "
-                        "(run once online, or unset HF_HUB_OFFLINE)", path)
+        return HubError(
+            f"cannot {what}: HF_HUB_OFFLINE is set and {cached} not in the Hub cache "
+            "(run once online, or unset HF_HUB_OFFLINE)",
+            path,
+        )
     if isinstance(error, e.LocalTokenNotFoundError):
         return HubError(f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})", path)
     if isinstance(error, e.HFValidationError):
         return HubError(f"cannot {what}: {printable(_first_line(error))}", path)
     if isinstance(error, e.LocalEntryNotFoundError):
-        return HubError(f"cannot {what}: the Hub cannot be reached and {cached} not cached "
-                        f"({printable(_first_line(error))})", path)
-    codes = ((e.GatedRepoError, "GatedRepo"), (e.RevisionNotFoundError, "RevisionNotFound"),
-             (e.RepositoryNotFoundError, "RepoNotFound"), (remote_missing, "EntryNotFound"))
+        return HubError(
+            f"cannot {what}: the Hub cannot be reached and {cached} not cached ({printable(_first_line(error))})", path
+        )
+    codes = (
+        (e.GatedRepoError, "GatedRepo"),
+        (e.RevisionNotFoundError, "RevisionNotFound"),
+        (e.RepositoryNotFoundError, "RepoNotFound"),
+        (remote_missing, "EntryNotFound"),
+    )
     for kind, code in codes:
         if isinstance(error, kind):
             return answer_error(404, code, what, repo, revision=revision, file=file, write=write, path=path)
     if isinstance(error, e.HfHubHTTPError):
         status = _status(error)
-        return answer_error(status or 0, None, what, repo, revision=revision, file=file, write=write, path=path,
-                            detail=printable(_first_line(error)))
+        return answer_error(
+            status or 0,
+            None,
+            what,
+            repo,
+            revision=revision,
+            file=file,
+            write=write,
+            path=path,
+            detail=printable(_first_line(error)),
+        )
     if isinstance(error, (OSError, ConnectionError, TimeoutError)):  # network and file-system failures
         return HubError(f"cannot {what}: {type(error).__name__}: {printable(_first_line(error))}", path)
     return None
@@ -264,14 +297,14 @@ def check_repo_id(repo: str, what: str | None = None) -> None:
     if what:
         shown = f"{what} {shown}"
     if not isinstance(repo, str) or repo.count("/") != 1:
-        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME)")
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME)", parameter=what)
     if not repo.isprintable():  # validate_repo_id before 2.0 lets a trailing newline through
-        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): it holds a control character")
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): it holds a control character", parameter=what)
     try:
         validate_repo_id(repo)
     except HFValidationError as e:
         reason = str(e).split(": '", 1)[0].strip().rstrip(".").replace("Repo id", "a repo id")
-        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): {printable(reason)}") from None
+        raise HubError(f"{shown} is not a Hub repo id (OWNER/NAME): {printable(reason)}", parameter=what) from None
 
 
 def check_path_in_repo(path: str, what: str = "path_in_repo") -> str:
@@ -284,11 +317,16 @@ def check_path_in_repo(path: str, what: str = "path_in_repo") -> str:
     text = path.strip("/") if isinstance(path, str) else ""
     parts = text.split("/")
     if not text or any(part in ("", ".", "..") for part in parts):
-        raise HubError(f"{what} {printable(repr(path))}: a folder path in the repo has no empty, '.' or '..' parts "
-                       "(it must stay inside the repository)")
+        raise HubError(
+            f"{what} {printable(repr(path))}: a folder path in the repo has no empty, '.' or '..' parts "
+            "(it must stay inside the repository)",
+            parameter=what,
+        )
     if any(not part.isprintable() or "\\" in part for part in parts):
-        raise HubError(f"{what} {printable(repr(path))}: a folder path in the repo has no control characters "
-                       "or backslashes")
+        raise HubError(
+            f"{what} {printable(repr(path))}: a folder path in the repo has no control characters or backslashes",
+            parameter=what,
+        )
     return text
 
 
@@ -326,11 +364,20 @@ def check_write_access(
         role = ((who.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
         raise HubError(f"cannot publish to {repo}: the token of {user} is read-only; use a token with write access")
-    _write(f"create {repo}", repo, api.create_repo, repo, token=token, private=private, repo_type="model",
-           exist_ok=True)
+    _write(
+        f"create {repo}", repo, api.create_repo, repo, token=token, private=private, repo_type="model", exist_ok=True
+    )
     if revision and revision != "main":
-        _write(f"create branch {revision} in {repo}", repo, api.create_branch, repo, branch=revision, token=token,
-              repo_type="model", exist_ok=True)
+        _write(
+            f"create branch {revision} in {repo}",
+            repo,
+            api.create_branch,
+            repo,
+            branch=revision,
+            token=token,
+            repo_type="model",
+            exist_ok=True,
+        )
     if _accepts(getattr(api, "auth_check", None), "write"):
         _write(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
     return user
@@ -355,15 +402,30 @@ def upload_one_commit(
         HubError: the upload failed.
     """
     info = _write(
-        f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
-        revision=revision, token=token, allow_patterns=list(names), commit_message=message,
+        f"upload to {repo}",
+        repo,
+        api.upload_folder,
+        repo_id=repo,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        token=token,
+        allow_patterns=list(names),
+        commit_message=message,
     )
     return getattr(info, "commit_url", None) or (str(info) if info is not None else None)
 
 
 def upload_resumable(
-    api: Any, repo: str, folder: Path, names: Sequence[str], *, token: str | None, revision: str | None,
-    private: bool, message: str,
+    api: Any,
+    repo: str,
+    folder: Path,
+    names: Sequence[str],
+    *,
+    token: str | None,
+    revision: str | None,
+    private: bool,
+    message: str,
 ) -> str:
     """Upload ``names`` from ``folder`` resumably (re-running resumes; may take several commits).
 
@@ -378,13 +440,28 @@ def upload_resumable(
     """
     if hasattr(api, "upload_large_folder"):
         _write(
-            f"upload to {repo}", repo, api.upload_large_folder, repo_id=repo, folder_path=str(folder),
-            repo_type="model", revision=revision, private=private, allow_patterns=list(names),
+            f"upload to {repo}",
+            repo,
+            api.upload_large_folder,
+            repo_id=repo,
+            folder_path=str(folder),
+            repo_type="model",
+            revision=revision,
+            private=private,
+            allow_patterns=list(names),
         )
         return "upload_large_folder"
     _write(
-        f"upload to {repo}", repo, api.upload_folder, repo_id=repo, folder_path=str(folder), repo_type="model",
-        revision=revision, token=token, allow_patterns=list(names), commit_message=message,
+        f"upload to {repo}",
+        repo,
+        api.upload_folder,
+        repo_id=repo,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        token=token,
+        allow_patterns=list(names),
+        commit_message=message,
     )
     return "upload_folder"
 
@@ -408,8 +485,14 @@ def remote_files(
         HubError: the Hub cannot be asked.
     """
     infos = _call(
-        f"read the file list of {repo}", repo, api.get_paths_info, repo, list(paths), revision=revision,
-        repo_type="model", token=token,
+        f"read the file list of {repo}",
+        repo,
+        api.get_paths_info,
+        repo,
+        list(paths),
+        revision=revision,
+        repo_type="model",
+        token=token,
     )
     found: dict[str, RemoteFile] = {}
     for info in infos:
@@ -430,8 +513,17 @@ def delete_remote_file(
     Raises:
         HubError: the Hub refused.
     """
-    _write(f"delete {path} from {repo}", repo, api.delete_file, path, repo, token=token, repo_type="model",
-          revision=revision, commit_message=message)
+    _write(
+        f"delete {path} from {repo}",
+        repo,
+        api.delete_file,
+        path,
+        repo,
+        token=token,
+        repo_type="model",
+        revision=revision,
+        commit_message=message,
+    )
 
 
 def list_repo_files(api: Any, repo: str, *, token: str | None, revision: str | None) -> list[str]:
@@ -441,8 +533,17 @@ def list_repo_files(api: Any, repo: str, *, token: str | None, revision: str | N
         HubError: offline, or the Hub cannot be asked.
     """
     require_online(f"list the files of {repo}")
-    return list(_call(f"list the files of {repo}", repo, api.list_repo_files, repo, revision=revision,
-                      repo_type="model", token=token))
+    return list(
+        _call(
+            f"list the files of {repo}",
+            repo,
+            api.list_repo_files,
+            repo,
+            revision=revision,
+            repo_type="model",
+            token=token,
+        )
+    )
 
 
 def cached_repo_files(
@@ -465,8 +566,14 @@ def cached_repo_files(
 
 
 def download_files(
-    api: Any, repo: str, patterns: Sequence[str], *, token: str | None, revision: str | None,
-    cache_dir: str | os.PathLike[str] | None = None, force: bool = False,
+    api: Any,
+    repo: str,
+    patterns: Sequence[str],
+    *,
+    token: str | None,
+    revision: str | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
 ) -> Path:
     """Download the files of ``repo`` that match ``patterns`` into the Hub cache; returns the snapshot folder.
 
@@ -476,8 +583,15 @@ def download_files(
         HubError: the files are neither reachable nor cached.
     """
     folder = _call(
-        f"download from {repo}", repo, api.snapshot_download, repo, repo_type="model", revision=revision,
-        allow_patterns=list(patterns), cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-        token=token, force_download=force,
+        f"download from {repo}",
+        repo,
+        api.snapshot_download,
+        repo,
+        repo_type="model",
+        revision=revision,
+        allow_patterns=list(patterns),
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        token=token,
+        force_download=force,
     )
     return Path(folder)

@@ -141,7 +141,10 @@ class _State:
 
     def record(self, stage: str, key: str, outputs: Sequence[FileDigest], detail: dict[str, Any]) -> None:
         self.stages[stage] = {
-            "key": key, "finished": _now(), "outputs": [self._relative(d) for d in outputs], "detail": detail,
+            "key": key,
+            "finished": _now(),
+            "outputs": [self._relative(d) for d in outputs],
+            "detail": detail,
         }
         self._save()
 
@@ -198,7 +201,10 @@ class StageResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "status": self.status, "summary": self.summary, "seconds": round(self.seconds, 3),
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "seconds": round(self.seconds, 3),
             "outputs": [d.to_dict() for d in self.outputs],
         }
 
@@ -237,8 +243,10 @@ class PipelineReport:
     def describe(self) -> list[str]:
         lines = [f"{s.name:8s} {s.status:8s} {s.summary}" for s in self.stages]
         if self.composite:
-            lines.append(f"composite: {self.composite[0]}" + (f" (+{len(self.composite) - 1} shards)"
-                                                               if len(self.composite) > 1 else ""))
+            lines.append(
+                f"composite: {self.composite[0]}"
+                + (f" (+{len(self.composite) - 1} shards)" if len(self.composite) > 1 else "")
+            )
         lines += [f"note: {n}" for n in self.notes]
         lines.append(f"done in {self.seconds:.1f} s")
         return lines
@@ -370,14 +378,14 @@ def run_pipeline(
     started = time.perf_counter()
     say = say or _say_default
     # Every repo id is checked before anything is created or asked (a trailing newline, "..", "a/b/c").
-    hub.check_repo_id(target_repo, "--target-repo")
+    hub.check_repo_id(target_repo, "target_repo")
     if not Path(head_repo).expanduser().is_dir():
-        hub.check_repo_id(head_repo, "--head-repo")
+        hub.check_repo_id(head_repo, "head_repo")
     if out_repo:
-        hub.check_repo_id(out_repo, "--out-repo")
+        hub.check_repo_id(out_repo, "out_repo")
     work = Path(work_dir)
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
-    claim_work_dir(work, "pipeline", force=force, option="--work-dir", also_ours=(STATE_NAME, _LOCK_NAME))
+    claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
     report = PipelineReport(work)
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
@@ -387,18 +395,22 @@ def run_pipeline(
         hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
     with _work_lock(work):
         runner = _Runner(work, say, progress)
-        target, commit = _stage_target(runner, report, hub_api, token, target_repo, target_files, target_revision,
-                                       cache_dir)
+        target, commit = _stage_target(
+            runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir
+        )
         draft = _stage_draft(runner, report, target, head_repo, head_revision, outtype)
         composite = _stage_compose(runner, report, target, draft, basename)
         _stage_verify(runner, report, target, draft, composite, llama)
         provenance = Provenance(
-            target_repo=target_repo, target_revision=commit or target_revision,
+            target_repo=target_repo,
+            target_revision=commit or target_revision,
             target_files=tuple(runner.state.stages["target"]["detail"]["files"]),
-            head_source=head_repo, head_revision=head_revision,
+            head_source=head_repo,
+            head_revision=head_revision,
         )
-        published = _stage_publish(runner, report, hub_api, token, composite, out_repo, out_revision, private,
-                                   provenance)
+        published = _stage_publish(
+            runner, report, hub_api, token, composite, out_repo, out_revision, private, provenance
+        )
         if published and not keep:
             for folder in (work / "composite", work / "draft"):
                 shutil.rmtree(folder, ignore_errors=True)
@@ -414,8 +426,14 @@ def _status(before: str | None) -> str:
 
 
 def _stage_target(
-    runner: _Runner, report: PipelineReport, api: Any, token: str | None, repo: str, pattern: str,
-    revision: str | None, cache_dir: str | os.PathLike[str] | None,
+    runner: _Runner,
+    report: PipelineReport,
+    api: Any,
+    token: str | None,
+    repo: str,
+    pattern: str,
+    revision: str | None,
+    cache_dir: str | os.PathLike[str] | None,
 ) -> tuple[list[FileDigest], str | None]:
     stage = "target"
     key = _key(stage, {"repo": repo, "files": pattern, "revision": revision})
@@ -424,8 +442,11 @@ def _stage_target(
     if record is not None:
         outputs = runner.state.outputs(record)
         runner.say(f"[1/5] target: {len(outputs)} file(s) of {repo} already downloaded (sizes and sha256 checked)")
-        report.stages.append(StageResult(stage, "reused", f"{len(outputs)} file(s) of {repo}, checked",
-                                         time.perf_counter() - started, outputs))
+        report.stages.append(
+            StageResult(
+                stage, "reused", f"{len(outputs)} file(s) of {repo}, checked", time.perf_counter() - started, outputs
+            )
+        )
         report.target = [d.path for d in outputs]
         return outputs, record["detail"].get("commit")
     if why:
@@ -441,8 +462,15 @@ def _stage_target(
     names = select_target_files(listing, pattern)
     shown = ", ".join(n.rpartition("/")[2] for n in names)
     runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
-    snapshot = hub.download_files(api, repo, [glob.escape(n) for n in names], token=token, revision=revision,
-                                  cache_dir=cache_dir, force=why is not None)
+    snapshot = hub.download_files(
+        api,
+        repo,
+        [glob.escape(n) for n in names],
+        token=token,
+        revision=revision,
+        cache_dir=cache_dir,
+        force=why is not None,
+    )
     paths = [snapshot / n for n in names]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
@@ -452,15 +480,24 @@ def _stage_target(
     commit = snapshot.name if _COMMIT.match(snapshot.name) else None
     runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo})
     report.target = [d.path for d in outputs]
-    report.stages.append(StageResult(
-        stage, _status(why), f"{len(names)} file(s) of {repo}" + (f" @ {commit[:12]}" if commit else ""),
-        time.perf_counter() - started, outputs,
-    ))
+    report.stages.append(
+        StageResult(
+            stage,
+            _status(why),
+            f"{len(names)} file(s) of {repo}" + (f" @ {commit[:12]}" if commit else ""),
+            time.perf_counter() - started,
+            outputs,
+        )
+    )
     return outputs, commit
 
 
 def _stage_draft(
-    runner: _Runner, report: PipelineReport, target: list[FileDigest], head: str, revision: str | None,
+    runner: _Runner,
+    report: PipelineReport,
+    target: list[FileDigest],
+    head: str,
+    revision: str | None,
     outtype: str | None,
 ) -> FileDigest:
     stage = "draft"
@@ -473,21 +510,37 @@ def _stage_draft(
         (draft,) = runner.state.outputs(record)
         report.draft = draft.path
         runner.say(f"[2/5] draft: {draft.name} already converted (size and sha256 checked)")
-        report.stages.append(StageResult(stage, "reused", f"{draft.name}, checked", time.perf_counter() - started,
-                                         [draft]))
+        report.stages.append(
+            StageResult(stage, "reused", f"{draft.name}, checked", time.perf_counter() - started, [draft])
+        )
         return draft
-    runner.say(f"[2/5] draft: converting the MTP head of {head} for {target[0].name}"
-               + (f" ({why}, so again)" if why else ""))
+    runner.say(
+        f"[2/5] draft: converting the MTP head of {head} for {target[0].name}" + (f" ({why}, so again)" if why else "")
+    )
     from gguf_mtp.jobs.convert import convert
 
     folder = _fresh_folder(runner.work_dir / "draft")
-    result = convert(source, folder / "mtp-draft.gguf", target=target[0].path, outtype=outtype, revision=revision,
-                     force=True, progress=runner.progress)
+    result = convert(
+        source,
+        folder / "mtp-draft.gguf",
+        target=target[0].path,
+        outtype=outtype,
+        revision=revision,
+        force=True,
+        progress=runner.progress,
+    )
     (draft,) = runner.digest([Path(result.output)], stage)
     runner.state.record(stage, key, [draft], {"head": source, "revision": revision})
     report.draft = draft.path
-    report.stages.append(StageResult(stage, _status(why), f"{draft.name} ({draft.size:,} bytes) from {head}",
-                                     time.perf_counter() - started, [draft]))
+    report.stages.append(
+        StageResult(
+            stage,
+            _status(why),
+            f"{draft.name} ({draft.size:,} bytes) from {head}",
+            time.perf_counter() - started,
+            [draft],
+        )
+    )
     return draft
 
 
@@ -509,8 +562,11 @@ def _stage_compose(
         outputs = runner.state.outputs(record)
         report.composite = [d.path for d in outputs]
         runner.say(f"[3/5] compose: {len(outputs)} file(s) {name}-* already composed (sizes and sha256 checked)")
-        report.stages.append(StageResult(stage, "reused", f"{len(outputs)} file(s) {name}-*, checked",
-                                         time.perf_counter() - started, outputs))
+        report.stages.append(
+            StageResult(
+                stage, "reused", f"{len(outputs)} file(s) {name}-*, checked", time.perf_counter() - started, outputs
+            )
+        )
         return outputs
     runner.say(f"[3/5] compose: {target[0].name} + {draft.name} -> {name}" + (f" ({why}, so again)" if why else ""))
     from gguf_mtp.jobs.compose import compose
@@ -521,16 +577,26 @@ def _stage_compose(
     plan = result.plan
     runner.state.record(stage, key, outputs, {"block": plan.block, "added": len(plan.renamed)})
     report.composite = [d.path for d in outputs]
-    report.stages.append(StageResult(
-        stage, _status(why), f"{len(outputs)} file(s), {plan.target.tensor_count} target tensors + "
-        f"{len(plan.renamed)} NextN tensors as blk.{plan.block}", time.perf_counter() - started, outputs,
-    ))
+    report.stages.append(
+        StageResult(
+            stage,
+            _status(why),
+            f"{len(outputs)} file(s), {plan.target.tensor_count} target tensors + "
+            f"{len(plan.renamed)} NextN tensors as blk.{plan.block}",
+            time.perf_counter() - started,
+            outputs,
+        )
+    )
     return outputs
 
 
 def _stage_verify(
-    runner: _Runner, report: PipelineReport, target: list[FileDigest], draft: FileDigest,
-    composite: list[FileDigest], llama: bool | None,
+    runner: _Runner,
+    report: PipelineReport,
+    target: list[FileDigest],
+    draft: FileDigest,
+    composite: list[FileDigest],
+    llama: bool | None,
 ) -> None:
     stage = "verify"
     from gguf_mtp.check.llama_check import llama_cpp_available
@@ -541,15 +607,19 @@ def _stage_verify(
     record, why = runner.recorded(stage, key)
     if record is not None:
         runner.say("[4/5] verify: these exact files passed before")
-        report.stages.append(StageResult(stage, "reused", record["detail"].get("summary", "passed before"),
-                                         time.perf_counter() - started))
+        report.stages.append(
+            StageResult(
+                stage, "reused", record["detail"].get("summary", "passed before"), time.perf_counter() - started
+            )
+        )
         return
     llama_part = ", llama.cpp load + MTP decode" if use_llama else ""
     runner.say(f"[4/5] verify: structure, target and draft bytes{llama_part}")
     from gguf_mtp.check.verify import verify
 
-    result = verify(composite[0].path, target=target[0].path, draft=draft.path, llama=use_llama,
-                    progress=runner.progress)
+    result = verify(
+        composite[0].path, target=target[0].path, draft=draft.path, llama=use_llama, progress=runner.progress
+    )
     report.verification = result
     checks = list(result.checks)
     if not result.ok:
@@ -557,8 +627,9 @@ def _stage_verify(
         failed = [c for c in checks if c.ok is False]
         first = failed[0] if failed else None
         detail = f"{first.name}: {first.detail}" if first is not None else "see the verify report"
-        raise VerificationError(f"the composite failed verification ({detail}); nothing was published",
-                                composite[0].path)
+        raise VerificationError(
+            f"the composite failed verification ({detail}); nothing was published", composite[0].path
+        )
     passed = sum(1 for c in checks if c.ok)
     summary = f"{passed} checks passed" + (" (llama.cpp loaded it and ran the NextN block)" if use_llama else "")
     runner.state.record(stage, key, [], {"summary": summary, "checks": [c.name for c in checks]})
@@ -566,15 +637,23 @@ def _stage_verify(
 
 
 def _stage_publish(
-    runner: _Runner, report: PipelineReport, api: Any, token: str | None, composite: list[FileDigest],
-    repo: str | None, revision: str | None, private: bool, provenance: Provenance,
+    runner: _Runner,
+    report: PipelineReport,
+    api: Any,
+    token: str | None,
+    composite: list[FileDigest],
+    repo: str | None,
+    revision: str | None,
+    private: bool,
+    provenance: Provenance,
 ) -> bool:
     stage = "publish"
     if not repo:
         report.stages.append(StageResult(stage, "skipped", "no --out-repo given"))
         return False
-    key = _key(stage, {"repo": repo, "revision": revision, "private": private,
-                       "provenance": provenance.to_dict()}, composite)
+    key = _key(
+        stage, {"repo": repo, "revision": revision, "private": private, "provenance": provenance.to_dict()}, composite
+    )
     record = runner.state.stages.get(stage)
     why = None
     if record is not None and record.get("key") == key:
@@ -595,10 +674,20 @@ def _stage_publish(
     runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
     from .publish import publish
 
-    result = publish(composite[0].path, repo, private=private, revision=revision, api=api, provenance=provenance,
-                     digests={str(d.path): d for d in composite}, progress=runner.progress, token=token)
+    result = publish(
+        composite[0].path,
+        repo,
+        private=private,
+        revision=revision,
+        api=api,
+        provenance=provenance,
+        digests={str(d.path): d for d in composite},
+        progress=runner.progress,
+        token=token,
+    )
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
-    report.stages.append(StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}",
-                                     time.perf_counter() - started))
+    report.stages.append(
+        StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}", time.perf_counter() - started)
+    )
     return True

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf_mtp.constants import SPLIT_NAME
-from gguf_mtp.errors import BadGGUFError, HubError, ShardSetError, VerificationError
+from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -115,8 +115,13 @@ class RemoteCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "size": self.size, "remote_size": self.remote_size, "sha256": self.sha256,
-            "remote_sha256": self.remote_sha256, "ok": self.ok, "detail": self.detail,
+            "name": self.name,
+            "size": self.size,
+            "remote_size": self.remote_size,
+            "sha256": self.sha256,
+            "remote_sha256": self.remote_sha256,
+            "ok": self.ok,
+            "detail": self.detail,
         }
 
 
@@ -259,27 +264,30 @@ def plan_publish(
     Raises:
         HubError: ``repo`` is not ``OWNER/NAME``, ``upload_mode`` is unknown, ``path_in_repo`` is not a
             folder path inside the repo, or a sidecar would lie where llama.cpp's ``-hf`` does not look.
-        VerificationError: the model has no NextN block (nothing MTP to publish), an MTP-only draft is
-            given without ``standalone``, or a whole model with it.
+        NoNextNBlockError: the model has no NextN block (nothing MTP to publish).
+        ParameterError: an MTP-only draft is given without ``standalone``, or a whole model with it.
     """
     hub.check_repo_id(repo)
     if upload_mode not in _UPLOAD_MODES:
         raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
     if model.nextn_predict_layers == 0:
-        raise VerificationError(
+        raise NoNextNBlockError(
             f"{model.arch_key('{arch}.nextn_predict_layers')} is 0 or missing: not an MTP composite (compose it first)",
             model.name,
         )
     draft = is_mtp_only(read_block_layout(model.first), model.block_indices())
     if draft and not standalone:
-        raise VerificationError(
+        raise ParameterError(
             "an MTP draft (NextN block tensors only, no trunk block tensors), not a model: publish the composite "
-            "made from it (gguf-mtp compose TARGET DRAFT), or pass --standalone to publish it as a draft for "
+            "made from it (gguf-mtp compose TARGET DRAFT), or pass standalone to publish it as a draft for "
             "llama-server --spec-draft-model",
             model.name,
+            "standalone",
         )
     if standalone and not draft:
-        raise VerificationError("--standalone publishes an MTP-only draft, but this is a whole model", model.name)
+        raise ParameterError(
+            "standalone publishes an MTP-only draft, but this is a whole model", model.name, "standalone"
+        )
     mode = upload_mode
     if mode == "auto":
         small = sum(h.file_size for h in model.headers) <= one_commit_max_bytes
@@ -288,9 +296,7 @@ def plan_publish(
     folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
     if standalone and target_files:
         _check_sidecar_folder(folder, target_files[0])
-    return PublishPlan(
-        repo, revision if revision not in ("", None) else None, private, model, mode, standalone, folder
-    )
+    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode, standalone, folder)
 
 
 def _check_sidecar_folder(folder: str | None, target_first: str) -> None:
@@ -305,8 +311,12 @@ def _check_sidecar_folder(folder: str | None, target_first: str) -> None:
 
 
 def compare_remote(
-    files: Sequence[FileDigest], card: bytes | None, remote: Mapping[str, hub.RemoteFile], *,
-    names: Sequence[str] | None = None, card_path: str = CARD_NAME,
+    files: Sequence[FileDigest],
+    card: bytes | None,
+    remote: Mapping[str, hub.RemoteFile],
+    *,
+    names: Sequence[str] | None = None,
+    card_path: str = CARD_NAME,
 ) -> list[RemoteCheck]:
     """Compare local files (and the card, when given) with what the Hub reports (pure).
 
@@ -320,11 +330,23 @@ def compare_remote(
         if r is None:
             checks.append(RemoteCheck(name, f.size, None, f.sha256, None, False, "not on the Hub after the upload"))
         elif r.size != f.size:
-            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
-                                      f"size on the Hub {r.size:,} bytes, local {f.size:,}"))
+            checks.append(
+                RemoteCheck(
+                    name,
+                    f.size,
+                    r.size,
+                    f.sha256,
+                    r.sha256,
+                    False,
+                    f"size on the Hub {r.size:,} bytes, local {f.size:,}",
+                )
+            )
         elif r.sha256 is not None and r.sha256 != f.sha256:
-            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
-                                      f"sha256 on the Hub {r.sha256}, local {f.sha256}"))
+            checks.append(
+                RemoteCheck(
+                    name, f.size, r.size, f.sha256, r.sha256, False, f"sha256 on the Hub {r.sha256}, local {f.sha256}"
+                )
+            )
         else:
             detail = "size and sha256 match" if r.sha256 else "size matches (the Hub reports no sha256)"
             checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, True, detail))
@@ -334,8 +356,17 @@ def compare_remote(
         if r is None:
             checks.append(RemoteCheck(card_path, len(card), None, None, None, False, "not on the Hub after the upload"))
         elif r.size != len(card) or (r.blob_id is not None and r.sha256 is None and r.blob_id != oid):
-            checks.append(RemoteCheck(card_path, len(card), r.size, None, r.sha256, False,
-                                      "the model card on the Hub differs from the one uploaded"))
+            checks.append(
+                RemoteCheck(
+                    card_path,
+                    len(card),
+                    r.size,
+                    None,
+                    r.sha256,
+                    False,
+                    "the model card on the Hub differs from the one uploaded",
+                )
+            )
         else:
             checks.append(RemoteCheck(card_path, len(card), r.size, None, r.sha256, True, "matches"))
     return checks
@@ -393,7 +424,6 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
     return staging
 
 
-
 def _upload(
     report: PublishReport, hub_api: Any, token: str | None, staging: Path, card_bytes: bytes, message: str
 ) -> None:
@@ -405,8 +435,13 @@ def _upload(
     private = plan.private
     if plan.mode == "one-commit":
         report.commit_url = hub.upload_one_commit(
-            hub_api, repo, staging, [_exact(n) for n in [*names, card_path]], token=token,
-            revision=plan.revision, message=message,
+            hub_api,
+            repo,
+            staging,
+            [_exact(n) for n in [*names, card_path]],
+            token=token,
+            revision=plan.revision,
+            message=message,
         )
         report.upload_method = "upload_folder"
         remote = hub.remote_files(hub_api, repo, [*names, card_path], token=token, revision=plan.revision)
@@ -416,19 +451,34 @@ def _upload(
         before = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
         if card_path in before:
             hub.delete_remote_file(
-                hub_api, repo, card_path, token=token, revision=plan.revision,
+                hub_api,
+                repo,
+                card_path,
+                token=token,
+                revision=plan.revision,
                 message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
             )
             report.notes.append(f"removed the earlier {card_path} before uploading; the new one was added last")
         report.upload_method = hub.upload_resumable(
-            hub_api, repo, staging, [_exact(n) for n in names], token=token, revision=plan.revision,
-            private=private, message=message,
+            hub_api,
+            repo,
+            staging,
+            [_exact(n) for n in names],
+            token=token,
+            revision=plan.revision,
+            private=private,
+            message=message,
         )
         remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
         report.checks = compare_remote(files, None, remote, names=names)
         if all(c.ok for c in report.checks):
             report.commit_url = hub.upload_one_commit(
-                hub_api, repo, staging, [_exact(card_path)], token=token, revision=plan.revision,
+                hub_api,
+                repo,
+                staging,
+                [_exact(card_path)],
+                token=token,
+                revision=plan.revision,
                 message=f"Add the model card (gguf-mtp {__version__})",
             )
             remote = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
@@ -484,7 +534,8 @@ def publish(
             upload failed (raised before any hashing or uploading when it is about the token or access),
             or the Hub's record of an uploaded file disagrees with the local file.
         BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
-        VerificationError: the model has no NextN block, or is an MTP-only draft without ``standalone``.
+        NoNextNBlockError: the model has no NextN block.
+        ParameterError: the model is an MTP-only draft without ``standalone``, or a whole model with it.
 
     Example:
         >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
@@ -494,8 +545,14 @@ def publish(
 
     started = time.perf_counter()
     plan = plan_publish(
-        find_model(outdir), repo, revision=revision, private=private, upload_mode=upload_mode,
-        one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files, standalone=standalone,
+        find_model(outdir),
+        repo,
+        revision=revision,
+        private=private,
+        upload_mode=upload_mode,
+        one_commit_max_bytes=one_commit_max_bytes,
+        one_commit_max_files=one_commit_max_files,
+        standalone=standalone,
         path_in_repo=path_in_repo,
         target_files=provenance.target_files if provenance and provenance.target_repo == repo else (),
     )
@@ -510,8 +567,14 @@ def publish(
         user = hub.check_write_access(hub_api, repo, token=token, private=private, revision=plan.revision)
     files = _digests(plan.files, digests, progress)
     card = render_model_card(
-        repo=repo, files=files, facts=ModelFacts.from_model(plan.model), provenance=provenance or Provenance(),
-        version=__version__, standalone=standalone, names=plan.names_in_repo, path_in_repo=plan.path_in_repo,
+        repo=repo,
+        files=files,
+        facts=ModelFacts.from_model(plan.model),
+        provenance=provenance or Provenance(),
+        version=__version__,
+        standalone=standalone,
+        names=plan.names_in_repo,
+        path_in_repo=plan.path_in_repo,
     )
     report = PublishReport(plan, dry_run, files, card, user=user)
     if dry_run:

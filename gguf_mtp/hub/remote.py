@@ -43,7 +43,7 @@ from gguf_mtp.constants import (
     ENV_HUB_FILE_TIMEOUT,
     ENV_HUB_REQUEST_TIMEOUT,
 )
-from gguf_mtp.errors import GGUFMTPError, HubError
+from gguf_mtp.errors import HubError, ParameterError
 from gguf_mtp.formatting import printable
 
 from .client import RemoteNotFoundError
@@ -91,7 +91,7 @@ def timeout_setting(name: str, default: float) -> float:
     """Seconds from the environment variable ``name`` (a positive number), else ``default``.
 
     Raises:
-        GGUFMTPError: the variable is set to something else.
+        ParameterError: the variable is set to something else.
     """
     text = os.environ.get(name, "").strip()
     if not text:
@@ -101,7 +101,7 @@ def timeout_setting(name: str, default: float) -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= 86_400:  # also refuses nan and inf
-        raise GGUFMTPError(f"{name}={printable(text)}: expected a number of seconds between 0 and 86400")
+        raise ParameterError(f"{name}={printable(text)}: expected a number of seconds between 0 and 86400")
     return value
 
 
@@ -231,7 +231,13 @@ class RemoteFile:
     """
 
     def __init__(
-        self, hub_file: HubFile, url: str, size: int, prefix: bytes, bytes_received: int, limit: int,
+        self,
+        hub_file: HubFile,
+        url: str,
+        size: int,
+        prefix: bytes,
+        bytes_received: int,
+        limit: int,
         deadline: float | None = None,
     ) -> None:
         self.hub_file = hub_file
@@ -316,8 +322,11 @@ def _get_range(
         try:
             return _request_with_deadline(hub_file, url, headers, start, length, deadline)
         except _DeadlinePassed:
-            what = (f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})" if per_file
-                    else f"no complete answer within {request_timeout:g} s ({ENV_HUB_REQUEST_TIMEOUT})")
+            what = (
+                f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})"
+                if per_file
+                else f"no complete answer within {request_timeout:g} s ({ENV_HUB_REQUEST_TIMEOUT})"
+            )
             raise HubError(f"{host}: {what}", str(hub_file)) from None
         except _Retry as e:
             last_error = e.cause
@@ -396,8 +405,10 @@ def _request_with_deadline(
     exchange = _Exchange()
     exchange.deadline = deadline
     worker = threading.Thread(
-        target=exchange.run, args=(lambda ex: _request(hub_file, url, headers, start, length, ex),),
-        name="gguf-mtp-hub-read", daemon=True,  # a worker stuck in a read must not keep the process alive
+        target=exchange.run,
+        args=(lambda ex: _request(hub_file, url, headers, start, length, ex),),
+        name="gguf-mtp-hub-read",
+        daemon=True,  # a worker stuck in a read must not keep the process alive
     )
     worker.start()
     worker.join(max(0.0, deadline - time.monotonic()))
@@ -430,15 +441,17 @@ def _connect(url: str, timeout: float, exchange: _Exchange) -> tuple[http.client
     if via is not None and via.hostname:
         connection: http.client.HTTPConnection
         if secure:
-            connection = http.client.HTTPSConnection(via.hostname, via.port or 80, timeout=timeout,
-                                                     context=ssl.create_default_context())
+            connection = http.client.HTTPSConnection(
+                via.hostname, via.port or 80, timeout=timeout, context=ssl.create_default_context()
+            )
             connection.set_tunnel(parts.hostname, port)
         else:
             connection = http.client.HTTPConnection(via.hostname, via.port or 80, timeout=timeout)
             target = url
     elif secure:
-        connection = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout,
-                                                 context=ssl.create_default_context())
+        connection = http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout, context=ssl.create_default_context()
+        )
     else:
         connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     connection.connect()
@@ -450,8 +463,9 @@ def _request(
     hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, exchange: _Exchange
 ) -> tuple[bytes, int, int]:
     name = str(hub_file)
-    read_timeout = max(1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3,
-                                exchange.deadline - time.monotonic()))
+    read_timeout = max(
+        1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3, exchange.deadline - time.monotonic())
+    )
     origin = _origin(url)
     for _ in range(_MAX_REDIRECTS + 1):
         sent = headers if _origin(url) == origin else {k: v for k, v in headers.items() if k.lower() != "authorization"}
@@ -493,8 +507,11 @@ def _read_body(
     encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
     if encoding not in ("", "identity"):
         # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
-        raise HubError(f"the server compressed the body (Content-Encoding: {printable(encoding)[:40]}) "
-                       "although the file's own bytes were asked for", name)
+        raise HubError(
+            f"the server compressed the body (Content-Encoding: {printable(encoding)[:40]}) "
+            "although the file's own bytes were asked for",
+            name,
+        )
     content_range = response.getheader("Content-Range") or ""
     if response.status == 416:  # e.g. an empty file: "bytes */0"
         match = _CONTENT_RANGE.match(content_range)
@@ -543,8 +560,14 @@ def _status_error(hub_file: HubFile, response: Any) -> HubError:
 
     message = printable(response.getheader("X-Error-Message") or response.reason or "")[:200]
     return answer_error(
-        response.status, response.getheader("X-Error-Code"), "read the header", hub_file.repo_id,
-        revision=hub_file.revision, file=hub_file.path_in_repo, detail=message, path=str(hub_file),
+        response.status,
+        response.getheader("X-Error-Code"),
+        "read the header",
+        hub_file.repo_id,
+        revision=hub_file.revision,
+        file=hub_file.path_in_repo,
+        detail=message,
+        path=str(hub_file),
     )
 
 

@@ -26,7 +26,7 @@ from gguf_mtp.constants import (
     KEY_SPLIT_TENSORS_COUNT,
     split_file_name,
 )
-from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError
+from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import (
     INT_RANGES,
@@ -339,14 +339,14 @@ def _model_kv_edits(
     for override in overrides:
         key = override.key
         if key.startswith(_RESERVED_KEYS) or key in (KEY_ALIGNMENT, KEY_ARCHITECTURE, count_key):
-            raise KVEditError(f"--set-kv {override}: {key} is managed by compose and cannot be set")
+            raise KVEditError(f"set_kv {override}: {key} is managed by compose and cannot be set")
         existing = target.kv(key)
         if existing is None and key == nextn_key and override.type_name is None:
             existing = edits[nextn_key]  # the key compose adds: an untyped override takes its type
         resolved = resolve_override(override, existing)
         if key == nextn_key and resolved.value != n_blocks:
             raise KVEditError(
-                f"--set-kv {override}: the composite carries {n_blocks} NextN block(s), so {key} must be {n_blocks}"
+                f"set_kv {override}: the composite carries {n_blocks} NextN block(s), so {key} must be {n_blocks}"
             )
         edits[key] = resolved
     return edits
@@ -356,7 +356,7 @@ def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> l
     if basename is None:
         return [output_dir / Path(h.path).name for h in target.headers]
     if "/" in basename or basename in ("", ".", ".."):
-        raise KVEditError(f"--basename {basename!r} must be a plain file name prefix")
+        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
     count = len(target.headers)
     if not target.is_split:
         return [output_dir / f"{basename}.gguf"]
@@ -443,9 +443,10 @@ def plan_composition(
         raise BadGGUFError(f"{target.arch_key(KEY_BLOCK_COUNT)} = {trunk}: no trunk blocks", target.name)
     if block is not None and block != trunk:
         raise IncompatibleDraftError(
-            f"--block {block}: the NextN block must follow the trunk, so it can only be {trunk} "
+            f"block {block}: the NextN block must follow the trunk, so it can only be {trunk} "
             f"(the target's {target.arch_key(KEY_BLOCK_COUNT)})",
             target.name,
+            parameter="block",
         )
     existing = sorted(i for i in target.block_indices() if i >= trunk)
     if existing:

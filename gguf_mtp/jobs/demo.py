@@ -63,7 +63,7 @@ def run_demo(
     """
     if work_dir is not None:
         work = Path(work_dir)
-        claim_work_dir(work, "demo", force=force, option="--dir")
+        claim_work_dir(work, "demo", force=force)
         return _run(work, llama, say)
     work = Path(tempfile.mkdtemp(prefix="gguf-mtp-demo-"))
     try:
@@ -83,16 +83,20 @@ def run_demo(
 def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
     target = write_target(work / "target", shards=3, name=TARGET_NAME)
     target_files = sorted(target.parent.glob(f"{TARGET_NAME}-*-of-*.gguf"))
-    say(f"1. target: a tiny nemotron_h_moe quant in {len(target_files)} shards, blocks M,*,E, no MTP "
-        f"({human_bytes(sum(p.stat().st_size for p in target_files))}): {target.parent}")
+    say(
+        f"1. target: a tiny nemotron_h_moe quant in {len(target_files)} shards, blocks M,*,E, no MTP "
+        f"({human_bytes(sum(p.stat().st_size for p in target_files))}): {target.parent}"
+    )
     head = write_mtpv2_checkpoint(work / "head-checkpoint")
     safetensors = sorted(head.glob("*.safetensors"))
     say(f"2. head: an MTPv2 checkpoint like NVIDIA's (config.json + {len(safetensors)} BF16 safetensors files): {head}")
 
     converted = convert(head, work / "mtp-draft.gguf", target=target, force=True, progress=False)
     plan = converted.plan
-    say(f"3. convert: {len(plan.tensors)} head tensors -> NextN block blk.{plan.block} "
-        f"({human_bytes(converted.output.stat().st_size)}): {converted.output}")
+    say(
+        f"3. convert: {len(plan.tensors)} head tensors -> NextN block blk.{plan.block} "
+        f"({human_bytes(converted.output.stat().st_size)}): {converted.output}"
+    )
 
     composed = compose(target, converted.output, work / "composite", force=True, progress=False)
     cplan = composed.plan
@@ -100,11 +104,15 @@ def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
     scalars = [c for c in cplan.files[0].kv_changes if not isinstance(c.new, list)]
     arrays = len(cplan.files[0].kv_changes) - len(scalars)
     changes = ", ".join(
-        f"{c.key.removeprefix(arch_prefix)} {c.old}->{c.new}" if c.old is not None
-        else f"{c.key.removeprefix(arch_prefix)} = {c.new} (new)" for c in scalars
+        f"{c.key.removeprefix(arch_prefix)} {c.old}->{c.new}"
+        if c.old is not None
+        else f"{c.key.removeprefix(arch_prefix)} = {c.new} (new)"
+        for c in scalars
     )
-    say(f"4. compose: {cplan.target.tensor_count} target tensors copied byte for byte + {len(cplan.renamed)} as "
-        f"blk.{cplan.block}; {changes}; {arrays} per-layer arrays extended")
+    say(
+        f"4. compose: {cplan.target.tensor_count} target tensors copied byte for byte + {len(cplan.renamed)} as "
+        f"blk.{cplan.block}; {changes}; {arrays} per-layer arrays extended"
+    )
     composite = composed.output_paths[0]
 
     use_llama = llama_cpp_available() if llama is None else llama
@@ -122,7 +130,10 @@ def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
     say(f"6. inspect: {summary.mtp_verdict}; {summary.block_count} blocks, {summary.tensor_count} tensors")
 
     card = publish(
-        composite, "you/Tiny-Nemotron-MTP-GGUF", dry_run=True, progress=False,
+        composite,
+        "you/Tiny-Nemotron-MTP-GGUF",
+        dry_run=True,
+        progress=False,
         provenance=Provenance(target_repo="unsloth/Tiny-Nemotron-GGUF", head_source="nvidia/Tiny-Nemotron-MTPv2"),
     )
     card_path = work / CARD_NAME

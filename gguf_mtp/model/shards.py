@@ -28,7 +28,7 @@ from gguf_mtp.constants import (
     SPLIT_NAME,
     split_file_name,
 )
-from gguf_mtp.errors import BadGGUFError, ShardSetError
+from gguf_mtp.errors import BadGGUFError, GGUFNotFoundError, ShardSetError
 from gguf_mtp.format.header import TYPE_BY_NAME, GGUFHeader, KeyValue, TensorInfo, read_header
 
 from .blocks import read_block_layout
@@ -49,13 +49,13 @@ def find_shard_paths(path: str | os.PathLike[str]) -> tuple[list[Path], str | No
 
     Raises:
         ShardSetError: a sibling named by the pattern is missing.
-        BadGGUFError: ``path`` itself does not exist.
+        GGUFNotFoundError: ``path`` itself does not exist (a BadGGUFError and a FileNotFoundError).
     """
     path = Path(path)
     try:
         mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
-        raise BadGGUFError("no such file", path) from None
+        raise GGUFNotFoundError("no such file", path) from None
     except OSError as e:  # a name too long, a symlink loop, a folder we may not enter
         raise BadGGUFError(f"cannot open: {e.strerror or e}", path) from None
     if stat.S_ISDIR(mode):
