@@ -410,23 +410,8 @@ def _write_locked(
             partial_of: dict[Path, Path] = {}
             for planned in files:
                 current = planned.path
-                _remove_stale_partials(planned.path)
-                partial = _partial_path(planned.path)
-                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-                partials.append(partial)
-                partial_of[planned.path] = partial
-                before = (tally.shared, tally.copied)
-                used: set[str] = set()
-                try:
-                    _write_segments(fd, planned, bar, tally, method, used)
-                finally:
-                    os.close(fd)
-                methods |= used
-                _log_written(planned, used, tally.shared - before[0], tally.copied - before[1])
-                if os.path.getsize(partial) != planned.size:
-                    raise OutputWriteError(
-                        f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path
-                    )
+                methods |= _write_partial(planned, bar, tally, method, partials)
+                partial_of[planned.path] = partials[-1]
             # One fsync per file once all are written, not after each: that would stall reading the next
             # file until the previous one is on disk (+20 % time for 3 shards; scripts/bench.py, issue 6).
             for planned, partial in zip(files, partials):
@@ -436,16 +421,8 @@ def _write_locked(
             # files (--force) are moved aside first and come back if anything fails (gguf_mtp.files.commit).
             for folder, planned_files in groups.items():
                 current = planned_files[0].path
-                entries = []
-                for planned in reversed(planned_files):
-                    exists = os.path.lexists(planned.path)
-                    if exists and not force:  # appeared since the checks: never replaced without --force
-                        raise UnsafeOutputError(
-                            "output exists (use force to replace it)", planned.path, parameter="force"
-                        )
-                    replacing = replacing or exists
-                    backup = backup_name(planned.path.name) if exists else None
-                    entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
+                entries = _replacements(planned_files, partial_of, force)
+                replacing = replacing or any(e.backup for e in entries)
                 commit(folder, entries)
                 logger.info(
                     "committed %d file(s) in %s: %s%s",
@@ -474,6 +451,38 @@ def _write_locked(
     if tally.shared:
         methods.add("reflink")
     return WriteStats(total, time.perf_counter() - started, tuple(sorted(methods)), tally.shared)
+
+
+def _write_partial(
+    planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, partials: list[Path]
+) -> set[str]:
+    """Write one output under its partial name (appended to ``partials`` once created); the copy methods used."""
+    _remove_stale_partials(planned.path)
+    partial = _partial_path(planned.path)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    partials.append(partial)
+    before = (tally.shared, tally.copied)
+    used: set[str] = set()
+    try:
+        _write_segments(fd, planned, bar, tally, method, used)
+    finally:
+        os.close(fd)
+    _log_written(planned, used, tally.shared - before[0], tally.copied - before[1])
+    if os.path.getsize(partial) != planned.size:
+        raise OutputWriteError(f"wrote {os.path.getsize(partial):,} bytes, planned {planned.size:,}", planned.path)
+    return used
+
+
+def _replacements(planned_files: Sequence[OutputFile], partial_of: dict[Path, Path], force: bool) -> list[Replacement]:
+    """The renames that publish one folder's outputs, the entry point (shard 1) last; old files moved aside."""
+    entries = []
+    for planned in reversed(planned_files):
+        exists = os.path.lexists(planned.path)
+        if exists and not force:  # appeared since the checks: never replaced without --force
+            raise UnsafeOutputError("output exists (use force to replace it)", planned.path, parameter="force")
+        backup = backup_name(planned.path.name) if exists else None
+        entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
+    return entries
 
 
 def _log_written(planned: OutputFile, used: set[str], shared: int, copied: int) -> None:

@@ -95,12 +95,17 @@ def size_label(nbytes: int) -> str:
 # ------------------------------------------------------------------------------------------- targets
 
 
+#: Experts per MoE block of the synthetic targets at most: Nemotron 3 Super's count.
+MAX_BENCH_EXPERTS = 512
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     """A synthetic ``nemotron_h_moe`` target of about ``size`` bytes in ``shards`` files.
 
     The size is reached by choosing the expert count (the MoE stacks dominate a real model too), so the
-    tensor count stays that of ``pattern`` whatever the size.
+    tensor count stays that of ``pattern`` whatever the size; past Nemotron 3 Super's 512 experts the
+    expert FFN widens instead (llama.cpp, and so ``convert``, loads at most 1024 experts).
     """
 
     size: int
@@ -111,11 +116,15 @@ class TargetSpec:
 
     @property
     def hparams(self) -> TinyHparams:
-        return replace(self.base, n_expert=_experts_for_size(self.size, self.pattern, self.base))
+        hp = self.base
+        while (n_expert := _experts_for_size(self.size, self.pattern, hp)) > MAX_BENCH_EXPERTS:
+            hp = replace(hp, n_ff_exp=hp.n_ff_exp + 256)  # widths stay multiples of 256 (K-quants)
+        return replace(hp, n_expert=n_expert)
 
     @property
     def name(self) -> str:
-        return f"target-{size_label(self.size)}-{self.shards}of-{len(self.pattern)}blk"
+        hp = self.hparams  # in the name, so a cached target of other widths is never reused
+        return f"target-{size_label(self.size)}-{self.shards}of-{len(self.pattern)}blk-{hp.n_expert}x{hp.n_ff_exp}"
 
 
 @dataclass(frozen=True)

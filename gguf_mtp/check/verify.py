@@ -456,15 +456,26 @@ def _bookkeeping(key: str) -> bool:
     return key == PAD_KEY or key.startswith("gguf_mtp.")
 
 
+@dataclass(frozen=True)
+class _KVRules:
+    """What a composite's KVs may differ in from the target's: the keys compose edits and their expected values."""
+
+    allowed: frozenset[str]  # changed on purpose (--set-kv, re-sharding): listed, never a problem
+    count_key: str
+    nextn_key: str
+    per_layer: frozenset[str]
+    block_count: int  # expected in the composite
+    nextn: int
+    added_tensors: int
+    layout_blocks: int | None
+
+
 def _kv_problems(
     target: ShardSet, model: ScannedModel, layout: _Layout | None, added: int, allowed: set[str]
 ) -> tuple[list[str], list[str]]:
     """(problems, changes seen) comparing every target KV with the composite's, shard by shard."""
     problems: list[str] = []
     changes: list[str] = []
-    arch = target.arch
-    count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
-    per_layer = {kv.key for kv in per_layer_keys(target.first, arch, target.block_count)}
     pairs = list(zip(target.headers, model.shards))
     if len(model.shards) != len(target.headers):
         # re-sharded after compose (llama-gguf-split --merge / --split): the split.* keys describe the new
@@ -472,63 +483,90 @@ def _kv_problems(
         changes.append(f"re-sharded: {len(target.headers)} -> {len(model.shards)} file(s)")
         allowed = allowed | {KEY_SPLIT_NO, KEY_SPLIT_COUNT, KEY_SPLIT_TENSORS_COUNT}
         pairs = pairs[:1]
+    nextn = layout.nextn if layout else 0
+    rules = _KVRules(
+        allowed=frozenset(allowed),
+        count_key=KEY_BLOCK_COUNT.format(arch=target.arch),
+        nextn_key=KEY_NEXTN_PREDICT_LAYERS.format(arch=target.arch),
+        per_layer=frozenset(kv.key for kv in per_layer_keys(target.first, target.arch, target.block_count)),
+        block_count=target.block_count + nextn,
+        nextn=nextn,
+        added_tensors=added,
+        layout_blocks=layout.block_count if layout else None,
+    )
     for index, (old_header, shard) in enumerate(pairs):
         new_header = shard.header
         if new_header is None:
             continue  # "files" already fails
         where = "" if index == 0 else f" in {shard.label}"
         for key, old in old_header.kvs.items():
-            new = new_header.kvs.get(key)
-            if key in allowed:  # changed on purpose (--set-kv): listed, so the report names every change
-                if not _bookkeeping(key) and (new is None or new.raw != old.raw):
-                    value = "removed" if new is None else short_change(old.value, new.value, 40)
-                    changes.append(f"{key}{where} {value}")
-                continue
-            if new is None:
-                problems.append(f"{key}{where} was removed")
-            elif key == count_key and index == 0:
-                expected = target.block_count + (layout.nextn if layout else 0)
-                if new.vtype != old.vtype or new.value != expected:
-                    problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
-                elif new.value != old.value:
-                    changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
-            elif key == nextn_key and index == 0:  # a target may state 0 explicitly
-                expected = layout.nextn if layout else 0
-                if new.vtype != old.vtype or new.value != expected:
-                    problems.append(f"{key} is {_show(new)}, expected {expected} ({old.type_name})")
-                elif new.value != old.value:
-                    changes.append(f"{key.split('.', 1)[1]} {old.value}->{new.value}")
-            elif key == KEY_SPLIT_TENSORS_COUNT:
-                expected = old.value + added
-                if new.vtype != old.vtype or new.value != expected:
-                    problems.append(f"{key}{where} is {_show(new)}, expected {expected} ({old.type_name})")
-                elif index == 0 and new.value != old.value:
-                    changes.append(f"{key} {old.value}->{new.value}")
-            elif key in per_layer and index == 0:
-                items = new.value if new.is_array else None
-                if new.element_type != old.element_type or items is None:
-                    problems.append(f"{key} is {_show(new)}, was {_show(old)}")
-                elif items[: len(old.value)] != old.value:
-                    trunk_items = items[: len(old.value)]
-                    problems.append(f"{key}: the trunk's entries changed ({old.value!r} -> {trunk_items!r})")
-                elif layout is not None and len(items) != layout.block_count:
-                    problems.append(f"{key} has {len(items)} entries, block_count is {layout.block_count}")
-                elif len(items) != len(old.value):
-                    changes.append(f"{key.split('.', 1)[1]} extended")
-            elif new.raw != old.raw:
-                problems.append(f"{key}{where} changed: {_show(old)} -> {_show(new)}")
+            problem, change = _kv_difference(rules, key, old, new_header.kvs.get(key), index, where)
+            problems += [problem] if problem else []
+            changes += [change] if change else []
         for key, new in new_header.kvs.items():
             if key in old_header.kvs:
                 continue
-            if key in allowed:
+            if key in rules.allowed:
                 if not _bookkeeping(key):
                     changes.append(f"{key}{where} = {short(new.value, 40)} (added)")
-                continue
-            if key == nextn_key and index == 0:
+            elif key == rules.nextn_key and index == 0:
                 changes.append(f"{key.split('.', 1)[1]} = {new.value}")
             else:
                 problems.append(f"{key}{where} was added ({_show(new)})")
     return problems, changes
+
+
+def _kv_difference(
+    rules: _KVRules, key: str, old: KeyValue, new: KeyValue | None, index: int, where: str
+) -> tuple[str | None, str | None]:
+    """(problem, change) for one target KV and its counterpart in the composite's file ``index``."""
+    if key in rules.allowed:
+        if not _bookkeeping(key) and (new is None or new.raw != old.raw):
+            value = "removed" if new is None else short_change(old.value, new.value, 40)
+            return None, f"{key}{where} {value}"
+        return None, None
+    if new is None:
+        return f"{key}{where} was removed", None
+    short_key = key.split(".", 1)[1]
+    if key == rules.count_key and index == 0:
+        return _int_difference(key, old, new, rules.block_count, short_key)
+    if key == rules.nextn_key and index == 0:  # a target may state 0 explicitly
+        return _int_difference(key, old, new, rules.nextn, short_key)
+    if key == KEY_SPLIT_TENSORS_COUNT:
+        problem, change = _int_difference(key + where, old, new, old.value + rules.added_tensors, key)
+        return problem, change if index == 0 else None
+    if key in rules.per_layer and index == 0:
+        return _per_layer_difference(key, old, new, rules.layout_blocks)
+    if new.raw != old.raw:
+        return f"{key}{where} changed: {_show(old)} -> {_show(new)}", None
+    return None, None
+
+
+def _int_difference(
+    label: str, old: KeyValue, new: KeyValue, expected: int, change_label: str
+) -> tuple[str | None, str | None]:
+    """A count compose sets: a problem unless it has the target's type and the ``expected`` value."""
+    if new.vtype != old.vtype or new.value != expected:
+        return f"{label} is {_show(new)}, expected {expected} ({old.type_name})", None
+    if new.value != old.value:
+        return None, f"{change_label} {old.value}->{new.value}"
+    return None, None
+
+
+def _per_layer_difference(
+    key: str, old: KeyValue, new: KeyValue, layout_blocks: int | None
+) -> tuple[str | None, str | None]:
+    """A per-layer array: the trunk's entries unchanged, one entry per block of the composite."""
+    items = new.value if new.is_array else None
+    if new.element_type != old.element_type or items is None:
+        return f"{key} is {_show(new)}, was {_show(old)}", None
+    if items[: len(old.value)] != old.value:
+        return f"{key}: the trunk's entries changed ({old.value!r} -> {items[: len(old.value)]!r})", None
+    if layout_blocks is not None and len(items) != layout_blocks:
+        return f"{key} has {len(items)} entries, block_count is {layout_blocks}", None
+    if len(items) != len(old.value):
+        return None, f"{key.split('.', 1)[1]} extended"
+    return None, None
 
 
 # ------------------------------------------------------------------------------------------- llama.cpp

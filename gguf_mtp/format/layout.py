@@ -20,20 +20,23 @@ Which source offset the data section follows: the ranges taken from the file the
 from (a target shard for compose and graft, the source shard for strip) when there are any, else all
 copied ranges; of those, the offset residue covering the most bytes. Ranges from another file (the
 appended draft tensors) can only be in step where their own offsets happen to agree.
+
+Where tensors land inside a data section is here too (:func:`pack_tensors`): llama.cpp's dense
+layout, which every planner that places tensors (compose, extract, strip, convert) follows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gguf import GGUFValueType
 
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK
-from gguf_mtp.write import CopyRange, OutputFile, Segment
+from gguf_mtp.write import CopyRange, OutputFile, Segment, Zeros
 
-from .header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv, serialize_header
+from .header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
 
 __all__ = [
     "PAD_KEY",
@@ -51,6 +54,32 @@ PAD_KEY = "gguf_mtp.pad"
 
 #: Bytes of the padding KV besides its items: key length (8) + key + type (4) + item type (4) + count (8).
 _PAD_OVERHEAD = 8 + len(PAD_KEY.encode()) + 4 + 4 + 8
+
+
+def pack_tensors(
+    items: Iterable[tuple[TensorInfo, Sequence[Segment]]], alignment: int, *, start: int = 0, pad_end: bool = True
+) -> tuple[list[TensorInfo], list[Segment], int]:
+    """Place tensors as llama.cpp reads a data section: each at the previous one's end rounded up to
+    ``alignment``, in order, from ``start`` (data-relative).
+
+    Each item is a tensor (its ``offset`` is ignored) and the segments that make its bytes. Returns the
+    tensors at their offsets, the segments with zero fill between them (and after the last with
+    ``pad_end``, as llama.cpp's writer pads every tensor), and the end of the data written.
+    """
+    infos: list[TensorInfo] = []
+    segments: list[Segment] = []
+    position = start
+    for tensor, data in items:
+        offset = align_up(position, alignment)
+        if offset > position:
+            segments.append(Zeros(offset - position))
+        infos.append(replace(tensor, offset=offset))
+        segments += data
+        position = offset + tensor.nbytes
+    end = align_up(position, alignment) if pad_end else position
+    if end > position:
+        segments.append(Zeros(end - position))
+    return infos, segments, end
 
 
 def without_padding(kvs: Iterable[KeyValue]) -> list[KeyValue]:

@@ -27,7 +27,7 @@ from gguf_mtp.constants import (
     split_file_name,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
-from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
+from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv
 from gguf_mtp.format.kv_edit import (
     INT_RANGES,
     KVChange,
@@ -37,7 +37,7 @@ from gguf_mtp.format.kv_edit import (
     resolve_override,
     with_int_value,
 )
-from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.model.arch_rules import SPLICE_REFUSED, LayerKeyRule, NextNValue, extended_arrays, is_known_arch
 from gguf_mtp.model.blocks import (
     block_layout_problem,
@@ -47,7 +47,7 @@ from gguf_mtp.model.blocks import (
 )
 from gguf_mtp.model.set_id import placeholder_kv, stamp_set_id, without_set_id
 from gguf_mtp.model.shards import ShardSet, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Zeros
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, Zeros
 
 __all__ = [
     "CompositionPlan",
@@ -363,7 +363,7 @@ def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> l
     return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
 
 
-def _data_section(header: GGUFHeader) -> list[Zeros | CopyRange]:
+def _data_section(header: GGUFHeader) -> list[Segment]:
     """The target file's tensor data, copied verbatim, padded to the packed layout llama.cpp requires.
 
     Raises:
@@ -379,7 +379,7 @@ def _data_section(header: GGUFHeader) -> list[Zeros | CopyRange]:
         )
     size = header.packed_data_size
     copied = min(size, header.data_size)
-    segments: list[Zeros | CopyRange] = []
+    segments: list[Segment] = []
     if copied:
         segments.append(CopyRange(Path(header.path), header.data_offset, copied))
     if size > copied:  # the file ends without the last tensor's padding
@@ -389,19 +389,17 @@ def _data_section(header: GGUFHeader) -> list[Zeros | CopyRange]:
 
 def _appended_layout(
     start: int, alignment: int, tensors: Iterable[tuple[TensorInfo, str]], draft_path: Path, draft_data_offset: int
-) -> tuple[list[TensorInfo], list[Zeros | CopyRange], int]:
+) -> tuple[list[TensorInfo], list[Segment], int]:
     """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end)."""
-    infos: list[TensorInfo] = []
-    segments: list[Zeros | CopyRange] = []
-    position = start
-    for tensor, new_name in tensors:
-        offset = align_up(position, alignment)
-        if offset > position:
-            segments.append(Zeros(offset - position))
-        infos.append(TensorInfo(new_name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
-        segments.append(CopyRange(draft_path, draft_data_offset + tensor.offset, tensor.nbytes))
-        position = offset + tensor.nbytes
-    return infos, segments, position
+    return pack_tensors(
+        (
+            (replace(tensor, name=new_name), (CopyRange(draft_path, draft_data_offset + tensor.offset, tensor.nbytes),))
+            for tensor, new_name in tensors
+        ),
+        alignment,
+        start=start,
+        pad_end=False,
+    )
 
 
 def plan_composition(
@@ -432,6 +430,25 @@ def plan_composition(
     if draft.is_split:
         raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
     _check_compatible(target, draft)
+    trunk = _check_free_slot(target, block)
+    draft_first, n_blocks, draft_tensors, dropped = _draft_blocks(draft, trunk)
+    renamed = _renamed_draft_tensors(target, draft, draft_tensors, draft_first - trunk)
+    edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
+    _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
+    files = _planned_files(target, draft, renamed, edits, _output_names(target, output_dir, basename))
+    return CompositionPlan(
+        target=target,
+        draft=draft,
+        block=trunk,
+        nextn_blocks=n_blocks,
+        files=tuple(files),
+        renamed=tuple((t.name, new) for t, new in renamed),
+        dropped=tuple(dropped),
+    )
+
+
+def _check_free_slot(target: ShardSet, block: int | None) -> int:
+    """The index the NextN block gets (the trunk block count), once the target is known to have room for it."""
     if target.nextn_predict_layers:
         raise IncompatibleDraftError(
             f"target already has {target.nextn_predict_layers} NextN block(s) "
@@ -453,14 +470,19 @@ def plan_composition(
         raise IncompatibleDraftError(
             f"target already has tensors of blk.{existing[0]} (its block_count is {trunk})", target.name
         )
-    draft_first, n_blocks, draft_tensors, dropped = _draft_blocks(draft, trunk)
+    return trunk
 
+
+def _renamed_draft_tensors(
+    target: ShardSet, draft: ShardSet, draft_tensors: Sequence[TensorInfo], shift: int
+) -> list[tuple[TensorInfo, str]]:
+    """Each draft block tensor with the name it gets in the composite (its block index moved by ``-shift``)."""
     renamed: list[tuple[TensorInfo, str]] = []
     renamed_from: dict[str, str] = {}
     for tensor in draft_tensors:
         match = BLOCK_TENSOR.match(tensor.name)
         assert match
-        new_name = f"blk.{int(match['block']) - draft_first + trunk}.{match['rest']}"
+        new_name = f"blk.{int(match['block']) - shift}.{match['rest']}"
         if new_name in target.tensor_locations:
             raise IncompatibleDraftError(f"draft tensor {new_name!r} already exists in the target", draft.name)
         if new_name in renamed_from:  # blk.0.x and blk.00.x are both block 0
@@ -476,13 +498,21 @@ def plan_composition(
             )
         renamed_from[new_name] = tensor.name
         renamed.append((tensor, new_name))
+    return renamed
 
-    edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
-    _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
+
+def _planned_files(
+    target: ShardSet,
+    draft: ShardSet,
+    renamed: Sequence[tuple[TensorInfo, str]],
+    edits: dict[str, KeyValue | None],
+    finals: Sequence[Path],
+) -> list[PlannedFile]:
+    """One output per target file: its header edited, its data copied, the draft's tensors after the last one's."""
     draft_header = draft.first
     last = len(target.headers) - 1
     files: list[PlannedFile] = []
-    for index, (header, final) in enumerate(zip(target.headers, _output_names(target, output_dir, basename))):
+    for index, (header, final) in enumerate(zip(target.headers, finals)):
         file_edits = dict(edits) if index == 0 else {}
         if KEY_SPLIT_TENSORS_COUNT in header.kvs:
             total = header.kvs[KEY_SPLIT_TENSORS_COUNT].value + len(renamed)
@@ -508,17 +538,7 @@ def plan_composition(
         files.append(PlannedFile(output, Path(header.path), tuple(tensors), tuple(changes), added_tensors=tuple(added)))
     heads = [f.output.segments[0] for f in files]
     stamped = stamp_set_id([h.data for h in heads if isinstance(h, Bytes)])
-    files = [
+    return [
         replace(f, output=OutputFile(f.output.path, (Bytes(head), *f.output.segments[1:])))
         for f, head in zip(files, stamped)
     ]
-
-    return CompositionPlan(
-        target=target,
-        draft=draft,
-        block=trunk,
-        nextn_blocks=n_blocks,
-        files=tuple(files),
-        renamed=tuple((t.name, new) for t, new in renamed),
-        dropped=tuple(dropped),
-    )

@@ -43,16 +43,15 @@ from gguf_mtp.format.header import (
     GGUFArray,
     KeyValue,
     TensorInfo,
-    align_up,
     encode_kv,
     parse_header,
 )
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
-from gguf_mtp.format.layout import appended_data_residue, header_at_residue
+from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, write_outputs
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
 
@@ -269,16 +268,8 @@ def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path, resi
     segments, tensors, KVs). ``residue``: where the data section must start modulo 4 KiB
     (:func:`~gguf_mtp.format.layout.header_at_residue`; ``None``: no padding)."""
     alignment = writer.alignment
-    infos: list[TensorInfo] = []
-    segments: list[Segment] = []
-    position = 0
-    for item in items:
-        infos.append(TensorInfo(item.name, item.shape, item.ggml_type, position, item.nbytes))
-        segments += item.segments
-        padding = align_up(item.nbytes, alignment) - item.nbytes
-        if padding:
-            segments.append(Zeros(padding))
-        position += item.nbytes + padding
+    tables = ((TensorInfo(item.name, item.shape, item.ggml_type, 0, item.nbytes), item.segments) for item in items)
+    infos, segments, position = pack_tensors(tables, alignment)
     kvs = writer.kvs
     header = header_at_residue(GGUF_VERSION, kvs, infos, alignment, residue)
     # Read the header back with the strict parser: what llama.cpp would refuse (a name too long, a

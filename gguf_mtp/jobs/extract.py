@@ -35,13 +35,13 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
-from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, parse_header
-from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
+from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, write_outputs
 
 __all__ = [
     "ExtractReport",
@@ -204,19 +204,10 @@ def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list
 
 def _layout(tensors: list[tuple[Path, int, TensorInfo]], alignment: int) -> tuple[list[TensorInfo], list[Segment]]:
     """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments)."""
-    infos: list[TensorInfo] = []
-    segments: list[Segment] = []
-    position = 0
-    for path, data_offset, tensor in tensors:
-        offset = align_up(position, alignment)
-        if offset > position:
-            segments.append(Zeros(offset - position))
-        infos.append(TensorInfo(tensor.name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
-        segments.append(CopyRange(path, data_offset + tensor.offset, tensor.nbytes))
-        position = offset + tensor.nbytes
-    end = align_up(position, alignment)
-    if end > position:
-        segments.append(Zeros(end - position))  # like llama.cpp's writer: every tensor padded
+    infos, segments, _ = pack_tensors(
+        ((tensor, (CopyRange(path, offset + tensor.offset, tensor.nbytes),)) for path, offset, tensor in tensors),
+        alignment,
+    )
     return infos, segments
 
 

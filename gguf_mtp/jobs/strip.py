@@ -31,7 +31,7 @@ from gguf_mtp.constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SP
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
-from gguf_mtp.format.layout import congruent_header
+from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
@@ -82,12 +82,7 @@ def _shard_layout(header: GGUFHeader, removed: frozenset[str]) -> tuple[list[Ten
     sit at the end is one copy and keeps every offset.
     """
     path = Path(header.path)
-    tensors: list[TensorInfo] = []
-    position = 0
-    for tensor in (t for t in header.tensors if t.name not in removed):
-        offset = align_up(position, header.alignment)
-        tensors.append(TensorInfo(tensor.name, tensor.shape, tensor.ggml_type, offset, tensor.nbytes))
-        position = offset + tensor.nbytes
+    tensors, _, _ = pack_tensors(((t, ()) for t in header.tensors if t.name not in removed), header.alignment)
     old = header.tensor_by_name
     segments: list[Segment] = []
     written = 0
