@@ -451,18 +451,7 @@ def upload_resumable(
             allow_patterns=list(names),
         )
         return "upload_large_folder"
-    _write(
-        f"upload to {repo}",
-        repo,
-        api.upload_folder,
-        repo_id=repo,
-        folder_path=str(folder),
-        repo_type="model",
-        revision=revision,
-        token=token,
-        allow_patterns=list(names),
-        commit_message=message,
-    )
+    upload_one_commit(api, repo, folder, names, token=token, revision=revision, message=message)
     return "upload_folder"
 
 
