@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own ``llama-gguf-split`` from the llama.cpp vendored in the pinned llama-cpp-python sdist.
+"""Build llama.cpp's own tools from the llama.cpp vendored in the pinned llama-cpp-python sdist.
 
-The tests of files made by llama.cpp's own tools (tests/test_upstream_tools.py) need the real tool, built
-from the same llama.cpp the loader (llama-cpp-python 0.3.36) vendors. The build is portable
-(``-DGGML_NATIVE=OFF``), configures nothing but what the one target needs (no CURL, tests, server or
-examples) and is cached by the sdist's sha256, so every run after the first is instant:
+The tests use llama.cpp's own programs as oracles -- ``llama-gguf-split`` (files made by llama.cpp's tools,
+tests/test_upstream_tools.py), ``llama-quantize`` (head quantization) and ``llama-server`` (``gguf-mtp
+bench``) -- built from the same llama.cpp the loader (llama-cpp-python 0.3.36) vendors. The build is
+portable (``-DGGML_NATIVE=OFF``), static, configures nothing but what those targets need (no CURL, TLS,
+tests or examples), builds all of them in one go and is cached by the sdist's sha256, so every run after
+the first is instant:
 
     CACHE/sdist/llama_cpp_python-0.3.36.tar.gz      (pip download, once)
-    CACHE/<sha256[:16]>/bin/llama-gguf-split        (the built tool)
+    CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools)
 
 CACHE is ``$GGUF_MTP_TOOLS_CACHE``, else ``~/.cache/gguf-mtp-tools``. ``$GGUF_MTP_LLAMA_SDIST`` names an sdist
 already on disk (the repo's ``.cache/upstream/`` copy is used when present). Prints the tool's path.
@@ -25,11 +27,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "BuildError", "build_gguf_split", "cache_dir", "find_sdist"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "TOOLS", "BuildError", "build_gguf_split", "build_tool", "cache_dir",
+           "find_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-TOOL = "llama-gguf-split"
+#: Every tool the tests use; built together (they share llama.cpp's libraries), cached together.
+TOOLS = ("llama-gguf-split", "llama-quantize", "llama-server")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -98,44 +102,48 @@ def _run(cmd: list[str], what: str, log: Path) -> None:
         raise BuildError(f"{what} failed (exit {proc.returncode}), see {log}: {lines[-1] if lines else ''}")
 
 
-def build_gguf_split(*, jobs: int = 2, download: bool = True, quiet: bool = True) -> Path:
-    """Path of a built ``llama-gguf-split``, building it (once per sdist hash) if needed.
+def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool = True) -> Path:
+    """Path of the built llama.cpp tool ``name`` (one of :data:`TOOLS`), building them all once per sdist hash.
 
     Raises:
         BuildError: no sdist, no cmake/compiler, or the build failed.
     """
+    if name not in TOOLS:
+        raise BuildError(f"{name} is not one of the tools built here ({', '.join(TOOLS)})")
     cache = cache_dir()
     sdist = find_sdist(cache, download=download)
     key = _sha256(sdist)[:16]
-    final = cache / key
-    tool = final / "bin" / TOOL
+    final = cache / f"{key}-tools"
+    tool = final / "bin" / name
     if tool.is_file() and os.access(tool, os.X_OK):
         return tool
     for prog in ("cmake", "c++"):
         if shutil.which(prog) is None:
-            raise BuildError(f"cannot build {TOOL}: {prog} is not installed")
+            raise BuildError(f"cannot build {name}: {prog} is not installed")
     cache.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"building {TOOL} from {sdist.name} (llama.cpp vendored there; about 5-10 minutes on 2 cores, once)",
-              file=sys.stderr, flush=True)
+        print(f"building {', '.join(TOOLS)} from {sdist.name} (llama.cpp vendored there; about 10-15 minutes on "
+              "2 cores, once)", file=sys.stderr, flush=True)
     work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=cache))
     try:
         src = _extract_llama_cpp(sdist, work / "src")
         build = work / "build"
         log = work / "build.log"
         flags = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
                  "-DGGML_OPENMP=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
                  "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF"]
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         _run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", log)
-        _run(["cmake", "--build", str(build), "--target", TOOL, "-j", str(jobs)], f"building {TOOL}", log)
-        built = next((p for p in build.rglob(TOOL) if p.is_file() and os.access(p, os.X_OK)), None)
-        if built is None:
-            raise BuildError(f"the build finished but {TOOL} is not in {build}")
+        _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)], f"building {', '.join(TOOLS)}",
+             log)
         staged = work / "out" / "bin"
         staged.mkdir(parents=True)
-        shutil.copy2(built, staged / TOOL)
+        for each in TOOLS:
+            built = next((p for p in build.rglob(each) if p.is_file() and os.access(p, os.X_OK)), None)
+            if built is None:
+                raise BuildError(f"the build finished but {each} is not in {build}")
+            shutil.copy2(built, staged / each)
         (work / "out" / "SOURCE").write_text(f"{sdist.name} sha256 {_sha256(sdist)}\n")
         try:
             os.rename(work / "out", final)  # atomic; a concurrent builder that won leaves `final` in place
@@ -147,14 +155,22 @@ def build_gguf_split(*, jobs: int = 2, download: bool = True, quiet: bool = True
     return tool
 
 
+def build_gguf_split(*, jobs: int = 2, download: bool = True, quiet: bool = True) -> Path:
+    """Path of a built ``llama-gguf-split`` (see :func:`build_tool`)."""
+    return build_tool("llama-gguf-split", jobs=jobs, download=download, quiet=quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build (or find) the tool and print its path; one-line error, exit 2."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--no-download", action="store_true", help="never run pip download")
+    parser.add_argument("tools", nargs="*", metavar="TOOL",
+                        help=f"which paths to print (default: all of {', '.join(TOOLS)})")
     args = parser.parse_args(argv)
     try:
-        print(build_gguf_split(jobs=args.jobs, download=not args.no_download, quiet=False))
+        for name in args.tools or TOOLS:
+            print(build_tool(name, jobs=args.jobs, download=not args.no_download, quiet=False))
     except (BuildError, OSError, tarfile.TarError) as e:
         print(f"build_llama_tools: error: {e}", file=sys.stderr)
         return 2

@@ -97,15 +97,16 @@ def glm_converted3(models: Path) -> Path:
     )
 
 
-@pytest.fixture(scope="session")
-def gguf_split_tool() -> Path:
-    """llama.cpp's own ``llama-gguf-split``, built once from the llama.cpp vendored in the pinned
-    llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's hash), or
-    ``$GGUF_MTP_GGUF_SPLIT``. Under CI=true a tool that cannot be had fails the tests, never skips them."""
-    given = os.environ.get("GGUF_MTP_GGUF_SPLIT")
+def llama_tool(name: str) -> Path:
+    """llama.cpp's own tool ``name`` (llama-gguf-split, llama-quantize, llama-server), built once from the
+    llama.cpp vendored in the pinned llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's
+    hash), or ``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...). Under CI=true a tool that cannot be had fails
+    the test, never skips it."""
+    variable = "GGUF_MTP_" + name.upper().replace("-", "_")
+    given = os.environ.get(variable) or (os.environ.get("GGUF_MTP_GGUF_SPLIT") if name == "llama-gguf-split" else None)
     if given:
         if not os.access(given, os.X_OK):
-            pytest.fail(f"GGUF_MTP_GGUF_SPLIT={given} is not an executable file")
+            pytest.fail(f"{variable}={given} is not an executable file")
         return Path(given)
     script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
     spec = importlib.util.spec_from_file_location("build_llama_tools", script)
@@ -113,12 +114,30 @@ def gguf_split_tool() -> Path:
     tools = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tools)
     try:
-        return tools.build_gguf_split(quiet=False)
+        return Path(tools.build_tool(name, quiet=False))
     except (tools.BuildError, OSError) as e:
-        message = f"llama-gguf-split could not be built (scripts/build_llama_tools.py): {e}"
+        message = f"{name} could not be built (scripts/build_llama_tools.py): {e}"
         if IN_CI:
-            pytest.fail(f"CI=true: the tests of llama.cpp's own tools cannot run: {message}", pytrace=False)
+            pytest.fail(f"CI=true: the tests that use llama.cpp's {name} cannot run: {message}", pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def gguf_split_tool() -> Path:
+    """llama.cpp's own ``llama-gguf-split`` (see :func:`llama_tool`)."""
+    return llama_tool("llama-gguf-split")
+
+
+@pytest.fixture(scope="session")
+def llama_quantize_tool() -> Path:
+    """llama.cpp's own ``llama-quantize`` (see :func:`llama_tool`)."""
+    return llama_tool("llama-quantize")
+
+
+@pytest.fixture(scope="session")
+def llama_server_tool() -> Path:
+    """llama.cpp's own ``llama-server`` (see :func:`llama_tool`)."""
+    return llama_tool("llama-server")
 
 
 __all__ = ["IN_CI", "NEMOTRON_H_MOE"]
