@@ -24,6 +24,7 @@ from gguf_mtp.constants import (
     KEY_EMBEDDING_LENGTH,
     KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_TENSORS_COUNT,
+    SPLIT_NAME,
     split_file_name,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
@@ -352,15 +353,34 @@ def _model_kv_edits(
     return edits
 
 
+def _output_prefix(basename: str, count: int) -> str:
+    """The prefix ``basename`` names: a whole file name (``X.gguf``, ``X-00001-of-00003.gguf``) is taken as
+    its prefix ``X`` (so the suffix is never doubled), unless its shard count is not the target's."""
+    if "/" in basename or basename in ("", ".", ".."):
+        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
+    match = SPLIT_NAME.match(basename)
+    if match:
+        if int(match["count"]) != count:
+            raise ParameterError(
+                f"basename {basename!r} names a set of {int(match['count'])} file(s), but the output has {count}: "
+                f"give the prefix only ({match['prefix']!r})",
+                parameter="basename",
+            )
+        return match["prefix"]
+    prefix = basename.removesuffix(".gguf")
+    if prefix in ("", ".", ".."):
+        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
+    return prefix
+
+
 def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
     if basename is None:
         return [output_dir / Path(h.path).name for h in target.headers]
-    if "/" in basename or basename in ("", ".", ".."):
-        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
     count = len(target.headers)
+    prefix = _output_prefix(basename, count)
     if not target.is_split:
-        return [output_dir / f"{basename}.gguf"]
-    return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
+        return [output_dir / f"{prefix}.gguf"]
+    return [output_dir / split_file_name(prefix, i, count) for i in range(1, count + 1)]
 
 
 def _data_section(header: GGUFHeader) -> list[Segment]:
