@@ -137,6 +137,30 @@ def test_verify_lists_a_set_kv_change_among_the_metadata_changes(
     assert "gguf_mtp." not in detail  # its own bookkeeping keys are not model metadata
 
 
+
+def test_verify_after_set_kv_names_allow_kv(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    out = tmp_path / "out"
+    argv = ["compose", str(target), str(draft), "-o", str(out), "--set-kv", "general.name=Renamed",
+            "--set-kv", "general.note:str=x", "-q"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    composite = str(out / target.name)
+    assert main(["verify", composite, "--target", str(target), "--no-llama"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == (
+        "hint: if compose --set-kv changed general.name, general.note on purpose, "
+        "pass --allow-kv general.name --allow-kv general.note"
+    )
+    assert main(["verify", composite, "--target", str(target), "--no-llama", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["hints"] == [lines[-1].removeprefix("hint: ")]
+    allowed = ["--allow-kv", "general.name", "--allow-kv", "general.note"]
+    assert main(["verify", composite, "--target", str(target), "--no-llama", *allowed]) == 0
+    assert "hint:" not in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def split_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("cli-options-split")

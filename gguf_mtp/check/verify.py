@@ -98,6 +98,7 @@ class VerifyReport:
     bytes_shared: int = 0  # of bytes_compared: proven identical by shared extents (reflink), not read
     seconds: float = 0.0
     llama: LlamaCheck | None = None
+    hints: list[str] = field(default_factory=list)  # what to do about a failure, one line each
 
     @property
     def ok(self) -> bool:
@@ -134,6 +135,7 @@ class VerifyReport:
             "bytes_compared": self.bytes_compared,
             "bytes_shared": self.bytes_shared,
             "seconds": round(self.seconds, 3),
+            "hints": list(self.hints),
         }
         if self.llama is not None:
             result["llama"] = {k: v for k, v in asdict(self.llama).items() if k != "log_tail"} | {"ok": self.llama.ok}
@@ -151,6 +153,7 @@ class VerifyReport:
             lines.append(f"verified: {passed} checks passed{tail}")
         else:
             lines.append(f"NOT verified: {len(self.failures)} of {len(self.checks)} checks failed{tail}")
+            lines += [f"hint: {hint}" for hint in self.hints]
         return lines
 
 
@@ -472,10 +475,12 @@ class _KVRules:
 
 def _kv_problems(
     target: ShardSet, model: ScannedModel, layout: _Layout | None, added: int, allowed: set[str]
-) -> tuple[list[str], list[str]]:
-    """(problems, changes seen) comparing every target KV with the composite's, shard by shard."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(problems, changes seen, keys a ``--set-kv`` could have changed) comparing every target KV with the
+    composite's, shard by shard."""
     problems: list[str] = []
     changes: list[str] = []
+    settable: list[str] = []  # changed or added keys compose does not manage: allow_kv would accept them
     pairs = list(zip(target.headers, model.shards))
     if len(model.shards) != len(target.headers):
         # re-sharded after compose (llama-gguf-split --merge / --split): the split.* keys describe the new
@@ -502,6 +507,8 @@ def _kv_problems(
         for key, old in old_header.kvs.items():
             problem, change = _kv_difference(rules, key, old, new_header.kvs.get(key), index, where)
             problems += [problem] if problem else []
+            if problem and problem.startswith(f"{key}{where} changed:") and key not in settable:
+                settable.append(key)
             changes += [change] if change else []
         for key, new in new_header.kvs.items():
             if key in old_header.kvs:
@@ -513,7 +520,9 @@ def _kv_problems(
                 changes.append(f"{key.split('.', 1)[1]} = {new.value}")
             else:
                 problems.append(f"{key}{where} was added ({_show(new)})")
-    return problems, changes
+                if key not in settable:
+                    settable.append(key)
+    return problems, changes, settable
 
 
 def _kv_difference(
@@ -661,7 +670,9 @@ def verify(
     if target_set is not None or draft_set is not None:
         report.checks += _byte_checks(report, model, target_set, draft_set, renames, dropped, progress)
     if target_set is not None:
-        report.checks.append(_metadata_check(target_set, model, layout, allow_kv))
+        metadata, hint = _metadata_check(target_set, model, layout, allow_kv)
+        report.checks.append(metadata)
+        report.hints += [hint] if hint else []
 
     llama_check, report.llama = _llama_check(model, layout, llama)
     report.checks.append(llama_check)
@@ -733,19 +744,30 @@ def _byte_checks(
     return checks
 
 
-def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | None, allow_kv: Iterable[str]) -> Check:
+def _allow_kv_hint(keys: Sequence[str]) -> str:
+    """What to pass when the changed keys were set on purpose (compose --set-kv)."""
+    flags = " ".join(f"--allow-kv {key}" for key in keys[:_SHOWN])
+    more = f" (and {len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
+    return f"if compose --set-kv changed {', '.join(keys[:_SHOWN])}{more} on purpose, pass {flags}{more}"
+
+
+def _metadata_check(
+    target: ShardSet, model: ScannedModel, layout: _Layout | None, allow_kv: Iterable[str]
+) -> tuple[Check, str | None]:
+    """The target-metadata check, and a hint naming ``--allow-kv`` when keys a ``--set-kv`` could set differ."""
     try:
         # tensors the composite has and the target has not: what compose added to split.tensors.count
         added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
         # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.format.layout)
-        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
+        problems, changes, settable = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
     except GGUFMTPError as e:
-        return Check("target metadata", False, str(e))
+        return Check("target metadata", False, str(e)), None
     compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]
     n_kvs = sum(len(h.kvs) for h in compared)
     where = "" if len(compared) == len(target.headers) else f" of the {len(compared)} readable shard(s)"
-    return _check(
+    check = _check(
         "target metadata",
         problems,
         f"all {n_kvs} target KVs{where} unchanged" + (f" except {', '.join(changes)}" if changes else ""),
     )
+    return check, _allow_kv_hint(settable) if settable else None
