@@ -47,6 +47,7 @@ __all__ = [
     "WriteReport",
     "WriteStats",
     "Zeros",
+    "check_output_folder",
     "check_outputs",
     "copy_method",
     "progress_bar",
@@ -168,6 +169,22 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def check_output_folder(folder: str | os.PathLike[str], parameter: str | None = "output_dir") -> None:
+    """Refuse an output folder that exists and is not a folder (a file, a dangling link), in one line
+    naming it (and the ``parameter`` that gave it).
+
+    Raises:
+        UnsafeOutputError: ``folder`` exists and is not a folder.
+    """
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        what = "a file" if os.path.isfile(folder) else "not a folder"
+        if parameter:
+            message = f"{parameter} must be a folder (the outputs go inside it), but this is {what}"
+        else:
+            message = f"the outputs go into this folder, but it is {what}"
+        raise UnsafeOutputError(message, folder, parameter)
+
+
 def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
     """Refuse outputs that are inputs (through any link), collide, exist without ``force``, or cannot be
     written (read-only folder, not enough free space, a name the filesystem refuses).
@@ -199,8 +216,7 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
             raise UnsafeOutputError("output exists (use force to replace it)", final, parameter="force")
     folders = {f.parent for f in finals}
     for folder in folders:
-        if folder.exists() and not folder.is_dir():
-            raise UnsafeOutputError("output folder is not a folder", folder)
+        check_output_folder(folder, None)
         probe = folder
         while not probe.exists():
             probe = probe.parent
@@ -357,8 +373,7 @@ def _make_folder(folder: Path) -> list[Path]:
         missing.insert(0, probe)
         probe = probe.parent
     try:
-        if os.path.lexists(folder) and not folder.is_dir():
-            raise UnsafeOutputError("output folder is not a folder", folder)
+        check_output_folder(folder, None)
         folder.mkdir(parents=True, exist_ok=True)
         return missing
     except OSError as e:

@@ -301,6 +301,13 @@ def empty_file(src: Sources, work: Path) -> Inputs:
     return _target_case(target, src)
 
 
+@malformed("gguf", "a 6-byte text file (shorter than a GGUF header, other bytes than the magic)", "not a GGUF file")
+def short_text_file(src: Sources, work: Path) -> Inputs:
+    target, _ = _broken_target(src, work)
+    target.write_bytes(b"hello\n")
+    return _target_case(target, src)
+
+
 @malformed("gguf", "the file ends inside the fixed header (16 of its 24 bytes)", "truncated in the file header")
 def truncated_in_header(src: Sources, work: Path) -> Inputs:
     target, _ = _broken_target(src, work)

@@ -135,3 +135,86 @@ def test_verify_lists_a_set_kv_change_among_the_metadata_changes(
     assert "general.name 'tiny-nemotron_h_moe' -> 'Renamed'" in detail
     assert "block_count 3->4" in detail and "nextn_predict_layers = 1" in detail
     assert "gguf_mtp." not in detail  # its own bookkeeping keys are not model metadata
+
+
+
+def test_verify_after_set_kv_names_allow_kv(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = pair
+    out = tmp_path / "out"
+    argv = ["compose", str(target), str(draft), "-o", str(out), "--set-kv", "general.name=Renamed",
+            "--set-kv", "general.note:str=x", "-q"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    composite = str(out / target.name)
+    assert main(["verify", composite, "--target", str(target), "--no-llama"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == (
+        "hint: if compose --set-kv changed general.name, general.note on purpose, "
+        "pass --allow-kv general.name --allow-kv general.note"
+    )
+    assert main(["verify", composite, "--target", str(target), "--no-llama", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["hints"] == [lines[-1].removeprefix("hint: ")]
+    allowed = ["--allow-kv", "general.name", "--allow-kv", "general.note"]
+    assert main(["verify", composite, "--target", str(target), "--no-llama", *allowed]) == 0
+    assert "hint:" not in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def split_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("cli-options-split")
+    return write_target(root / "target", shards=3), write_draft(root / "mtp-draft.gguf", block="N")
+
+
+@pytest.mark.parametrize("basename", ["X", "X.gguf", "X-00001-of-00003.gguf", "X-00003-of-00003.gguf"])
+def test_a_basename_given_as_a_file_name_is_not_doubled(
+    split_pair: tuple[Path, Path], tmp_path: Path, basename: str
+) -> None:
+    from gguf_mtp.jobs.compose import compose
+
+    target, draft = split_pair
+    report = compose(target, draft, tmp_path, basename=basename, dry_run=True)
+    assert [p.name for p in report.output_paths] == [f"X-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+
+
+def test_a_basename_of_another_shard_count_is_refused_in_one_line(
+    split_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = split_pair
+    out = tmp_path / "out"
+    assert main(["compose", str(target), str(draft), "-o", str(out), "--basename", "X-00001-of-00005.gguf"]) == 2
+    assert capsys.readouterr().err == (
+        "gguf-mtp: error: --basename 'X-00001-of-00005.gguf' names a set of 5 file(s), but the output has 3: "
+        "give the prefix only ('X')\n"
+    )
+    assert not out.exists()
+
+
+def test_a_single_file_basename_with_gguf_is_not_doubled(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    from gguf_mtp.jobs.compose import compose
+
+    target, draft = pair
+    assert [p.name for p in compose(target, draft, tmp_path, basename="Y.gguf", dry_run=True).output_paths] == [
+        "Y.gguf"
+    ]
+
+
+@pytest.mark.parametrize("command", ["compose", "strip", "graft"])
+def test_output_dir_naming_a_file_says_it_must_be_a_folder(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    target, draft = pair
+    source = write_target(tmp_path / "with-mtp", with_nextn=True)
+    existing = tmp_path / "existing.gguf"
+    existing.write_bytes(b"mine")
+    argv = {
+        "compose": ["compose", str(target), str(draft)],
+        "strip": ["strip", str(source)],
+        "graft": ["graft", "--from", str(source), "--into", str(target)],
+    }[command]
+    assert main([*argv, "-o", str(existing)]) == 2
+    assert capsys.readouterr().err == (
+        f"gguf-mtp: error: {existing}: --output-dir must be a folder (the outputs go inside it), but this is a file\n"
+    )
+    assert existing.read_bytes() == b"mine"

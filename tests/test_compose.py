@@ -234,15 +234,15 @@ def test_set_kv_changes_are_typed_and_reported(nemotron_split: Path, nemotron_dr
         nemotron_split,
         nemotron_draft0,
         tmp_path / "out",
-        set_kv=["general.name=Tiny MTP", f"{ARCH}.expert_used_count=3", "gguf_mtp.source:str=unit test"],
+        set_kv=["general.name=Tiny MTP", f"{ARCH}.expert_used_count=3", "general.note:str=unit test"],
     )
     kvs = reader_kvs(report.output_paths[0])
     assert kvs["general.name"] == ([GGUFValueType.STRING], "Tiny MTP")
     assert kvs[f"{ARCH}.expert_used_count"] == ([GGUFValueType.UINT32], 3)
-    assert kvs["gguf_mtp.source"] == ([GGUFValueType.STRING], "unit test")
+    assert kvs["general.note"] == ([GGUFValueType.STRING], "unit test")
     changed = {c.key: (c.old, c.new) for c in report.plan.kv_changes}
     assert changed["general.name"] == ("tiny-nemotron_h_moe", "Tiny MTP")
-    assert changed["gguf_mtp.source"] == (None, "unit test")
+    assert changed["general.note"] == (None, "unit test")
 
 
 @pytest.mark.parametrize(
@@ -256,6 +256,10 @@ def test_set_kv_changes_are_typed_and_reported(nemotron_split: Path, nemotron_dr
         (f"{ARCH}.attention.head_count_kv=2", "arrays cannot be set"),
         ("split.count=4", "managed by compose"),
         (f"{ARCH}.block_count=9", "managed by compose"),
+        ("gguf_mtp.pad:u8=1", "managed by compose"),
+        ("gguf_mtp.set_id=abc", "managed by compose"),
+        ("gguf_mtp.source:str=x", "managed by compose"),
+        ("general.alignment=64", "managed by compose"),
         (f"{ARCH}.nextn_predict_layers=2", "must be 1"),
         ("no-equals-sign", "KEY=VALUE"),
     ],
@@ -272,3 +276,19 @@ def test_glm4moe_target_without_per_layer_arrays_needs_no_draft_values(tmp_path:
     draft = write_draft(tmp_path / "glm-d.gguf", family=GLM4MOE, block="N")
     report = compose(target, draft, tmp_path / "out")
     assert {c.key for c in report.plan.kv_changes} == {"glm4moe.block_count", "glm4moe.nextn_predict_layers"}
+
+
+def test_every_managed_key_pattern_is_refused_in_one_line_naming_the_key(
+    nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gguf_mtp.jobs.compose_plan import MANAGED_KEYS
+
+    out = tmp_path / "out"
+    for pattern, holds in MANAGED_KEYS:
+        key = pattern.format(arch=ARCH).replace("*", "anything")
+        argv = ["compose", str(nemotron_split), str(nemotron_draft0), "-o", str(out), "--set-kv", f"{key}:u32=1"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"gguf-mtp: error: --set-kv {key}:u32=1: {key} is managed by compose ({holds}) and cannot be set\n"
+        )
+        assert not out.exists()

@@ -171,3 +171,35 @@ def test_graft_with_equal_token_lists_still_works(tmp_path: Path, capsys: pytest
     out = tmp_path / "out"
     assert main(["graft", "--from", str(source), "--into", str(target), "-o", str(out), "--dry-run"]) == 0
     assert "+18 NextN" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def over_claiming(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model with one real NextN block (blk.3) whose nextn_predict_layers says 2 (blk.2, a trunk block, too)."""
+    from helpers import rewrite_gguf
+
+    root = tmp_path_factory.mktemp("over-claiming")
+    model = write_target(root / "src", with_nextn=True, name="one-nextn")
+    key = "nemotron_h_moe.nextn_predict_layers"
+    vtype = read_header(model).kvs[key].vtype
+    return rewrite_gguf(model, root / "over-claiming.gguf", set_kvs={key: encode_kv(key, vtype, 2)})
+
+
+@pytest.mark.parametrize("command", ["strip", "extract"])
+def test_a_declared_nextn_block_without_nextn_tensors_is_refused_by_strip_and_extract(
+    over_claiming: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    before = file_hashes(over_claiming.parent)
+    trunk_block = [t for t in read_header(over_claiming).tensors if t.name.startswith("blk.2.")]
+    assert trunk_block and not any(".nextn." in t.name for t in trunk_block)
+    out = tmp_path / ("out" if command == "strip" else "draft.gguf")
+    assert main([command, str(over_claiming), "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"gguf-mtp: error: {over_claiming}: nemotron_h_moe.nextn_predict_layers = 2 declares NextN block(s) "
+        f"blk.2..blk.3, but blk.2 holds {len(trunk_block)} tensor(s) and no nextn.* tensor: it is a trunk block "
+        "(nemotron_h_moe.nextn_predict_layers over-claims)\n"
+    )
+    assert captured.out == ""
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert file_hashes(over_claiming.parent) == before  # the trunk block's bytes stay where they are

@@ -1,8 +1,9 @@
 """An MTP-only file (a draft: NextN block tensors, no trunk block's) is recognised everywhere (issue 11, item 14).
 
 ``inspect`` calls it a draft (for ``--spec-draft-model`` when it carries token_embd/output, else one that
-needs its target); ``verify`` and ``publish`` refuse it as a model in one line; ``publish --standalone``
-publishes it as a draft, with a card that shows ``llama-server -m TARGET --spec-draft-model DRAFT``.
+needs its target); ``verify`` checks it as a draft (issue 21 item 17: tests/test_verify_draft.py);
+``publish`` refuses it as a model in one line; ``publish --standalone`` publishes it as a draft, with a
+card that shows ``llama-server -m TARGET --spec-draft-model DRAFT``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.verify import verify
 from gguf_mtp.cli import main
-from gguf_mtp.errors import BadGGUFError, ParameterError
+from gguf_mtp.errors import ParameterError
 from gguf_mtp.hub.card import draft_command
 from gguf_mtp.hub.publish import publish
 from gguf_mtp.testing.tiny_models import write_draft, write_target
@@ -81,22 +82,20 @@ def test_a_one_block_draft_is_a_draft_and_a_whole_model_is_not(drafts: dict[str,
 
 
 @pytest.mark.parametrize("which", ["blk0", "bare", "standalone"])
-def test_verify_refuses_a_draft_as_a_model_in_one_line(
+def test_verify_checks_a_draft_as_a_draft(
     drafts: dict[str, Path], which: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["verify", str(drafts[which]), "--no-llama"]) == 2
-    err = _err_line(capsys)
-    assert err.startswith(f"gguf-mtp: error: {drafts[which]}: an MTP draft (blk.")
-    assert "not a model: verify the composite made from it (gguf-mtp compose TARGET DRAFT -o OUTDIR --verify)" in err
-    assert capsys.readouterr().out == ""
+    assert main(["verify", str(drafts[which]), "--no-llama"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines()[0] == f"verify {drafts[which]} (an MTP-only draft)"
 
 
-def test_verify_checks_a_draft_as_a_draft_when_asked(drafts: dict[str, Path], whole_model: Path) -> None:
-    with pytest.raises(BadGGUFError, match="an MTP draft"):
-        verify(drafts["bare"], llama=False, progress=False)
-    report = verify(drafts["bare"], llama=False, progress=False, standalone=True)
-    assert report.ok and report.check("NextN tensors").ok
-    assert verify(whole_model, llama=False, progress=False).ok  # a whole model is still a model
+def test_verify_checks_a_draft_as_a_draft_and_a_model_as_a_model(drafts: dict[str, Path], whole_model: Path) -> None:
+    report = verify(drafts["bare"], llama=False, progress=False)
+    assert report.ok and report.check("NextN tensors").ok and report.kind == "mtp-draft"
+    model = verify(whole_model, llama=False, progress=False)  # a whole model is still a model
+    assert model.ok and model.kind == "model"
 
 
 def test_publish_refuses_a_draft_without_standalone(

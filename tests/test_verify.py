@@ -213,7 +213,7 @@ def test_llama_cpp_check_runs_by_default_when_installed(split_composite: Path) -
 
 @pytest.mark.llama
 def test_a_standalone_draft_runs_the_mtp_step_only(nemotron_draft0: Path) -> None:
-    report = verify(nemotron_draft0, llama=True, progress=False, standalone=True)
+    report = verify(nemotron_draft0, llama=True, progress=False)
     assert report.ok, report.describe()
     assert report.llama is not None and report.llama.trunk_decode_ok is None
 

@@ -7,8 +7,14 @@ NextN block complete). With the target, every target tensor's bytes are compared
 the composite's and every target KV must be unchanged except those compose changes; with the draft,
 every draft block tensor must be in the composite, bytes identical. Bytes are compared in fixed-size
 chunks read with ``os.pread`` (memory stays flat whatever the model size), under a progress bar.
-Last, llama.cpp itself loads the composite (never the draft) with its NextN block and runs one MTP
-decode step: a load alone would miss a NextN block llama.cpp quietly ignored.
+Last, llama.cpp itself loads the composite with its NextN block and runs an MTP decode step through
+each NextN block: a load alone would miss a NextN block llama.cpp quietly ignored.
+
+An MTP-only file (a draft: a ``--standalone`` sidecar, or a bare draft for ``compose``) is proved as a
+draft: the same structural checks, its NextN blocks complete, its global tensors
+(:mod:`gguf_mtp.check.draft_checks`), with a target its fit to that target (instead of byte comparisons:
+it is not made of the target), and llama.cpp loads a sidecar as the drafter it is and runs the MTP decode
+steps only (an MTP-only file has no trunk graph; llama.cpp crashes trying one).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from gguf_mtp.constants import (
     KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
 )
-from gguf_mtp.errors import BadGGUFError, GGUFMTPError
+from gguf_mtp.errors import BadGGUFError, GGUFMTPError, ParameterError
 from gguf_mtp.files.extents import ExtentProver
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
@@ -59,6 +65,7 @@ from gguf_mtp.model.shard_scan import (
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import progress_bar
 
+from .draft_checks import draft_globals_check, target_fit_check
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
 
 __all__ = ["Check", "VerifyReport", "verify"]
@@ -91,6 +98,7 @@ class VerifyReport:
     """The outcome of :func:`verify`: every check with its status and what it found."""
 
     composite: str
+    kind: str = "model"  # or "mtp-draft": an MTP-only file, checked as a draft
     target: str | None = None
     draft: str | None = None
     checks: list[Check] = field(default_factory=list)
@@ -98,6 +106,7 @@ class VerifyReport:
     bytes_shared: int = 0  # of bytes_compared: proven identical by shared extents (reflink), not read
     seconds: float = 0.0
     llama: LlamaCheck | None = None
+    hints: list[str] = field(default_factory=list)  # what to do about a failure, one line each
 
     @property
     def ok(self) -> bool:
@@ -124,6 +133,7 @@ class VerifyReport:
         result: dict[str, Any] = {
             "command": "verify",
             "composite": self.composite,
+            "kind": self.kind,
             "target": self.target,
             "draft": self.draft,
             "ok": self.ok,
@@ -134,6 +144,7 @@ class VerifyReport:
             "bytes_compared": self.bytes_compared,
             "bytes_shared": self.bytes_shared,
             "seconds": round(self.seconds, 3),
+            "hints": list(self.hints),
         }
         if self.llama is not None:
             result["llama"] = {k: v for k, v in asdict(self.llama).items() if k != "log_tail"} | {"ok": self.llama.ok}
@@ -141,7 +152,7 @@ class VerifyReport:
 
     def describe(self) -> list[str]:
         """One line per check (``PASS``/``FAIL``/``SKIP``), then the verdict."""
-        lines = [f"verify {self.composite}"]
+        lines = [f"verify {self.composite}" + (" (an MTP-only draft)" if self.kind == "mtp-draft" else "")]
         width = max((len(c.name) for c in self.checks), default=0)
         lines += [f"  {c.status.upper():4}  {c.name:<{width}}  {c.detail}" for c in self.checks]
         passed = sum(c.ok is True for c in self.checks)
@@ -151,6 +162,7 @@ class VerifyReport:
             lines.append(f"verified: {passed} checks passed{tail}")
         else:
             lines.append(f"NOT verified: {len(self.failures)} of {len(self.checks)} checks failed{tail}")
+            lines += [f"hint: {hint}" for hint in self.hints]
         return lines
 
 
@@ -472,10 +484,12 @@ class _KVRules:
 
 def _kv_problems(
     target: ShardSet, model: ScannedModel, layout: _Layout | None, added: int, allowed: set[str]
-) -> tuple[list[str], list[str]]:
-    """(problems, changes seen) comparing every target KV with the composite's, shard by shard."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(problems, changes seen, keys a ``--set-kv`` could have changed) comparing every target KV with the
+    composite's, shard by shard."""
     problems: list[str] = []
     changes: list[str] = []
+    settable: list[str] = []  # changed or added keys compose does not manage: allow_kv would accept them
     pairs = list(zip(target.headers, model.shards))
     if len(model.shards) != len(target.headers):
         # re-sharded after compose (llama-gguf-split --merge / --split): the split.* keys describe the new
@@ -502,6 +516,8 @@ def _kv_problems(
         for key, old in old_header.kvs.items():
             problem, change = _kv_difference(rules, key, old, new_header.kvs.get(key), index, where)
             problems += [problem] if problem else []
+            if problem and problem.startswith(f"{key}{where} changed:") and key not in settable:
+                settable.append(key)
             changes += [change] if change else []
         for key, new in new_header.kvs.items():
             if key in old_header.kvs:
@@ -513,7 +529,9 @@ def _kv_problems(
                 changes.append(f"{key.split('.', 1)[1]} = {new.value}")
             else:
                 problems.append(f"{key}{where} was added ({_show(new)})")
-    return problems, changes
+                if key not in settable:
+                    settable.append(key)
+    return problems, changes, settable
 
 
 def _kv_difference(
@@ -572,18 +590,32 @@ def _per_layer_difference(
 # ------------------------------------------------------------------------------------------- llama.cpp
 
 
-def _llama_check(model: ScannedModel, layout: _Layout | None, llama: bool | None) -> tuple[Check, LlamaCheck | None]:
+def _not_run(llama: bool | None, detail: str) -> tuple[Check, None]:
+    """The llama.cpp check when it cannot run: skipped, or failed when it was required (``llama=True``)."""
+    return Check("llama.cpp", None if llama is None else False, ("skipped: " if llama is None else "") + detail), None
+
+
+def _llama_check(
+    model: ScannedModel, layout: _Layout | None, llama: bool | None, draft: bool = False, sidecar: bool = False
+) -> tuple[Check, LlamaCheck | None]:
+    """Load the file with llama.cpp and run its decode steps: a model's trunk step and the MTP step through each
+    NextN block; a draft (``draft``) only the MTP steps, and only a ``sidecar`` (a bare draft cannot load)."""
     name = "llama.cpp"
     if llama is False:
         return Check(name, None, "skipped (--no-llama)"), None
+    what = "the draft" if draft else "the composite"
     if model.remote:
-        detail = "the composite is remote: download it to load it with llama.cpp"
-        return Check(name, None if llama is None else False, ("skipped: " if llama is None else "") + detail), None
+        return _not_run(llama, f"{what} is remote: download it to load it with llama.cpp")
     if not llama_cpp_available():
-        detail = f"llama-cpp-python is not installed; to load the composite with llama.cpp: {INSTALL_HINT}"
-        return Check(name, None if llama is None else False, ("skipped: " if llama is None else "") + detail), None
-    # An MTP-only file (a standalone draft: no trunk blocks) has no trunk graph to run.
-    result = check_with_llama(model.shards[0].name, trunk=layout is None or layout.trunk > 0)
+        return _not_run(llama, f"llama-cpp-python is not installed; to load {what} with llama.cpp: {INSTALL_HINT}")
+    if draft and not sidecar:
+        return _not_run(
+            llama,
+            "a draft without token_embd/output_norm runs only inside its composite: verify that "
+            "(gguf-mtp compose TARGET DRAFT -o OUTDIR --verify)",
+        )
+    # An MTP-only file has no trunk graph to run (llama.cpp crashes trying), nor has a model without trunk blocks.
+    result = check_with_llama(model.shards[0].name, trunk=not draft and (layout is None or layout.trunk > 0))
     detail = result.summary()
     ok = result.ok
     declared = layout.nextn if layout else 0
@@ -593,6 +625,9 @@ def _llama_check(model: ScannedModel, layout: _Layout | None, llama: bool | None
     elif result.loaded and declared and result.mtp_decode_ok is not True:
         ok = False
         detail += "; the MTP decode step did not run"
+    elif result.loaded and declared and result.mtp_blocks_decoded != declared:
+        ok = False
+        detail += f"; the MTP decode step ran through {result.mtp_blocks_decoded} of {declared} NextN blocks"
     if not ok and result.error and result.error not in detail:
         detail += f" ({result.error})"
     return Check(name, ok, detail), result
@@ -609,32 +644,33 @@ def verify(
     llama: bool | None = None,
     progress: bool = True,
     allow_kv: Iterable[str] = (),
-    standalone: bool = False,
 ) -> VerifyReport:
-    """Check a composite GGUF (one file or any shard of a split set) and report each check.
+    """Check a composite GGUF (one file or any shard of a split set), or an MTP-only draft, and report each check.
 
     Args:
-        composite: the composite (a local path; a ``hf://`` file gets the header checks only).
+        composite: the composite (a local path; a ``hf://`` file gets the header checks only); or an
+            MTP-only file (a ``--standalone`` sidecar, a bare draft), which is checked as a draft:
+            structure, NextN blocks, global tensors, and llama.cpp loads a sidecar and runs its MTP steps.
         target: the model the composite was made from: every one of its tensors must be in the
             composite with identical bytes, and its KVs unchanged except ``{arch}.block_count``,
             ``{arch}.nextn_predict_layers``, the per-layer arrays (extended; the trunk's entries
-            equal) and ``split.tensors.count``.
+            equal) and ``split.tensors.count``. For a draft: the model it runs beside, which it must fit
+            (architecture, width, ``token_embd``/``output`` shapes, vocabulary).
         draft: the MTP draft: every one of its block tensors must be in the composite (``blk.0``
             renamed to ``blk.N``), bytes identical; or a whole model with NextN blocks (a graft
-            source): then its NextN blocks' tensors.
-        llama: load the composite with llama.cpp and run one MTP decode step: ``True`` (fail when
+            source): then its NextN blocks' tensors. Not for a draft.
+        llama: load the file with llama.cpp and run the MTP decode steps: ``True`` (fail when
             llama-cpp-python is missing), ``False`` (skip), ``None`` (when installed).
         progress: a progress bar over the bytes compared (stderr, only on a terminal).
         allow_kv: further keys the composite may change or add (e.g. ``--set-kv`` keys of compose).
-        standalone: check an MTP-only draft (no trunk block tensors) as a draft; without it such a
-            file is refused, since it is not a model (llama.cpp runs it only beside its target).
 
     Returns:
-        A :class:`VerifyReport`; ``.ok`` is true when no check failed.
+        A :class:`VerifyReport`; ``.ok`` is true when no check failed; ``.kind`` says whether the file was
+        checked as a model or as an MTP-only draft.
 
     Raises:
-        BadGGUFError: ``composite`` does not exist or is an MTP-only draft (without ``standalone``), or
-            ``target``/``draft`` is unreadable.
+        BadGGUFError: ``composite`` does not exist, or ``target``/``draft`` is unreadable.
+        ParameterError: ``draft`` is given for an MTP-only file.
         ShardSetError: ``target``/``draft`` is an inconsistent split set.
         HubError: a remote composite could not be reached.
     """
@@ -647,11 +683,27 @@ def verify(
         target=os.fspath(target) if target is not None else None,
         draft=os.fspath(draft) if draft is not None else None,
     )
+    layout, layout_error = _layout(model)
+    if _is_draft(model, layout):
+        if draft is not None:
+            raise ParameterError(
+                "draft compares a composite with the draft it was made from, but this file is itself an MTP draft "
+                "(to check it beside its model, give that as target)",
+                model.shards[0].name,
+                parameter=("draft", "target"),
+            )
+        report.kind = "mtp-draft"
+        target_set = open_model(target) if target is not None else None
+        report.checks += _structural_checks(model, layout, layout_error)
+        report.checks.append(_nextn_check(model, layout, layout_error))
+        sidecar = _draft_checks(report, model, target_set)
+        llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=sidecar)
+        report.checks.append(llama_check)
+        report.seconds = time.perf_counter() - started
+        return report
+
     target_set = open_model(target) if target is not None else None
     draft_set = open_model(draft) if draft is not None else None
-
-    layout, layout_error = _layout(model)
-    _refuse_draft(model, layout, standalone)
     report.checks += _structural_checks(model, layout, layout_error)
 
     block = target_set.block_count if target_set is not None else (layout.trunk if layout else 0)
@@ -661,7 +713,9 @@ def verify(
     if target_set is not None or draft_set is not None:
         report.checks += _byte_checks(report, model, target_set, draft_set, renames, dropped, progress)
     if target_set is not None:
-        report.checks.append(_metadata_check(target_set, model, layout, allow_kv))
+        metadata, hint = _metadata_check(target_set, model, layout, allow_kv)
+        report.checks.append(metadata)
+        report.hints += [hint] if hint else []
 
     llama_check, report.llama = _llama_check(model, layout, llama)
     report.checks.append(llama_check)
@@ -669,19 +723,25 @@ def verify(
     return report
 
 
-def _refuse_draft(model: ScannedModel, layout: _Layout | None, standalone: bool) -> None:
-    """An MTP-only file is a draft, not a model: refused (one line) unless checked as one (``standalone``)."""
-    if layout is None or standalone:
-        return
-    blocks = {b for b in block_indices(t.name for h in model.headers for t in h.tensors) if b < layout.block_count}
-    first = layout.trunk
-    if is_mtp_only(BlockLayout(layout.arch, layout.block_count, layout.nextn), blocks):
-        raise BadGGUFError(
-            f"an MTP draft (blk.{first}{f'..{layout.block_count - 1}' if layout.nextn > 1 else ''} only, no trunk "
-            "block tensors), not a model: verify the composite made from it (gguf-mtp compose TARGET DRAFT -o OUTDIR "
-            "--verify)",
-            model.shards[0].name,
-        )
+def _is_draft(model: ScannedModel, layout: _Layout | None) -> bool:
+    """Whether the file is MTP-only (NextN block tensors, none of a trunk block): a draft, not a model."""
+    if layout is None:
+        return False
+    blocks = block_indices(t.name for h in model.headers for t in h.tensors)
+    return is_mtp_only(BlockLayout(layout.arch, layout.block_count, layout.nextn), blocks)
+
+
+def _draft_checks(report: VerifyReport, model: ScannedModel, target: ShardSet | None) -> bool:
+    """Append a draft's own checks (its global tensors; with ``target``, its fit to it); whether it is a sidecar
+    llama.cpp can load beside its target."""
+    first = model.first
+    assert first is not None  # a layout was read from it
+    found = draft_globals_check(first, model.headers)
+    report.checks.append(_check("draft globals", list(found.problems), found.detail))
+    if target is not None:
+        problems, matched = target_fit_check(target, first, model.headers)
+        report.checks.append(_check("target fit", problems, matched))
+    return found.sidecar
 
 
 def _byte_checks(
@@ -733,19 +793,30 @@ def _byte_checks(
     return checks
 
 
-def _metadata_check(target: ShardSet, model: ScannedModel, layout: _Layout | None, allow_kv: Iterable[str]) -> Check:
+def _allow_kv_hint(keys: Sequence[str]) -> str:
+    """What to pass when the changed keys were set on purpose (compose --set-kv)."""
+    flags = " ".join(f"--allow-kv {key}" for key in keys[:_SHOWN])
+    more = f" (and {len(keys) - _SHOWN} more)" if len(keys) > _SHOWN else ""
+    return f"if compose --set-kv changed {', '.join(keys[:_SHOWN])}{more} on purpose, pass {flags}{more}"
+
+
+def _metadata_check(
+    target: ShardSet, model: ScannedModel, layout: _Layout | None, allow_kv: Iterable[str]
+) -> tuple[Check, str | None]:
+    """The target-metadata check, and a hint naming ``--allow-kv`` when keys a ``--set-kv`` could set differ."""
     try:
         # tensors the composite has and the target has not: what compose added to split.tensors.count
         added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
         # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.format.layout)
-        problems, changes = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
+        problems, changes, settable = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
     except GGUFMTPError as e:
-        return Check("target metadata", False, str(e))
+        return Check("target metadata", False, str(e)), None
     compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]
     n_kvs = sum(len(h.kvs) for h in compared)
     where = "" if len(compared) == len(target.headers) else f" of the {len(compared)} readable shard(s)"
-    return _check(
+    check = _check(
         "target metadata",
         problems,
         f"all {n_kvs} target KVs{where} unchanged" + (f" except {', '.join(changes)}" if changes else ""),
     )
+    return check, _allow_kv_hint(settable) if settable else None

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY[:TYPE]=VALUE",
-        help="set a metadata key (an existing key keeps its type; a new key needs TYPE); repeatable",
+        help="set a metadata key (an existing key keeps its type; a new key needs TYPE; keys compose computes, "
+        "like split.* and gguf_mtp.*, are refused); repeatable",
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")

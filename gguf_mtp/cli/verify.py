@@ -10,15 +10,22 @@ from .common import print_json, print_report
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verify",
-        help="prove a composite is right: structure, bytes against target and draft, llama.cpp load + MTP step",
+        help="prove a composite (or an MTP-only draft) is right: structure, bytes against target and draft, "
+        "llama.cpp load + MTP step",
         description="Check a composite GGUF: every shard present and readable, split.* right in every shard, "
         "tensors sized and placed as llama.cpp requires, per-layer arrays as long as block_count, NextN "
         "tensors present; with --target every target tensor byte-identical and the metadata unchanged "
         "except what compose changes; with --draft every draft block tensor byte-identical; and llama.cpp "
-        "loads the composite and runs one MTP decode step. Exit status 0 only when no check fails.",
+        "loads the composite and runs an MTP decode step through each NextN block. An MTP-only file (a "
+        "--standalone sidecar, or a draft for compose) is checked as a draft: structure, NextN blocks, its "
+        "token_embd/output_norm/output, with --target its fit to that model (width, shapes, vocabulary), and "
+        "llama.cpp loads a sidecar as a drafter and runs its MTP steps. Exit status 0 only when no check fails.",
     )
-    p.add_argument("composite", help="the composite GGUF, or any shard of its split set")
-    p.add_argument("--target", help="the target it was composed from (compare every tensor and KV)")
+    p.add_argument("composite", help="the composite GGUF, or any shard of its split set, or an MTP-only draft")
+    p.add_argument(
+        "--target",
+        help="the target it was composed from (compare every tensor and KV); for a draft, the model it runs beside",
+    )
     p.add_argument("--draft", help="the MTP draft it was composed from (compare every block tensor)")
     llama = p.add_mutually_exclusive_group()
     llama.add_argument(

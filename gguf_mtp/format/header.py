@@ -542,9 +542,13 @@ def parse_header(
         GGUFMTPError: ``GGUF_MTP_MAX_HEADER_BYTES`` is malformed.
     """
     buf = _Buffer(read_at, file_size, path, max_header_bytes() if limit is None else limit, min_read)
-    buf.need(24)
-    if bytes(buf.data[:4]) != struct.pack("<I", GGUF_MAGIC):
+    # The magic first, from whatever bytes there are: a short file of other bytes (a 6-byte text file) is
+    # not a GGUF file, and only one that starts like one (or is empty) is a truncated GGUF.
+    magic = struct.pack("<I", GGUF_MAGIC)
+    buf.need(min(24, file_size))
+    if bytes(buf.data[:4]) != magic[: min(4, file_size)]:
         raise BadGGUFError(f"not a GGUF file (magic {bytes(buf.data[:4])!r}, expected b'GGUF')", path)
+    buf.need(24)
     version = _U32.unpack_from(buf.data, 4)[0]
     if version & 0xFFFF == 0 and version:
         raise BadGGUFError("big-endian GGUF files are not supported", path)

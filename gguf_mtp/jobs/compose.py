@@ -12,7 +12,7 @@ from typing import Any
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
 from gguf_mtp.formatting import human_bytes, short_change
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import WriteReport, write_outputs
+from gguf_mtp.write import WriteReport, check_output_folder, write_outputs
 
 from .compose_plan import CompositionPlan, plan_composition
 
@@ -160,6 +160,7 @@ def compose(
         (88, 18)
     """
     started = time.perf_counter()
+    check_output_folder(output_dir)
     composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename)
     report = ComposeReport(plan=composition, dry_run=dry_run)
     if composition.dropped:

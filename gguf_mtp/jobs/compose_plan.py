@@ -8,6 +8,8 @@ entries for the NextN blocks, from the per-architecture table :mod:`gguf_mtp.mod
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +26,7 @@ from gguf_mtp.constants import (
     KEY_EMBEDDING_LENGTH,
     KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_TENSORS_COUNT,
+    SPLIT_NAME,
     split_file_name,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
@@ -50,10 +53,12 @@ from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, Zeros
 
 __all__ = [
+    "MANAGED_KEYS",
     "CompositionPlan",
     "FilesPlan",
     "KVChange",
     "PlannedFile",
+    "managed_key",
     "plan_composition",
 ]
 
@@ -311,7 +316,27 @@ def _per_layer_edits(target: ShardSet, draft: ShardSet, draft_first: int, n_bloc
     return edits
 
 
-_RESERVED_KEYS = ("split.", "GGUF.")
+#: The keys compose computes, as ``fnmatch`` patterns (``{arch}``: the target's architecture), with what
+#: they hold: the one table ``set_kv`` is checked against. An override of one of them would be reported as
+#: set and then overwritten (or would break the set), so it is refused, naming the key.
+#: ``{arch}.nextn_predict_layers`` is computed too, but may be given with the value compose writes (a no-op);
+#: the per-layer arrays compose extends are arrays, which ``set_kv`` cannot set at all.
+MANAGED_KEYS: tuple[tuple[str, str], ...] = (
+    ("split.*", "the shard layout"),
+    ("GGUF.*", "the file format's own"),
+    ("gguf_mtp.*", "gguf-mtp's own bookkeeping: the set id, the header padding"),
+    (KEY_ALIGNMENT, "the alignment the target's tensor data is placed at"),
+    (KEY_ARCHITECTURE, "the name every model key is prefixed with"),
+    (KEY_BLOCK_COUNT, "the trunk's blocks plus the NextN block(s)"),
+)
+
+
+def managed_key(key: str, arch: str) -> str | None:
+    """What compose computes in ``key`` (per :data:`MANAGED_KEYS`), or ``None`` when ``set_kv`` may set it."""
+    for pattern, holds in MANAGED_KEYS:
+        if fnmatch.fnmatchcase(key, pattern.format(arch=glob.escape(arch))):
+            return holds
+    return None
 
 #: llama.cpp's ``GGML_MAX_NAME``: its GGUF reader refuses a tensor name of this many bytes or more, and
 #: renaming ``blk.0.x`` to ``blk.88.x`` makes a name longer.
@@ -338,8 +363,9 @@ def _model_kv_edits(
 
     for override in overrides:
         key = override.key
-        if key.startswith(_RESERVED_KEYS) or key in (KEY_ALIGNMENT, KEY_ARCHITECTURE, count_key):
-            raise KVEditError(f"set_kv {override}: {key} is managed by compose and cannot be set")
+        holds = managed_key(key, arch)
+        if holds is not None:
+            raise KVEditError(f"set_kv {override}: {key} is managed by compose ({holds}) and cannot be set")
         existing = target.kv(key)
         if existing is None and key == nextn_key and override.type_name is None:
             existing = edits[nextn_key]  # the key compose adds: an untyped override takes its type
@@ -352,15 +378,34 @@ def _model_kv_edits(
     return edits
 
 
+def _output_prefix(basename: str, count: int) -> str:
+    """The prefix ``basename`` names: a whole file name (``X.gguf``, ``X-00001-of-00003.gguf``) is taken as
+    its prefix ``X`` (so the suffix is never doubled), unless its shard count is not the target's."""
+    if "/" in basename or basename in ("", ".", ".."):
+        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
+    match = SPLIT_NAME.match(basename)
+    if match:
+        if int(match["count"]) != count:
+            raise ParameterError(
+                f"basename {basename!r} names a set of {int(match['count'])} file(s), but the output has {count}: "
+                f"give the prefix only ({match['prefix']!r})",
+                parameter="basename",
+            )
+        return match["prefix"]
+    prefix = basename.removesuffix(".gguf")
+    if prefix in ("", ".", ".."):
+        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
+    return prefix
+
+
 def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
     if basename is None:
         return [output_dir / Path(h.path).name for h in target.headers]
-    if "/" in basename or basename in ("", ".", ".."):
-        raise ParameterError(f"basename {basename!r} must be a plain file name prefix", parameter="basename")
     count = len(target.headers)
+    prefix = _output_prefix(basename, count)
     if not target.is_split:
-        return [output_dir / f"{basename}.gguf"]
-    return [output_dir / split_file_name(basename, i, count) for i in range(1, count + 1)]
+        return [output_dir / f"{prefix}.gguf"]
+    return [output_dir / split_file_name(prefix, i, count) for i in range(1, count + 1)]
 
 
 def _data_section(header: GGUFHeader) -> list[Segment]:

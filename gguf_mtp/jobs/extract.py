@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +81,38 @@ class NextNBlocks:
 
     def describe(self) -> str:
         """``blk.88`` or ``blk.88..blk.89``."""
-        last = self.first + self.count - 1
-        return f"blk.{self.first}" if self.count == 1 else f"blk.{self.first}..blk.{last}"
+        return _blocks_text(self.first, self.count)
+
+
+def _blocks_text(first: int, count: int) -> str:
+    """``blk.88`` or ``blk.88..blk.89``."""
+    return f"blk.{first}" if count == 1 else f"blk.{first}..blk.{first + count - 1}"
+
+
+def _refuse_trunk_blocks_declared_nextn(
+    model: ShardSet, first: int, count: int, tensors: Sequence[tuple[int, TensorInfo]]
+) -> None:
+    """A declared NextN block that holds tensors but not one ``nextn.*`` tensor is a trunk block: the
+    ``nextn_predict_layers`` count over-claims, and treating the block as NextN would drop (strip) or take
+    (extract) a trunk block. A declared block without any tensor is not this case (strip repairs it).
+
+    Raises:
+        BadGGUFError: one line naming the block and the key.
+    """
+    by_block: dict[int, list[str]] = {}
+    for _, tensor in tensors:
+        match = BLOCK_TENSOR.match(tensor.name)
+        assert match
+        by_block.setdefault(int(match["block"]), []).append(match["rest"])
+    for block in sorted(by_block):
+        rests = by_block[block]
+        if not any(rest.startswith("nextn.") for rest in rests):
+            key = model.arch_key(KEY_NEXTN_PREDICT_LAYERS)
+            raise BadGGUFError(
+                f"{key} = {count} declares NextN block(s) {_blocks_text(first, count)}, but blk.{block} "
+                f"holds {len(rests)} tensor(s) and no nextn.* tensor: it is a trunk block ({key} over-claims)",
+                model.name,
+            )
 
 
 def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextNBlocks:
@@ -98,7 +128,8 @@ def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextN
 
     Raises:
         NoNextNBlockError: ``nextn_predict_layers`` is 0 or absent.
-        BadGGUFError: a tensor belongs to a block at or beyond ``block_count``, or (with
+        BadGGUFError: a tensor belongs to a block at or beyond ``block_count``, a declared NextN block
+            holds tensors but no ``nextn.*`` one (a trunk block: the count over-claims), or (with
             ``require_tensors``) a declared NextN block has no tensors or lacks one llama.cpp requires.
     """
     block_count, count = model.block_count, model.nextn_predict_layers
@@ -124,6 +155,7 @@ def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextN
         if block >= first:
             tensors.append((shard, tensor))
             seen.add(block)
+    _refuse_trunk_blocks_declared_nextn(model, first, count, tensors)
     missing = [i for i in range(first, block_count) if i not in seen]
     if require_tensors and missing:
         raise BadGGUFError(

@@ -37,7 +37,7 @@ from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder, write_outputs
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
@@ -352,6 +352,7 @@ def graft(
         >>> graft("Q8_0/M-Q8_0-00001-of-00003.gguf", "UD-Q4_K_XL/M-00001-of-00003.gguf", "out/")  # doctest: +SKIP
     """
     started = time.perf_counter()
+    check_output_folder(output_dir)
     donor, receiver = open_model(source), open_model(target)
     plan = plan_graft(donor, receiver, output_dir, basename=basename)
     report = GraftReport(plan=plan, dry_run=dry_run, notes=list(plan.notes))

@@ -36,7 +36,7 @@ from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder, write_outputs
 
 from .compose_plan import FilesPlan, PlannedFile
 from .extract import NextNBlocks, find_nextn_blocks
@@ -234,6 +234,7 @@ def strip(
         >>> strip("Model-Q8_0-00001-of-00003.gguf", "trunk-only/")  # doctest: +SKIP
     """
     started = time.perf_counter()
+    check_output_folder(output_dir)
     model = open_model(source)
     plan = plan_strip(model, output_dir)
     report = StripReport(plan=plan, dry_run=dry_run)

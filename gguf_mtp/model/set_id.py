@@ -43,8 +43,8 @@ def placeholder_kv() -> KeyValue:
 def without_set_id(kvs: Iterable[KeyValue]) -> list[KeyValue]:
     """``kvs`` without a set-id KV (an input made by gguf-mtp's compose carries one).
 
-    Other ``gguf_mtp.*`` keys stay: a user may have set them with ``--set-kv``, and the padding KV is
-    handled by :mod:`gguf_mtp.format.layout`.
+    Other ``gguf_mtp.*`` keys stay (``--set-kv`` refuses the namespace, but a file from elsewhere may carry
+    them), and the padding KV is handled by :mod:`gguf_mtp.format.layout`.
     """
     return [kv for kv in kvs if kv.key != SET_ID_KEY]
 
