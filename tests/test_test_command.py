@@ -48,6 +48,11 @@ def _make() -> str:
     return make
 
 
+def _make_env() -> dict[str, str]:
+    """This environment without what an enclosing `make test` passes down (its flags, level, jobserver)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEFILES")}
+
+
 # --------------------------------------------------------------------------------------- item 19
 
 
@@ -61,7 +66,7 @@ def test_make_test_runs_every_step_after_a_failure_and_names_each_failed_one(tmp
 
     def run(steps: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([make, "-C", str(tmp_path), "-f", str(makefile), "run-steps", f"STEPS={steps}"],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, env=_make_env())
 
     failed = run("bad1 ok bad2")
     assert failed.returncode != 0
@@ -76,7 +81,7 @@ def test_make_test_runs_every_step_after_a_failure_and_names_each_failed_one(tmp
 def test_make_test_reaches_lint_types_suite_upstream_proof_and_floor_suite() -> None:
     # -n prints the commands; only the recursive makes of run-steps run, and they print too
     done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+                          timeout=60, cwd=ROOT, env=_make_env())
     assert done.returncode == 0, done.stderr
     steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
              if line.startswith("gguf-mtp: make ")]
