@@ -28,7 +28,11 @@ FLOOR_VENV  ?= .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.gguf-mtp-installed
 FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 tqdm==4.60.0 huggingface_hub==0.25.0 pytest hypothesis safetensors 'matplotlib<3.10'
 
-.PHONY: install demo test test-upstream test-floor upstream-venv lint typecheck bench clean
+# `make test` is the full gate: every step runs even when an earlier one failed, and the failed ones are named
+# at the end (one flaky test must not hide the upstream proof or the floor suite).
+TEST_STEPS := lint typecheck test-pytest test-upstream test-floor
+
+.PHONY: install demo test test-pytest test-upstream test-floor run-steps upstream-venv lint typecheck bench clean
 
 install: $(TEST_STAMP)
 
@@ -50,10 +54,21 @@ demo: $(DEMO_STAMP)
 	$(PY) -m gguf_mtp demo
 
 test: $(TEST_STAMP) $(UPSTREAM_STAMP)
-	$(PY) -m ruff check .
-	$(PY) -m mypy
+	@$(MAKE) --no-print-directory run-steps STEPS="$(TEST_STEPS)"
+
+# The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing").
+test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q
-	$(MAKE) --no-print-directory test-upstream test-floor
+
+# Makes each target of $(STEPS) in turn, whatever the ones before did; fails at the end naming every one that failed.
+run-steps:
+	@failed=""; \
+	for step in $(STEPS); do \
+	  echo "gguf-mtp: make $$step"; \
+	  $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) $$step || failed="$$failed $$step"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "gguf-mtp: FAILED:$$failed (ran: $(STEPS))" >&2; exit 1; fi; \
+	echo "gguf-mtp: passed: $(STEPS)"
 
 $(UPSTREAM_STAMP):
 	@echo "gguf-mtp: making $(UPSTREAM_VENV) for llama.cpp's own converter (torch CPU wheel, transformers)"

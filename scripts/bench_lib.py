@@ -41,6 +41,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from gguf_mtp.files.extents import file_extents
+
 __all__ = [
     "CACHE_MODES",
     "Command",
@@ -51,10 +53,10 @@ __all__ = [
     "machine_info",
     "measure",
     "median_ratio",
+    "own_bytes",
     "run_alternating",
     "set_cache_state",
     "summarise",
-    "used_bytes",
 ]
 
 CACHE_MODES = ("cold", "warm")
@@ -108,7 +110,7 @@ class Sample:
     peak_rss: int  # bytes
     peak_anon: int  # bytes
     bytes_out: int
-    extra_disk: int | None = None  # growth of the filesystem's used bytes (``measure(disk=...)``), else None
+    extra_disk: int | None = None  # disk bytes its outputs alone hold (``measure(disk=True)``), else None
 
 
 class CommandFailed(RuntimeError):
@@ -221,33 +223,30 @@ def _empty(folder: Path | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def used_bytes(path: Path, *, settle_seconds: float = 5.0) -> int:
-    """Bytes in use on the filesystem holding ``path``, once everything written has reached the disk.
-
-    Deleted files can free their blocks a moment later (XFS inactivates inodes in the background), so the
-    count is read until it stays the same for 0.1 s (at most ``settle_seconds``).
-    """
-    def used() -> int:
-        os.sync()
-        st = os.statvfs(path)
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-    deadline = time.monotonic() + settle_seconds
-    last, steady_since = used(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = used()
-        if now != last:
-            last, steady_since = now, time.monotonic()
-        elif time.monotonic() - steady_since >= 0.1:
-            break
-    return last
+def own_bytes(folder: Path) -> int:
+    """Disk bytes the files under ``folder`` hold that no other file shares: the blocks of each file's
+    extent map (FIEMAP, after the kernel wrote the file back) not flagged shared, so a reflink of an input
+    costs nothing and a hole costs nothing; ``st_blocks`` x 512 for a file whose filesystem has no extent
+    map (nothing there can be shared). Only these files are looked at, so nothing else writing to the
+    same disk changes the count."""
+    total = 0
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            extents = file_extents(fd)
+            total += os.fstat(fd).st_blocks * 512 if extents is None else sum(
+                e.length for e in extents if not e.shared)
+        finally:
+            os.close(fd)
+    return total
 
 
 def measure(
     command: Command, *, cache: str = "cold", round_no: int = 0, log_file: Path | None = None,
     evict: Sequence[Path] = (),
-    disk: Path | None = None,
+    disk: bool = False,
 ) -> Sample:
     """Run ``command`` once under the rules of this module and measure it.
 
@@ -258,8 +257,8 @@ def measure(
         log_file: where the command's stdout and stderr go (default: discarded).
         evict: other files to drop from the page cache first (the benchmark's other inputs): without
             that, whichever command runs first after a big one pays for reclaiming its cache.
-        disk: a path on the output's filesystem: the sample's ``extra_disk`` is how much its used bytes
-            (``statvfs``, after ``sync``) grew from just before the run to just after it, outputs still there.
+        disk: also record the sample's ``extra_disk``: the disk bytes the command's outputs hold that no
+            other file shares (:func:`own_bytes` of its output folder, just after the run).
 
     Returns:
         The :class:`Sample`; the command's outputs are deleted again.
@@ -271,7 +270,6 @@ def measure(
     if command.output_dir is not None:
         command.output_dir.mkdir(parents=True)
     set_cache_state(command.inputs, cache, evict=evict)
-    used_before = used_bytes(disk) if disk is not None else None
     env = {**os.environ, **command.env}
     log_path = log_file or Path(os.devnull)
     with open(log_path, "wb") as log:
@@ -287,7 +285,7 @@ def measure(
         process.returncode = os.waitstatus_to_exitcode(status)
         bytes_out = _fsync_tree(command.output_dir) if command.output_dir is not None else 0
         seconds = time.perf_counter() - started
-    extra_disk = used_bytes(disk) - used_before if disk is not None and used_before is not None else None
+    extra_disk = own_bytes(command.output_dir) if disk and command.output_dir is not None else None
     try:
         if process.returncode != 0:
             tail = Path(log_path).read_text(errors="replace")[-2000:] if log_file else ""
@@ -317,7 +315,7 @@ def run_alternating(
     warmup: int = 0,
     evict: Sequence[Path] = (),
     report: Callable[[Sample], None] = lambda s: None,
-    disk: Path | None = None,
+    disk: bool = False,
 ) -> list[Sample]:
     """Run every command of ``group`` ``repeat`` times, alternating (A B A B ...).
 

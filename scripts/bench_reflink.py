@@ -10,9 +10,9 @@ loop-mounted XFS image (made once in the work folder and reused; its file is spa
 - against ``cp --reflink=always`` and ``cp --reflink=never`` of the target's files and the draft;
 - and the interpreter's start-up (``python -m gguf_mtp --version``), the floor of every gguf-mtp run.
 
-Each run records its time and how much the filesystem's used bytes grew (``statvfs`` after ``sync``,
-before and after the run, the outputs still there). Needs root (``mount -o loop``) and ``mkfs.xfs``
-(Debian's ``xfsprogs``).
+Each run records its time and the disk its outputs cost: the blocks of their extent maps that no other
+file shares (``bench_lib.own_bytes``: a block shared with an input is free, and nothing else writing to
+the disk counts). Needs root (``mount -o loop``) and ``mkfs.xfs`` (Debian's ``xfsprogs``).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def run_reflink(
             log(f"measuring on XFS (reflink) {size_label(size)}: " + " | ".join(c.tool for c in group)
                 + f", {repeat} round(s)")
             samples += run_alternating(group, repeat=repeat, warmup=warmup, cache=cache,
-                                       log_dir=work_dir / "logs-reflink", evict=generated, disk=mount,
+                                       log_dir=work_dir / "logs-reflink", evict=generated, disk=True,
                                        report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.3f} s, "
                                                             f"+{(s.extra_disk or 0) / 2**20:.1f} MiB on disk"))
         mkfs = _run("xfs_info", str(mount)).stdout.strip()
@@ -256,8 +256,8 @@ def render_reflink_markdown(results: dict[str, Any]) -> str:
         f"A loop-mounted XFS image made with `mkfs.xfs -m reflink=1`; inputs and outputs on it; "
         f"{c['shards']}-file synthetic targets; page cache {c['cache']} before each run; medians of "
         f"{c['repeat']} alternating round(s) after {c['warmup']} warm-up round(s); every output on disk "
-        "(fsync/sync) before the clock stops. *Extra disk* is the growth of the filesystem's used bytes "
-        "(`statvfs` after `sync`) from just before a run to just after it, its outputs still there. "
+        "(fsync/sync) before the clock stops. *Extra disk* is what a run's outputs cost on disk: the blocks of "
+        "their extent maps (FIEMAP) that no other file shares, so a block shared with an input costs nothing. "
         "Made by `scripts/bench.py` (`--reflink-only` runs just this case).",
         "",
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,17 +19,56 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GGUF_MTP_DISABLE_PROGRESS", "1")
 
 
+#: The fixtures that give llama.cpp's own tools, which are compiled from source the first time (minutes).
+TOOL_FIXTURES = frozenset({"gguf_split_tool", "llama_quantize_tool", "llama_server_tool"})
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark ``tools`` every test that needs a native llama.cpp tool (directly or through another fixture),
+    before ``-m`` selects: ``-m "not tools"`` then never compiles one."""
+    if TOOL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.tools)
+
+
+def _extras() -> dict[str, tuple[bool, str]]:
+    """marker -> (whether what its tests need is installed, what is missing and where it comes from)."""
+    return {
+        "llama": (llama_cpp_available(), "llama-cpp-python is not installed (pip install '.[llama]')"),
+        "bench": (importlib.util.find_spec("matplotlib") is not None,
+                  "matplotlib is not installed (pip install '.[bench]')"),
+    }
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected: `-m "not llama"` runs without llama-cpp-python
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if llama_cpp_available():
-        return
-    if IN_CI and any("llama" in item.keywords for item in items):
-        # In CI the real loader is the judge: a missing llama-cpp-python fails the run, it is not a skip.
-        raise pytest.UsageError("CI=true but llama-cpp-python cannot be imported: the llama.cpp tests cannot run")
-    skip = pytest.mark.skip(reason="llama-cpp-python is not installed (pip install '.[llama]')")
-    for item in items:
-        if "llama" in item.keywords:
+    """Skip the tests of an optional extra that is not installed; under CI=true fail the run instead."""
+    for marker, (available, missing) in _extras().items():
+        needing = [item for item in items if marker in item.keywords]
+        if available or not needing:
+            continue
+        if IN_CI:
+            # In CI the extras are installed (`make test`): a missing one fails the run, it is not a skip.
+            raise pytest.UsageError(f"CI=true but {missing}: the {len(needing)} {marker} test(s) cannot run")
+        skip = pytest.mark.skip(reason=missing)
+        for item in needing:
             item.add_marker(skip)
+
+
+def shared_tmp_dir(request: pytest.FixtureRequest, name: str) -> Path:
+    """A fresh folder for the big files a module-scoped (or parametrized) fixture makes for several tests:
+    converted checkpoints, benchmark runs. It is deleted when that fixture is torn down, unless a test failed
+    while it was in use (then it stays for a look, as a failed test's ``tmp_path`` does under
+    ``tmp_path_retention_policy = "failed"``), so a session never holds more than the modules in use."""
+    factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+    path = factory.mktemp(name)
+    failed_before = request.session.testsfailed
+
+    def remove() -> None:
+        if request.session.testsfailed == failed_before:
+            shutil.rmtree(path, ignore_errors=True)
+
+    request.addfinalizer(remove)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -140,4 +180,4 @@ def llama_server_tool() -> Path:
     return llama_tool("llama-server")
 
 
-__all__ = ["IN_CI", "NEMOTRON_H_MOE"]
+__all__ = ["IN_CI", "NEMOTRON_H_MOE", "TOOL_FIXTURES", "shared_tmp_dir"]

@@ -21,8 +21,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 from bench_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
 from bench_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
-from bench_reflink import reflink_unavailable  # noqa: E402
-from conftest import IN_CI  # noqa: E402
+from bench_reflink import reflink_unavailable, xfs_mount  # noqa: E402
+from conftest import IN_CI, shared_tmp_dir  # noqa: E402
 
 MiB = 2**20
 
@@ -36,12 +36,12 @@ def _doc_bytes() -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str, dict[str, bytes]]:
+def quick_run(request: pytest.FixtureRequest) -> tuple[Path, dict, str, dict[str, bytes]]:
     """``bench.py --quick`` run once with only a work folder given.
 
     Returns (its report folder, results.json, its stderr, the committed docs/benchmarks files before it ran).
     """
-    root = tmp_path_factory.mktemp("bench")
+    root = shared_tmp_dir(request, "bench")  # with its XFS image: deleted after the module
     before = _doc_bytes()
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work")],
@@ -178,6 +178,7 @@ def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
 # ------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.bench
 def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     sizes = results["config"]["sizes"]
@@ -190,6 +191,7 @@ def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path
         assert all(results["ratios"][name][str(size)] > 0 for size in sizes)
 
 
+@pytest.mark.bench
 def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     compose = {r["size"]: r["bytes_out"] for r in _summary(results, "compose", "sharded")}
@@ -200,6 +202,7 @@ def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Pat
     assert all(abs(compose[s] - cp[s]) < 4096 + 3 * (4096 + 36) and cp[s] == targets[s] for s in targets)
 
 
+@pytest.mark.bench
 def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     (convert,) = _summary(results, "convert", "head")
@@ -209,6 +212,7 @@ def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path
     assert results["ratios"]["convert_vs_cp"][str(cp["size"])] > 0
 
 
+@pytest.mark.bench
 def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> None:
     out, results, *_ = quick_run
     readme = (out / "README.md").read_text()
@@ -220,6 +224,7 @@ def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> N
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
+@pytest.mark.bench
 def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figures(
     quick_run: tuple[Path, dict, str, dict[str, bytes]],
 ) -> None:
@@ -246,18 +251,52 @@ def test_only_a_full_run_or_update_docs_targets_docs_benchmarks(tmp_path: Path) 
         out_dir("--update-docs", "--out-dir", str(tmp_path / "x"))
 
 
-def test_measure_reports_how_much_the_filesystem_grew(tmp_path: Path) -> None:
+def test_extra_disk_is_what_the_outputs_hold_whatever_else_writes_meanwhile(tmp_path: Path) -> None:
     source = tmp_path / "in.bin"
     source.write_bytes(os.urandom(8 * MiB))
-    out = tmp_path / "out"
-    copy = Command("cp", "x", 8 * MiB, ("cp", "--reflink=never", str(source), str(out) + "/"), (source,), out,
-                   syncs_itself=False)
-    sample = measure(copy, disk=tmp_path)
-    # 8 MiB of new blocks, give or take what other processes on the machine write meanwhile
-    assert sample.extra_disk is not None and 6 * MiB < sample.extra_disk < 40 * MiB
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere.bin"
+    # the measured run also writes 32 MiB beside its output folder, as any other process on the machine may
+    script = f'cp --reflink=never "$1" "$2"/ && head -c {32 * MiB} /dev/urandom > "$3"'
+    argv = ("sh", "-c", script, "sh", str(source), str(out), str(elsewhere))
+    copy = Command("cp", "x", 8 * MiB, argv, (source,), out, syncs_itself=False)
+    sample = measure(copy, disk=True)
+    assert elsewhere.stat().st_size == 32 * MiB
+    # the copy's own blocks, exactly (a filesystem without extent maps may add a block of metadata)
+    assert sample.extra_disk is not None and 8 * MiB <= sample.extra_disk <= 8 * MiB + 64 * 1024
     assert measure(copy).extra_disk is None
 
 
+def test_extra_disk_counts_allocated_blocks_not_the_apparent_size(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ("sh", "-c", 'truncate -s 64M "$1/sparse.bin" && printf x >> "$1/sparse.bin"', "sh", str(out))
+    sparse = Command("truncate", "x", 0, argv, (), out, syncs_itself=False)
+    sample = measure(sparse, disk=True)
+    assert sample.bytes_out == 64 * MiB + 1
+    assert sample.extra_disk is not None and 0 < sample.extra_disk < MiB  # one block of data, the rest a hole
+
+
+def test_extra_disk_does_not_count_blocks_shared_with_the_input(tmp_path: Path) -> None:
+    reason = reflink_unavailable()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI=true: the reflink measurement must be tested ({reason})")
+        pytest.skip(f"no reflink filesystem here: {reason}")
+    with xfs_mount(tmp_path, 512 * MiB) as mount:
+        source = mount / "in.bin"
+        source.write_bytes(os.urandom(8 * MiB))
+        out = mount / "out"
+
+        def copy(mode: str) -> Command:
+            argv = ("cp", f"--reflink={mode}", str(source), str(out) + "/")
+            return Command(f"cp {mode}", "x", 8 * MiB, argv, (source,), out, syncs_itself=False)
+
+        shared, copied = measure(copy("always"), disk=True), measure(copy("never"), disk=True)
+    assert shared.bytes_out == copied.bytes_out == 8 * MiB
+    assert shared.extra_disk == 0
+    assert copied.extra_disk == 8 * MiB
+
+
+@pytest.mark.bench
 def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict, str, dict[str, bytes]]) -> None:
     out, _, stderr, _ = quick_run
     reason = reflink_unavailable()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_tmp_dir
 from gguf import GGMLQuantizationType
 from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
 from helpers import reader_tensors
@@ -269,10 +270,10 @@ def test_composed_into_a_tiny_glm_target_runs_an_mtp_step(
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def upstream(request: pytest.FixtureRequest) -> dict[str, Path]:
     from upstream import upstream_convert, write_gpt2_tokenizer
 
-    work = tmp_path_factory.mktemp("glm-parity")
+    work = shared_tmp_dir(request, "glm-parity")
     checkpoint = write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True)
     write_gpt2_tokenizer(checkpoint, GLM_SPECIAL_TOKENS)
     out = {

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_tmp_dir
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
 from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
@@ -128,10 +129,10 @@ def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def upstream(request: pytest.FixtureRequest) -> dict[str, Path]:
     from upstream import llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
 
-    work = tmp_path_factory.mktemp("nano-parity")
+    work = shared_tmp_dir(request, "nano-parity")
     checkpoint = write_full_nano_checkpoint(work / "hf")
     write_gpt2_tokenizer(checkpoint)
     patched = work / "patched-llama.cpp"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_tmp_dir
 from convert_support import raw_tensor, rewrite_checkpoint_tensor
 from gguf import GGMLQuantizationType, GGUFValueType
 from helpers import reader_kvs, reader_tensors
@@ -295,13 +296,13 @@ def test_cli_refusal_is_one_line_with_exit_2(damaged: Path, tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module", params=["qwen35moe", "qwen35", "qwen3next"])
-def up(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
+def up(request: pytest.FixtureRequest) -> dict[str, Path | str]:
     """One family: its checkpoint (GPT-2 tokenizer), upstream's full / --no-mtp / --mtp files, gguf-mtp's draft
     (block from the --no-mtp trunk) and the composite."""
     from upstream import upstream_convert, write_gpt2_tokenizer
 
     variant = request.param
-    work = tmp_path_factory.mktemp(f"up-{variant}")
+    work = shared_tmp_dir(request, f"up-{variant}")
     checkpoint = write_qwen_checkpoint(work / "hf", variant)
     write_gpt2_tokenizer(checkpoint)
     out: dict[str, Path | str] = {"variant": variant, "checkpoint": checkpoint}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_tmp_dir
 from gguf import GGMLQuantizationType
 from helpers import reader_tensors
 
@@ -43,8 +44,8 @@ HPARAMS = TinyHparams(n_embd=128, n_vocab=50264, n_head=4, n_head_kv=2, head_dim
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    work = tmp_path_factory.mktemp("nemotron-parity")
+def files(request: pytest.FixtureRequest) -> dict[str, Path]:
+    work = shared_tmp_dir(request, "nemotron-parity")
     checkpoint = write_full_nemotron_checkpoint(work / "hf", HPARAMS)
     write_gpt2_tokenizer(checkpoint)
     patched = work / "patched-llama.cpp"

@@ -62,6 +62,11 @@ class Extent:
         """Whether ``physical`` certainly holds these bytes (see :data:`_TRUSTED_FLAGS`)."""
         return not self.flags & ~_TRUSTED_FLAGS
 
+    @property
+    def shared(self) -> bool:
+        """Whether the filesystem says other files use these blocks too (a reflink, a snapshot)."""
+        return bool(self.flags & _EXTENT_SHARED)
+
 
 def file_extents(fd: int, *, limit: int = MAX_EXTENTS) -> list[Extent] | None:
     """Every extent of the file open as ``fd``, in logical order; ``None`` where there is no extent

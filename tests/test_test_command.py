@@ -1,0 +1,205 @@
+"""The test command itself (issue 21, items 19-21): ``make test`` runs every step and names every failure,
+the markers select what the quick suite leaves out (``tools``: a native llama.cpp build; ``bench``: the
+``bench`` extra), a missing extra is a skip except under CI=true, and pytest leaves only what failed in
+``$TMPDIR/pytest-of-$USER``.
+
+Each check runs a small pytest session (or make) of its own in a subprocess, with the project's pyproject.toml
+and conftest.py, on tests written here: fast, and nothing is built.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+
+
+def _pytest(tmp_path: Path, source: str, *args: str, env: dict[str, str] | None = None,
+            prelude: str = "") -> subprocess.CompletedProcess[str]:
+    """Run pytest on ``source`` (a test file written into ``tmp_path``) with the project's pyproject.toml and
+    tests/conftest.py (as a plugin); pytest's temporary folders go to ``tmp_path/temproot``."""
+    test_file = tmp_path / "test_sample.py"
+    test_file.write_text(textwrap.dedent(source))
+    (tmp_path / "temproot").mkdir(exist_ok=True)
+    code = f"{prelude}\nimport pytest, sys; sys.exit(pytest.main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+            "-p", "conftest", "-p", "no:cacheprovider", "-q", str(test_file), *args]
+    environment = {k: v for k, v in os.environ.items() if k != "CI"}
+    environment |= {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+                    "PYTEST_DEBUG_TEMPROOT": str(tmp_path / "temproot"), **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environment)
+
+
+def _make() -> str:
+    make = shutil.which("make")
+    if make is None:
+        if IN_CI:
+            pytest.fail("CI=true: make is needed (`make test` is the test command)")
+        pytest.skip("make is not installed")
+    return make
+
+
+def _make_env() -> dict[str, str]:
+    """This environment without what an enclosing `make test` passes down (its flags, level, jobserver)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEFILES")}
+
+
+# --------------------------------------------------------------------------------------- item 19
+
+
+def test_make_test_runs_every_step_after_a_failure_and_names_each_failed_one(tmp_path: Path) -> None:
+    makefile = tmp_path / "steps.mk"
+    makefile.write_text(f"include {ROOT / 'Makefile'}\n"
+                        "bad1: ; @exit 3\n"
+                        "ok: ; @touch $(CURDIR)/ran-ok\n"
+                        "bad2: ; @false\n")
+    make = _make()
+
+    def run(steps: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([make, "-C", str(tmp_path), "-f", str(makefile), "run-steps", f"STEPS={steps}"],
+                              capture_output=True, text=True, timeout=60, env=_make_env())
+
+    failed = run("bad1 ok bad2")
+    assert failed.returncode != 0
+    assert (tmp_path / "ran-ok").exists()  # the step after a failure ran
+    assert "gguf-mtp: FAILED: bad1 bad2 (ran: bad1 ok bad2)" in failed.stderr
+    (tmp_path / "ran-ok").unlink()
+    passed = run("ok")
+    assert passed.returncode == 0 and (tmp_path / "ran-ok").exists()
+    assert "gguf-mtp: passed: ok" in passed.stdout
+
+
+def test_make_test_reaches_lint_types_suite_upstream_proof_and_floor_suite() -> None:
+    # -n prints the commands; only the recursive makes of run-steps run, and they print too
+    done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    assert done.returncode == 0, done.stderr
+    steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
+             if line.startswith("gguf-mtp: make ")]
+    assert steps == ["lint", "typecheck", "test-pytest", "test-upstream", "test-floor"]
+    for command in ("-m ruff check .", "-m mypy", "-m pytest -q\n", "reproduce.py --upstream-python",
+                    '-m pytest -q -m "not llama and not upstream"'):
+        assert command in done.stdout + "\n", command
+
+
+# --------------------------------------------------------------------------------------- item 20
+
+TOOLS_SAMPLE = """
+    import pytest
+
+    @pytest.fixture
+    def merged(gguf_split_tool):
+        return gguf_split_tool
+
+    def test_direct(llama_quantize_tool):
+        pass
+
+    def test_through_a_fixture(merged):
+        pass
+
+    def test_server(llama_server_tool):
+        pass
+
+    def test_plain():
+        pass
+"""
+
+
+def _collected(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return sorted(line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line)
+
+
+def test_tests_that_need_a_native_llama_cpp_tool_are_marked_tools(tmp_path: Path) -> None:
+    quick = _pytest(tmp_path, TOOLS_SAMPLE, "--collect-only", "-m", "not llama and not tools and not upstream")
+    tools = _pytest(tmp_path, TOOLS_SAMPLE, "--collect-only", "-m", "tools")
+    assert quick.returncode == tools.returncode == 0, quick.stdout + tools.stdout
+    assert _collected(quick) == ["test_plain"]
+    assert _collected(tools) == ["test_direct", "test_server", "test_through_a_fixture"]
+
+
+BENCH_SAMPLE = """
+    import pytest
+
+    @pytest.mark.bench
+    def test_plots():
+        import matplotlib  # noqa: F401
+
+    def test_other():
+        pass
+"""
+WITHOUT_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None"  # what `import` and find_spec see when absent
+
+
+def test_a_missing_bench_extra_skips_its_tests_cleanly(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, BENCH_SAMPLE, "-rs", prelude=WITHOUT_MATPLOTLIB)
+    assert done.returncode == 0, done.stdout
+    assert "1 passed, 1 skipped" in done.stdout
+    assert "matplotlib is not installed (pip install '.[bench]')" in done.stdout
+
+
+def test_a_missing_bench_extra_fails_the_run_under_ci(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, BENCH_SAMPLE, prelude=WITHOUT_MATPLOTLIB, env={"CI": "true"})
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout
+    assert "CI=true but matplotlib is not installed (pip install '.[bench]'): the 1 bench test(s) cannot run" \
+        in done.stderr
+
+
+def test_the_benchmark_tests_skip_without_matplotlib_instead_of_erroring() -> None:
+    code = (f"{WITHOUT_MATPLOTLIB}; import pytest, sys; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'bench', '-rs', 'tests/test_bench.py']))")
+    environment = {k: v for k, v in os.environ.items() if k != "CI"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=environment)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " skipped" in done.stdout and "passed" not in done.stdout and "error" not in done.stdout.lower()
+    assert "matplotlib is not installed" in done.stdout
+
+
+# --------------------------------------------------------------------------------------- item 21
+
+RETENTION_SAMPLE = f"""
+    import pytest
+    from conftest import shared_tmp_dir
+
+    @pytest.fixture(scope="module")
+    def shared(request):
+        folder = shared_tmp_dir(request, "shared")
+        (folder / "model.bin").write_bytes(bytes({4 * MiB}))
+        return folder
+
+    def test_passes(tmp_path, shared):
+        (tmp_path / "out.bin").write_bytes(bytes({4 * MiB}))
+
+    def test_fails(tmp_path, shared):
+        (tmp_path / "out.bin").write_bytes(bytes({4 * MiB}))
+        assert FAIL
+"""
+
+
+def _left(tmp_path: Path) -> dict[str, int]:
+    """What pytest's sessions left under the temporary root: top-level folder -> bytes in it."""
+    sessions = sorted((tmp_path / "temproot").glob("pytest-of-*/pytest-[0-9]*"))
+    return {f"{session.name}/{entry.name}": sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            for session in sessions for entry in session.iterdir() if not entry.is_symlink()}
+
+
+def test_a_passing_session_leaves_nothing_in_the_temporary_folder(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, RETENTION_SAMPLE.replace("FAIL", "True"))
+    assert done.returncode == 0, done.stdout
+    assert _left(tmp_path) == {}
+
+
+def test_a_failing_session_leaves_only_what_failed(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, RETENTION_SAMPLE.replace("FAIL", "False"))
+    assert done.returncode == 1, done.stdout
+    # the failed test's folder, and the module's shared folder a failed test used; not the passed test's
+    assert _left(tmp_path) == {"pytest-0/shared0": 4 * MiB, "pytest-0/test_fails0": 4 * MiB}
