@@ -360,10 +360,14 @@ def test_second_pipeline_in_the_same_work_folder_is_refused(
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    with open(work / ".gguf-mtp-pipeline.lock", "a+b") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    held = os.open(work, os.O_RDONLY)  # the work folder itself is locked: no lock file
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(UnsafeOutputError, match="another pipeline is running"):
             _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    finally:
+        os.close(held)
+    assert ".gguf-mtp-pipeline.lock" not in os.listdir(work)  # no lock file to leave behind
 
 
 def test_hub_refusal_while_listing_is_a_hub_error(online: None, head_checkpoint: Path, tmp_path: Path) -> None:

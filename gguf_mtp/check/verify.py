@@ -32,6 +32,7 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import BadGGUFError, GGUFMTPError
 from gguf_mtp.files.extents import ExtentProver
+from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.formatting import human_bytes, short, short_change
@@ -652,6 +653,9 @@ def verify(
 
     layout, layout_error = _layout(model)
     _refuse_draft(model, layout, standalone)
+    journal = pending_journal(shard.name for shard in model.shards) if not model.remote else None
+    if journal is not None:  # listed only when it fails: a set on disk is committed unless a journal says not
+        report.checks.append(Check("committed", False, uncommitted_line(str(journal))))
     report.checks += _structural_checks(model, layout, layout_error)
 
     block = target_set.block_count if target_set is not None else (layout.trunk if layout else 0)
