@@ -290,9 +290,10 @@ def write_outputs(
     """Write every planned file atomically: all appear under their final names, or none does.
 
     The output folder is locked for the whole run (a second gguf-mtp writer is refused, never merged);
-    a rename phase that a killed earlier run left half done is rolled back first; files replaced with
-    ``force`` are moved aside and only deleted once the whole new set is in place (see
-    :mod:`gguf_mtp.files.commit`).
+    a rename phase that a killed earlier run left half done is finished first (rolled forward or back),
+    and the temporary files of dead runs are removed; files replaced with ``force`` are moved aside and
+    only deleted once the whole new set is in place (see :mod:`gguf_mtp.files.commit`). A folder this
+    run made is removed again when it commits nothing.
 
     Args:
         files: the planned outputs.

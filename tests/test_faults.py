@@ -769,8 +769,10 @@ def test_interrupt_into_a_folder_that_existed_keeps_the_folder(model: Model, tmp
 
 def test_a_run_under_nohup_survives_sighup(model: Model, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    process = start_paused_run(model, out, tmp_path,
-                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN) and None)
+    def as_nohup_starts_it() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    process = start_paused_run(model, out, tmp_path, preexec_fn=as_nohup_starts_it)
     process.send_signal(signal.SIGHUP)  # ignored, as nohup asks
     resume(tmp_path)
     _, stderr = process.communicate(timeout=60)

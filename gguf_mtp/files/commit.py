@@ -241,7 +241,6 @@ def plan_recovery(entries: Sequence[Replacement], seen: Sequence[Seen], *, may_r
             plan.steps.append(("unlink", entry.partial))
         if plan.forward:
             continue
-        assert entry.backup is not None or not (backup_ours or backup_foreign)
         if backup_foreign:
             plan.conflicts.append(f"{entry.backup} is not the file that run moved aside there")
             continue
