@@ -179,6 +179,18 @@ def test_rerun_reuses_every_finished_stage_without_rewriting_it(work_copy: Path,
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+def test_a_killed_pipelines_temporary_state_file_is_removed_and_reported(work_copy: Path, hf_home: Path) -> None:
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    leftover = work_copy / f".gguf-mtp-pipeline.json.{dead}.partial"  # SIGKILL while saving the state
+    leftover.write_bytes(b'{"format": 1, "stag')
+
+    report = run_cli(work_copy, hf_home)
+
+    assert not leftover.exists()
+    assert any("removed 1 temporary file(s)" in n and f"(pid {dead})" in n for n in report["notes"])
+
+
 def test_corrupted_composite_shard_is_detected_and_composed_again(work_copy: Path, hf_home: Path) -> None:
     shard = sorted((work_copy / "composite").glob("*.gguf"))[1]
     good = _sha256(shard)

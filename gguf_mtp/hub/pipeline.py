@@ -38,7 +38,7 @@ from typing import Any
 
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
 from gguf_mtp.errors import HubError, ShardSetError, VerificationError
-from gguf_mtp.files.commit import folder_lock
+from gguf_mtp.files.commit import folder_lock, remove_leftovers
 from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.workdir import claim_work_dir
@@ -369,6 +369,9 @@ def run_pipeline(
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
         hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
     with _work_lock(work):
+        leftovers = remove_leftovers(work)  # a killed pipeline's temporary state file
+        if leftovers is not None:
+            report.notes.append(leftovers)
         runner = _Runner(work, say, progress)
         target, commit = _stage_target(
             runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir
