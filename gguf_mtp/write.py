@@ -527,7 +527,10 @@ def _discard(partials: dict[Path, os.stat_result]) -> None:
 
 
 def _fsync_file(path: Path, partials: dict[Path, os.stat_result]) -> None:
-    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    # By name again (the descriptors were closed to keep few open): never through a link, never waiting on
+    # a FIFO someone put in its place (O_NONBLOCK), and only the very file this run created.
+    flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
     try:
         if not os.path.samestat(os.fstat(fd), partials[path]):
             raise UnsafeOutputError("the temporary file was replaced by another program during the run", path)
