@@ -30,11 +30,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gguf_mtp.files.commit import BACKUP_SUFFIX, JOURNAL_NAME, Replacement, backup_name, commit, folder_lock, recover
+from gguf_mtp.files.commit import (
+    FileIdentity,
+    Replacement,
+    backup_name,
+    commit,
+    folder_lock,
+    recover,
+    remove_leftovers,
+)
+from gguf_mtp.files.create import create_exclusive, temporary_name, write_all
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
 
-from .constants import PARTIAL_SUFFIX, progress_disabled
+from .constants import progress_disabled
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .formatting import human_bytes
 
@@ -118,48 +127,15 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B"
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:
     written = 0
     for chunk in segment.chunks():
         data = memoryview(chunk).cast("B")
-        _write_all(fd, data)
+        write_all(fd, data)
         written += len(data)
         bar.update(len(data))
     if written != segment.nbytes:
         raise OutputWriteError(f"a generated segment gave {written:,} bytes, planned {segment.nbytes:,}")
-
-
-def _partial_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale_partials(final: Path) -> None:
-    """Remove temporary files a killed earlier run left for ``final`` (their writer is gone)."""
-    prefix = f".{final.name}."
-    with suppress(OSError):
-        for entry in os.scandir(final.parent):
-            name = entry.name
-            if name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX):
-                pid = name[len(prefix) : -len(PARTIAL_SUFFIX)]
-                if pid.isdigit() and not _pid_alive(int(pid)):
-                    with suppress(OSError):
-                        os.unlink(entry.path)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -234,25 +210,37 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
         raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
 
 
+#: Signals that end a run like Ctrl-C while it writes (temporary files removed, old files put back):
+#: SIGTERM (``kill``), SIGHUP (the terminal closed, the SSH session dropped).
+INTERRUPTING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while writing, so temporary files are cleaned up either way."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM and SIGHUP like Ctrl-C while writing, so temporary files are cleaned up either way.
+
+    A signal the process ignores (``nohup`` ignores SIGHUP) stays ignored: the user asked the run to
+    survive it.
+    """
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        for signum in INTERRUPTING_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, handler)
         # Past a file-size limit, let write() fail with EFBIG (cleaned up) instead of dying of SIGXFSZ.
-        previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGXFSZ, previous_xfsz)
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 @dataclass(frozen=True)
@@ -318,9 +306,10 @@ def write_outputs(
     """Write every planned file atomically: all appear under their final names, or none does.
 
     The output folder is locked for the whole run (a second gguf-mtp writer is refused, never merged);
-    a rename phase that a killed earlier run left half done is rolled back first; files replaced with
-    ``force`` are moved aside and only deleted once the whole new set is in place (see
-    :mod:`gguf_mtp.files.commit`).
+    a rename phase that a killed earlier run left half done is finished first (rolled forward or back),
+    and the temporary files of dead runs are removed; files replaced with ``force`` are moved aside and
+    only deleted once the whole new set is in place (see :mod:`gguf_mtp.files.commit`). A folder this
+    run made is removed again when it commits nothing.
 
     Args:
         files: the planned outputs.
@@ -337,30 +326,32 @@ def write_outputs(
     for planned in files:
         groups.setdefault(Path(os.path.abspath(planned.path.parent)), []).append(planned)
     notes: list[str] = []
-    created: list[Path] = []  # folders this run made, removed again if it is refused before writing
-    try:
-        with ExitStack() as locks:
+    created: list[Path] = []  # folders this run made: removed again if it commits nothing
+    with ExitStack() as locks:
+        try:
             for folder in sorted(groups):
                 created.extend(_make_folder(folder))
                 try:
                     locks.enter_context(folder_lock(folder))
-                    note = recover(folder)
+                    found = [recover(folder), remove_leftovers(folder)]
                 except GGUFMTPError:  # an OSError too (a refused journal, a failed roll-back): already one line
                     raise
                 except OSError as e:  # a folder we may not open, a journal we may not remove
                     raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
-                if note is not None:
-                    logger.warning(note)
-                    notes.append(note)
-                _remove_stale_backups(folder)
+                for note in found:
+                    if note is not None:
+                        logger.warning(note)
+                        notes.append(note)
             check_outputs(files, inputs, force=force)
-            created = []  # from here on (writing), the folder stays, as a folder made for the outputs does
             stats = _write_locked(files, groups, force=force, progress=progress, desc=desc)
-    except BaseException:
-        for folder in reversed(created):  # refused before writing: leave nothing, not even the folder
-            with suppress(OSError):
-                folder.rmdir()  # only ever succeeds on an empty folder
-        raise
+        except BaseException:
+            # Refused, failed or interrupted before anything was committed: leave nothing, not even the
+            # folder this run made (rmdir only ever removes an empty folder; one that existed is not in
+            # the list). Still under the lock, so no other run is using it.
+            for folder in reversed(created):
+                with suppress(OSError):
+                    folder.rmdir()
+            raise
     return WriteStats(stats.bytes_written, stats.seconds, stats.copy_methods, stats.bytes_shared, tuple(notes))
 
 
@@ -385,21 +376,6 @@ def _make_folder(folder: Path) -> list[Path]:
         raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", folder) from None
 
 
-def _remove_stale_backups(folder: Path) -> None:
-    """Delete old outputs a killed run had moved aside and already replaced (no journal left: committed),
-    and the temporary journal of a run killed before its rename phase began."""
-    with suppress(OSError):
-        for entry in os.scandir(folder):
-            name = entry.name
-            # old outputs moved aside, and a journal a killed run had not yet put in place
-            journal = name.startswith(f"{JOURNAL_NAME}.") and name.endswith(PARTIAL_SUFFIX)
-            if journal or (name.startswith(".") and name.endswith(BACKUP_SUFFIX)):
-                pid = name[: -len(PARTIAL_SUFFIX if journal else BACKUP_SUFFIX)].rpartition(".")[2]
-                if pid.isdigit() and not _pid_alive(int(pid)):
-                    with suppress(OSError):
-                        os.unlink(entry.path)
-
-
 def _write_locked(
     files: Sequence[OutputFile], groups: dict[Path, list[OutputFile]], *, force: bool, progress: bool, desc: str
 ) -> WriteStats:
@@ -414,29 +390,27 @@ def _write_locked(
         if method == "auto"
         else f"{method} (forced by {ENV_COPY_METHOD})",
     )
-    partials: list[Path] = []
+    partials: dict[Path, os.stat_result] = {}  # temporary files this run created, with their fstat then
     methods: set[str] = set()
     total = sum(f.size for f in files)
     current = files[0].path if files else Path()
     replacing = False
     try:
-        with _sigterm_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
+        with _signals_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
             tally = CopyTally(bar)  # counts shared (cloned) bytes apart from copied ones
-            partial_of: dict[Path, Path] = {}
             for planned in files:
                 current = planned.path
                 methods |= _write_partial(planned, bar, tally, method, partials)
-                partial_of[planned.path] = partials[-1]
             # One fsync per file once all are written, not after each: that would stall reading the next
             # file until the previous one is on disk (+20 % time for 3 shards; scripts/bench.py, issue 6).
-            for planned, partial in zip(files, partials):
+            for planned in files:
                 current = planned.path
-                _fsync_file(partial)
+                _fsync_file(temporary_name(planned.path), partials)
             # The entry point (shard 1) appears last, so a set that is visible is a complete set; the old
             # files (--force) are moved aside first and come back if anything fails (gguf_mtp.files.commit).
             for folder, planned_files in groups.items():
                 current = planned_files[0].path
-                entries = _replacements(planned_files, partial_of, force)
+                entries = _replacements(planned_files, partials, force)
                 replacing = replacing or any(e.backup for e in entries)
                 commit(folder, entries)
                 logger.info(
@@ -447,7 +421,7 @@ def _write_locked(
                     " (replacing the previous files)" if any(e.backup for e in entries) else "",
                 )
                 for planned in planned_files:
-                    partials.remove(partial_of[planned.path])
+                    del partials[temporary_name(planned.path)]
     except OutputWriteError as e:  # before OSError, which it also is
         _discard(partials)
         raise OutputWriteError(f"{e.message}; {_left_behind(replacing)}", e.path or current) from None
@@ -469,13 +443,19 @@ def _write_locked(
 
 
 def _write_partial(
-    planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, partials: list[Path]
+    planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, partials: dict[Path, os.stat_result]
 ) -> set[str]:
-    """Write one output under its partial name (appended to ``partials`` once created); the copy methods used."""
-    _remove_stale_partials(planned.path)
-    partial = _partial_path(planned.path)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    partials.append(partial)
+    """Write one output under its temporary name (added to ``partials`` once created, never through a
+    link planted there); the copy methods used."""
+    partial = temporary_name(planned.path)
+    fd = create_exclusive(partial)
+    try:
+        partials[partial] = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        with suppress(OSError):
+            os.unlink(partial)
+        raise
     before = (tally.shared, tally.copied)
     used: set[str] = set()
     try:
@@ -488,15 +468,22 @@ def _write_partial(
     return used
 
 
-def _replacements(planned_files: Sequence[OutputFile], partial_of: dict[Path, Path], force: bool) -> list[Replacement]:
-    """The renames that publish one folder's outputs, the entry point (shard 1) last; old files moved aside."""
+def _replacements(
+    planned_files: Sequence[OutputFile], partials: dict[Path, os.stat_result], force: bool
+) -> list[Replacement]:
+    """The renames that publish one folder's outputs, the entry point (shard 1) last; old files moved
+    aside; each with the identities of the new and the old file, for the journal."""
     entries = []
     for planned in reversed(planned_files):
-        exists = os.path.lexists(planned.path)
-        if exists and not force:  # appeared since the checks: never replaced without --force
+        partial = temporary_name(planned.path)
+        new = FileIdentity.of(partial)
+        if new is None or not new.same_inode(partials[partial]):
+            raise UnsafeOutputError("the temporary file was replaced by another program during the run", partial)
+        old = FileIdentity.of(planned.path)
+        if old is not None and not force:  # appeared since the checks: never replaced without --force
             raise UnsafeOutputError("output exists (use force to replace it)", planned.path, parameter="force")
-        backup = backup_name(planned.path.name) if exists else None
-        entries.append(Replacement(partial_of[planned.path].name, planned.path.name, backup))
+        backup = backup_name(planned.path.name) if old is not None else None
+        entries.append(Replacement(partial.name, planned.path.name, new, backup, old))
     return entries
 
 
@@ -526,10 +513,10 @@ def _write_segments(fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, m
     try:
         for segment in planned.segments:
             if isinstance(segment, Bytes):
-                _write_all(fd, segment.data)
+                write_all(fd, segment.data)
                 bar.update(segment.nbytes)
             elif isinstance(segment, Zeros):
-                _write_all(fd, b"\0" * segment.nbytes)
+                write_all(fd, b"\0" * segment.nbytes)
                 bar.update(segment.nbytes)
             elif isinstance(segment, Generated):
                 _write_generated(fd, segment, bar)
@@ -546,15 +533,22 @@ def _write_segments(fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, m
             os.close(source_fd)
 
 
-def _discard(partials: list[Path]) -> None:
-    for partial in partials:
+def _discard(partials: dict[Path, os.stat_result]) -> None:
+    """Remove this run's temporary files (only a name that is still the file this run created)."""
+    for partial, created in partials.items():
         with suppress(OSError):
-            os.unlink(partial)
+            if os.path.samestat(os.lstat(partial), created):
+                os.unlink(partial)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+def _fsync_file(path: Path, partials: dict[Path, os.stat_result]) -> None:
+    # By name again (the descriptors were closed to keep few open): never through a link, never waiting on
+    # a FIFO someone put in its place (O_NONBLOCK), and only the very file this run created.
+    flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
     try:
+        if not os.path.samestat(os.fstat(fd), partials[path]):
+            raise UnsafeOutputError("the temporary file was replaced by another program during the run", path)
         os.fsync(fd)
     finally:
         os.close(fd)

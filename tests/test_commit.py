@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ from gguf_mtp.check.verify import verify
 from gguf_mtp.errors import UnsafeOutputError
 from gguf_mtp.files.commit import (
     JOURNAL_NAME,
+    FileIdentity,
     Replacement,
     backup_name,
     commit,
@@ -25,6 +25,7 @@ from gguf_mtp.files.commit import (
     recover,
     rename_noreplace,
 )
+from gguf_mtp.files.journal import encode_journal
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.strip import strip
@@ -85,9 +86,12 @@ def prepared(tmp_path: Path, *, old: bool) -> list[Replacement]:
     for name in ("two", "one"):
         partial = f".{name}.1.partial"
         (tmp_path / partial).write_bytes(f"new {name}".encode())
+        new = FileIdentity.of(tmp_path / partial)
+        assert new is not None
         if old:
             (tmp_path / name).write_bytes(f"old {name}".encode())
-        entries.append(Replacement(partial, name, backup_name(name) if old else None))
+        previous = FileIdentity.of(tmp_path / name) if old else None
+        entries.append(Replacement(partial, name, new, backup_name(name) if old else None, previous))
     return entries
 
 
@@ -117,9 +121,7 @@ def test_a_failing_rename_restores_the_old_set(tmp_path: Path, monkeypatch: pyte
 
 def journal_of_a_killed_run(tmp_path: Path, entries: list[Replacement], renames_done: int) -> None:
     """What a run killed after ``renames_done`` renames of its phase leaves (journal in place)."""
-    (tmp_path / JOURNAL_NAME).write_text(
-        json.dumps({"format": 1, "pid": 424242, "entries": [e.to_dict() for e in entries]})
-    )
+    (tmp_path / JOURNAL_NAME).write_bytes(encode_journal(424242, entries))
     steps = [(e.final, e.backup) for e in entries if e.backup] + [(e.partial, e.final) for e in entries]
     for source, destination in steps[:renames_done]:
         os.rename(tmp_path / source, tmp_path / destination)
@@ -134,7 +136,7 @@ def test_recover_rolls_back_a_killed_forced_run(tmp_path: Path, renames_done: in
     assert listing(tmp_path) == {"one": b"old one", "two": b"old two"}
 
 
-@pytest.mark.parametrize("renames_done", range(0, 3))
+@pytest.mark.parametrize("renames_done", range(0, 2))  # 2: the whole set is in place (rolled forward, below)
 def test_recover_removes_a_killed_runs_incomplete_set(tmp_path: Path, renames_done: int) -> None:
     entries = prepared(tmp_path, old=False)
     journal_of_a_killed_run(tmp_path, entries, renames_done)
@@ -153,13 +155,17 @@ def test_recover_without_a_journal_does_nothing(tmp_path: Path) -> None:
     "journal",
     [
         b"not json",
-        b'{"format": 2, "entries": []}',
-        b'{"format": 1, "entries": [{"partial": "../x.partial", "final": "one"}]}',
-        b'{"format": 1, "entries": [{"partial": ".one.1.partial", "final": "/etc/passwd"}]}',
-        b'{"format": 1, "entries": [{"partial": ".one.1.partial", "final": "one", "backup": "two"}]}',
+        b'{"format": 1, "entries": []}',  # format 1 recorded no identities
+        b'{"format": 2, "entries": [{"partial": "../x.partial", "final": "one", "new": [1, 2, 3, 4]}]}',
+        b'{"format": 2, "entries": [{"partial": ".one.1.partial", "final": "/etc/passwd", "new": [1, 2, 3, 4]}]}',
+        b'{"format": 2, "entries": [{"partial": ".one.1.partial", "final": "one", "new": [1, 2, 3, 4], '
+        b'"backup": "two", "old": [1, 2, 3, 5]}]}',
+        b'{"format": 2, "entries": [{"partial": ".one.1.partial", "final": "one"}]}',
+        b'{"format": 2, "entries": [{"partial": ".one.1.partial", "final": "one", "new": [1, 2, -3, 4]}]}',
         b"[" * 100_000,
     ],
-    ids=["not-json", "format", "partial-outside", "final-outside", "backup-not-ours", "deep"],
+    ids=["not-json", "format", "partial-outside", "final-outside", "backup-not-ours", "no-identity",
+         "bad-identity", "deep"],
 )
 def test_a_journal_gguf_mtp_did_not_write_is_refused_and_nothing_touched(tmp_path: Path, journal: bytes) -> None:
     (tmp_path / "one").write_bytes(b"a user's file")
@@ -167,6 +173,195 @@ def test_a_journal_gguf_mtp_did_not_write_is_refused_and_nothing_touched(tmp_pat
     with pytest.raises(UnsafeOutputError, match="an interrupted run's journal cannot be used"):
         recover(tmp_path)
     assert listing(tmp_path) == {JOURNAL_NAME: journal, "one": b"a user's file"}
+
+
+# ------------------------------------------------------------- only what it created (issue 21, items 1-4)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and was reaped): no process has it now."""
+    import subprocess
+    import sys
+
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
+def test_create_exclusive_never_writes_through_a_planted_link(tmp_path: Path, dangling: bool) -> None:
+    from gguf_mtp.files.create import create_exclusive
+
+    victim = tmp_path / "victim"
+    if not dangling:
+        victim.write_bytes(b"a file outside the output folder")
+    (tmp_path / "out").mkdir()
+    link = tmp_path / "out" / ".name.1.partial"
+    link.symlink_to(victim)
+    with pytest.raises(UnsafeOutputError, match="something already has its name") as e:
+        create_exclusive(link)
+    assert str(link) in str(e.value) and "\n" not in str(e.value)
+    assert os.path.lexists(victim) != dangling
+    if not dangling:
+        assert victim.read_bytes() == b"a file outside the output folder"
+
+
+def test_the_journal_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    entries = prepared(out, old=False)
+    (out / f"{JOURNAL_NAME}.{os.getpid()}.partial").symlink_to(victim)
+    with pytest.raises(UnsafeOutputError, match="something already has its name"):
+        commit(out, entries)
+    assert victim.read_bytes() == b"precious"
+    assert sorted(os.listdir(out)) == [f"{JOURNAL_NAME}.{os.getpid()}.partial"]  # the new files are gone too
+
+
+def test_marker_and_state_files_are_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    from gguf_mtp.files.workdir import MARKER_NAME, claim_work_dir
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / f"{MARKER_NAME}.{os.getpid()}.partial").symlink_to(victim)
+    with pytest.raises(UnsafeOutputError, match="something already has its name"):
+        claim_work_dir(work, "demo", force=True)
+    assert victim.read_bytes() == b"precious" and not (work / MARKER_NAME).exists()
+
+
+def test_recover_rolls_a_complete_set_forward(tmp_path: Path) -> None:
+    entries = prepared(tmp_path, old=False)
+    journal_of_a_killed_run(tmp_path, entries, renames_done=2)  # killed between the last rename and the commit point
+
+    note = recover(tmp_path)
+
+    assert note is not None and "was killed after renaming its whole set into place" in note
+    assert "the set is complete and was kept" in note and "pid 424242" in note
+    assert listing(tmp_path) == {"one": b"new one", "two": b"new two"}
+
+
+def test_recover_rolls_a_forced_set_forward_once_its_old_files_are_gone(tmp_path: Path) -> None:
+    entries = prepared(tmp_path, old=True)
+    journal_of_a_killed_run(tmp_path, entries, renames_done=4)
+    # With the old files still moved aside, a --force run that did not reach its commit point is undone
+    # (the user gets the set they had); without them there is nothing to go back to: the new set stays.
+    for entry in entries:
+        assert entry.backup is not None
+        os.unlink(tmp_path / entry.backup)
+
+    note = recover(tmp_path)
+
+    assert note is not None and "the set is complete and was kept" in note
+    assert listing(tmp_path) == {"one": b"new one", "two": b"new two"}
+
+
+def replace_with_users_file(path: Path, in_place: bool) -> None:
+    if in_place:  # cp onto an existing name: the same inode, rewritten
+        with open(path, "r+b") as f:
+            f.truncate(0)
+            f.write(b"the user's own file")
+    else:
+        os.unlink(path)
+        path.write_bytes(b"the user's own file")
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-file", "rewritten-in-place"])
+def test_roll_back_leaves_a_file_the_user_put_at_a_final_name(tmp_path: Path, in_place: bool) -> None:
+    entries = prepared(tmp_path, old=False)
+    journal_of_a_killed_run(tmp_path, entries, renames_done=1)  # "two" renamed in, "one" not yet
+    replace_with_users_file(tmp_path / "two", in_place)
+
+    note = recover(tmp_path)
+
+    assert note is not None and "its incomplete set was removed" in note
+    assert "left alone two: not the file(s) that run wrote" in note
+    assert listing(tmp_path) == {"two": b"the user's own file"}
+
+
+def test_a_users_file_where_an_old_file_must_go_back_stops_with_both_kept(tmp_path: Path) -> None:
+    entries = prepared(tmp_path, old=True)
+    journal_of_a_killed_run(tmp_path, entries, renames_done=3)  # both moved aside, "two" renamed in
+    replace_with_users_file(tmp_path / "two", in_place=True)
+    backup_two = backup_name("two")
+
+    with pytest.raises(UnsafeOutputError, match="both files were kept") as e:
+        recover(tmp_path)
+
+    assert f"two now holds another file (the previous one is kept as {backup_two})" in str(e.value)
+    assert "\n" not in str(e.value)
+    left = listing(tmp_path)
+    assert left["two"] == b"the user's own file" and left[backup_two] == b"old two" and JOURNAL_NAME in left
+    assert left["one"] == b"old one"  # the rest was rolled back
+
+    os.unlink(tmp_path / "two")  # the user chooses the previous file: the next run finishes the roll-back
+    assert "the previous files were restored" in (recover(tmp_path) or "")
+    assert listing(tmp_path) == {"one": b"old one", "two": b"old two"}
+
+
+def test_a_failed_commit_never_removes_a_file_that_appeared_after_its_old_one_was_moved(tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = prepared(tmp_path, old=True)
+    real = commit_module.rename_noreplace
+
+    def intruding(source: Path, destination: Path) -> None:
+        if destination.name == "two" and source.name.endswith(".partial"):
+            destination.write_bytes(b"another program's file")  # lands after "two" was moved aside
+        real(source, destination)
+
+    monkeypatch.setattr(commit_module, "rename_noreplace", intruding)
+    with pytest.raises(OSError, match="both files were kept"):
+        commit(tmp_path, entries)
+    left = listing(tmp_path)
+    assert left["two"] == b"another program's file" and left[backup_name("two")] == b"old two"
+    assert left["one"] == b"old one" and JOURNAL_NAME in left
+
+
+def test_leftovers_of_dead_runs_are_removed_and_reported_nothing_else(tmp_path: Path) -> None:
+    from gguf_mtp.files.commit import remove_leftovers
+
+    dead, live = dead_pid(), os.getppid()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    removed = {
+        f".model-00001-of-00002.gguf.{dead}.partial": b"x" * 10_000,
+        f".model-00002-of-00002.gguf.{dead}.replaced": b"y" * 5_000,
+        f"{JOURNAL_NAME}.{dead}.partial": b"{",
+    }
+    kept = {
+        f".model.gguf.{live}.partial": b"a live run's",
+        f".model.gguf.{dead}.partial.bak": b"not our name",
+        f"model.gguf.{dead}.partial": b"not hidden: not our name",
+        f".model.gguf.x{dead}.partial": b"no pid",
+        "model.gguf": b"a model",
+    }
+    for name, data in {**removed, **kept}.items():
+        (out / name).write_bytes(data)
+    (out / f".link.gguf.{dead}.partial").symlink_to(victim)
+    (out / f".folder.gguf.{dead}.partial").mkdir()
+
+    note = remove_leftovers(out)
+
+    assert note is not None
+    assert "removed 3 temporary file(s) (" in note and f"left by a killed gguf-mtp run (pid {dead})" in note
+    assert sorted(os.listdir(out)) == sorted([*kept, f".link.gguf.{dead}.partial", f".folder.gguf.{dead}.partial"])
+    assert victim.read_bytes() == b"precious"
+    assert remove_leftovers(out) is None  # nothing left to remove
+
+
+def test_pending_journal_names_an_uncommitted_set(tmp_path: Path) -> None:
+    from gguf_mtp.files.journal import pending_journal
+
+    entries = prepared(tmp_path, old=False)
+    assert pending_journal([tmp_path / "one", tmp_path / "two"]) is None
+    journal_of_a_killed_run(tmp_path, entries, renames_done=2)
+    assert pending_journal([tmp_path / "one"]) == tmp_path / JOURNAL_NAME
+    assert pending_journal([tmp_path / "three"]) is None
+    (tmp_path / JOURNAL_NAME).write_bytes(b"{not ours")
+    assert pending_journal([tmp_path / "three"]) == tmp_path / JOURNAL_NAME  # unreadable: counted, never trusted
 
 
 # -------------------------------------------------------------------------------------------- set id

@@ -38,9 +38,10 @@ COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 
 #: ``python -c PAUSING_CLI compose ...``: the real CLI, stopped at one point of its writing. With
 #: ``PAUSE_IN=copy`` the copy call number ``$PAUSE_AT_CALL`` writes half its bytes, then waits; with
-#: ``PAUSE_IN=replace`` the rename number ``$PAUSE_AT_CALL`` of the rename phase (``commit.rename_noreplace``:
-#: 1 is the journal, then the old files moved aside with ``--force``, then the new files, shard 3 first)
-#: waits before it happens. Waiting, it has
+#: ``PAUSE_IN=replace`` step number ``$PAUSE_AT_CALL`` of the rename phase waits before it happens: the
+#: renames (``commit.rename_noreplace``: 1 is the journal, then the old files moved aside with ``--force``,
+#: then the new files, shard 3 first), then the journal's removal (``commit.remove_journal``, the commit
+#: point); with ``PAUSE_IN=committed`` the run waits right after the commit point. Waiting, it has
 #: created ``$PAUSE_MARKER``; it goes on once ``$PAUSE_MARKER.resume`` exists (or it gets a signal).
 PAUSING_CLI = r"""
 import os, sys, time
@@ -57,7 +58,7 @@ def pause():
     while not os.path.exists(marker + ".resume") and time.monotonic() < deadline:
         time.sleep(0.01)
 
-real_copy, real_replace = output._copy, commit.rename_noreplace
+real_copy, real_replace, real_remove_journal = output._copy, commit.rename_noreplace, commit.remove_journal
 
 def copy_with_pause(src_fd, dst_fd, offset, nbytes, bar, method):
     global calls
@@ -77,10 +78,20 @@ def replace_with_pause(src, dst):
         pause()
     return real_replace(src, dst)
 
+def remove_journal_with_pause(folder):
+    global calls
+    calls += 1
+    if where == "replace" and calls == at:
+        pause()
+    real_remove_journal(folder)
+    if where == "committed":
+        pause()
+
 if where == "copy":
     output._copy = copy_with_pause
 else:
     commit.rename_noreplace = replace_with_pause
+    commit.remove_journal = remove_journal_with_pause
 from gguf_mtp.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -296,7 +307,7 @@ def test_full_filesystem_mid_write_exits_2_and_leaves_no_file(model: Model, tmp_
 
     assert result.returncode == 2, result.stderr
     assert_one_error_line(result, "No space left on device", "no output was left behind")
-    assert files_on(tmp_path / "listing") == ["out"]  # the output folder, empty
+    assert files_on(tmp_path / "listing") == []  # not even the output folder the run made
 
 
 @needs_mounts
@@ -315,14 +326,16 @@ def test_too_small_filesystem_is_refused_before_writing(model: Model, tmp_path: 
 
 
 def start_paused_run(
-    model: Model, out: Path, tmp_path: Path, *, pause_in: str = "copy", at_call: int = 3, extra: tuple[str, ...] = ()
+    model: Model, out: Path, tmp_path: Path, *, pause_in: str = "copy", at_call: int = 3, extra: tuple[str, ...] = (),
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.Popen[str]:
     """A compose run stopped in copy call ``at_call`` (3: shard 3's target data, so shards 1 and 2 are
-    complete temporary files and shard 3 a half-written one), or before rename ``at_call``."""
+    complete temporary files and shard 3 a half-written one), or before step ``at_call`` of the rename
+    phase (``pause_in="replace"``), or right after its commit point (``pause_in="committed"``)."""
     marker = tmp_path / "paused"
     process = subprocess.Popen(
         [sys.executable, "-c", PAUSING_CLI, *compose_argv(model, out, *extra)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn,
         env=cli_env(PAUSE_MARKER=str(marker), PAUSE_IN=pause_in, PAUSE_AT_CALL=str(at_call)),
     )
     deadline = time.monotonic() + 60
@@ -371,6 +384,9 @@ def test_sigkill_mid_copy_leaves_no_final_name_and_the_next_run_succeeds(model: 
 
     assert rerun.returncode == 0, rerun.stderr
     assert_same_as_reference(out, model)  # the killed run's temporary files are gone too
+    # ... and the run that removed them says so (issue 21 item 4: 1.2 GB+ of partials for a real model)
+    assert "removed 3 temporary file(s) (" in rerun.stderr
+    assert f"left by a killed gguf-mtp run (pid {process.pid})" in rerun.stderr
 
 
 @pytest.mark.llama
@@ -387,19 +403,22 @@ def test_composite_finished_after_a_killed_run_is_loaded_by_llama_cpp(model: Mod
     assert (check.n_layer, check.n_layer_nextn, check.mtp_decode_ok) == (3, 1, True)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_interrupt_mid_copy_exits_130_with_a_short_message_and_leaves_nothing(
     model: Model, tmp_path: Path, signum: int
 ) -> None:
-    out = tmp_path / "out"
+    out = tmp_path / "made-by-the-run" / "out"
     process = start_paused_run(model, out, tmp_path)
 
-    process.send_signal(signum)
+    process.send_signal(signum)  # SIGHUP: the terminal closed, the SSH session dropped
     _, stderr = process.communicate(timeout=30)
 
     assert process.returncode == 130
     assert stderr == "gguf-mtp: interrupted; no output was left behind\n"
     assert entries(out) == []
+    assert not (tmp_path / "made-by-the-run").exists()  # the folders the run made are gone too (issue 21 item 18)
 
 
 def test_interrupt_between_renames_leaves_no_final_name(model: Model, tmp_path: Path) -> None:
@@ -732,3 +751,148 @@ def test_an_unusable_journal_is_one_line_and_nothing_is_touched(model: Model, tm
     assert result.returncode == 2
     assert_one_error_line(result, "an interrupted run's journal cannot be used", ".gguf-mtp-journal")
     assert folder_bytes(out) == before
+
+
+# ------------------------------------------- issue 21: the commit protocol never touches what it did not create
+
+
+def test_interrupt_into_a_folder_that_existed_keeps_the_folder(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    process = start_paused_run(model, out, tmp_path)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+
+    assert process.returncode == 130
+    assert out.is_dir() and entries(out) == []
+
+
+def test_a_run_under_nohup_survives_sighup(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    def as_nohup_starts_it() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    process = start_paused_run(model, out, tmp_path, preexec_fn=as_nohup_starts_it)
+    process.send_signal(signal.SIGHUP)  # ignored, as nohup asks
+    resume(tmp_path)
+    _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 0, stderr
+    assert_same_as_reference(out, model)
+
+
+@pytest.mark.parametrize("planted_at", ["journal", "partial"])
+def test_a_link_planted_at_a_temporary_name_fails_the_run_and_its_target_is_untouched(
+    model: Model, tmp_path: Path, planted_at: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"a root-owned file outside the folder")
+    name = {"journal": ".gguf-mtp-journal", "partial": ".Tiny-Q4-00001-of-00003.gguf"}[planted_at]
+    link = out / f"{name}.{os.getpid()}.partial"  # this process writes the set: its pid is in the names
+    link.symlink_to(victim)
+
+    status = main(compose_argv(model, out))
+
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert str(link) in err and "something already has its name" in err
+    assert victim.read_bytes() == b"a root-owned file outside the folder"
+    assert entries(out) == [link.name]  # no final name, no temporary file, the link itself left alone
+
+
+STEPS_WITHOUT_FORCE = 1 + 3 + 1  # the journal, three new shards, the journal's removal (the commit point)
+
+
+def kill_at_step(model: Model, out: Path, tmp_path: Path, step: int, *extra: str) -> subprocess.Popen[str]:
+    pause_in, at_call = ("committed", 0) if step == 0 else ("replace", step)
+    process = start_paused_run(model, out, tmp_path, pause_in=pause_in, at_call=at_call, extra=extra)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    return process
+
+
+@pytest.mark.parametrize("step", range(1, STEPS_WITHOUT_FORCE + 1))
+def test_sigkill_at_every_step_of_the_rename_phase_then_the_next_run_finishes_it(
+    model: Model, tmp_path: Path, step: int
+) -> None:
+    from gguf_mtp.check.inspect import inspect
+    from gguf_mtp.check.verify import verify
+
+    out = tmp_path / "out"
+    killed = kill_at_step(model, out, tmp_path, step)
+    entry_point = out / model.target.name
+
+    if step == STEPS_WITHOUT_FORCE:  # after the last rename, before the commit point: the whole set is there
+        assert [n for n in entries(out) if not n.startswith(".")] == model.output_names
+        before = verify(entry_point, llama=False, progress=False)
+        assert not before.ok and [c.name for c in before.failures] == ["committed"]
+        assert "uncommitted set" in before.failures[0].detail and ".gguf-mtp-journal" in before.failures[0].detail
+        summary = inspect(entry_point)
+        assert summary.uncommitted == str(out / ".gguf-mtp-journal")
+        assert summary.to_dict()["uncommitted"] == summary.uncommitted
+        assert any(line.startswith("warning: uncommitted set") for line in summary.describe())
+
+        rerun = run_gguf_mtp(compose_argv(model, out))  # rolls the set forward, then finds it complete
+
+        assert rerun.returncode == 2
+        assert f"a gguf-mtp run (pid {killed.pid}) was killed after renaming its whole set" in rerun.stderr
+        assert "the set is complete and was kept" in rerun.stderr and "output exists" in rerun.stderr
+        assert_same_as_reference(out, model)  # byte for byte, and no journal left
+        assert verify(entry_point, llama=False, progress=False).ok
+        assert inspect(entry_point).uncommitted is None
+        return
+
+    rerun = run_gguf_mtp(compose_argv(model, out))
+
+    assert rerun.returncode == 0, rerun.stderr
+    if step == 1:  # killed before its journal existed: only temporary files (3 shards + the journal's)
+        assert "removed 4 temporary file(s) (" in rerun.stderr and f"(pid {killed.pid})" in rerun.stderr
+    else:
+        assert "was killed while renaming its outputs into place; its incomplete set was removed" in rerun.stderr
+    assert_same_as_reference(out, model)
+
+
+STEPS_WITH_FORCE = 1 + 3 + 3 + 1  # the journal, three old shards moved aside, three new shards, the commit point
+
+
+@pytest.mark.parametrize("step", [*range(1, STEPS_WITH_FORCE + 1), 0], ids=[
+    *(f"before-step-{n}" for n in range(1, STEPS_WITH_FORCE + 1)), "after-the-commit-point"])
+def test_sigkill_at_every_step_of_a_forced_rewrite_keeps_one_whole_set(model: Model, tmp_path: Path, step: int) -> None:
+    out = tmp_path / "out"
+    old = old_composite(model, out)
+    killed = kill_at_step(model, out, tmp_path, step, "--force")
+
+    rerun = run_gguf_mtp(compose_argv(model, out))  # no --force: whatever set is there is the user's again
+
+    assert rerun.returncode == 2
+    assert "output exists (use --force to replace it)" in rerun.stderr
+    if step == 0:  # committed: the new set stays; the old files it had moved aside are removed now
+        assert "removed 3 temporary file(s) (" in rerun.stderr and f"(pid {killed.pid})" in rerun.stderr
+        assert_same_as_reference(out, model)
+        return
+    if step == 1:
+        assert "removed 4 temporary file(s) (" in rerun.stderr
+    else:
+        assert f"a gguf-mtp run (pid {killed.pid}) was killed while" in rerun.stderr
+    assert folder_bytes(out) == old  # the complete old set, byte for byte, and nothing else
+
+
+def test_a_users_file_copied_to_a_final_name_after_a_kill_survives_the_next_run(model: Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    kill_at_step(model, out, tmp_path, 3)  # the journal and shard 3 renamed in, then SIGKILL
+    shard3 = out / "Tiny-Q4-00003-of-00003.gguf"
+    assert shard3.exists()
+    users = tmp_path / "users-own.gguf"
+    users.write_bytes(b"the user's own shard 3")
+    shutil.copyfile(users, shard3)  # cp onto the existing name: the same inode, rewritten
+
+    rerun = run_gguf_mtp(compose_argv(model, out))
+
+    assert rerun.returncode == 2  # their file is an existing output: replacing it needs --force
+    assert "its incomplete set was removed; left alone Tiny-Q4-00003-of-00003.gguf" in rerun.stderr
+    assert "output exists" in rerun.stderr
+    assert folder_bytes(out) == {shard3.name: b"the user's own shard 3"}

@@ -179,6 +179,18 @@ def test_rerun_reuses_every_finished_stage_without_rewriting_it(work_copy: Path,
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+def test_a_killed_pipelines_temporary_state_file_is_removed_and_reported(work_copy: Path, hf_home: Path) -> None:
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    leftover = work_copy / f".gguf-mtp-pipeline.json.{dead}.partial"  # SIGKILL while saving the state
+    leftover.write_bytes(b'{"format": 1, "stag')
+
+    report = run_cli(work_copy, hf_home)
+
+    assert not leftover.exists()
+    assert any("removed 1 temporary file(s)" in n and f"(pid {dead})" in n for n in report["notes"])
+
+
 def test_corrupted_composite_shard_is_detected_and_composed_again(work_copy: Path, hf_home: Path) -> None:
     shard = sorted((work_copy / "composite").glob("*.gguf"))[1]
     good = _sha256(shard)
@@ -360,10 +372,14 @@ def test_second_pipeline_in_the_same_work_folder_is_refused(
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    with open(work / ".gguf-mtp-pipeline.lock", "a+b") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    held = os.open(work, os.O_RDONLY)  # the work folder itself is locked: no lock file
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(UnsafeOutputError, match="another pipeline is running"):
             _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
+    finally:
+        os.close(held)
+    assert ".gguf-mtp-pipeline.lock" not in os.listdir(work)  # no lock file to leave behind
 
 
 def test_hub_refusal_while_listing_is_a_hub_error(online: None, head_checkpoint: Path, tmp_path: Path) -> None:

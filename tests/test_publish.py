@@ -163,6 +163,22 @@ def test_staging_is_recreated_so_a_stale_link_is_never_uploaded(composite: Path,
     assert not staging.exists()  # removed after a successful publish
 
 
+def test_a_staging_name_that_is_a_link_never_empties_the_folder_it_points_to(
+    composite: Path, token: str, tmp_path: Path
+) -> None:
+    users = tmp_path / "users-folder"
+    users.mkdir()
+    (users / "notes.txt").write_bytes(b"the user's notes")
+    staging = composite / STAGING_NAME
+    staging.symlink_to(users, target_is_directory=True)  # planted in the model folder
+    hub = RecordingHub()
+    publish(composite, REPO, api=hub, progress=False)
+    first = _shards(composite)[0]
+    assert hub.files[first.name]["sha256"] == _sha256(first)  # staged elsewhere, uploaded all the same
+    assert sorted(os.listdir(users)) == ["notes.txt"] and (users / "notes.txt").read_bytes() == b"the user's notes"
+    assert staging.is_symlink()  # the link itself is left alone too
+
+
 def test_given_digests_are_reused_instead_of_hashing_again(
     composite: Path, token: str, hashing_forbidden: list[object]
 ) -> None:

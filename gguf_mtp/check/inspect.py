@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gguf_mtp.constants import (
@@ -20,6 +20,7 @@ from gguf_mtp.constants import (
     KEY_SPLIT_TENSORS_COUNT,
 )
 from gguf_mtp.errors import BadGGUFError
+from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.blocks import (
     block_indices,
@@ -107,6 +108,7 @@ class ModelSummary:
     http_requests: int | None = None
     mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
     standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
+    uncommitted: str | None = None  # a gguf-mtp journal beside the files names them: the set was never committed
 
     @property
     def trunk_blocks(self) -> int | None:
@@ -171,6 +173,7 @@ class ModelSummary:
             "alignment": self.alignment,
             "consistent": not self.problems,
             "problems": list(self.problems),
+            "uncommitted": self.uncommitted,
         }
         if self.remote:
             result["bytes_fetched"] = self.bytes_fetched
@@ -223,6 +226,8 @@ class ModelSummary:
                 f"fetched {human_bytes(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
                 f"the files hold {human_bytes(self.total_size)}"
             )
+        if self.uncommitted:
+            lines.append(f"warning: {uncommitted_line(self.uncommitted)}")
         lines.append(self.mtp_verdict)
         return lines
 
@@ -381,4 +386,10 @@ def inspect(path_or_url: str | os.PathLike[str], *, tensors: bool = False) -> Mo
         ...         "NVIDIA-Nemotron-3-Super-120B-A12B-UD-Q4_K_XL-00001-of-00003.gguf").mtp_verdict  # doctest: +SKIP
         'MTP: no'
     """
-    return summarize(scan_model(path_or_url), tensors=tensors)
+    model = scan_model(path_or_url)
+    summary = summarize(model, tensors=tensors)
+    if not model.remote:
+        journal = pending_journal(shard.name for shard in model.shards)
+        if journal is not None:
+            summary = replace(summary, uncommitted=str(journal))
+    return summary

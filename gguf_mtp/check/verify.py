@@ -38,6 +38,7 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import BadGGUFError, GGUFMTPError, ParameterError
 from gguf_mtp.files.extents import ExtentProver
+from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.formatting import human_bytes, short, short_change
@@ -684,6 +685,9 @@ def verify(
         draft=os.fspath(draft) if draft is not None else None,
     )
     layout, layout_error = _layout(model)
+    journal = pending_journal(shard.name for shard in model.shards) if not model.remote else None
+    if journal is not None:  # listed only when it fails: a set on disk is committed unless a journal says not
+        report.checks.append(Check("committed", False, uncommitted_line(str(journal))))
     if _is_draft(model, layout):
         if draft is not None:
             raise ParameterError(

@@ -114,7 +114,8 @@ def _run(args: argparse.Namespace) -> int:
 def _fail(want_json: bool, line: str, message: str, path: str | None, status: int) -> None:
     if want_json:
         _print_json_quietly(error_object(printable(message), printable(path) if path is not None else None, status))
-    print(line, file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):  # a terminal that hung up (SIGHUP): the status still tells
+        print(line, file=sys.stderr)
 
 
 def _print_json_quietly(data: dict[str, object]) -> None:

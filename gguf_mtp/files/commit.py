@@ -7,61 +7,85 @@ does the rest, inside one output folder:
   file to leave behind), so a second gguf-mtp writer into the same folder is refused, never merged;
 - **no-replace renames** (``renameat2(RENAME_NOREPLACE)``, else ``link`` + ``unlink``): a file that
   appeared at a final name after the checks is never overwritten, the run fails instead;
-- **a journal** (:data:`JOURNAL_NAME`, written and fsynced before the first rename, removed after the
-  last): it names every temporary file, final name and moved-aside old file of the set, so the run that
-  finds it -- the writer that wrote it is dead, since the finder holds the lock -- can **roll it back**:
-  the new files that were already renamed in are removed, the old ones are put back;
+- **a journal** (:mod:`gguf_mtp.files.journal`, written and fsynced before the first rename, removed
+  after the last: the commit point): it names every temporary file, final name and moved-aside old file
+  of the set with the identity (device, inode, size, mtime) of each, so the run that finds it -- the
+  writer that wrote it is dead, since the finder holds the lock -- can finish it (:func:`recover`);
 - **old files moved aside first** (``--force``), to hidden names ending in :data:`BACKUP_SUFFIX` that no
-  loader takes for a model; they are deleted only after the journal is gone (the commit point), and
-  restored by the roll-back when anything fails before it.
+  loader takes for a model; they are deleted only after the journal is gone, and restored by the
+  roll-back when anything fails before it.
 
 The rename phase is: journal, move every old file aside, rename every new file in (the entry point,
-shard 1, last), remove the journal, delete the old files.
+shard 1, last), remove the journal (:func:`remove_journal`), delete the old files.
+
+**One rule for a dead run's journal** (:func:`plan_recovery`, pure): when every final name holds the
+journal's new file and no old file of the set is still moved aside, the set is complete and is
+**rolled forward** (kept; the journal removed); otherwise it is **rolled back** (the new files removed,
+the old ones put back). Either way only files whose identity matches the journal are removed or moved:
+a file someone else put at a final name is left alone and reported; where an old file cannot be put
+back because another file has its name, both are kept, the journal stays, and the run stops with one
+line. Temporary files of dead runs (``.NAME.PID.partial``, ``.NAME.PID.replaced``) are removed by the
+next run that takes the lock (:func:`remove_leftovers`), which says how much it freed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import logging
 import os
+import re
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
+from gguf_mtp.formatting import human_bytes
+
+from .create import create_exclusive, fsync_dir, temporary_name, write_all
+from .journal import (
+    BACKUP_SUFFIX,
+    JOURNAL_NAME,
+    FileIdentity,
+    Replacement,
+    backup_name,
+    encode_journal,
+    read_journal,
+)
 
 __all__ = [
     "BACKUP_SUFFIX",
     "JOURNAL_NAME",
+    "FileIdentity",
+    "RecoveryPlan",
     "Replacement",
+    "Seen",
     "backup_name",
     "commit",
     "folder_lock",
     "fsync_dir",
+    "pid_alive",
+    "plan_recovery",
     "recover",
+    "remove_journal",
+    "remove_leftovers",
     "rename_noreplace",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The journal of a rename phase in progress, in the output folder.
-JOURNAL_NAME = ".gguf-mtp-journal"
-JOURNAL_FORMAT = 1
-#: Old outputs moved aside by a ``--force`` run are ``.<final name>.<pid>.replaced`` until it commits.
-BACKUP_SUFFIX = ".replaced"
-#: A journal names a handful of files; anything bigger is not one of ours.
-_MAX_JOURNAL_BYTES = 1024 * 1024
-_MAX_JOURNAL_ENTRIES = 10_000
-
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _NO_RENAMEAT2 = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV, errno.ENOSYS}
+#: ``.NAME.PID.partial`` / ``.NAME.PID.replaced``: the only names :func:`remove_leftovers` removes.
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<pid>[1-9][0-9]{0,9})(?:" + re.escape(PARTIAL_SUFFIX) + "|"
+                       + re.escape(BACKUP_SUFFIX) + r")", re.DOTALL)
+_BUSY = "another gguf-mtp run is writing into this folder (wait for it, or use another folder)"
 
 
 def _load_renameat2() -> Any:
@@ -103,11 +127,16 @@ def rename_noreplace(source: Path, destination: Path) -> None:
 
 
 @contextmanager
-def folder_lock(folder: Path) -> Iterator[None]:
+def folder_lock(folder: Path, *, busy: str = _BUSY) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` (which must exist) for the duration; refuse if another run has it.
 
+    The lock is ``flock`` on a descriptor of the folder itself: no lock file is created or left behind.
+
+    Args:
+        busy: the message when another run holds it.
+
     Raises:
-        UnsafeOutputError: another gguf-mtp run is writing into the folder.
+        UnsafeOutputError: another gguf-mtp run holds the folder.
     """
     try:
         import fcntl
@@ -120,58 +149,36 @@ def folder_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UnsafeOutputError(
-                    "another gguf-mtp run is writing into this folder (wait for it, or use another folder)", folder
-                ) from None
+                raise UnsafeOutputError(busy, folder) from None
             raise
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def backup_name(final: str) -> str:
-    """The hidden name an old output is moved to while a ``--force`` run replaces it."""
-    return f".{final}.{os.getpid()}{BACKUP_SUFFIX}"
-
-
-@dataclass(frozen=True)
-class Replacement:
-    """One file of a set: its temporary name, its final name, and where the old file goes (if any).
-
-    Names are plain file names inside the output folder.
-    """
-
-    partial: str
-    final: str
-    backup: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"partial": self.partial, "final": self.final, "backup": self.backup}
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a folder's entries (new names, renames) durable; best effort where the filesystem cannot."""
-    with suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (``os.kill(pid, 0)``; one we may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, OSError):  # not a pid this system can have
+        return False
+    return True
 
 
 def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
-    doc = {"format": JOURNAL_FORMAT, "pid": os.getpid(), "entries": [e.to_dict() for e in entries]}
-    data = json.dumps(doc, indent=1).encode()
-    temporary = folder / f"{JOURNAL_NAME}.{os.getpid()}{PARTIAL_SUFFIX}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    data = encode_journal(os.getpid(), entries)
+    temporary = temporary_name(folder / JOURNAL_NAME)
+    fd = create_exclusive(temporary)  # never through a link planted at that name
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         rename_noreplace(temporary, folder / JOURNAL_NAME)
     except BaseException:
         with suppress(OSError):
@@ -180,125 +187,169 @@ def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
     fsync_dir(folder)  # the journal is on disk before any final name changes
 
 
-def _plain_name(value: object, suffix: str | None) -> TypeGuard[str]:
+def remove_journal(folder: Path) -> None:
+    """The commit point: once the journal is gone, the new set is the set.
+
+    A function of its own so the fault-injection tests can stop a run right before it.
+    """
+    os.unlink(folder / JOURNAL_NAME)
+    fsync_dir(folder)
+
+
+# ---------------------------------------------------------------------------------------- recovery
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The identities found under one entry's three names (``None``: nothing there)."""
+
+    partial: FileIdentity | None
+    final: FileIdentity | None
+    backup: FileIdentity | None
+
+
+@dataclass
+class RecoveryPlan:
+    """What to do about a rename phase that did not reach its commit point (see :func:`plan_recovery`).
+
+    ``steps`` are ``("unlink", name)`` and ``("rename", source, destination)``, in order; ``restored``
+    counts old files put back; ``left_alone`` are final names holding a file the run did not write;
+    ``conflicts`` say, one phrase each, where an old file cannot be put back (nothing is done there).
+    """
+
+    forward: bool
+    steps: list[tuple[str, ...]] = field(default_factory=list)
+    restored: int = 0
+    left_alone: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def plan_recovery(entries: Sequence[Replacement], seen: Sequence[Seen], *, may_roll_forward: bool) -> RecoveryPlan:
+    """Decide, from what is on disk, how to finish a rename phase (pure: no I/O).
+
+    Roll forward (``may_roll_forward``, a dead run's journal) when every final name holds its new file
+    and no old file is still moved aside; else roll back. Only a name whose identity is the journal's is
+    ever removed or renamed.
+    """
+    backups_ours = [e.old is not None and s.backup == e.old for e, s in zip(entries, seen)]
+    backups_foreign = [e.backup is not None and s.backup is not None and not ours
+                       for e, s, ours in zip(entries, seen, backups_ours)]
+    complete = all(s.final == e.new for e, s in zip(entries, seen))
+    plan = RecoveryPlan(forward=may_roll_forward and complete and not any(backups_ours) and not any(backups_foreign))
+    for entry, state, backup_ours, backup_foreign in zip(entries, seen, backups_ours, backups_foreign):
+        if state.partial == entry.new:  # not renamed yet, or a second link to the renamed file (link + unlink)
+            plan.steps.append(("unlink", entry.partial))
+        if plan.forward:
+            continue
+        if backup_foreign:
+            plan.conflicts.append(f"{entry.backup} is not the file that run moved aside there")
+            continue
+        old_in_place = entry.old is not None and state.final == entry.old
+        ours = state.final == entry.new
+        foreign = state.final is not None and not ours and not old_in_place
+        if backup_ours and foreign:
+            plan.conflicts.append(f"{entry.final} now holds another file (the previous one is kept as {entry.backup})")
+            continue
+        if ours:
+            plan.steps.append(("unlink", entry.final))
+        elif foreign:
+            plan.left_alone.append(entry.final)
+        if backup_ours and entry.backup is not None:
+            if old_in_place:  # a second link to the old file (moving it aside by link + unlink was cut short)
+                plan.steps.append(("unlink", entry.backup))
+            else:
+                plan.steps.append(("rename", entry.backup, entry.final))
+                plan.restored += 1
+    return plan
+
+
+def _observe(folder: Path, entries: Sequence[Replacement]) -> list[Seen]:
+    def identity(name: str | None) -> FileIdentity | None:
+        return FileIdentity.of(folder / name) if name is not None else None
+
+    return [Seen(identity(e.partial), identity(e.final), identity(e.backup)) for e in entries]
+
+
+def _carry_out(folder: Path, plan: RecoveryPlan) -> None:
+    for step in plan.steps:
+        if step[0] == "unlink":
+            with suppress(FileNotFoundError):
+                os.unlink(folder / step[1])
+        else:
+            rename_noreplace(folder / step[1], folder / step[2])
+    fsync_dir(folder)
+
+
+def _who(pid: int | None) -> str:
+    return f"a gguf-mtp run (pid {pid})" if pid is not None else "a gguf-mtp run"
+
+
+def _conflict_line(who: str, plan: RecoveryPlan) -> str:
     return (
-        isinstance(value, str)
-        and value not in ("", ".", "..")
-        and "/" not in value
-        and "\0" not in value
-        and (suffix is None or (value.startswith(".") and value.endswith(suffix)))
+        f"{who} was killed while replacing files here, and since then {'; '.join(plan.conflicts)}; both files "
+        "were kept and the journal too: keep the file you want under its name, remove the other, then run again"
     )
 
 
-def _read_journal(path: Path) -> tuple[int | None, list[Replacement]]:
-    """The entries of a journal a dead run left; one line if it is not one gguf-mtp writes."""
-
-    def bad(why: str) -> UnsafeOutputError:
-        return UnsafeOutputError(
-            f"an interrupted run's journal cannot be used ({why}); check the folder's files and remove it", path
-        )
-
-    try:
-        if not path.is_file() or path.is_symlink():
-            raise bad("not a regular file")
-        if path.stat().st_size > _MAX_JOURNAL_BYTES:
-            raise bad("too big")
-        doc = json.loads(path.read_bytes())
-    except UnsafeOutputError:  # bad() itself: an OSError too
-        raise
-    except (OSError, ValueError, RecursionError) as e:
-        raise bad(f"unreadable: {e.__class__.__name__}") from None
-    if not isinstance(doc, dict) or doc.get("format") != JOURNAL_FORMAT or not isinstance(doc.get("entries"), list):
-        raise bad("unknown format")
-    raw_entries = doc["entries"]
-    if len(raw_entries) > _MAX_JOURNAL_ENTRIES:
-        raise bad("too many entries")
-    entries = []
-    for raw in raw_entries:
-        if not isinstance(raw, dict):
-            raise bad("an entry is not an object")
-        partial, final, backup = raw.get("partial"), raw.get("final"), raw.get("backup")
-        if not (_plain_name(partial, PARTIAL_SUFFIX) and _plain_name(final, None)):
-            raise bad("an entry names a file outside the folder")
-        if backup is not None and not _plain_name(backup, BACKUP_SUFFIX):
-            raise bad("an entry names a file outside the folder")
-        entries.append(Replacement(partial, final, backup))
-    pid = doc.get("pid")
-    return (pid if isinstance(pid, int) else None), entries
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _roll_back(folder: Path, entries: Sequence[Replacement]) -> int:
-    """Undo a rename phase that did not reach its commit point; returns how many old files came back.
-
-    Works from what is on disk, so it serves both a failure in this process and a dead run's journal:
-    old files are moved aside before any new file is renamed in, so a backup that exists means its
-    final name (if any) holds a new file, and a backup that does not exist was never made.
-    """
-    restored = 0
-    for entry in entries:
-        final, partial = folder / entry.final, folder / entry.partial
-        backup = folder / entry.backup if entry.backup else None
-        if backup is not None and os.path.lexists(backup):
-            if os.path.lexists(final):
-                os.unlink(final)  # the new file (or a second link to the old one, mid-move)
-            rename_noreplace(backup, final)
-            restored += 1
-        # Without a backup, the final name is ours when its temporary name is gone (renamed in) or is a
-        # second link to it (link + unlink interrupted); otherwise this run never touched it.
-        elif (backup is None and os.path.lexists(final)
-              and (not os.path.lexists(partial) or _same_file(partial, final))):
-            os.unlink(final)
-        with suppress(FileNotFoundError):
-            os.unlink(partial)
-    return restored
-
-
 def recover(folder: Path) -> str | None:
-    """Roll back the rename phase a killed run left in ``folder`` (the caller holds :func:`folder_lock`).
+    """Finish the rename phase a killed run left in ``folder`` (the caller holds :func:`folder_lock`):
+    roll it forward or back, by :func:`plan_recovery`'s rule.
 
     Returns:
         One line saying what was done, or ``None`` when there was no journal.
 
     Raises:
-        UnsafeOutputError: a journal that is not one gguf-mtp writes.
-        OutputWriteError: the roll-back itself failed (the journal stays for the next run).
+        UnsafeOutputError: a journal that is not one gguf-mtp writes, or an old file that cannot be put
+            back because another file has its name (both kept, the journal too).
+        OutputWriteError: the recovery itself failed (the journal stays for the next run).
     """
     journal = folder / JOURNAL_NAME
     if not os.path.lexists(journal):
         return None
-    pid, entries = _read_journal(journal)
+    pid, entries = read_journal(journal)
+    who = _who(pid)
     try:
-        restored = _roll_back(folder, entries)
+        plan = plan_recovery(entries, _observe(folder, entries), may_roll_forward=True)
+        _carry_out(folder, plan)
+        if plan.conflicts:
+            raise UnsafeOutputError(_conflict_line(who, plan), journal)
+        remove_journal(folder)
+    except UnsafeOutputError:
+        raise
     except OSError as e:
         raise OutputWriteError(
-            f"rolling back an interrupted run failed: {e.strerror or e}; the journal was kept", journal
+            f"finishing an interrupted run's renames failed: {e.strerror or e}; the journal was kept", journal
         ) from None
-    os.unlink(journal)
-    fsync_dir(folder)
-    who = f"a gguf-mtp run (pid {pid})" if pid is not None else "a gguf-mtp run"
-    if restored:
-        return f"{folder}: {who} was killed while replacing {restored} file(s); the previous files were restored"
-    return f"{folder}: {who} was killed while renaming its outputs into place; its incomplete set was removed"
+    if plan.forward:
+        return (f"{folder}: {who} was killed after renaming its whole set into place; the set is complete and "
+                "was kept")
+    if plan.restored:
+        line = f"{folder}: {who} was killed while replacing {plan.restored} file(s); the previous files were restored"
+    else:
+        line = f"{folder}: {who} was killed while renaming its outputs into place; its incomplete set was removed"
+    if plan.left_alone:
+        line += f"; left alone {', '.join(plan.left_alone)}: not the file(s) that run wrote"
+    return line
+
+
+def _expect(path: Path, identity: FileIdentity | None) -> None:
+    """Refuse to rename a file that is no longer the one the journal names (another program changed it)."""
+    if FileIdentity.of(path) != identity:
+        raise UnsafeOutputError("changed by another program during the run; nothing was replaced", path)
 
 
 def commit(folder: Path, entries: Sequence[Replacement]) -> None:
     """Replace the final names of ``entries`` by their finished temporary files, all or nothing.
 
-    ``entries`` come in rename order (the entry point last). The caller holds :func:`folder_lock`, has
-    fsynced every temporary file, and ran :func:`recover`.
+    ``entries`` come in rename order (the entry point last), with the identities of their files. The
+    caller holds :func:`folder_lock`, has fsynced every temporary file, and ran :func:`recover`.
 
     Raises:
-        OSError: a rename failed (a file appeared at a final name: ``FileExistsError``); everything was
-            rolled back first: the old files are back under their names, the new ones (temporary files
-            included) are gone.
-        OutputWriteError: the roll-back failed too; the journal stays, so the next run finishes it.
+        OSError: a rename failed (a file appeared at a final name: ``FileExistsError``; a file changed
+            under us: ``UnsafeOutputError``); everything was rolled back first: the old files are back
+            under their names, the new ones (temporary files included) are gone.
+        OutputWriteError: the roll-back failed too, or an old file could not be put back (another file
+            took its name); the journal stays, so the next run finishes it.
     """
     journal_written = False
     try:
@@ -306,25 +357,82 @@ def commit(folder: Path, entries: Sequence[Replacement]) -> None:
         journal_written = True
         for entry in entries:
             if entry.backup is not None:
+                _expect(folder / entry.final, entry.old)
                 rename_noreplace(folder / entry.final, folder / entry.backup)
         for entry in entries:
+            _expect(folder / entry.partial, entry.new)
             rename_noreplace(folder / entry.partial, folder / entry.final)
     except BaseException as failure:
-        try:
-            _roll_back(folder, entries)
-            if journal_written:
-                os.unlink(folder / JOURNAL_NAME)
-        except OSError as e:
-            raise OutputWriteError(
-                f"renaming failed ({getattr(failure, 'strerror', None) or failure}) and rolling back failed too "
-                f"({e.strerror or e}); the next gguf-mtp run into this folder finishes the roll-back",
-                folder,
-            ) from None
-        fsync_dir(folder)
+        _roll_back_here(folder, entries, failure, journal_written)
         raise
-    os.unlink(folder / JOURNAL_NAME)  # the commit point: from here on the new set is the set
-    fsync_dir(folder)
+    remove_journal(folder)  # the commit point: from here on the new set is the set
     for entry in entries:
-        if entry.backup is not None:
-            with suppress(OSError):  # a leftover is removed by the next run (stale, its pid gone)
+        if entry.backup is not None and FileIdentity.of(folder / entry.backup) == entry.old:
+            with suppress(OSError):  # a leftover is removed by the next run (remove_leftovers)
                 os.unlink(folder / entry.backup)
+
+
+def _roll_back_here(folder: Path, entries: Sequence[Replacement], failure: BaseException, journal: bool) -> None:
+    """Undo this process's own rename phase after ``failure``; raise if that is not entirely possible."""
+    reason = getattr(failure, "strerror", None) or failure.__class__.__name__
+    try:
+        plan = plan_recovery(entries, _observe(folder, entries), may_roll_forward=False)
+        _carry_out(folder, plan)
+        if plan.conflicts:
+            raise OutputWriteError(f"renaming failed ({reason}) and {'; '.join(plan.conflicts)}: both files were "
+                                   "kept and the journal too; keep the file you want under its name, remove the "
+                                   "other, then run again", folder)
+        if journal:
+            remove_journal(folder)
+    except OutputWriteError:
+        raise
+    except OSError as e:
+        raise OutputWriteError(
+            f"renaming failed ({reason}) and rolling back failed too ({e.strerror or e}); the next gguf-mtp "
+            "run into this folder finishes the roll-back",
+            folder,
+        ) from None
+
+
+# --------------------------------------------------------------------------------------- leftovers
+
+
+def remove_leftovers(folder: Path) -> str | None:
+    """Remove the temporary files of dead gguf-mtp runs from ``folder`` (the caller holds
+    :func:`folder_lock` and ran :func:`recover`, so no journal names them).
+
+    Only regular files (never through a link) named exactly ``.NAME.PID.partial`` or
+    ``.NAME.PID.replaced`` whose PID is no running process are removed: a run killed while writing
+    leaves its full-size partials, one killed after its commit point its moved-aside old files. This
+    process's own pid counts as dead: under the lock, before writing, no such file is this run's.
+
+    Returns:
+        One line saying how many files and bytes were freed, and whose they were; ``None`` if none.
+    """
+    removed = freed = 0
+    pids: set[int] = set()
+    try:
+        listing = list(os.scandir(folder))
+    except OSError:
+        return None
+    for entry in listing:
+        match = _LEFTOVER.fullmatch(entry.name)
+        if match is None:
+            continue
+        pid = int(match["pid"])
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode) or (pid != os.getpid() and pid_alive(pid)):
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed += 1
+        freed += getattr(info, "st_blocks", 0) * 512 or info.st_size
+        pids.add(pid)
+    if not removed:
+        return None
+    fsync_dir(folder)
+    whose = (f"a killed gguf-mtp run (pid {pids.pop()})" if len(pids) == 1
+             else f"killed gguf-mtp runs (pids {', '.join(str(p) for p in sorted(pids))})")
+    return f"{folder}: removed {removed} temporary file(s) ({human_bytes(freed)}) left by {whose}"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from gguf_mtp.errors import UnsafeOutputError
 
+from .create import replace_atomically
+
 __all__ = ["MARKER_NAME", "claim_work_dir", "marker_kind"]
 
 MARKER_NAME = ".gguf-mtp-workdir"
@@ -40,9 +42,7 @@ def marker_kind(folder: Path) -> str | None:
 
 def _write_marker(folder: Path, kind: str) -> None:
     data = json.dumps({"format": MARKER_FORMAT, "created_by": kind}) + "\n"
-    temporary = folder / f"{MARKER_NAME}.{os.getpid()}.partial"
-    temporary.write_text(data, encoding="utf-8")
-    os.replace(temporary, folder / MARKER_NAME)
+    replace_atomically(folder / MARKER_NAME, data.encode())
 
 
 def claim_work_dir(

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
-from gguf_mtp.errors import HubError, ShardSetError, UnsafeOutputError, VerificationError
+from gguf_mtp.errors import HubError, ShardSetError, VerificationError
+from gguf_mtp.files.commit import folder_lock, remove_leftovers
+from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.model.shards import open_model
@@ -54,6 +55,7 @@ __all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "selec
 STATE_NAME = "gguf-mtp-pipeline.json"
 STATE_FORMAT = 1
 STAGES = ("target", "draft", "compose", "verify", "publish")
+#: The lock file of earlier versions (the work folder itself is locked now): still proof of ownership.
 _LOCK_NAME = ".gguf-mtp-pipeline.lock"
 _SPLIT_GLOB_TAIL = "-*-of-*.gguf"
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -166,23 +168,7 @@ class _State:
 
     def _save(self) -> None:
         data = json.dumps({"format": STATE_FORMAT, "stages": self.stages}, indent=2, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_NAME}.", suffix=".partial", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        replace_atomically(self.path, data)
 
 
 # ----------------------------------------------------------------------------------- reports
@@ -258,20 +244,9 @@ class PipelineReport:
 @contextlib.contextmanager
 def _work_lock(work_dir: Path) -> Iterator[None]:
     """One pipeline per work folder at a time (two would overwrite each other's outputs)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
+    # A lock on the folder itself: no lock file to create (through a planted link) or to leave behind.
+    with folder_lock(work_dir, busy="another pipeline is running in this work folder"):
         yield
-        return
-    with open(work_dir / _LOCK_NAME, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise UnsafeOutputError("another pipeline is running in this work folder", work_dir) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _fresh_folder(path: Path) -> Path:
@@ -394,6 +369,9 @@ def run_pipeline(
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
         hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
     with _work_lock(work):
+        leftovers = remove_leftovers(work)  # a killed pipeline's temporary state file
+        if leftovers is not None:
+            report.notes.append(leftovers)
         runner = _Runner(work, say, progress)
         target, commit = _stage_target(
             runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir

@@ -29,6 +29,7 @@ from typing import Any
 
 from gguf_mtp.constants import SPLIT_NAME
 from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
+from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -397,6 +398,8 @@ def _staging_folder(model_folder: Path) -> tuple[Path, bool]:
         staging.mkdir(exist_ok=True)
     except OSError:
         return Path(tempfile.mkdtemp(prefix="gguf-mtp-publish-")), False
+    if staging.is_symlink():  # not the folder we made: never empty a folder a link points to
+        return Path(tempfile.mkdtemp(prefix="gguf-mtp-publish-")), False
     for entry in staging.iterdir():
         if entry.name == _RESUME_CACHE:
             continue
@@ -420,7 +423,11 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
         except OSError:
             os.symlink(f.resolve(), link)
     (staging / card_path).parent.mkdir(parents=True, exist_ok=True)
-    (staging / card_path).write_bytes(card)
+    fd = create_exclusive(staging / card_path)
+    try:
+        write_all(fd, card)
+    finally:
+        os.close(fd)
     return staging
 
 

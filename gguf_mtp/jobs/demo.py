@@ -21,6 +21,7 @@ from pathlib import Path
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.llama_check import INSTALL_HINT, llama_cpp_available
 from gguf_mtp.check.verify import verify
+from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub.card import Provenance
@@ -137,7 +138,7 @@ def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
         provenance=Provenance(target_repo="unsloth/Tiny-Nemotron-GGUF", head_source="nvidia/Tiny-Nemotron-MTPv2"),
     )
     card_path = work / CARD_NAME
-    card_path.write_text(card.card, encoding="utf-8")
+    replace_atomically(card_path, card.card.encode("utf-8"))
     how = card.plan.mode.replace("-", " ")
     say(f"7. publish --dry-run: would upload {len(card.files)} files + {CARD_NAME} as {how}; card: {card_path}")
     say(f"composite: {composite}")
