@@ -221,8 +221,8 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
     if needed > free:  # on a reflink filesystem, data shared with the inputs takes no new blocks
         needed -= shareable_bytes(files, probe)
     # Files replaced with --force free their space only after the rename: do not count it.
-    if needed > free:
-        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
+    if needed > free:  # named by the output folder, whether it exists yet (the real run) or not (a dry run)
+        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", finals[0].parent)
     return replaced
 
 
