@@ -30,7 +30,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gguf_mtp.files.commit import BACKUP_SUFFIX, JOURNAL_NAME, Replacement, backup_name, commit, folder_lock, recover
+from gguf_mtp.files.commit import (
+    BACKUP_SUFFIX,
+    JOURNAL_NAME,
+    Replacement,
+    backup_name,
+    commit,
+    folder_lock,
+    pending_recovery,
+    recover,
+)
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
 
@@ -440,7 +449,8 @@ def _check_before_writing(
     locks it until ``locks`` closes, rolls back what a killed run left there and removes stale backups.
     A dry run changes nothing: a folder that does not exist yet is only checked for whether it can be
     made; an existing one is locked just for the checks (a folder another run writes into is refused
-    all the same) and an interrupted run's journal is only reported.
+    all the same) and an interrupted run's journal is only read (a journal the real run refuses is
+    refused alike).
     """
     notes: list[str] = []
     for folder in sorted(groups):
@@ -453,7 +463,7 @@ def _check_before_writing(
         try:
             if dry_run:
                 with folder_lock(folder):
-                    note = _journal_note(folder)
+                    note = pending_recovery(folder)
             else:
                 locks.enter_context(folder_lock(folder))
                 note = recover(folder)
@@ -468,13 +478,6 @@ def _check_before_writing(
             _remove_stale_backups(folder)
     replaced = check_outputs(files, inputs, force=force)
     return OutputCheck(tuple(replaced), tuple(notes))
-
-
-def _journal_note(folder: Path) -> str | None:
-    """What a dry run says of an interrupted run's journal in ``folder`` (the real run rolls it back first)."""
-    if not os.path.lexists(folder / JOURNAL_NAME):
-        return None
-    return f"{folder}: an interrupted gguf-mtp run left its journal here; the real run settles it before writing"
 
 
 def _missing_folders(folder: Path) -> list[Path]:

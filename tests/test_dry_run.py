@@ -4,9 +4,9 @@ Issue 21 items 15 and 16, for each writing command (convert, compose, extract, s
 
 - a dry run makes the checks the real run makes before its first byte (they are one function,
   ``gguf_mtp.write._check_before_writing``): an existing output without ``--force``, an output that is
-  an input, a file where the output folder must be, a folder another run holds, too little free space
-  each give the real run's one line and exit status 2; with ``--force`` the dry run says what it would
-  replace; nothing is created or changed either way;
+  an input, a file where the output folder must be, a folder another run holds, too little free space,
+  a journal that is not one gguf-mtp writes each give the real run's one line and exit status 2; with
+  ``--force`` the dry run says what it would replace; nothing is created or changed either way;
 - the plan (``target: …``, ``writing …``, the metadata changes) reaches stdout before the writer starts,
   also with ``-q`` and a pipe for stdout; the outcome line comes after; ``--json`` stays one document.
 """
@@ -25,7 +25,7 @@ import pytest
 from helpers import file_hashes
 
 from gguf_mtp.cli import main
-from gguf_mtp.files.commit import folder_lock
+from gguf_mtp.files.commit import JOURNAL_NAME, folder_lock
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 
@@ -170,6 +170,33 @@ def test_dry_run_refuses_to_write_over_an_input(
 
     assert_refused_alike(capsys, args, "output would overwrite the input")
     assert file_hashes(source.parent) == before
+
+
+def test_dry_run_refuses_a_journal_the_real_run_refuses(
+    inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / JOURNAL_NAME).write_text("not a journal")
+
+    assert_refused_alike(capsys, argv("compose", inputs, out), "an interrupted run's journal cannot be used")
+    assert (out / JOURNAL_NAME).read_text() == "not a journal"
+
+
+def test_dry_run_reports_an_interrupted_run_and_leaves_its_journal(
+    inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    journal = json.dumps({"format": 1, "pid": 2**22 + 1, "entries": []})
+    (out / JOURNAL_NAME).write_text(journal)
+
+    dry = run(capsys, [*argv("compose", inputs, out), "--dry-run", "--json"])
+    assert dry.status == 0 and sorted(os.listdir(out)) == [JOURNAL_NAME], dry
+    assert (out / JOURNAL_NAME).read_text() == journal
+    assert any("was killed while renaming its outputs" in n for n in json.loads(dry.out)["notes"]), dry.out
+    real = run(capsys, [*argv("compose", inputs, out), "--json"])
+    assert real.status == 0 and JOURNAL_NAME not in os.listdir(out)  # the real run settled it
 
 
 # -------------------------------------------------------------------- the plan before the first byte

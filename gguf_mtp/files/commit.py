@@ -43,6 +43,7 @@ __all__ = [
     "commit",
     "folder_lock",
     "fsync_dir",
+    "pending_recovery",
     "recover",
     "rename_noreplace",
 ]
@@ -286,6 +287,23 @@ def recover(folder: Path) -> str | None:
     if restored:
         return f"{folder}: {who} was killed while replacing {restored} file(s); the previous files were restored"
     return f"{folder}: {who} was killed while renaming its outputs into place; its incomplete set was removed"
+
+
+def pending_recovery(folder: Path) -> str | None:
+    """What :func:`recover` would find in ``folder``, changing nothing (a dry run's view of it).
+
+    Returns:
+        One line saying an interrupted run is to be settled first, or ``None`` when there is no journal.
+
+    Raises:
+        UnsafeOutputError: a journal that is not one gguf-mtp writes (:func:`recover` refuses it alike).
+    """
+    journal = folder / JOURNAL_NAME
+    if not os.path.lexists(journal):
+        return None
+    pid, _ = _read_journal(journal)
+    who = f"a gguf-mtp run (pid {pid})" if pid is not None else "a gguf-mtp run"
+    return f"{folder}: {who} was killed while renaming its outputs into place; the real run settles that first"
 
 
 def commit(folder: Path, entries: Sequence[Replacement]) -> None:
