@@ -241,10 +241,9 @@ def test_the_plan_is_printed_before_the_writer_starts(command: str, inputs: Inpu
     before, after = run_hooked([*argv(command, inputs, out), "-q"], out)
 
     assert before and before[0].startswith(PLAN_START[command]), before
-    if command != "convert":  # convert names its output in the outcome line
-        written = sorted(out / name for name in os.listdir(out))
-        for path in written:
-            assert any(line.startswith("writing ") and str(path) in line for line in before), (path, before)
+    written = sorted(out / name for name in os.listdir(out))
+    for path in written:
+        assert any(line.startswith("writing ") and str(path) in line for line in before), (path, before)
     if command in ("compose", "strip", "graft"):
         assert any(line.startswith("    ") and " -> " in line for line in before), before  # the metadata changes
     # After the writer: the outcome only, never a line of the plan again.

@@ -487,6 +487,8 @@ class ConvertReport(WriteReport):
                 f" ({len(plan.kvs) - len(shown)} tokenizer keys not shown)" if len(shown) < len(plan.kvs) else ""))
             lines.extend(f"    {kv.key} ({kv.type_name}) = {short(kv.value)}" for kv in shown)
         lines.extend(f"note: {n}" for n in (*plan.notes, *self.notes))
+        if not self.dry_run and not self.written:  # the plan shown before the first byte names the output
+            lines.append(f"{self.action(plan.path)} {plan.path} ({human_bytes(plan.bytes_to_write)})")
         return lines
 
     def outcome_lines(self) -> list[str]:
