@@ -36,6 +36,7 @@ from gguf_mtp.files.commit import (
     backup_name,
     commit,
     folder_lock,
+    pending_recovery,
     recover,
     remove_leftovers,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Bytes",
     "CopyRange",
     "Generated",
+    "OutputCheck",
     "OutputFile",
     "Segment",
     "WriteReport",
@@ -161,15 +163,18 @@ def check_output_folder(folder: str | os.PathLike[str], parameter: str | None = 
         raise UnsafeOutputError(message, folder, parameter)
 
 
-def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
+def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> list[Path]:
     """Refuse outputs that are inputs (through any link), collide, exist without ``force``, or cannot be
     written (read-only folder, not enough free space, a name the filesystem refuses).
+
+    Returns:
+        The outputs that exist and ``force`` replaces.
 
     Raises:
         UnsafeOutputError: one line naming the file and the reason.
     """
     try:
-        _check_outputs(files, inputs, force=force)
+        return _check_outputs(files, inputs, force=force)
     except UnsafeOutputError:  # an OSError too: already one line
         raise
     except OSError as e:  # a name too long, a symlink loop, a folder we may not look into
@@ -177,8 +182,9 @@ def check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force:
         raise UnsafeOutputError(f"cannot use this output path: {e.strerror or e}", where) from None
 
 
-def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> None:
+def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force: bool) -> list[Path]:
     finals = [f.path for f in files]
+    replaced: list[Path] = []
     if len({os.path.abspath(p) for p in finals}) != len(finals):
         raise UnsafeOutputError("two outputs would have the same name", finals[0].parent)
     all_inputs = list(inputs) + [s for f in files for s in f.sources]
@@ -188,8 +194,10 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
                 raise UnsafeOutputError(f"output would overwrite the input {source}", final)
         if final.is_dir():
             raise UnsafeOutputError("output name is a folder", final)
-        if (final.exists() or final.is_symlink()) and not force:
-            raise UnsafeOutputError("output exists (use force to replace it)", final, parameter="force")
+        if final.exists() or final.is_symlink():
+            if not force:
+                raise UnsafeOutputError("output exists (use force to replace it)", final, parameter="force")
+            replaced.append(final)
     folders = {f.parent for f in finals}
     for folder in folders:
         check_output_folder(folder, None)
@@ -206,8 +214,9 @@ def _check_outputs(files: Sequence[OutputFile], inputs: Sequence[Path], *, force
     if needed > free:  # on a reflink filesystem, data shared with the inputs takes no new blocks
         needed -= shareable_bytes(files, probe)
     # Files replaced with --force free their space only after the rename: do not count it.
-    if needed > free:
-        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", probe)
+    if needed > free:  # named by the output folder, whether it exists yet (the real run) or not (a dry run)
+        raise UnsafeOutputError(f"not enough free space: {needed:,} bytes needed, {free:,} free", finals[0].parent)
+    return replaced
 
 
 #: Signals that end a run like Ctrl-C while it writes (temporary files removed, old files put back):
@@ -244,21 +253,32 @@ def _signals_as_interrupt() -> Iterator[None]:
 
 
 @dataclass(frozen=True)
+class OutputCheck:
+    """What the checks before the first byte found (:func:`write_outputs`, a dry run's included)."""
+
+    replaced: tuple[Path, ...] = ()  # existing outputs that ``force`` replaces
+    notes: tuple[str, ...] = ()  # e.g. an interrupted earlier run rolled back
+
+
+@dataclass(frozen=True)
 class WriteStats:
-    """What :func:`write_outputs` did."""
+    """What :func:`write_outputs` did (nothing but its checks with ``dry_run``)."""
 
     bytes_written: int
     seconds: float
     copy_methods: tuple[str, ...]
     bytes_shared: int = 0  # of bytes_written: extents shared with an input (reflink), not copied
     notes: tuple[str, ...] = ()  # e.g. an interrupted earlier run rolled back
+    replaced: tuple[Path, ...] = ()  # existing outputs replaced (with ``dry_run``: that would be)
 
 
 @dataclass
 class WriteReport:
     """What every command that writes files reports: a dry run or not, bytes written, time, how copied.
 
-    The command reports (compose, convert, extract, strip, graft) extend it with their plan.
+    The command reports (compose, convert, extract, strip, graft) extend it with their plan: each says
+    it in :meth:`plan_lines` (what the CLI prints before the first byte is written) and
+    :meth:`outcome_lines` (what it prints at the end); :meth:`describe` is both.
     """
 
     dry_run: bool = False
@@ -267,13 +287,68 @@ class WriteReport:
     copy_methods: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
     bytes_shared: int = 0
+    replaced: tuple[Path, ...] = ()  # existing outputs replaced with force (or, in a dry run, that would be)
+    written: bool = False  # the files are in place
+
+    def write(
+        self,
+        files: Sequence[OutputFile],
+        *,
+        inputs: Sequence[Path],
+        force: bool,
+        progress: bool,
+        desc: str,
+        on_plan: Callable[[WriteReport], None] | None = None,
+    ) -> None:
+        """Check ``files`` and, unless this is a dry run, write them (:func:`write_outputs`); record the figures.
+
+        Args:
+            on_plan: called with this report once every check passed, before the first byte is written
+                (the CLI prints :meth:`plan_lines` there, so a long run shows its plan first).
+        """
+
+        def checked(check: OutputCheck) -> None:
+            self.replaced = check.replaced
+            self.notes.extend(n for n in check.notes if n not in self.notes)
+            if on_plan is not None:
+                on_plan(self)
+
+        stats = write_outputs(
+            files, inputs=inputs, force=force, progress=progress, desc=desc, dry_run=self.dry_run, on_checked=checked
+        )
+        self.record(stats)
 
     def record(self, stats: WriteStats) -> None:
         """Take the figures of a finished :func:`write_outputs`."""
         self.bytes_written = stats.bytes_written
         self.copy_methods = stats.copy_methods
         self.bytes_shared = stats.bytes_shared
+        self.replaced = stats.replaced
         self.notes.extend(n for n in stats.notes if n not in self.notes)
+        self.written = not self.dry_run
+
+    def action(self, path: Path) -> str:
+        """What happens to the output ``path``, as the report says it: ``would write``/``would replace`` in
+        a dry run, ``writing``/``replacing`` in the plan shown before the first byte, ``wrote``/``replaced``
+        once done."""
+        replacing = path in self.replaced
+        if self.dry_run:
+            return "would replace" if replacing else "would write"
+        if not self.written:
+            return "replacing" if replacing else "writing"
+        return "replaced" if replacing else "wrote"
+
+    def plan_lines(self) -> list[str]:
+        """The plan part of the human-readable report (shown before writing starts)."""
+        return []
+
+    def outcome_lines(self) -> list[str]:
+        """The outcome part of the human-readable report (shown at the end)."""
+        return []
+
+    def describe(self) -> list[str]:
+        """The human-readable report (what the CLI prints): the plan, then the outcome."""
+        return [*self.plan_lines(), *self.outcome_lines()]
 
     def sharing(self) -> str:
         """``", 3.4 MiB shared with the inputs, 5.7 MiB copied"`` after a write that shared extents
@@ -283,6 +358,10 @@ class WriteReport:
         copied = human_bytes(self.bytes_written - self.bytes_shared)
         return f", {human_bytes(self.bytes_shared)} shared with the inputs, {copied} copied"
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view (the ``--json`` report); each command's report adds its plan."""
+        return {"dry_run": self.dry_run, **self.write_fields()}
+
     def write_fields(self) -> dict[str, Any]:
         """The shared part of the ``--json`` report."""
         return {
@@ -291,6 +370,7 @@ class WriteReport:
             "bytes_shared": self.bytes_shared,
             "bytes_copied": self.bytes_written - self.bytes_shared,
             "copy_methods": list(self.copy_methods),
+            "replaced": [str(p) for p in self.replaced],
             "notes": list(self.notes),
         }
 
@@ -302,6 +382,8 @@ def write_outputs(
     force: bool = False,
     progress: bool = True,
     desc: str = "writing",
+    dry_run: bool = False,
+    on_checked: Callable[[OutputCheck], None] | None = None,
 ) -> WriteStats:
     """Write every planned file atomically: all appear under their final names, or none does.
 
@@ -316,6 +398,9 @@ def write_outputs(
         inputs: input files that must never be overwritten (segment sources are added automatically).
         force: replace existing outputs.
         progress: show a byte progress bar on stderr (only when it is a terminal).
+        dry_run: make every check a real run makes before its first byte (the same ones, so a dry run
+            is refused exactly when the real run would be), change nothing, and return.
+        on_checked: called once every check passed, before the first byte is written.
 
     Raises:
         UnsafeOutputError: see :func:`check_outputs`; or another run holds the output folder.
@@ -325,24 +410,14 @@ def write_outputs(
     groups: dict[Path, list[OutputFile]] = {}
     for planned in files:
         groups.setdefault(Path(os.path.abspath(planned.path.parent)), []).append(planned)
-    notes: list[str] = []
     created: list[Path] = []  # folders this run made: removed again if it commits nothing
     with ExitStack() as locks:
         try:
-            for folder in sorted(groups):
-                created.extend(_make_folder(folder))
-                try:
-                    locks.enter_context(folder_lock(folder))
-                    found = [recover(folder), remove_leftovers(folder)]
-                except GGUFMTPError:  # an OSError too (a refused journal, a failed roll-back): already one line
-                    raise
-                except OSError as e:  # a folder we may not open, a journal we may not remove
-                    raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
-                for note in found:
-                    if note is not None:
-                        logger.warning(note)
-                        notes.append(note)
-            check_outputs(files, inputs, force=force)
+            check = _check_before_writing(files, inputs, groups, locks, created, force=force, dry_run=dry_run)
+            if on_checked is not None:
+                on_checked(check)
+            if dry_run:
+                return WriteStats(0, 0.0, (), 0, check.notes, check.replaced)
             stats = _write_locked(files, groups, force=force, progress=progress, desc=desc)
         except BaseException:
             # Refused, failed or interrupted before anything was committed: leave nothing, not even the
@@ -352,21 +427,79 @@ def write_outputs(
                 with suppress(OSError):
                     folder.rmdir()
             raise
-    return WriteStats(stats.bytes_written, stats.seconds, stats.copy_methods, stats.bytes_shared, tuple(notes))
+    return WriteStats(
+        stats.bytes_written, stats.seconds, stats.copy_methods, stats.bytes_shared, check.notes, check.replaced
+    )
 
 
-def _make_folder(folder: Path) -> list[Path]:
-    """Create the output folder (to lock it) and return the folders made, outermost first; one line when
-    that is impossible."""
+def _check_before_writing(
+    files: Sequence[OutputFile],
+    inputs: Sequence[Path],
+    groups: dict[Path, list[OutputFile]],
+    locks: ExitStack,
+    created: list[Path],
+    *,
+    force: bool,
+    dry_run: bool,
+) -> OutputCheck:
+    """Everything :func:`write_outputs` does before its first byte, for a real run and a dry run alike.
+
+    A real run creates each output folder (adding the folders it made to ``created`` as it makes them),
+    locks it until ``locks`` closes, settles what a killed run left there (its journal: rolled back or
+    forward) and removes dead runs' temporary files.
+    A dry run changes nothing: a folder that does not exist yet is only checked for whether it can be
+    made; an existing one is locked just for the checks (a folder another run writes into is refused
+    all the same) and an interrupted run's journal is only read (a journal the real run refuses is
+    refused alike).
+    """
+    notes: list[str] = []
+    for folder in sorted(groups):
+        missing = _missing_folders(folder)
+        if dry_run and missing:
+            continue  # nothing to lock, no journal: the real run makes the folder
+        if not dry_run:
+            _make_folder(folder)
+            created.extend(missing)
+        try:
+            if dry_run:
+                with folder_lock(folder):
+                    found = [pending_recovery(folder)]
+            else:
+                locks.enter_context(folder_lock(folder))
+                found = [recover(folder), remove_leftovers(folder)]
+        except GGUFMTPError:  # an OSError too (a refused journal, a failed roll-back): already one line
+            raise
+        except OSError as e:  # a folder we may not open, a journal we may not remove
+            raise UnsafeOutputError(f"cannot use this output folder: {e.strerror or e}", folder) from None
+        for note in found:
+            if note is not None:
+                logger.warning(note)
+                notes.append(note)
+    replaced = check_outputs(files, inputs, force=force)
+    return OutputCheck(tuple(replaced), tuple(notes))
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders to make for ``folder`` (outermost first), once it is known they can be made: a file in
+    the way, or a parent we may not write in, is refused (one line)."""
     missing: list[Path] = []
     probe = folder
-    while not os.path.lexists(probe) and probe != probe.parent:
+    while not os.path.lexists(probe) and probe != probe.parent:  # lexists never raises
         missing.insert(0, probe)
         probe = probe.parent
-    try:
+    if not missing:
         check_output_folder(folder, None)
+    elif not probe.is_dir():  # a file (or a dangling link) where a parent folder must be
+        raise UnsafeOutputError(f"cannot use this output path: {os.strerror(errno.ENOTDIR)}", folder)
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        raise UnsafeOutputError("output folder is not writable", probe)
+    return missing
+
+
+def _make_folder(folder: Path) -> None:
+    """Create the output folder (to lock it), checked by :func:`_missing_folders`; one line when that fails."""
+    try:
         folder.mkdir(parents=True, exist_ok=True)
-        return missing
     except OSError as e:
         probe = folder
         while not os.path.lexists(probe) and probe != probe.parent:  # lexists never raises

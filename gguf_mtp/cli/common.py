@@ -9,12 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from gguf_mtp.formatting import human_bytes, json_safe, printable, short
 
-__all__ = ["add_output_flags", "error_object", "human_bytes", "print_json", "print_report", "short"]
+if TYPE_CHECKING:
+    from gguf_mtp.write import WriteReport
+
+__all__ = [
+    "add_output_flags",
+    "error_object",
+    "human_bytes",
+    "plan_printer",
+    "print_json",
+    "print_outcome",
+    "print_report",
+    "short",
+]
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -40,3 +52,24 @@ def print_report(lines: Iterable[str]) -> None:
 def error_object(message: str, path: str | None, exit_status: int) -> dict[str, Any]:
     """The ``--json`` answer of a failed command: ``{"error": ..., "path": ..., "exit_status": ...}``."""
     return {"error": message, "path": path, "exit_status": exit_status}
+
+
+def plan_printer(args: argparse.Namespace) -> Callable[[WriteReport], None] | None:
+    """What a writing command passes as ``on_plan``: print the plan before the first byte is written (so a
+    long run shows it at once, not after the copy), or nothing with ``--json`` (one document at the end)."""
+    if args.json:
+        return None
+
+    def show(report: WriteReport) -> None:
+        print_report(report.plan_lines())
+        sys.stdout.flush()  # before the writing starts, also when stdout is a pipe or a file
+
+    return show
+
+
+def print_outcome(args: argparse.Namespace, report: WriteReport) -> None:
+    """The end of a writing command's report: the ``--json`` document, or the lines after the plan."""
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print_report(report.outcome_lines())

@@ -7,7 +7,7 @@ import sys
 
 from gguf_mtp.errors import GGUFMTPError
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,11 +57,9 @@ def run(args: argparse.Namespace) -> int:
         progress=not (args.quiet or args.json),
         verify=args.verify,
         llama=False if args.no_llama else None,
+        on_plan=plan_printer(args),
     )
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print_report(report.describe())
+    print_outcome(args, report)
     if report.verification is not None and not report.verification.ok:
         return 2
     return 0

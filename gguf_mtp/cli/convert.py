@@ -8,7 +8,7 @@ import re
 from gguf_mtp.conversion import OUTTYPE_NAMES, supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,12 +66,9 @@ def run(args: argparse.Namespace) -> int:
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
             standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies, revision=args.revision,
             dry_run=args.dry_run, force=args.force,
-            progress=not (args.quiet or args.json),
+            progress=not (args.quiet or args.json), on_plan=plan_printer(args),
         )
     except (ParameterError, IncompatibleDraftError) as e:
         raise _in_flags(e) from None
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print_report(report.describe())
+    print_outcome(args, report)
     return 0

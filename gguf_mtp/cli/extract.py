@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, plan_printer, print_outcome
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -46,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
         output = output / default_output(args.source, args.standalone)
     report = extract(
         args.source, output, standalone=args.standalone, force=args.force, dry_run=args.dry_run,
-        progress=not (args.quiet or args.json),
+        progress=not (args.quiet or args.json), on_plan=plan_printer(args),
     )
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print_report(report.describe())
+    print_outcome(args, report)
     return 0

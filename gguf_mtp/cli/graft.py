@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,12 +33,9 @@ def run(args: argparse.Namespace) -> int:
     report = graft(
         args.source, args.target, args.output_dir, basename=args.basename, force=args.force,
         verify=not args.no_verify, llama=False if args.no_llama else None, dry_run=args.dry_run,
-        progress=not (args.quiet or args.json),
+        progress=not (args.quiet or args.json), on_plan=plan_printer(args),
     )
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print_report(report.describe())
+    print_outcome(args, report)
     if not report.ok:
         print(f"gguf-mtp: error: {report.output_paths[0]}: the grafted model failed verification", file=sys.stderr)
         return 2

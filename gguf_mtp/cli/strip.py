@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,10 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.strip import strip
 
     report = strip(
-        args.source, args.output_dir, force=args.force, dry_run=args.dry_run, progress=not (args.quiet or args.json)
+        args.source, args.output_dir, force=args.force, dry_run=args.dry_run, progress=not (args.quiet or args.json),
+        on_plan=plan_printer(args),
     )
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        print_report(report.describe())
+    print_outcome(args, report)
     return 0

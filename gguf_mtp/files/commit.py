@@ -68,6 +68,7 @@ __all__ = [
     "commit",
     "folder_lock",
     "fsync_dir",
+    "pending_recovery",
     "pid_alive",
     "plan_recovery",
     "recover",
@@ -336,6 +337,24 @@ def _expect(path: Path, identity: FileIdentity | None) -> None:
     """Refuse to rename a file that is no longer the one the journal names (another program changed it)."""
     if FileIdentity.of(path) != identity:
         raise UnsafeOutputError("changed by another program during the run; nothing was replaced", path)
+
+
+def pending_recovery(folder: Path) -> str | None:
+    """What :func:`recover` would find in ``folder``, changing nothing (a dry run's view of it).
+
+    Returns:
+        One line saying an interrupted run is to be settled first, or ``None`` when there is no journal.
+
+    Raises:
+        UnsafeOutputError: a journal that is not one gguf-mtp writes (:func:`recover` refuses it alike).
+    """
+    journal = folder / JOURNAL_NAME
+    if not os.path.lexists(journal):
+        return None
+    pid, entries = read_journal(journal)
+    plan = plan_recovery(entries, _observe(folder, entries), may_roll_forward=True)
+    settle = "keeps its complete set" if plan.forward else "rolls its renames back"
+    return f"{folder}: {_who(pid)} was killed while renaming its outputs into place; the real run {settle} first"
 
 
 def commit(folder: Path, entries: Sequence[Replacement]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
 from gguf_mtp.formatting import human_bytes, short_change
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import WriteReport, check_output_folder, write_outputs
+from gguf_mtp.write import WriteReport, check_output_folder
 
 from .compose_plan import CompositionPlan, plan_composition
 
@@ -30,10 +30,9 @@ class ComposeReport(WriteReport):
     def output_paths(self) -> list[Path]:
         return [f.path for f in self.plan.files]
 
-    def describe(self) -> list[str]:
-        """The human-readable report (what the CLI prints)."""
+    def plan_lines(self) -> list[str]:
+        """The plan: target, draft, each output with its metadata changes (shown before writing starts)."""
         plan = self.plan
-        verb = "would write" if self.dry_run else "wrote"
         lines = [
             f"target: {plan.target.arch}, {len(plan.target.headers)} file(s), {plan.target.tensor_count} tensors, "
             f"blocks 0..{plan.block - 1}",
@@ -42,17 +41,21 @@ class ComposeReport(WriteReport):
         ]
         for f in plan.files:
             lines.append(
-                f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                f"{self.action(f.path)} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
                 + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
                 + ")"
             )
             lines.extend(f"    {c.key} ({c.type_name}): {short_change(c.old, c.new)}" for c in f.kv_changes)
+        return lines
+
+    def outcome_lines(self) -> list[str]:
+        """What was written (or, in a dry run, would be), and the verification."""
         if self.dry_run:
-            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+            lines = [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
         else:
             rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
             done = f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s"
-            lines.append(f"{done} ({rate:.0f} MiB/s{self.sharing()})")
+            lines = [f"{done} ({rate:.0f} MiB/s{self.sharing()})"]
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines
@@ -122,6 +125,7 @@ def compose(
     progress: bool = True,
     verify: bool = False,
     llama: bool | None = None,
+    on_plan: Callable[[WriteReport], None] | None = None,
 ) -> ComposeReport:
     """Splice the NextN block(s) of ``draft`` into ``target`` and write the composite to ``output_dir``.
 
@@ -140,11 +144,13 @@ def compose(
         block: the NextN block index; optional, and only the target's trunk block count is accepted.
         set_kv: ``KEY=VALUE`` / ``KEY:TYPE=VALUE`` metadata overrides.
         basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
-        dry_run: plan only; write nothing.
+        dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         force: replace existing outputs (never inputs).
         progress: show a progress bar on stderr when it is a terminal.
         verify: verify the written composite (see :func:`gguf_mtp.check.verify`) before returning.
         llama: with ``verify``, whether to load it with llama.cpp (default: when installed).
+        on_plan: called with the report once the outputs passed their checks, before the first byte is
+            written (the CLI prints the plan there).
 
     Returns:
         A :class:`ComposeReport`.
@@ -165,18 +171,15 @@ def compose(
     report = ComposeReport(plan=composition, dry_run=dry_run)
     if composition.dropped:
         report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
-    if dry_run:
-        report.seconds = time.perf_counter() - started
-        return report
-    stats = write_outputs(
+    report.write(
         composition.outputs,
         inputs=[*composition.target.paths, *composition.draft.paths],
         force=force,
         progress=progress,
         desc="compose",
+        on_plan=on_plan,
     )
-    report.record(stats)
-    if verify:
+    if verify and not dry_run:
         from gguf_mtp.check.verify import verify as verify_composite
 
         report.verification = verify_composite(

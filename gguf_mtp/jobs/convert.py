@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pac
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
 
@@ -460,8 +461,8 @@ class ConvertReport(WriteReport):
             "notes": [*plan.notes, *self.notes],
         }
 
-    def describe(self) -> list[str]:
-        """The human-readable report (the plan in full with ``dry_run``)."""
+    def plan_lines(self) -> list[str]:
+        """The plan (in full with ``dry_run``), shown before writing starts."""
         plan = self.plan
         ckpt = plan.checkpoint
         lines = [
@@ -486,14 +487,20 @@ class ConvertReport(WriteReport):
                 f" ({len(plan.kvs) - len(shown)} tokenizer keys not shown)" if len(shown) < len(plan.kvs) else ""))
             lines.extend(f"    {kv.key} ({kv.type_name}) = {short(kv.value)}" for kv in shown)
         lines.extend(f"note: {n}" for n in (*plan.notes, *self.notes))
+        if not self.dry_run and not self.written:  # the plan shown before the first byte names the output
+            lines.append(f"{self.action(plan.path)} {plan.path} ({human_bytes(plan.bytes_to_write)})")
+        return lines
+
+    def outcome_lines(self) -> list[str]:
+        """What was written (or, in a dry run, would be)."""
+        plan = self.plan
         if self.dry_run:
             size = human_bytes(plan.bytes_to_write)
-            lines.append(f"dry run: {plan.path} ({size}) would be written; nothing was written")
-        else:
-            rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
-            size = human_bytes(self.bytes_written)
-            lines.append(f"wrote {plan.path} ({size}) in {self.seconds:.2f} s ({rate:.0f} MiB/s)")
-        return lines
+            replacing = " (replacing the existing file)" if plan.path in self.replaced else ""
+            return [f"dry run: {plan.path} ({size}) would be written{replacing}; nothing was written"]
+        rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
+        size = human_bytes(self.bytes_written)
+        return [f"{self.action(plan.path)} {plan.path} ({size}) in {self.seconds:.2f} s ({rate:.0f} MiB/s)"]
 
 
 def _kv_dict(kv: KeyValue) -> dict[str, Any]:
@@ -515,6 +522,7 @@ def convert(
     dry_run: bool = False,
     force: bool = False,
     progress: bool = True,
+    on_plan: Callable[[WriteReport], None] | None = None,
 ) -> ConvertReport:
     """Convert the MTP head of a Hugging Face checkpoint into a GGUF draft (or an MTP-only model).
 
@@ -532,9 +540,11 @@ def convert(
             ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
         drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
-        dry_run: plan only: read headers, write nothing.
+        dry_run: plan and check only (every refusal a real run would make is made): read headers, write nothing.
         force: replace an existing output (never an input).
         progress: progress bars on stderr (when it is a terminal).
+        on_plan: called with the report once the output passed its checks, before the first byte is
+            written (the CLI prints the plan there).
 
     Returns:
         A :class:`ConvertReport` (``.output``, ``.to_dict()``, ``.describe()``).
@@ -562,9 +572,7 @@ def convert(
         standalone=standalone, drop_nextn_copies=drop_nextn_copies,
     )
     report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
-    if not dry_run:
-        stats = write_outputs([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert")
-        report.record(stats)
+    report.write([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert", on_plan=on_plan)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
 
 __all__ = [
     "ExtractReport",
@@ -317,25 +317,26 @@ class ExtractReport(WriteReport):
             **self.write_fields(),
         }
 
-    def describe(self) -> list[str]:
-        """The human-readable report."""
+    def plan_lines(self) -> list[str]:
+        """The plan: the NextN block(s) found and the file to write (shown before writing starts)."""
         plan = self.plan
         kind = "standalone MTP-only model" if plan.standalone else "draft"
-        verb = "would write" if self.dry_run else "wrote"
         lines = [
             f"source: {plan.source.arch}, {len(plan.source.headers)} file(s), NextN block(s) {plan.nextn.describe()} "
             f"({len(plan.nextn.tensors)} tensors)",
-            f"{verb} {kind} {plan.path} ({human_bytes(plan.output.size)}, {len(plan.header.tensors)} tensors, "
-            f"{len(plan.header.kvs)} KVs)",
+            f"{self.action(plan.path)} {kind} {plan.path} ({human_bytes(plan.output.size)}, "
+            f"{len(plan.header.tensors)} tensors, {len(plan.header.kvs)} KVs)",
         ]
         if plan.global_tensors:
             lines.append(f"    with the source's {', '.join(plan.global_tensors)}")
         lines.extend(f"    note: {n}" for n in self.notes)
-        if self.dry_run:
-            lines.append("dry run: nothing was written")
-        else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
         return lines
+
+    def outcome_lines(self) -> list[str]:
+        """What was written."""
+        if self.dry_run:
+            return ["dry run: nothing was written"]
+        return [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
 
 
 def _notes(plan: ExtractionPlan) -> Iterator[str]:
@@ -358,6 +359,7 @@ def extract(
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
+    on_plan: Callable[[WriteReport], None] | None = None,
 ) -> ExtractReport:
     """Write the NextN (MTP) block(s) of ``source`` to ``output``, byte for byte.
 
@@ -367,8 +369,10 @@ def extract(
         standalone: write an MTP-only model llama.cpp loads by itself (``llama-server --spec-draft-model``):
             the block plus ``token_embd`` / ``output_norm`` / ``output`` and every model KV.
         force: replace an existing output (never an input).
-        dry_run: plan only; write nothing.
+        dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
+        on_plan: called with the report once the output passed its checks, before the first byte is
+            written (the CLI prints the plan there).
 
     Returns:
         An :class:`ExtractReport`.
@@ -386,8 +390,6 @@ def extract(
     model = open_model(source)
     plan = plan_extraction(model, output, standalone=standalone)
     report = ExtractReport(plan=plan, dry_run=dry_run, notes=list(_notes(plan)))
-    if not dry_run:
-        stats = write_outputs([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract")
-        report.record(stats)
+    report.write([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract", on_plan=on_plan)
     report.seconds = time.perf_counter() - started
     return report

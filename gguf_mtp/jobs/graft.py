@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
@@ -282,12 +282,11 @@ class GraftReport(WriteReport):
             result["verification"] = self.verification.to_dict()
         return result
 
-    def describe(self) -> list[str]:
-        """The human-readable report."""
+    def plan_lines(self) -> list[str]:
+        """The plan: source block(s), target, each output with its metadata changes (shown before writing)."""
         plan, composition = self.plan, self.plan.composition
         nextn = plan.extraction.nextn
         types = sorted({t.type_name for t in plan.extraction.header.tensors})
-        verb = "would write" if self.dry_run else "wrote"
         lines = [
             f"source: {plan.source.name}: NextN block(s) {nextn.describe()}, {len(nextn.tensors)} tensors "
             f"({', '.join(types)}, {human_bytes(nextn.nbytes)})",
@@ -296,13 +295,18 @@ class GraftReport(WriteReport):
         ]
         for f in composition.files:
             added = f", +{len(f.added_tensors)} NextN" if f.added_tensors else ""
-            lines.append(f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors{added})")
+            size = human_bytes(f.output.size)
+            lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{added})")
             lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
         lines.extend(f"note: {n}" for n in self.notes)
+        return lines
+
+    def outcome_lines(self) -> list[str]:
+        """What was written (or, in a dry run, would be), and the verification."""
         if self.dry_run:
-            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
+            lines = [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
         else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
+            lines = [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines
@@ -319,6 +323,7 @@ def graft(
     llama: bool | None = None,
     dry_run: bool = False,
     progress: bool = True,
+    on_plan: Callable[[WriteReport], None] | None = None,
 ) -> GraftReport:
     """Graft the NextN (MTP) block(s) of ``source`` onto ``target``, writing the composite to ``output_dir``.
 
@@ -334,8 +339,10 @@ def graft(
         verify: verify the written composite (:func:`gguf_mtp.check.verify.verify`, which loads it with
             llama.cpp and runs an MTP decode step).
         llama: with ``verify``, whether to load it with llama.cpp (default: when installed).
-        dry_run: plan only (compatibility included); write nothing.
+        dry_run: plan and check only (compatibility, and every refusal a real run would make); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
+        on_plan: called with the report once the outputs passed their checks, before the first byte is
+            written (the CLI prints the plan there).
 
     Returns:
         A :class:`GraftReport`; ``report.ok`` is false when verification failed (the files stay, so
@@ -356,14 +363,11 @@ def graft(
     donor, receiver = open_model(source), open_model(target)
     plan = plan_graft(donor, receiver, output_dir, basename=basename)
     report = GraftReport(plan=plan, dry_run=dry_run, notes=list(plan.notes))
-    if dry_run:
-        report.seconds = time.perf_counter() - started
-        return report
-    stats = write_outputs(
-        plan.outputs, inputs=[*donor.paths, *receiver.paths], force=force, progress=progress, desc="graft"
+    report.write(
+        plan.outputs, inputs=[*donor.paths, *receiver.paths], force=force, progress=progress, desc="graft",
+        on_plan=on_plan,
     )
-    report.record(stats)
-    if verify:
+    if verify and not dry_run:
         # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
         report.verification = verify_composite(
             plan.output_paths[0], target=receiver.paths[0], draft=donor.paths[0], llama=llama, progress=progress

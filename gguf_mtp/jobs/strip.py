@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder, write_outputs
+from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder
 
 from .compose_plan import FilesPlan, PlannedFile
 from .extract import NextNBlocks, find_nextn_blocks
@@ -180,10 +181,9 @@ class StripReport(WriteReport):
             **self.write_fields(),
         }
 
-    def describe(self) -> list[str]:
-        """The human-readable report."""
+    def plan_lines(self) -> list[str]:
+        """The plan: what is removed, each output with its metadata changes (shown before writing starts)."""
         plan = self.plan
-        verb = "would write" if self.dry_run else "wrote"
         lines = [
             f"source: {plan.source.arch}, {len(plan.source.headers)} file(s), {plan.source.tensor_count} tensors, "
             f"NextN block(s) {plan.nextn.describe()} ({len(plan.removed)} tensors) removed",
@@ -191,17 +191,20 @@ class StripReport(WriteReport):
         for f in plan.files:
             extra = f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else ""
             extra += f", {len(f.moved_tensors)} moved up" if f.moved_tensors else ""
-            lines.append(f"{verb} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors{extra})")
+            size = human_bytes(f.output.size)
+            lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{extra})")
             lines.extend(
                 f"    {c.key} ({c.type_name}): {short(c.old)} -> {'(removed)' if c.new is None else short(c.new)}"
                 for c in f.kv_changes
             )
         lines.extend(f"note: {n}" for n in self.notes)
-        if self.dry_run:
-            lines.append(f"dry run: {human_bytes(plan.bytes_to_write)} would be written; nothing was written")
-        else:
-            lines.append(f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}")
         return lines
+
+    def outcome_lines(self) -> list[str]:
+        """What was written (or, in a dry run, would be)."""
+        if self.dry_run:
+            return [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
+        return [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
 
 
 def strip(
@@ -211,6 +214,7 @@ def strip(
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
+    on_plan: Callable[[WriteReport], None] | None = None,
 ) -> StripReport:
     """Write a trunk-only copy of ``source`` (its NextN blocks removed) to ``output_dir``.
 
@@ -218,8 +222,10 @@ def strip(
         source: a GGUF with NextN blocks: one file or any shard of a ``<prefix>-NNNNN-of-NNNNN.gguf`` set.
         output_dir: folder for the output (created if missing); files keep the source's names.
         force: replace existing outputs (never inputs).
-        dry_run: plan only; write nothing.
+        dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
+        on_plan: called with the report once the outputs passed their checks, before the first byte is
+            written (the CLI prints the plan there).
 
     Returns:
         A :class:`StripReport`.
@@ -243,8 +249,6 @@ def strip(
             f"no NextN tensors were present ({plan.nextn.describe()} was declared but empty): only the metadata "
             "was repaired"
         )
-    if not dry_run:
-        stats = write_outputs(plan.outputs, inputs=model.paths, force=force, progress=progress, desc="strip")
-        report.record(stats)
+    report.write(plan.outputs, inputs=model.paths, force=force, progress=progress, desc="strip", on_plan=on_plan)
     report.seconds = time.perf_counter() - started
     return report
