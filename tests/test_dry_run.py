@@ -26,6 +26,7 @@ from helpers import file_hashes
 
 from gguf_mtp.cli import main
 from gguf_mtp.files.commit import JOURNAL_NAME, folder_lock
+from gguf_mtp.files.journal import encode_journal
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 
@@ -188,7 +189,7 @@ def test_dry_run_reports_an_interrupted_run_and_leaves_its_journal(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    journal = json.dumps({"format": 1, "pid": 2**22 + 1, "entries": []})
+    journal = encode_journal(2**22 + 1, []).decode()
     (out / JOURNAL_NAME).write_text(journal)
 
     dry = run(capsys, [*argv("compose", inputs, out), "--dry-run", "--json"])
