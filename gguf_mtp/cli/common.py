@@ -14,7 +14,7 @@ from typing import Any
 
 from gguf_mtp.formatting import human_bytes, json_safe, printable, short
 
-__all__ = ["add_output_flags", "error_object", "human_bytes", "print_json", "print_report", "short"]
+__all__ = ["add_output_flags", "add_outtype_flag", "error_object", "human_bytes", "print_json", "print_report", "short"]
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -23,6 +23,18 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     if dry_run:
         parser.add_argument("--dry-run", action="store_true", help="show the plan, write nothing")
+
+
+def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors") -> None:
+    """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case)."""
+    from gguf_mtp.conversion import OUTTYPE_NAMES
+
+    parser.add_argument(
+        "--outtype", type=str.lower, metavar="TYPE",  # checked by the library: it says why a type is refused
+        help=f"write {what} in TYPE, exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep "
+        f"their type; rows that do not fit TYPE's blocks take its fallback); one of {', '.join(OUTTYPE_NAMES)}. "
+        "Below q4_k a head drafts worse. Default: unchanged, byte for byte",
+    )
 
 
 def print_json(data: Any) -> None:

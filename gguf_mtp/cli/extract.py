@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, add_outtype_flag, print_json, print_report
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--standalone, in the current folder)",
     )
     p.add_argument("--standalone", action="store_true", help="write an MTP-only model llama.cpp loads on its own")
+    add_outtype_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
     report = extract(
-        args.source, output, standalone=args.standalone, force=args.force, dry_run=args.dry_run,
+        args.source, output, standalone=args.standalone, outtype=args.outtype, force=args.force, dry_run=args.dry_run,
         progress=not (args.quiet or args.json),
     )
     if args.json:

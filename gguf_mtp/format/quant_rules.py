@@ -41,7 +41,7 @@ Q = GGMLQuantizationType
 
 #: ``--outtype`` names (llama-quantize's uniform types, any case) -> the ggml type of a head's matrices.
 HEAD_TYPES: dict[str, GGMLQuantizationType] = {
-    name: Q[name.upper()]
+    name: GGMLQuantizationType[name.upper()]
     for name in ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q4_k", "q3_k", "q2_k",
                  "q5_1", "q5_0", "q4_1", "q4_0", "iq4_xs", "iq4_nl")
 }

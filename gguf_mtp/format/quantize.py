@@ -18,7 +18,7 @@ import ctypes
 import functools
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -72,7 +72,7 @@ def type_nbytes(shape: tuple[int, ...], qtype: int) -> int:
 
 
 class _TypeTraits(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes wants a plain list
+    _fields_ = [
         ("type_name", ctypes.c_char_p),
         ("blck_size", ctypes.c_int64),
         ("blck_size_interleave", ctypes.c_int64),
@@ -104,7 +104,7 @@ class _Ggml:
         self.threads = max(1, os.cpu_count() or 1)
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ggml-quant")
 
-    def to_float(self, qtype: int) -> _TO_FLOAT | None:
+    def to_float(self, qtype: int) -> Callable[[int, int, int], None] | None:
         pointer = self._get_traits(qtype).contents.to_float
         return _TO_FLOAT(pointer) if pointer else None
 
