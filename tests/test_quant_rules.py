@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
 
 from gguf_mtp.conversion import OUTTYPE_NAMES
@@ -25,8 +26,6 @@ from gguf_mtp.format.quant_rules import (
 )
 from gguf_mtp.format.quantize import from_f32, to_f32
 from gguf_mtp.jobs.head_type import low_bit_warning, parse_outtype
-
-from conftest import IN_CI
 
 EH = "blk.40.nextn.eh_proj.weight"
 
@@ -121,7 +120,7 @@ def test_importance_matrix_types_are_refused_with_the_reason(name: str) -> None:
 
 
 def test_an_unknown_type_lists_the_choices() -> None:
-    with pytest.raises(ParameterError, match=r"'q4' is not a head type: choose one of f32, .*iq4_nl$"):
+    with pytest.raises(ParameterError, match=r"'q4': choose one of f32, .*iq4_nl$"):
         parse_outtype("q4")
 
 

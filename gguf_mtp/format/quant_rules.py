@@ -173,7 +173,7 @@ def head_type(name: str) -> GGMLQuantizationType:
             f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix), which a head "
             "conversion does not have; choose iq4_xs, q4_k or above"
         )
-    raise ValueError(f"{name!r} is not a head type: choose one of {', '.join(HEAD_TYPES)}")
+    raise ValueError(f"{name!r}: choose one of {', '.join(HEAD_TYPES)}")
 
 
 def kept_by(name: str, shape: Sequence[int], arch: str | None = None) -> str | None:

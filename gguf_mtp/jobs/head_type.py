@@ -129,4 +129,4 @@ def bf16_head_hint(head: Iterable[HeadTensor], trunk_types: Iterable[int], arch:
         for t in tensors
     )
     return (f"the head is {human_bytes(summary.nbytes)} in {summary.main_type} in a quantized target; "
-            f"outtype q8_0 would make it {human_bytes(size)}")
+            f"--outtype q8_0 would make it {human_bytes(size)}")
