@@ -112,3 +112,13 @@ def test_the_draft_type_stays_where_a_tensor_is_already_in_it(nemotron_split: Pa
     composition = plan(nemotron_split, draft, tmp_path / "out", outtype="q8_0")
     assert not any(isinstance(s, Generated) for f in composition.files for s in f.output.segments)
     assert read_header(draft).tensors[0].type_name in ("Q8_0", "F32")
+
+
+def test_an_integer_source_tensor_is_refused_at_planning_time(tmp_path: Path) -> None:
+    from gguf_mtp.errors import BadGGUFError
+    from gguf_mtp.format.header import TensorInfo
+    from gguf_mtp.jobs.head_type import retype_head_tensor
+
+    tensor = TensorInfo("blk.3.nextn.eh_proj.weight", (32, 4), int(Q.I32), 0, 32 * 4 * 4)
+    with pytest.raises(BadGGUFError, match=r"eh_proj.weight: cannot convert a I32 tensor \(llama-quantize cannot"):
+        retype_head_tensor(tensor, tmp_path / "x.gguf", 0, Q.Q8_0, "nemotron_h_moe")

@@ -49,6 +49,9 @@ Q = GGMLQuantizationType
 #: Float32 working memory per step (rows are never split, so a single huge row may exceed it).
 CHUNK_BYTES = 32 * 1024 * 1024
 
+#: Source types llama-quantize dequantizes (``llama_tensor_dequantize_impl``): every block type and these.
+FLOAT_SOURCES = frozenset({Q.F32, Q.F16, Q.BF16})
+
 #: The types gguf-py's numpy code quantizes (byte-identical to ggml's reference quantizers).
 NUMPY_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_1, Q.Q5_0, Q.Q4_1, Q.Q4_0})
 
@@ -117,7 +120,10 @@ def _ggml() -> _Ggml | None:
     folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
         if (folder / name).is_file():
-            return _Ggml(ctypes.CDLL(str(folder / name)))
+            try:
+                return _Ggml(ctypes.CDLL(str(folder / name)))
+            except (OSError, AttributeError):  # not loadable here, or a ggml without these functions
+                return None
     return None
 
 
@@ -235,9 +241,13 @@ def retyped_tensor(
     Raises:
         QuantizerUnavailableError: at planning time, when the conversion needs llama.cpp's quantizer and it
             is missing.
+        ValueError: the source is an integer or F64 tensor (llama-quantize refuses those too).
     """
     if tensor.ggml_type == wanted:
         return tensor, (CopyRange(Path(path), offset, tensor.nbytes),)
+    source = GGMLQuantizationType(tensor.ggml_type)
+    if source not in FLOAT_SOURCES and GGML_QUANT_SIZES[source][0] == 1:  # I8..I64, F64: as llama-quantize
+        raise ValueError(f"{tensor.name}: cannot convert a {source.name} tensor (llama-quantize cannot either)")
     wanted_type = GGMLQuantizationType(wanted)
     if wanted_type not in NUMPY_TYPES:
         _need_ggml(wanted_type, "quantizing to")

@@ -16,10 +16,17 @@ from typing import Any, Protocol
 
 from gguf import GGMLQuantizationType
 
-from gguf_mtp.errors import ParameterError
+from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.format.header import TensorInfo
 from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
-from gguf_mtp.format.quantize import INSTALL_HINT, NUMPY_TYPES, ggml_available, retyped_tensor, type_nbytes
+from gguf_mtp.format.quantize import (
+    INSTALL_HINT,
+    NUMPY_TYPES,
+    QuantizerUnavailableError,
+    ggml_available,
+    retyped_tensor,
+    type_nbytes,
+)
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.write import Segment
 
@@ -66,7 +73,12 @@ def retype_head_tensor(
     gives it for ``outtype``: its table entry and segments (a kernel copy when the type stays)."""
     wanted = tensor.ggml_type if outtype is None else head_tensor_type(
         tensor.name, tensor.shape, tensor.ggml_type, outtype, arch)
-    return retyped_tensor(tensor, path, offset, wanted)
+    try:
+        return retyped_tensor(tensor, path, offset, wanted)
+    except ValueError as e:
+        raise BadGGUFError(str(e), path) from None
+    except QuantizerUnavailableError as e:
+        raise ParameterError(str(e), parameter="outtype") from None
 
 
 @dataclass(frozen=True)
