@@ -110,6 +110,8 @@ def test_outtype_writes_what_llama_quantize_writes(family: Family, qtype: str, l
     grafted = graft(family.q8_source, family.target, tmp_path / "graft", outtype=qtype, verify=False, progress=False)
     _assert_same_nextn(grafted.output_paths[0], requantized, family.nextn)
     _assert_trunk_kept(grafted.output_paths[0], family.target, family.nextn)
+    check = check_with_llama(grafted.output_paths[0])
+    assert check.ok and check.mtp_decode_ok and check.n_layer_nextn == 1, check.summary()
 
 
 @pytest.mark.parametrize("family", ["nemotron"], indirect=True)  # the tiny HF checkpoints are nemotron heads
