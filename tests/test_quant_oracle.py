@@ -137,3 +137,17 @@ def test_the_fallback_family_really_falls_back(family: Family, llama_quantize_to
         assert Q.Q5_0.name in types and Q.Q4_K.name in types
     else:
         assert types == {"Q4_K", "F32"}
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q8_0"])
+def test_rows_that_fit_no_block_become_f16_as_llama_quantize_makes_them(
+    qtype: str, llama_quantize_tool: Path, tmp_path: Path
+) -> None:
+    """Expert rows of 48 split into neither 256- nor 32-element blocks: llama-quant.cpp:438 makes them F16."""
+    full = write_target(tmp_path, family=GLM4MOE, hparams=with_hparams(n_embd=320, n_ff_exp=48), quant="BF16",
+                        with_nextn=True, name="full")
+    oracle = _quantize(llama_quantize_tool, full, tmp_path / f"oracle-{qtype}.gguf", qtype)
+    nextn = f"blk.{len(GLM4MOE.default_pattern)}."
+    assert "F16" in {t for t, _, _ in _tensors(oracle, nextn).values()}
+    ours = extract(full, tmp_path / "extract.gguf", outtype=qtype, progress=False).output
+    _assert_same_nextn(ours, oracle, nextn)
