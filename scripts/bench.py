@@ -9,6 +9,8 @@ Measures wall time and peak memory, alternating runs and keeping medians, of:
 - ``gguf-mtp convert`` of a synthetic MTPv2 head (512 experts per stack) vs ``cp`` of its safetensors;
 - on a loop-mounted XFS image with reflink (as root, with ``mkfs.xfs``): compose, strip and graft vs
   ``cp --reflink=always`` and ``cp --reflink=never``, time and extra disk used (``bench_reflink.py``);
+- ``gguf-mtp compose --outtype q4_k`` (a BF16 head quantized on the way) vs ``llama-quantize --pure`` doing
+  the same work, time and peak memory (``bench_quant.py``);
 
 at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
 ``docs/benchmarks/`` (a full run) or a scratch folder (``--quick``, a smoke run, unless ``--update-docs``
@@ -20,6 +22,7 @@ Examples::
     .venv/bin/python scripts/bench.py --quick             # seconds, tiny inputs; report in WORK_DIR/quick-report
     .venv/bin/python scripts/bench.py --quick --update-docs   # the same, replacing docs/benchmarks/
     sudo .venv/bin/python scripts/bench.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
+    .venv/bin/python scripts/bench.py --quantize-only         # just --outtype vs llama-quantize: quantize.md
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from bench_inputs import (
     size_label,
 )
 from bench_lib import CACHE_MODES, Command, Sample, load_average, machine_info, median_ratio, run_alternating, summarise
+from bench_quant import run_quantize, write_quantize_report
 from bench_reflink import reflink_unavailable, run_reflink, write_reflink_report
 from bench_report import write_report
 
@@ -323,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the XFS reflink case: writes reflink.md and reflink.json, links them from README.md")
     p.add_argument("--reflink-sizes", type=_sizes,
                    help="target sizes of the reflink case (default: 1G,3G; with --quick the --sizes)")
+    p.add_argument("--no-quantize", action="store_true", help="skip the --outtype vs llama-quantize case")
+    p.add_argument("--quantize-only", action="store_true",
+                   help="only the --outtype vs llama-quantize --pure case: writes quantize.md and quantize.json")
     p.add_argument("--render-only", action="store_true",
                    help="measure nothing: redo the tables and the plot from OUT_DIR/results.json")
     return p
@@ -371,6 +378,22 @@ def reflink_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
     return write_reflink_report(results, config.out_dir)
 
 
+def quantize_case(config: BenchConfig) -> list[Path]:
+    """Run the head-quantization case (llama-quantize built or found by scripts/build_llama_tools.py)."""
+    from build_llama_tools import BuildError, build_tool
+
+    try:
+        tool = build_tool("llama-quantize", quiet=False)
+    except (BuildError, OSError) as e:
+        _log(f"quantize case skipped: llama-quantize is not available ({e})")
+        return []
+    results = run_quantize(config.work_dir, tool, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
+                           cache=config.cache, log=_log)
+    for target in results["targets"]:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    return write_quantize_report(results, config.out_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
@@ -378,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"smoke run: the report goes to {config.out_dir} (docs/benchmarks/ is left as it is; "
              "--update-docs replaces it)")
     reflink_written: list[Path] = []
+    if args.quantize_only:
+        _log("wrote " + ", ".join(str(p) for p in quantize_case(config)))
+        return 0
     if args.render_only:
         results = rerender(config.out_dir)
     else:
@@ -389,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                 results = run_benchmark(config)
                 if not args.no_reflink:
                     reflink_written = reflink_case(args, config)
+                if not args.no_quantize:
+                    reflink_written += quantize_case(config)
         finally:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)

@@ -233,7 +233,8 @@ def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figure
     assert _doc_bytes() == before
     assert f"smoke run: the report goes to {out.resolve()}" in stderr
     reflink = ("reflink.json", "reflink.md") if reflink_unavailable() is None else ()
-    assert sorted(p.name for p in out.iterdir()) == sorted((*DOC_FILES, *reflink))
+    quantize = ("quantize.json", "quantize.md") if "quantize case skipped" not in stderr else ()
+    assert sorted(p.name for p in out.iterdir()) == sorted((*DOC_FILES, *reflink, *quantize))
     assert results["config"]["quick"] is True
 
 
@@ -322,3 +323,21 @@ def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict,
     text = (out / "reflink.md").read_text()
     assert "| cp --reflink=always |" in text and all(t["goal"] in text for t in reflink["targets"])
     assert "[`reflink.md`](reflink.md)" in (out / "README.md").read_text()
+
+
+def test_quick_run_measures_head_quantization_against_llama_quantize(
+    quick_run: tuple[Path, dict, str, dict[str, bytes]],
+) -> None:
+    out, _, stderr, _ = quick_run
+    if "quantize case skipped" in stderr:
+        if IN_CI:
+            pytest.fail("CI=true: the --outtype vs llama-quantize benchmark case must run")
+        pytest.skip("llama-quantize is not built here")
+    results = json.loads((out / "quantize.json").read_text())
+    rows = {r["tool"]: r for r in results["summary"]}
+    ours, theirs = rows["compose --outtype"], rows["llama-quantize --pure"]
+    assert ours["median_seconds"] > 0 and theirs["median_seconds"] > 0
+    # the same work: the same number of bytes on disk (the composite with a Q4_K head; ours pads its header)
+    assert abs(ours["bytes_out"] - theirs["bytes_out"]) < 64 * 1024
+    assert results["ratio"] is not None and all(t["goal"] in (out / "quantize.md").read_text()
+                                                for t in results["targets"])

@@ -90,7 +90,22 @@ def test_an_unknown_outtype_is_still_refused(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["convert", "src", "-o", "d.gguf", "--outtype", "Q9"])
     assert exit_info.value.code == 2
-    assert "argument --outtype: invalid choice" in capsys.readouterr().err
+    assert "argument --outtype: 'q9': choose one of f32, f16, bf16, q8_0, q6_k" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", [["convert", "src", "-o", "d.gguf"], ["compose", "t", "d", "-o", "o"],
+                                     ["graft", "--from", "s", "--into", "t", "-o", "o"], ["extract", "s"]])
+def test_an_importance_matrix_outtype_is_refused_with_the_reason(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*command, "--outtype", "IQ2_XS"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.endswith("argument --outtype: iq2_xs: llama.cpp only writes it with an importance matrix "
+                        "(llama-quantize --imatrix), which a head conversion does not have; "
+                        "choose iq4_xs, q4_k or above")
 
 
 def test_other_word_choices_take_any_case_too() -> None:

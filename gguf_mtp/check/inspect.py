@@ -107,6 +107,8 @@ class ModelSummary:
     bytes_fetched: int | None = None  # remote: header bytes received over HTTP
     http_requests: int | None = None
     mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
+    nextn_types: tuple[TypeUsage, ...] = ()  # the NextN blocks' tensors alone, by bytes
+    rest_types: tuple[TypeUsage, ...] = ()  # every other tensor (the trunk and the globals), by bytes
     standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
     uncommitted: str | None = None  # a gguf-mtp journal beside the files names them: the set was never committed
 
@@ -170,6 +172,10 @@ class ModelSummary:
             "tensor_count": self.tensor_count,
             "total_size": self.total_size,
             "types": [t.to_dict() for t in self.types],
+            "nextn_types": [t.to_dict() for t in self.nextn_types],
+            "nextn_size": sum(t.nbytes for t in self.nextn_types),
+            "trunk_types": [t.to_dict() for t in self.rest_types],
+            "trunk_size": sum(t.nbytes for t in self.rest_types),
             "alignment": self.alignment,
             "consistent": not self.problems,
             "problems": list(self.problems),
@@ -214,6 +220,11 @@ class ModelSummary:
             "tensor types: "
             + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in self.types)
         )
+        if self.nextn_types:
+            for what, usage in (("NextN block", self.nextn_types), ("the rest", self.rest_types)):
+                if usage:
+                    lines.append(f"  {what}: {human_bytes(sum(t.nbytes for t in usage))}: "
+                                 + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in usage))
         if self.tensors is not None:
             lines.append("tensors:")
             width = max((len(t.name) for t in self.tensors), default=0)
@@ -326,17 +337,20 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         problems.append(f"tensors of blk.{block}, beyond block_count {block_count}")
 
     usage: dict[str, list[int]] = {}
+    nextn_usage: dict[str, list[int]] = {}
+    rest_usage: dict[str, list[int]] = {}
+    nextn_names = {f"blk.{b}." for b in nextn_blocks}
     rows: list[TensorRow] = []
     for shard in model.shards:
         for t in shard.header.tensors if shard.header else ():
-            entry = usage.setdefault(t.type_name, [0, 0])
-            entry[0] += 1
-            entry[1] += t.nbytes
+            in_nextn = t.name.startswith("blk.") and t.name[: t.name.find(".", 4) + 1] in nextn_names
+            for table in (usage, nextn_usage if in_nextn else rest_usage):
+                entry = table.setdefault(t.type_name, [0, 0])
+                entry[0] += 1
+                entry[1] += t.nbytes
             if tensors:
                 rows.append(TensorRow(t.name, t.type_name, t.shape, t.nbytes, shard.number or 1, t.offset))
-    types = tuple(
-        TypeUsage(name, count, nbytes) for name, (count, nbytes) in sorted(usage.items(), key=lambda kv: -kv[1][1])
-    )
+    types = _by_bytes(usage)
     alignments = {h.alignment for h in model.headers}
     general_name = first.get("general.name") if first is not None else None
     return ModelSummary(
@@ -361,6 +375,14 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         http_requests=model.http_requests if model.remote else None,
         mtp_only=mtp_only,
         standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
+        nextn_types=_by_bytes(nextn_usage) if nextn_blocks else (),
+        rest_types=_by_bytes(rest_usage) if nextn_blocks else (),
+    )
+
+
+def _by_bytes(usage: dict[str, list[int]]) -> tuple[TypeUsage, ...]:
+    return tuple(
+        TypeUsage(name, count, nbytes) for name, (count, nbytes) in sorted(usage.items(), key=lambda kv: -kv[1][1])
     )
 
 

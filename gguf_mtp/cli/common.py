@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_output_flags",
+    "add_outtype_flag",
     "error_object",
     "human_bytes",
     "plan_printer",
@@ -35,6 +36,34 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     if dry_run:
         parser.add_argument("--dry-run", action="store_true", help="show the plan, write nothing")
+
+
+def _outtype_name(value: str) -> str:
+    """An ``--outtype`` value in lower case, or argparse's one-line refusal saying why (an importance-matrix type)."""
+    from gguf_mtp.conversion import OUTTYPE_NAMES
+
+    name = value.strip().lower()
+    if name in OUTTYPE_NAMES:
+        return name
+    from gguf_mtp.format.quant_rules import head_type
+
+    try:
+        head_type(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
+def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors") -> None:
+    """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case)."""
+    from gguf_mtp.conversion import OUTTYPE_NAMES
+
+    parser.add_argument(
+        "--outtype", type=_outtype_name, metavar="TYPE",
+        help=f"write {what} in TYPE, exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep "
+        f"their type; rows that do not fit TYPE's blocks take its fallback); one of {', '.join(OUTTYPE_NAMES)}. "
+        "Below q4_k a head drafts worse. Default: unchanged, byte for byte",
+    )
 
 
 def print_json(data: Any) -> None:

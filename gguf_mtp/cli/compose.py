@@ -7,7 +7,7 @@ import sys
 
 from gguf_mtp.errors import GGUFMTPError
 
-from .common import add_output_flags, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "like split.* and gguf_mtp.*, are refused); repeatable",
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
+    add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     p.add_argument("--verify", action="store_true", help="verify the composite after writing it")
     p.add_argument("--no-llama", action="store_true", help="with --verify: skip the llama.cpp load")
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         args.draft,
         args.output_dir,
         block=args.block,
+        outtype=args.outtype,
         set_kv=args.set_kv,
         basename=args.basename,
         dry_run=args.dry_run,

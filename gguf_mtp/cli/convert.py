@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import re
 
-from gguf_mtp.conversion import OUTTYPE_NAMES, supported_architectures
+from gguf_mtp.conversion import supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import add_output_flags, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model the head belongs to (any shard of a split set): gives the block index and is "
                         "checked against the head")
     p.add_argument("--block", type=int, metavar="N", help="NextN block index when there is no --target")
-    p.add_argument("--outtype", choices=sorted(OUTTYPE_NAMES),
-                   help="type of the matrices (norms, biases, router: F32); default: the source dtype, copied as is")
+    add_outtype_flag(p, "the head's matrices (norms, biases, router: F32; f32/f16/bf16/q8_0 as llama.cpp's "
+                     "converter writes them, the other types as llama-quantize --pure writes the converted head)")
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--standalone, in the current folder)",
     )
     p.add_argument("--standalone", action="store_true", help="write an MTP-only model llama.cpp loads on its own")
+    add_outtype_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -45,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
     report = extract(
-        args.source, output, standalone=args.standalone, force=args.force, dry_run=args.dry_run,
-        progress=not (args.quiet or args.json), on_plan=plan_printer(args),
+        args.source, output, standalone=args.standalone, outtype=args.outtype, force=args.force,
+        dry_run=args.dry_run, progress=not (args.quiet or args.json), on_plan=plan_printer(args),
     )
     print_outcome(args, report)
     return 0

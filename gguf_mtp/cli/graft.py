@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_output_flags, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--into", dest="target", required=True, metavar="TARGET", help="the trunk-only model to extend")
     p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR", help="folder for the composite")
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
+    add_outtype_flag(p, "the NextN block's tensors (a quantized source is dequantized first, as llama-quantize "
+                     "--allow-requantize does; the target's bytes are copied as they are)")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     p.add_argument("--no-verify", action="store_true", help="do not verify the composite after writing it")
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite with llama.cpp")
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.graft import graft
 
     report = graft(
-        args.source, args.target, args.output_dir, basename=args.basename, force=args.force,
+        args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype, force=args.force,
         verify=not args.no_verify, llama=False if args.no_llama else None, dry_run=args.dry_run,
         progress=not (args.quiet or args.json), on_plan=plan_printer(args),
     )

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from gguf_mtp.hub.pipeline import PipelineReport
 
 
-from .common import add_output_flags, print_json, print_report
+from .common import add_output_flags, add_outtype_flag, print_json, print_report
 
 DEFAULT_WORK_DIR = "gguf-mtp-work"
 
@@ -33,8 +33,7 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-revision", metavar="BRANCH", help="branch to publish to (default: main)")
     p.add_argument("--private", action="store_true", help="create --out-repo private")
     p.add_argument("--basename", metavar="NAME", help="composite file prefix (default: the target's + '-MTP')")
-    p.add_argument("--outtype", choices=("bf16", "f16", "f32", "q8_0"),
-                   help="type of the head's matrices (default: as in the checkpoint)")
+    add_outtype_flag(p, "the head's matrices (convert's --outtype)")
     p.add_argument("--cache-dir", metavar="DIR", help="Hub cache for the target (default: huggingface_hub's)")
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
 

@@ -39,10 +39,11 @@ from gguf import (
     GGUFWriter,
     LlamaFileType,
 )
-from gguf import quants as gguf_quants
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
+from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
+from gguf_mtp.format.quantize import from_f32
 from gguf_mtp.model.blocks import per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
@@ -71,16 +72,15 @@ __all__ = [
 
 Q = GGMLQuantizationType
 
-#: ``--outtype`` names -> ggml type (llama.cpp's converter offers the same names).
+#: ``--outtype`` names -> ggml type (the first four are llama.cpp's converter's, the rest llama-quantize's).
 OUTTYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
 
+#: The ``--outtype`` names llama.cpp's converter offers, applied its way (:meth:`HeadModel.output_type`); the
+#: others are llama-quantize's and follow its rules (:mod:`gguf_mtp.format.quant_rules`) on top of the former.
+CONVERTER_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0})
+
 #: ``general.file_type`` of a file whose matrices are all of one type.
-FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
-    Q.F32: LlamaFileType.ALL_F32,
-    Q.F16: LlamaFileType.MOSTLY_F16,
-    Q.BF16: LlamaFileType.MOSTLY_BF16,
-    Q.Q8_0: LlamaFileType.MOSTLY_Q8_0,
-}
+FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = HEAD_TYPE_FILE_TYPES
 
 #: Floating-point safetensors dtypes the converter reads, and the ggml type that holds them unchanged.
 FLOAT_DTYPES: dict[str, GGMLQuantizationType | None] = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "F64": None}
@@ -279,8 +279,9 @@ def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chun
             if buffer is None:
                 buffer = buffer_rows.reshape(-1)
             values = _to_f32(buffer_rows, part.dtype)
-            # gguf-py's own quantizer, as llama.cpp's converter uses it (BF16 rounds to nearest even).
-            yield np.ascontiguousarray(gguf_quants.quantize(values, qtype))
+            # ggml's own quantizer (gguf-py's, byte-identical, without llama-cpp-python), as llama-quantize and
+            # llama.cpp's converter write these types (BF16 rounds to nearest even).
+            yield from_f32(values.reshape(count, part.row_size or 1), qtype)
     finally:
         os.close(fd)
 
@@ -615,7 +616,14 @@ class HeadModel:
         self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
     ) -> GGMLQuantizationType:
         """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
-        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32)."""
+        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32).
+
+        A type llama.cpp's converter does not offer (``q4_k``, ``iq4_xs``...) is what ``llama-quantize --pure``
+        gives the tensor of that default conversion (:func:`~gguf_mtp.format.quant_rules.head_tensor_type`)."""
+        if outtype is not None and outtype not in CONVERTER_TYPES:
+            default = self.output_type(name, source, None)
+            ggml_shape = tuple(reversed(source.shape)) or (1,)
+            return head_tensor_type(name.format(bid=0), ggml_shape, default, outtype, self.arch)
         router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
             return Q.F32

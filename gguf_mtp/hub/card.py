@@ -78,6 +78,7 @@ class ModelFacts:
     tensor_count: int
     nextn_tensors: int
     nextn_types: tuple[str, ...] = field(default=())
+    nextn_bytes: int = 0  # the NextN tensors' data (the head's size as published)
     base_model: str | None = None  # a huggingface.co repo the GGUF names as its base model
     license: str | None = None
 
@@ -90,11 +91,12 @@ class ModelFacts:
         """Read the facts from a model's headers (shard 1 holds the model KVs)."""
         trunk = model.trunk_block_count
         nextn_types: set[str] = set()
-        nextn_tensors = 0
+        nextn_tensors = nextn_bytes = 0
         for _, tensor in model.iter_tensors():
             match = BLOCK_TENSOR.match(tensor.name)
             if match and int(match["block"]) >= trunk:
                 nextn_tensors += 1
+                nextn_bytes += tensor.nbytes
                 nextn_types.add(tensor.type_name)
         repo_url = model.get(Keys.General.BASE_MODEL_REPO_URL.format(id=0))
         base = None
@@ -110,6 +112,7 @@ class ModelFacts:
             tensor_count=model.tensor_count,
             nextn_tensors=nextn_tensors,
             nextn_types=tuple(sorted(nextn_types)),
+            nextn_bytes=nextn_bytes,
             base_model=base,
             license=license_ if isinstance(license_, str) and license_ else None,
         )
@@ -263,7 +266,7 @@ def render_model_card(
     else:
         lines.append("| MTP head | not recorded |")
     lines += [
-        f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}) |",
+        f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}), {_human(facts.nextn_bytes)} |",
         f"| written by | gguf-mtp {markdown_text(version)} (the `gguf-mtp` command of the Python package `gguf-mtp`) |",
         "",
         "## Files",

@@ -334,7 +334,7 @@ def run_pipeline(
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
         basename: the composite's file prefix (default: the target's prefix + ``-MTP``).
-        outtype: the draft's matrix type (``bf16``, ``f16``, ``f32``, ``q8_0``; default: the head's).
+        outtype: the draft's matrix type (any of convert's: ``q8_0``, ``q4_k``...; default: the head's).
         cache_dir: the Hub cache for the target (default: huggingface_hub's, ``HF_HOME``/``HF_HUB_CACHE``).
         api: an ``HfApi``-like object (a stand-in in tests).
         llama: load the composite with llama.cpp in verify (default: when installed).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -9,14 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gguf_mtp.format.header import TensorInfo
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
 from gguf_mtp.formatting import human_bytes, short_change
-from gguf_mtp.model.shards import open_model
+from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import WriteReport, check_output_folder
 
 from .compose_plan import CompositionPlan, plan_composition
+from .head_type import bf16_head_hint, low_bit_warning, parse_outtype
 
-__all__ = ["ComposeReport", "compose", "plan"]
+__all__ = ["ComposeReport", "compose", "head_notes", "plan"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -38,6 +43,7 @@ class ComposeReport(WriteReport):
             f"blocks 0..{plan.block - 1}",
             f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
             + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
+            f"head:   {plan.head.describe()}",
         ]
         for f in plan.files:
             lines.append(
@@ -79,6 +85,7 @@ class ComposeReport(WriteReport):
             },
             "renamed": [{"draft": a, "composite": b} for a, b in plan.renamed],
             "dropped": list(plan.dropped),
+            "head": plan.head.to_dict(),
             "kv_changes": [c.to_dict() for c in plan.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
             **self.write_fields(),
@@ -100,6 +107,7 @@ def plan(
     block: int | None = None,
     set_kv: Sequence[str | KVOverride] = (),
     basename: str | None = None,
+    outtype: str | None = None,
 ) -> CompositionPlan:
     """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written)."""
     return plan_composition(
@@ -109,7 +117,19 @@ def plan(
         block=block,
         set_kv=_overrides(set_kv),
         basename=basename,
+        outtype=outtype,
     )
+
+
+def head_notes(head: Sequence[TensorInfo], target: ShardSet, outtype: str | None) -> list[str]:
+    """The advisory lines about the head's type: below Q4_K, or BF16/F16 in a quantized target."""
+    warning = low_bit_warning(parse_outtype(outtype))
+    if warning:
+        return [warning]
+    if outtype is None:
+        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), target.arch)
+        return [hint] if hint else []
+    return []
 
 
 def compose(
@@ -120,6 +140,7 @@ def compose(
     block: int | None = None,
     set_kv: Sequence[str | KVOverride] = (),
     basename: str | None = None,
+    outtype: str | None = None,
     dry_run: bool = False,
     force: bool = False,
     progress: bool = True,
@@ -144,6 +165,8 @@ def compose(
         block: the NextN block index; optional, and only the target's trunk block count is accepted.
         set_kv: ``KEY=VALUE`` / ``KEY:TYPE=VALUE`` metadata overrides.
         basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
+        outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...) exactly as ``llama-quantize --pure``
+            would; ``None`` copies the draft's bytes. Target bytes are always copied.
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         force: replace existing outputs (never inputs).
         progress: show a progress bar on stderr when it is a terminal.
@@ -167,8 +190,13 @@ def compose(
     """
     started = time.perf_counter()
     check_output_folder(output_dir)
-    composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename)
+    composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename, outtype=outtype)
     report = ComposeReport(plan=composition, dry_run=dry_run)
+    placed = {name for name, _ in composition.renamed}
+    head = [t for t in composition.draft.first.tensors if t.name in placed]
+    for note in head_notes(head, composition.target, outtype):
+        logger.warning(note)
+        report.notes.append(note)
     if composition.dropped:
         report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
     report.write(
@@ -185,7 +213,7 @@ def compose(
         report.verification = verify_composite(
             composition.files[0].path,
             target=composition.target.paths[0],
-            draft=composition.draft.paths[0],
+            draft=composition.draft.paths[0] if outtype is None else None,  # re-typed: bytes differ
             llama=llama,
             progress=progress,
             allow_kv=[o.key for o in _overrides(set_kv)],  # what --set-kv changed on purpose

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import (
     BLOCK_TENSOR,
@@ -41,6 +41,7 @@ from gguf_mtp.format.kv_edit import (
     with_int_value,
 )
 from gguf_mtp.format.layout import congruent_header, pack_tensors
+from gguf_mtp.jobs.head_type import HeadSummary, parse_outtype, retype_head_tensor, summarize_head
 from gguf_mtp.model.arch_rules import SPLICE_REFUSED, LayerKeyRule, NextNValue, extended_arrays, is_known_arch
 from gguf_mtp.model.blocks import (
     block_layout_problem,
@@ -121,6 +122,13 @@ class CompositionPlan(FilesPlan):
     files: tuple[PlannedFile, ...]
     renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
     dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
+
+    @property
+    def head(self) -> HeadSummary:
+        """The NextN block's types and size as written into the composite."""
+        last = self.files[-1]
+        added = set(last.added_tensors)
+        return summarize_head(t for t in last.tensors if t.name in added)
 
 
 def _check_compatible(target: ShardSet, draft: ShardSet) -> None:
@@ -433,18 +441,22 @@ def _data_section(header: GGUFHeader) -> list[Segment]:
 
 
 def _appended_layout(
-    start: int, alignment: int, tensors: Iterable[tuple[TensorInfo, str]], draft_path: Path, draft_data_offset: int
+    start: int,
+    alignment: int,
+    tensors: Iterable[tuple[TensorInfo, str]],
+    draft: GGUFHeader,
+    outtype: GGMLQuantizationType | None = None,
 ) -> tuple[list[TensorInfo], list[Segment], int]:
-    """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end)."""
-    return pack_tensors(
-        (
-            (replace(tensor, name=new_name), (CopyRange(draft_path, draft_data_offset + tensor.offset, tensor.nbytes),))
-            for tensor, new_name in tensors
-        ),
-        alignment,
-        start=start,
-        pad_end=False,
-    )
+    """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end). With
+    ``outtype`` they are re-typed as llama-quantize --pure would (:mod:`gguf_mtp.jobs.head_type`)."""
+    arch = draft.get(KEY_ARCHITECTURE)
+    path = Path(draft.path)
+
+    def placed(tensor: TensorInfo, new_name: str) -> tuple[TensorInfo, tuple[Segment, ...]]:
+        info, data = retype_head_tensor(tensor, path, draft.data_offset + tensor.offset, outtype, arch)
+        return replace(info, name=new_name), data
+
+    return pack_tensors((placed(*item) for item in tensors), alignment, start=start, pad_end=False)
 
 
 def plan_composition(
@@ -455,6 +467,7 @@ def plan_composition(
     block: int | None = None,
     set_kv: Sequence[KVOverride] = (),
     basename: str | None = None,
+    outtype: str | GGMLQuantizationType | None = None,
 ) -> CompositionPlan:
     """Plan the splice of ``draft``'s NextN block(s) into ``target`` as its final block(s).
 
@@ -465,12 +478,15 @@ def plan_composition(
         block: the NextN block index; only the target's trunk block count is accepted.
         set_kv: extra metadata overrides for the model KVs.
         basename: name the outputs ``NAME-0000k-of-0000n.gguf`` instead of the target's names.
+        outtype: the NextN tensors' type, as llama-quantize --pure writes it (``None``: the draft's bytes).
 
     Raises:
         IncompatibleDraftError: the draft does not fit the target.
         KVEditError: an override is invalid.
         BadGGUFError: the target's metadata is unusable.
+        ParameterError: ``outtype`` is not a head type.
     """
+    head_type = parse_outtype(outtype)
     _check_roles(target, draft)  # first: a swapped pair is named as such, whatever else is wrong
     if draft.is_split:
         raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
@@ -480,7 +496,7 @@ def plan_composition(
     renamed = _renamed_draft_tensors(target, draft, draft_tensors, draft_first - trunk)
     edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
     _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
-    files = _planned_files(target, draft, renamed, edits, _output_names(target, output_dir, basename))
+    files = _planned_files(target, draft, renamed, edits, _output_names(target, output_dir, basename), head_type)
     return CompositionPlan(
         target=target,
         draft=draft,
@@ -552,6 +568,7 @@ def _planned_files(
     renamed: Sequence[tuple[TensorInfo, str]],
     edits: dict[str, KeyValue | None],
     finals: Sequence[Path],
+    outtype: GGMLQuantizationType | None = None,
 ) -> list[PlannedFile]:
     """One output per target file: its header edited, its data copied, the draft's tensors after the last one's."""
     draft_header = draft.first
@@ -570,7 +587,7 @@ def _planned_files(
         if index == last:
             # Offsets and padding of appended tensors use the alignment of the file they are written to.
             infos, segments, _ = _appended_layout(
-                header.packed_data_size, header.alignment, renamed, Path(draft_header.path), draft_header.data_offset
+                header.packed_data_size, header.alignment, renamed, draft_header, outtype
             )
             tensors += infos
             data += segments

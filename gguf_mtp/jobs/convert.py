@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
-from gguf_mtp.conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
+from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
@@ -51,6 +51,7 @@ from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
+from gguf_mtp.jobs.head_type import bf16_head_hint, low_bit_warning, parse_outtype, summarize_head
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
 
@@ -183,23 +184,23 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool, d
 def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:
     if outtype is None or isinstance(outtype, GGMLQuantizationType):
         return outtype
-    key = outtype.lower()
-    if key in ("source", "auto"):
+    if outtype.lower() in ("source", "auto"):
         return None
-    if key not in OUTTYPES:
-        raise ParameterError(f"outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
-    return OUTTYPES[key]
+    return parse_outtype(outtype)
 
 
 def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet | None,
-               matrix_types: set[GGMLQuantizationType], name: str) -> None:
+               matrix_types: set[GGMLQuantizationType], name: str,
+               wanted: GGMLQuantizationType | None = None) -> None:
     """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
     writer.add_name(name)
     model.set_gguf_parameters(writer, block + 1)
     for suffix, (etype, values) in model.layer_arrays(block, target).items():
         key = f"{model.arch}.{suffix}"
         writer.add_copied_kv(encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values))))
-    if len(matrix_types) == 1:
+    if wanted is not None and wanted not in CONVERTER_TYPES:  # llama-quantize's ftype (Q4_K -> Q4_K_M)
+        writer.add_file_type(FILE_TYPES[wanted])
+    elif len(matrix_types) == 1:
         writer.add_file_type(FILE_TYPES[next(iter(matrix_types))])
 
 
@@ -303,7 +304,9 @@ def plan_conversion(
         target: the model the head belongs to: gives the block index, is checked against the head, and
             provides the globals and metadata of a standalone draft.
         block: the NextN block index (must equal the target's trunk block count when both are given).
-        outtype: ``"bf16"``, ``"f16"``, ``"f32"``, ``"q8_0"`` for matrices; ``None`` keeps the source dtype.
+        outtype: the matrices' type: ``"bf16"``, ``"f16"``, ``"f32"``, ``"q8_0"`` as llama.cpp's converter writes
+            them, or another of llama-quantize's types (``"q4_k"``, ``"iq4_xs"``...) as ``llama-quantize --pure``
+            writes the converted head; ``None`` keeps the source dtype.
         standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
         drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
             them in its NextN layer; llama.cpp falls back to the trunk's).
@@ -349,7 +352,7 @@ def plan_conversion(
         # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
         items = [token_embd, *items, *head_of_model]
     else:
-        _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head")
+        _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head", wanted_type)
     path = Path(output)
     header, segments, planned, kvs = _layout(writer, items, path, residue)
 
@@ -365,10 +368,23 @@ def plan_conversion(
         tensors=tuple(planned),
         kvs=tuple(kvs),
         target=target,
-        notes=tuple(model.notes),
+        notes=(*model.notes, *_head_notes(planned, target, wanted_type, model.arch)),
     )
     _log_plan(plan, len(header))
     return plan
+
+
+def _head_notes(planned: Sequence[PlannedTensor], target: ShardSet | None, wanted: GGMLQuantizationType | None,
+                arch: str) -> list[str]:
+    """A low-bit head's warning, or the size a Q8_0 head would have where a BF16 one goes to a quantized target."""
+    warning = low_bit_warning(wanted)
+    if warning:
+        return [warning]
+    if wanted is None and target is not None:
+        head = [t for t in planned if t.name.startswith("blk.")]
+        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), arch)
+        return [hint] if hint else []
+    return []
 
 
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:
@@ -452,6 +468,7 @@ class ConvertReport(WriteReport):
             "block": plan.block,
             "standalone": plan.standalone,
             "outtype": plan.outtype,
+            "head": summarize_head(t for t in plan.tensors if t.name.startswith("blk.")).to_dict(),
             "target": [str(p) for p in plan.target.paths] if plan.target is not None else None,
             "output": str(plan.path),
             "tensors": [t.to_dict() for t in plan.tensors],
@@ -478,6 +495,7 @@ class ConvertReport(WriteReport):
             + (f" + {from_target} copied from the target" if from_target else "")
             + f", matrices: {plan.outtype}"
         )
+        lines.append(f"head: {summarize_head(t for t in plan.tensors if t.name.startswith('blk.')).describe()}")
         if self.dry_run:
             for t in plan.tensors:
                 shape = "{" + ", ".join(str(d) for d in t.shape) + "}"
@@ -535,7 +553,9 @@ def convert(
             NextN block index, and its architecture and hyperparameters are checked against the head.
         block: the NextN block index, when there is no ``target``.
         outtype: ``"bf16"``, ``"f16"``, ``"f32"`` or ``"q8_0"`` for the matrices (norms, biases and the
-            router stay F32); default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
+            router stay F32), or any other of llama-quantize's uniform types (``"q6_k"``, ``"q4_k"``,
+            ``"iq4_xs"``...), written exactly as ``llama-quantize --pure`` would from the BF16 conversion;
+            default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
         standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
             ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
         drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import (
     BLOCK_TENSOR,
@@ -38,6 +38,7 @@ from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.jobs.head_type import HeadSummary, low_bit_warning, parse_outtype, retype_head_tensor, summarize_head
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -198,6 +199,11 @@ class ExtractionPlan:
     def global_tensors(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.header.tensors if t.name not in self.nextn.names)
 
+    @property
+    def head(self) -> HeadSummary:
+        """The NextN block's types and size as written."""
+        return summarize_head(t for t in self.header.tensors if t.name in self.nextn.names)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "output": str(self.path),
@@ -211,6 +217,7 @@ class ExtractionPlan:
             "left_out_kvs": list(self.left_out_kvs),
             "added_kvs": list(self.added_kvs),
             "bytes": self.output.size,
+            "head": self.head.to_dict(),
         }
 
 
@@ -234,16 +241,32 @@ def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list
     return kvs, left_out, added
 
 
-def _layout(tensors: list[tuple[Path, int, TensorInfo]], alignment: int) -> tuple[list[TensorInfo], list[Segment]]:
-    """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments)."""
-    infos, segments, _ = pack_tensors(
-        ((tensor, (CopyRange(path, offset + tensor.offset, tensor.nbytes),)) for path, offset, tensor in tensors),
-        alignment,
-    )
+def _layout(
+    tensors: list[tuple[Path, int, TensorInfo]],
+    alignment: int,
+    retyped: frozenset[str] = frozenset(),
+    outtype: GGMLQuantizationType | None = None,
+    arch: str | None = None,
+) -> tuple[list[TensorInfo], list[Segment]]:
+    """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments).
+    Tensors named in ``retyped`` take ``outtype`` as llama-quantize --pure gives it; the rest are copied."""
+
+    def placed(path: Path, offset: int, tensor: TensorInfo) -> tuple[TensorInfo, tuple[Segment, ...]]:
+        if tensor.name in retyped and outtype is not None:
+            return retype_head_tensor(tensor, path, offset + tensor.offset, outtype, arch)
+        return tensor, (CopyRange(path, offset + tensor.offset, tensor.nbytes),)
+
+    infos, segments, _ = pack_tensors((placed(*item) for item in tensors), alignment)
     return infos, segments
 
 
-def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standalone: bool = False) -> ExtractionPlan:
+def plan_extraction(
+    source: ShardSet,
+    output: str | os.PathLike[str],
+    *,
+    standalone: bool = False,
+    outtype: str | GGMLQuantizationType | None = None,
+) -> ExtractionPlan:
     """Plan the extraction of ``source``'s NextN block(s) into ``output`` (pure: reads no tensor data).
 
     Args:
@@ -251,6 +274,7 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
         output: path of the draft file to write.
         standalone: also carry ``token_embd`` / ``output_norm`` / ``output`` and every model KV
             (tokenizer included): an MTP-only model llama.cpp loads on its own.
+        outtype: the NextN tensors' type (see :mod:`gguf_mtp.jobs.head_type`); ``None`` copies them as they are.
 
     Returns:
         The :class:`ExtractionPlan`.
@@ -259,7 +283,9 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
         NoNextNBlockError: the source has no NextN block.
         BadGGUFError: its metadata and tensors disagree (see :func:`find_nextn_blocks`), or a
             standalone file is asked for and the source has no ``token_embd`` / ``output_norm``.
+        ParameterError: ``outtype`` is not a head type.
     """
+    head_type = parse_outtype(outtype)
     nextn = find_nextn_blocks(source)
     wanted = set(nextn.names)
     if standalone:
@@ -274,7 +300,7 @@ def plan_extraction(source: ShardSet, output: str | os.PathLike[str], *, standal
         if tensor.name in wanted
     ]
     alignment = source.first.alignment
-    infos, segments = _layout(picked, alignment)
+    infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch)
     kvs, left_out, added = _draft_kvs(source, standalone)
     # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.format.layout).
     head = congruent_header(source.first.version, kvs, infos, alignment, segments)
@@ -327,6 +353,7 @@ class ExtractReport(WriteReport):
             f"{self.action(plan.path)} {kind} {plan.path} ({human_bytes(plan.output.size)}, "
             f"{len(plan.header.tensors)} tensors, {len(plan.header.kvs)} KVs)",
         ]
+        lines.append(f"    NextN block: {plan.head.describe()}")
         if plan.global_tensors:
             lines.append(f"    with the source's {', '.join(plan.global_tensors)}")
         lines.extend(f"    note: {n}" for n in self.notes)
@@ -356,6 +383,7 @@ def extract(
     output: str | os.PathLike[str],
     *,
     standalone: bool = False,
+    outtype: str | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
@@ -368,6 +396,8 @@ def extract(
         output: the draft file to write (``compose`` accepts it as its DRAFT).
         standalone: write an MTP-only model llama.cpp loads by itself (``llama-server --spec-draft-model``):
             the block plus ``token_embd`` / ``output_norm`` / ``output`` and every model KV.
+        outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...), exactly as ``llama-quantize --pure``
+            would; ``None`` copies them byte for byte. Other tensors are always copied.
         force: replace an existing output (never an input).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
@@ -388,8 +418,9 @@ def extract(
     """
     started = time.perf_counter()
     model = open_model(source)
-    plan = plan_extraction(model, output, standalone=standalone)
-    report = ExtractReport(plan=plan, dry_run=dry_run, notes=list(_notes(plan)))
+    plan = plan_extraction(model, output, standalone=standalone, outtype=outtype)
+    warning = low_bit_warning(parse_outtype(outtype))
+    report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
     report.write([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract", on_plan=on_plan)
     report.seconds = time.perf_counter() - started
     return report

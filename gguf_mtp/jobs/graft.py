@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.check.verify import VerifyReport
 from gguf_mtp.check.verify import verify as verify_composite
@@ -37,10 +37,11 @@ from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder
+from gguf_mtp.write import Bytes, CopyRange, Generated, OutputFile, Segment, WriteReport, Zeros, check_output_folder
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
+from .head_type import low_bit_warning, parse_outtype
 
 __all__ = ["GraftPlan", "GraftReport", "check_graft_compatible", "graft", "plan_graft"]
 
@@ -169,7 +170,9 @@ def _slice(segments: Sequence[Segment], offset: int, nbytes: int, name: str) -> 
                 yield Zeros(hi - lo)
             elif isinstance(segment, CopyRange):
                 yield CopyRange(segment.source, segment.offset + lo - position, hi - lo)
-            else:  # a planned draft is header bytes, copies and padding only
+            elif isinstance(segment, Generated) and (lo, hi) == (position, segment_end):
+                yield segment  # a re-typed tensor, taken whole
+            else:  # a planned draft is header bytes, copies, padding and whole re-typed tensors
                 raise TypeError(f"{name}: cannot slice a {type(segment).__name__} segment")
         position = segment_end
         if position >= end:
@@ -214,7 +217,12 @@ class GraftPlan:
 
 
 def plan_graft(
-    source: ShardSet, target: ShardSet, output_dir: str | os.PathLike[str], *, basename: str | None = None
+    source: ShardSet,
+    target: ShardSet,
+    output_dir: str | os.PathLike[str],
+    *,
+    basename: str | None = None,
+    outtype: str | GGMLQuantizationType | None = None,
 ) -> GraftPlan:
     """Plan the graft of ``source``'s NextN block(s) onto ``target`` (pure: reads headers only).
 
@@ -223,6 +231,8 @@ def plan_graft(
         target: a trunk-only model of the same architecture, trunk, width and vocabulary.
         output_dir: folder for the composite; files keep the target's names.
         basename: name the outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file) instead.
+        outtype: the NextN tensors' type, as ``llama-quantize --pure --allow-requantize`` writes it from the
+            source's (a quantized source is dequantized first); ``None`` copies them.
 
     Raises:
         NoNextNBlockError, IncompatibleDraftError: see :func:`check_graft_compatible`.
@@ -230,7 +240,7 @@ def plan_graft(
     """
     notes = check_graft_compatible(source, target)
     # The draft is never written: its name only appears in messages, and no output may refer to it.
-    extraction = plan_extraction(source, f"{source.name} (NextN block)")
+    extraction = plan_extraction(source, f"{source.name} (NextN block)", outtype=outtype)
     draft = ShardSet((extraction.header,), None)
     composition = plan_composition(target, draft, Path(output_dir), basename=basename)
     files = tuple(_rebind(f, extraction.output) for f in composition.files)
@@ -273,6 +283,7 @@ class GraftReport(WriteReport):
             "nextn_tensors": [
                 {"name": t.name, "type": t.type_name, "bytes": t.nbytes} for t in plan.extraction.header.tensors
             ],
+            "head": composition.head.to_dict(),
             "kv_changes": [c.to_dict() for c in composition.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
             **self.write_fields(),
@@ -286,12 +297,13 @@ class GraftReport(WriteReport):
         """The plan: source block(s), target, each output with its metadata changes (shown before writing)."""
         plan, composition = self.plan, self.plan.composition
         nextn = plan.extraction.nextn
-        types = sorted({t.type_name for t in plan.extraction.header.tensors})
+        types = sorted({t.type_name for _, t in nextn.tensors})
         lines = [
             f"source: {plan.source.name}: NextN block(s) {nextn.describe()}, {len(nextn.tensors)} tensors "
             f"({', '.join(types)}, {human_bytes(nextn.nbytes)})",
             f"target: {plan.target.name}: {plan.target.arch}, {len(plan.target.headers)} file(s), "
             f"{plan.target.tensor_count} tensors, blocks 0..{composition.block - 1}",
+            f"head:   {composition.head.describe()}",
         ]
         for f in composition.files:
             added = f", +{len(f.added_tensors)} NextN" if f.added_tensors else ""
@@ -318,6 +330,7 @@ def graft(
     output_dir: str | os.PathLike[str],
     *,
     basename: str | None = None,
+    outtype: str | None = None,
     force: bool = False,
     verify: bool = True,
     llama: bool | None = None,
@@ -335,6 +348,8 @@ def graft(
         target: the trunk-only GGUF to receive them (one file or any shard of a split set).
         output_dir: folder for the composite (created if missing); files keep the target's names.
         basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
+        outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...) exactly as
+            ``llama-quantize --pure --allow-requantize`` would; ``None`` copies them byte for byte.
         force: replace existing outputs (never inputs).
         verify: verify the written composite (:func:`gguf_mtp.check.verify.verify`, which loads it with
             llama.cpp and runs an MTP decode step).
@@ -361,8 +376,9 @@ def graft(
     started = time.perf_counter()
     check_output_folder(output_dir)
     donor, receiver = open_model(source), open_model(target)
-    plan = plan_graft(donor, receiver, output_dir, basename=basename)
-    report = GraftReport(plan=plan, dry_run=dry_run, notes=list(plan.notes))
+    plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype)
+    warning = low_bit_warning(parse_outtype(outtype))
+    report = GraftReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *plan.notes])
     report.write(
         plan.outputs, inputs=[*donor.paths, *receiver.paths], force=force, progress=progress, desc="graft",
         on_plan=on_plan,
@@ -370,7 +386,8 @@ def graft(
     if verify and not dry_run:
         # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
         report.verification = verify_composite(
-            plan.output_paths[0], target=receiver.paths[0], draft=donor.paths[0], llama=llama, progress=progress
+            plan.output_paths[0], target=receiver.paths[0], draft=donor.paths[0] if outtype is None else None,
+            llama=llama, progress=progress
         )
     report.seconds = time.perf_counter() - started
     return report

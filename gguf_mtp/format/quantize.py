@@ -1,0 +1,257 @@
+"""Tensor bytes in another ggml type, through llama.cpp's own quantizer, a bounded run of rows at a time.
+
+The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama``
+extra) quantizes with ``ggml_quantize_chunk`` and dequantizes with the type's ``to_float``, as
+llama-quantize does (``llama_tensor_dequantize_impl`` / ``llama_tensor_quantize_impl``), rows split over
+one thread per CPU (ctypes releases the GIL). BF16 and F16 widen to F32 exactly (``ggml_bf16_to_fp32``
+is a shift). Without the extra, gguf-py's numpy quantizers (written to match ggml's reference code)
+serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to install.
+
+Memory stays flat: a tensor (or an expert stack, whose slices are rows like any other) is read, converted
+and handed on :data:`CHUNK_BYTES` of float32 at a time. :func:`retyped_tensor` gives the plan's view of
+one tensor: a kernel copy where the type does not change, a generated segment where it does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from gguf_mtp.files.regular_file import open_regular
+from gguf_mtp.write import CopyRange, Generated, Segment
+
+from .header import TensorInfo
+
+__all__ = [
+    "CHUNK_BYTES",
+    "INSTALL_HINT",
+    "NUMPY_TYPES",
+    "QuantizerUnavailableError",
+    "from_f32",
+    "ggml_available",
+    "retyped_tensor",
+    "to_f32",
+    "type_nbytes",
+]
+
+Q = GGMLQuantizationType
+
+#: Float32 working memory per step (rows are never split, so a single huge row may exceed it).
+CHUNK_BYTES = 32 * 1024 * 1024
+
+#: Source types llama-quantize dequantizes (``llama_tensor_dequantize_impl``): every block type and these.
+FLOAT_SOURCES = frozenset({Q.F32, Q.F16, Q.BF16})
+
+#: The types gguf-py's numpy code quantizes (byte-identical to ggml's reference quantizers).
+NUMPY_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_1, Q.Q5_0, Q.Q4_1, Q.Q4_0})
+
+INSTALL_HINT = "pip install 'gguf-mtp[llama]' (llama.cpp's own quantizer, from llama-cpp-python)"
+
+
+class QuantizerUnavailableError(RuntimeError):
+    """A type only llama.cpp's quantizer writes, and llama-cpp-python is not installed."""
+
+
+def type_nbytes(shape: tuple[int, ...], qtype: int) -> int:
+    """Bytes of a tensor of ggml ``shape`` in ``qtype`` (``ne[0]`` a multiple of the block size)."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block * size
+
+
+# ------------------------------------------------------------------------------------------- ggml
+
+
+class _TypeTraits(ctypes.Structure):
+    _fields_ = [
+        ("type_name", ctypes.c_char_p),
+        ("blck_size", ctypes.c_int64),
+        ("blck_size_interleave", ctypes.c_int64),
+        ("type_size", ctypes.c_size_t),
+        ("is_quantized", ctypes.c_bool),
+        ("to_float", ctypes.c_void_p),
+        ("from_float_ref", ctypes.c_void_p),
+    ]
+
+
+_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+class _Ggml:
+    """The few ggml-base functions llama-quantize's data path uses."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.quantize_chunk = lib.ggml_quantize_chunk
+        self.quantize_chunk.restype = ctypes.c_size_t
+        self.quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        self.requires_imatrix = lib.ggml_quantize_requires_imatrix
+        self.requires_imatrix.restype = ctypes.c_bool
+        self.requires_imatrix.argtypes = [ctypes.c_int]
+        get_traits = lib.ggml_get_type_traits
+        get_traits.restype = ctypes.POINTER(_TypeTraits)
+        get_traits.argtypes = [ctypes.c_int]
+        self._get_traits = get_traits
+        self.threads = max(1, os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ggml-quant")
+
+    def to_float(self, qtype: int) -> Callable[[int, int, int], None] | None:
+        pointer = self._get_traits(qtype).contents.to_float
+        return _TO_FLOAT(pointer) if pointer else None
+
+
+@functools.cache
+def _ggml() -> _Ggml | None:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+        if (folder / name).is_file():
+            try:
+                return _Ggml(ctypes.CDLL(str(folder / name)))
+            except (OSError, AttributeError):  # not loadable here, or a ggml without these functions
+                return None
+    return None
+
+
+def ggml_available() -> bool:
+    """Whether llama.cpp's own quantizer (llama-cpp-python's ggml-base library) can be loaded."""
+    return _ggml() is not None
+
+
+def _need_ggml(qtype: GGMLQuantizationType, what: str) -> _Ggml:
+    ggml = _ggml()
+    if ggml is None:
+        raise QuantizerUnavailableError(f"{what} {qtype.name} needs llama.cpp's quantizer: {INSTALL_HINT}")
+    return ggml
+
+
+def _spans(count: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``count`` items as up to ``parts`` contiguous (start, n) spans, each a multiple of ``unit``."""
+    units = count // unit
+    per, extra = divmod(units, max(1, min(parts, units)))
+    spans, start = [], 0
+    for i in range(max(1, min(parts, units))):
+        n = (per + (1 if i < extra else 0)) * unit
+        spans.append((start, n))
+        start += n
+    return spans
+
+
+# ------------------------------------------------------------------------------------------- rows
+
+
+def to_f32(raw: np.ndarray, qtype: int, n_elements: int) -> np.ndarray:
+    """``n_elements`` values of ``qtype`` bytes ``raw`` as float32, as llama-quantize dequantizes them."""
+    qtype = GGMLQuantizationType(qtype)
+    data = np.ascontiguousarray(raw).view(np.uint8)
+    if qtype == Q.F32:
+        return data.view(np.float32)
+    if qtype == Q.BF16:  # ggml_bf16_to_fp32: the 16 bits become the high half
+        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if qtype == Q.F16:
+        return data.view(np.float16).astype(np.float32)
+    ggml = _ggml()
+    if ggml is None:
+        return np.asarray(gguf_quants.dequantize(data, qtype), dtype=np.float32).reshape(-1)
+    to_float = ggml.to_float(qtype)
+    if to_float is None:
+        raise ValueError(f"ggml cannot dequantize {qtype.name}")
+    block, size = GGML_QUANT_SIZES[qtype]
+    out = np.empty(n_elements, dtype=np.float32)
+    src, dst = data.ctypes.data, out.ctypes.data
+    jobs = [ggml.pool.submit(to_float, src + start // block * size, dst + start * 4, n)
+            for start, n in _spans(n_elements, ggml.threads, block)]
+    for job in jobs:
+        job.result()
+    return out
+
+
+def from_f32(values: np.ndarray, qtype: int) -> np.ndarray:
+    """Rows of float32 (shape ``(rows, n_per_row)``) as ``qtype`` bytes, as llama-quantize writes them.
+
+    Raises:
+        QuantizerUnavailableError: ``qtype`` needs llama.cpp's quantizer and llama-cpp-python is missing.
+    """
+    qtype = GGMLQuantizationType(qtype)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    rows, n_per_row = values.shape
+    ggml = _ggml()
+    if ggml is None:
+        if qtype not in NUMPY_TYPES:
+            _need_ggml(qtype, "quantizing to")
+        if qtype == Q.F32:
+            return values.view(np.uint8).reshape(-1)
+        return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
+    if ggml.requires_imatrix(qtype):
+        raise ValueError(f"{qtype.name} needs an importance matrix")
+    row_size = type_nbytes((n_per_row,), qtype)
+    out = np.empty(rows * row_size, dtype=np.uint8)
+    src, dst = values.ctypes.data, out.ctypes.data
+    jobs = [ggml.pool.submit(ggml.quantize_chunk, qtype, src + start * n_per_row * 4, dst + start * row_size,
+                             0, n, n_per_row, None)
+            for start, n in _spans(rows, ggml.threads)]
+    written = sum(job.result() for job in jobs)
+    if written != out.nbytes:
+        raise RuntimeError(f"ggml_quantize_chunk wrote {written:,} bytes, expected {out.nbytes:,}")
+    return out
+
+
+def _retyped_chunks(
+    path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
+) -> Iterator[np.ndarray]:
+    n_per_row = shape[0]
+    rows = type_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
+    row_bytes = type_nbytes((n_per_row,), source)
+    step = max(1, chunk_bytes // max(1, n_per_row * 4))
+    fd, _ = open_regular(path)
+    try:
+        for first in range(0, rows, step):
+            count = min(step, rows - first)
+            raw = os.pread(fd, count * row_bytes, offset + first * row_bytes)
+            if len(raw) != count * row_bytes:
+                raise OSError(f"{path}: ends inside a tensor (wanted {count * row_bytes:,} bytes at "
+                              f"{offset + first * row_bytes:,})")
+            values = to_f32(np.frombuffer(raw, dtype=np.uint8), source, count * n_per_row)
+            yield from_f32(values.reshape(count, n_per_row), wanted)
+    finally:
+        os.close(fd)
+
+
+def retyped_tensor(
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, *, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[TensorInfo, tuple[Segment, ...]]:
+    """``tensor`` (its bytes at absolute ``offset`` of ``path``) as ``wanted``: its new table entry (offset
+    unchanged) and the segments that make its bytes: one kernel copy when the type stays (llama-quantize
+    copies such a tensor too), else one generated segment, dequantized and quantized by ggml.
+
+    Raises:
+        QuantizerUnavailableError: at planning time, when the conversion needs llama.cpp's quantizer and it
+            is missing.
+        ValueError: the source is an integer or F64 tensor (llama-quantize refuses those too).
+    """
+    if tensor.ggml_type == wanted:
+        return tensor, (CopyRange(Path(path), offset, tensor.nbytes),)
+    source = GGMLQuantizationType(tensor.ggml_type)
+    if source not in FLOAT_SOURCES and GGML_QUANT_SIZES[source][0] == 1:  # I8..I64, F64: as llama-quantize
+        raise ValueError(f"{tensor.name}: cannot convert a {source.name} tensor (llama-quantize cannot either)")
+    wanted_type = GGMLQuantizationType(wanted)
+    if wanted_type not in NUMPY_TYPES:
+        _need_ggml(wanted_type, "quantizing to")
+    nbytes = type_nbytes(tensor.shape, wanted_type)
+    chunks = functools.partial(_retyped_chunks, Path(path), offset, tensor.shape, tensor.ggml_type, wanted_type,
+                               chunk_bytes)
+    return replace(tensor, ggml_type=int(wanted_type), nbytes=nbytes), (Generated(nbytes, chunks),)

@@ -1,0 +1,144 @@
+"""The head type choice (``outtype``) shared by compose, graft, extract and convert.
+
+The NextN block's tensors are re-typed as ``llama-quantize --pure`` (``--allow-requantize``) would write
+them (:mod:`gguf_mtp.format.quant_rules` picks each type, :mod:`gguf_mtp.format.quantize` makes the bytes);
+every other tensor is untouched. Here: the parameter's parsing and its one-line refusals, the per-tensor
+plan step, the head's size summary, and the two advisory lines (a low-bit head, a BF16 head in a
+quantized target).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gguf import GGMLQuantizationType
+
+from gguf_mtp.errors import BadGGUFError, ParameterError
+from gguf_mtp.format.header import TensorInfo
+from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
+from gguf_mtp.format.quantize import (
+    INSTALL_HINT,
+    NUMPY_TYPES,
+    QuantizerUnavailableError,
+    ggml_available,
+    retyped_tensor,
+    type_nbytes,
+)
+from gguf_mtp.formatting import human_bytes
+from gguf_mtp.write import Segment
+
+__all__ = [
+    "HEAD_TYPE_NAMES",
+    "HeadSummary",
+    "HeadTensor",
+    "bf16_head_hint",
+    "low_bit_warning",
+    "parse_outtype",
+    "retype_head_tensor",
+    "summarize_head",
+]
+
+#: Every ``outtype`` choice, in llama-quantize's order of size.
+HEAD_TYPE_NAMES: tuple[str, ...] = tuple(HEAD_TYPES)
+
+
+def parse_outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:
+    """The head type ``outtype`` names (``None``: keep the source's types).
+
+    Raises:
+        ParameterError: an unknown or importance-matrix type, or a type only llama.cpp's quantizer writes
+            when llama-cpp-python is not installed (one line saying what to install).
+    """
+    if outtype is None or isinstance(outtype, GGMLQuantizationType):
+        wanted = outtype
+    else:
+        try:
+            wanted = head_type(outtype)
+        except ValueError as e:
+            raise ParameterError(f"outtype {e}", parameter="outtype") from None
+    if wanted is not None and wanted not in NUMPY_TYPES and not ggml_available():
+        raise ParameterError(f"outtype {wanted.name.lower()} needs llama.cpp's quantizer: {INSTALL_HINT}",
+                             parameter="outtype")
+    return wanted
+
+
+def retype_head_tensor(
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, outtype: GGMLQuantizationType | None,
+    arch: str | None,
+) -> tuple[TensorInfo, tuple[Segment, ...]]:
+    """One NextN tensor (its bytes at absolute ``offset`` of ``path``) in the type llama-quantize --pure
+    gives it for ``outtype``: its table entry and segments (a kernel copy when the type stays)."""
+    wanted = tensor.ggml_type if outtype is None else head_tensor_type(
+        tensor.name, tensor.shape, tensor.ggml_type, outtype, arch)
+    try:
+        return retyped_tensor(tensor, path, offset, wanted)
+    except ValueError as e:
+        raise BadGGUFError(str(e), path) from None
+    except QuantizerUnavailableError as e:
+        raise ParameterError(str(e), parameter="outtype") from None
+
+
+@dataclass(frozen=True)
+class HeadSummary:
+    """The NextN block's tensor types and size (what reports, ``--json`` and the model card show)."""
+
+    types: dict[str, int]  # type name -> tensor count, largest share first
+    nbytes: int
+    main_type: str  # the type holding most of the bytes
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{n} {t}" for t, n in self.types.items())
+        return f"{self.main_type} head, {human_bytes(self.nbytes)} ({kinds})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.main_type, "bytes": self.nbytes, "tensor_types": dict(self.types)}
+
+
+class HeadTensor(Protocol):
+    """What the summary and the hint read of a planned tensor (:class:`TensorInfo` or a convert plan's)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def type_name(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+def summarize_head(tensors: Iterable[HeadTensor]) -> HeadSummary:
+    """Types and size of a NextN block's tensors."""
+    counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for t in tensors:
+        counts[t.type_name] = counts.get(t.type_name, 0) + 1
+        sizes[t.type_name] = sizes.get(t.type_name, 0) + t.nbytes
+    order = sorted(counts, key=lambda k: -sizes[k])
+    return HeadSummary({k: counts[k] for k in order}, sum(sizes.values()), order[0] if order else "none")
+
+
+def low_bit_warning(outtype: GGMLQuantizationType | None) -> str | None:
+    """One line when ``outtype`` is below Q4_K, where drafters lose acceptance."""
+    if outtype not in LOW_BIT_TYPES:
+        return None
+    return (f"a {outtype.name} head drafts worse: acceptance measured on a Qwen3.6-27B drafter is flat from Q4_K_M "
+            "(66.6 %) to Q8_0 (66.4 %) and drops below (Q3_K_M 63.5 %, Q2_K 55.3 %); q4_k or above keeps it")
+
+
+def bf16_head_hint(head: Iterable[HeadTensor], trunk_types: Iterable[int], arch: str | None) -> str | None:
+    """One line when a BF16/F16 head goes into a quantized target: the size a Q8_0 head would have."""
+    tensors = list(head)
+    summary = summarize_head(tensors)
+    if summary.main_type not in ("BF16", "F16") or not any(is_quantized(t) for t in trunk_types):
+        return None
+    q8 = GGMLQuantizationType.Q8_0
+    size = sum(
+        type_nbytes(t.shape, head_tensor_type(t.name, t.shape, GGMLQuantizationType[t.type_name], q8, arch))
+        for t in tensors
+    )
+    return (f"the head is {human_bytes(summary.nbytes)} in {summary.main_type} in a quantized target; "
+            f"--outtype q8_0 would make it {human_bytes(size)}")

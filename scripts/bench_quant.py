@@ -1,0 +1,168 @@
+"""The head-quantization case of the benchmark: ``compose --outtype`` against ``llama-quantize --pure``.
+
+Issue 23's goal: quantizing a head takes at most 1.2x what ``llama-quantize --pure`` takes for the same
+tensors on the same machine. Both commands do the same work here:
+
+- the inputs are a trunk whose matrices are already Q4_K (llama-quantize copies a tensor already in the
+  wanted type) and a BF16 NextN block with Nemotron-like latent-MoE expert stacks;
+- ``gguf-mtp compose TARGET DRAFT --outtype q4_k`` copies the trunk (kernel copy) and quantizes the block;
+- ``llama-quantize --pure COMPOSITE OUT Q4_K`` (the composite of the same trunk and BF16 block) copies
+  the trunk and quantizes the block; it does not fsync, so it runs as ``COMMAND && sync OUTPUTS``.
+
+Both write the same bytes (``tests/test_quant_oracle.py`` proves it on small models). llama-quantize is the
+one ``scripts/build_llama_tools.py`` builds from the llama.cpp vendored in the pinned llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench_lib import Command, Sample, load_average, run_alternating
+
+from gguf_mtp.testing.tiny_models import TinyHparams, with_hparams, write_draft, write_target
+
+__all__ = ["QUANTIZE_MD", "run_quantize", "write_quantize_report"]
+
+PYTHON = sys.executable
+QUANTIZE_MD = "quantize.md"
+QUANTIZE_JSON = "quantize.json"
+#: Issue 23: quantizing a head takes at most this much of llama-quantize --pure's time.
+MAX_OVER_LLAMA_QUANTIZE = 1.2
+QTYPE = "q4_k"
+
+#: A NextN block of Nemotron 3 Super's latent-MoE shape, scaled: two 128-expert stacks of 1024 x 1024
+#: (about 0.5 GiB in BF16) beside the attention half and eh_proj of a 2048-wide model.
+FULL_HEAD = with_hparams(n_embd=2048, n_head=16, head_dim=128, n_expert=128, n_ff_exp=1024, moe_latent=1024,
+                         n_ff_shexp=2048)
+QUICK_HEAD = TinyHparams()
+
+
+def _inputs(work_dir: Path, hp: TinyHparams, log: Callable[[str], None]) -> tuple[Path, Path, Path]:
+    """(target with Q4_K matrices, BF16 draft, their composite), made once per hparams."""
+    from gguf_mtp.jobs.compose import compose
+
+    folder = work_dir / f"quantize-e{hp.n_expert}-d{hp.n_embd}-f{hp.n_ff_exp}-l{hp.moe_latent}"
+    target, draft, composite = folder / "target.gguf", folder / "draft.gguf", folder / "composite" / "target.gguf"
+    if not composite.exists():
+        log(f"generating {folder}")
+        write_target(folder, name="target", hparams=hp, quant=QTYPE.upper())
+        write_draft(draft, hparams=hp, quant="BF16")
+        compose(target, draft, folder / "composite", progress=False, force=True)
+    return target, draft, composite
+
+
+def quantize_group(work_dir: Path, llama_quantize: Path, target: Path, draft: Path, composite: Path) -> list[Command]:
+    env = {"GGUF_MTP_DISABLE_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
+    size = draft.stat().st_size
+    ours, theirs = work_dir / "runs" / "quantize-ours", work_dir / "runs" / "quantize-llama"
+    return [
+        Command("compose --outtype", QTYPE, size,
+                (PYTHON, "-m", "gguf_mtp", "compose", str(target), str(draft), "-o", str(ours), "--outtype", QTYPE,
+                 "--quiet"),
+                (target, draft), ours, env),
+        Command("llama-quantize --pure", QTYPE, size,
+                (str(llama_quantize), "--pure", str(composite), str(theirs / "out.gguf"), QTYPE.upper()),
+                (composite,), theirs, env, syncs_itself=False),
+    ]
+
+
+def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    rows = []
+    for tool in dict.fromkeys(s.tool for s in samples):
+        mine = [s for s in samples if s.tool == tool]
+        rows.append({"tool": tool, "runs": len(mine), "median_seconds": statistics.median(s.seconds for s in mine),
+                     "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine),
+                     "bytes_out": max(s.bytes_out for s in mine), "max_rss": max(s.peak_rss for s in mine)})
+    return rows
+
+
+def _ratio(samples: Sequence[Sample]) -> float | None:
+    """Median over rounds of ours / theirs within the same round."""
+    rounds: dict[int, dict[str, float]] = {}
+    for s in samples:
+        rounds.setdefault(s.round, {})[s.tool] = s.seconds
+    ratios = [r["compose --outtype"] / r["llama-quantize --pure"] for r in rounds.values() if len(r) == 2]
+    return statistics.median(ratios) if ratios else None
+
+
+def run_quantize(
+    work_dir: Path, llama_quantize: Path, *, quick: bool, repeat: int, warmup: int, cache: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure compose --outtype against llama-quantize --pure; returns the results (see ``quantize.json``)."""
+    hp = QUICK_HEAD if quick else FULL_HEAD
+    target, draft, composite = _inputs(work_dir, hp, log)
+    group = quantize_group(work_dir, llama_quantize, target, draft, composite)
+    load_before = load_average()
+    log(f"measuring {QTYPE} head quantization: " + " | ".join(c.tool for c in group) + f", {repeat} round(s)")
+    samples = run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=work_dir / "logs-quantize",
+                              evict=[target, draft, composite],
+                              report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
+                                                   f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
+    rows = _summary(samples)
+    ratio = _ratio(samples)
+    by_tool = {r["tool"]: r for r in rows}
+    ours, theirs = by_tool["compose --outtype"], by_tool["llama-quantize --pure"]
+    return {
+        "schema": 1,
+        "config": {"qtype": QTYPE, "repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick,
+                   "hparams": asdict(hp)},
+        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
+        "inputs": {"target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
+                   "composite_bytes": composite.stat().st_size},
+        "samples": [asdict(s) for s in samples],
+        "summary": rows,
+        "ratio": ratio,
+        "targets": [
+            {"goal": f"compose --outtype {QTYPE} <= {MAX_OVER_LLAMA_QUANTIZE} x llama-quantize --pure (same tensors)",
+             "measured": None if ratio is None else f"{ratio:.2f}x ({ours['median_seconds']:.2f} s vs "
+                                                    f"{theirs['median_seconds']:.2f} s)",
+             "met": ratio is not None and ratio <= MAX_OVER_LLAMA_QUANTIZE},
+            {"goal": "peak RSS no higher than llama-quantize's",
+             "measured": f"{ours['max_rss'] / 2**20:.0f} MiB vs {theirs['max_rss'] / 2**20:.0f} MiB",
+             "met": ours["max_rss"] <= theirs["max_rss"]},
+        ],
+    }
+
+
+def render_quantize_markdown(results: dict[str, Any]) -> str:
+    c, inputs = results["config"], results["inputs"]
+    lines = [
+        "# Benchmark: quantizing a head (`--outtype`) against `llama-quantize --pure`",
+        "",
+        f"The same work on both sides: a trunk already in {c['qtype'].upper()} ({inputs['target_bytes']:,} bytes, "
+        f"copied) and a BF16 NextN block ({inputs['draft_bytes']:,} bytes, quantized to {c['qtype'].upper()}); "
+        f"page cache {c['cache']} before each run; medians of {c['repeat']} alternating round(s) after "
+        f"{c['warmup']} warm-up round(s); outputs on disk (fsync/sync) before the clock stops. "
+        "Made by `scripts/bench.py` (`--quantize-only` runs just this case).",
+        "",
+        f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
+        f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",
+        "",
+        "| command | median time | median CPU time | bytes written | peak RSS |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in results["summary"]:
+        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
+                     f"{row['bytes_out'] / 2**20:,.1f} MiB | {row['max_rss'] / 2**20:.0f} MiB |")
+    lines += ["", "## Goals (issue 23)", "", "| goal | measured | met |", "|---|---|---|"]
+    for t in results["targets"]:
+        lines.append(f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_quantize_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write ``quantize.json`` and ``quantize.md`` into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / QUANTIZE_JSON, out_dir / QUANTIZE_MD
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path.write_text(render_quantize_markdown(results))
+    return [md_path, json_path]
