@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,6 @@ from .head_type import bf16_head_hint, low_bit_warning, parse_outtype
 
 __all__ = ["ComposeReport", "compose", "head_notes", "plan"]
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass(kw_only=True)
 class ComposeReport(WriteReport):
@@ -30,6 +27,7 @@ class ComposeReport(WriteReport):
 
     plan: CompositionPlan
     verification: Any = None  # a VerifyReport when compose ran with verify=True
+    head_advice: list[str] = field(default_factory=list)  # about the head's type: shown with the plan
 
     @property
     def output_paths(self) -> list[Path]:
@@ -44,6 +42,7 @@ class ComposeReport(WriteReport):
             f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
             + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
             f"head:   {plan.head.describe()}",
+            *(f"note:   {advice}" for advice in self.head_advice),
         ]
         for f in plan.files:
             lines.append(
@@ -194,9 +193,8 @@ def compose(
     report = ComposeReport(plan=composition, dry_run=dry_run)
     placed = {name for name, _ in composition.renamed}
     head = [t for t in composition.draft.first.tensors if t.name in placed]
-    for note in head_notes(head, composition.target, outtype):
-        logger.warning(note)
-        report.notes.append(note)
+    report.head_advice = head_notes(head, composition.target, outtype)
+    report.notes.extend(report.head_advice)
     if composition.dropped:
         report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
     report.write(
