@@ -32,6 +32,7 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +161,17 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
+    if not hasattr(api, "run_uv_job"):
+        from huggingface_hub import __version__ as hub_version
+
+        print(f"hf_job.py: error: huggingface_hub {hub_version} cannot submit Jobs (HfApi.run_uv_job is newer): "
+              "pip install -U huggingface_hub, or run `uv run scripts/hf_job.py ...`", file=sys.stderr)
+        return 2
     boundary = _hub_boundary()
     guard = boundary.hub_errors("submit the Job", args.namespace or "jobs") if boundary else contextlib.nullcontext()
     try:
-        with guard:
+        with guard, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*run_uv_job' is experimental")  # one line, not three
             job = api.run_uv_job(**request, secrets={"HF_TOKEN": token}, token=token)
     except OSError as e:  # gguf-mtp's HubError (one line, the host and the cause of a network failure)
         if boundary is None or not isinstance(e, boundary.HubError):
