@@ -21,8 +21,9 @@ gguf-mtp is not on PyPI, so the Job installs it from git: ``--package`` names th
 (``--package "gguf-mtp[llama] @ git+https://github.com/OWNER/gguf-mtp@COMMIT"``, or ``GGUF_MTP_PACKAGE``);
 without either, this checkout's ``origin`` remote is used (``gguf-mtp[llama] @ git+URL``) when it has
 one the Job can reach (https or ssh), and ``--dry-run`` says which. The token goes to the Job as the
-secret ``HF_TOKEN`` (never as a plain variable). A Job's disk is discarded when it ends, so a submitted run must publish (``--out-repo``); pick a flavor
-whose ephemeral storage holds the target and the composite (about twice the target's size).
+secret ``HF_TOKEN`` (never as a plain variable). A Job's disk is discarded when it ends, so a submitted
+run must publish (``--out-repo``); pick a flavor whose ephemeral storage holds the target and the
+composite (about twice the target's size).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ __all__ = [
     "RemoteFile",
     "RemoteNotFoundError",
     "answer_error",
+    "cached_file",
     "cached_repo_files",
     "check_path_in_repo",
     "check_repo_id",
@@ -741,6 +742,21 @@ def cached_repo_files(
     except Exception:  # no listing cached for this revision
         return None
     return [f.path for f in tree]
+
+
+def cached_file(
+    repo: str, name: str, *, revision: str | None, cache_dir: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """``name`` of ``repo`` in the local Hub cache (no network), or ``None`` when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(
+            repo, name, revision=revision, cache_dir=os.fspath(cache_dir) if cache_dir is not None else None
+        )
+    except (OSError, ValueError):  # an unreadable cache, or a name huggingface_hub refuses
+        return None
+    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
 def download_files(
