@@ -138,6 +138,10 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
     if "--out-repo" not in pipeline_args and not any(a.startswith("--out-repo=") for a in pipeline_args):
         print("hf_job.py: error: a Job's disk is discarded when it ends: pass --out-repo OWNER/NAME", file=sys.stderr)
         return 2
+    token = None if args.dry_run else _token()
+    if not args.dry_run and not token:
+        print("hf_job.py: error: no Hugging Face token (set HF_TOKEN or run `hf auth login`)", file=sys.stderr)
+        return 2
     package, source = _package(args)
     if package is None:
         print("hf_job.py: error: gguf-mtp is not on PyPI and this checkout has no https/ssh origin remote: pass "
@@ -154,10 +158,6 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
         print("    secrets={'HF_TOKEN': <your token>},")
         print(")")
         return 0
-    token = _token()
-    if not token:
-        print("hf_job.py: error: no Hugging Face token (set HF_TOKEN or run `hf auth login`)", file=sys.stderr)
-        return 2
     if api is None:
         from huggingface_hub import HfApi
 

@@ -196,8 +196,9 @@ def test_a_sidecar_goes_into_the_quants_folder_under_an_mtp_name(draft: Path, on
     report = publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
                      progress=False)
     sidecar = f"{QUANT}/mtp-Tiny-draft.gguf"
-    card_path = f"{QUANT}/README.md"
-    assert sorted(hub.files) == sorted([sidecar, card_path])  # nothing at the root: the repo's own card is untouched
+    card_path = "README.md"  # issue 21 item 18: the root card is the one the Hub shows, not QUANT/README.md
+    assert sorted(hub.files) == sorted([sidecar, card_path])
+    assert f"{QUANT}/README.md" not in hub.files
     assert hub.files[sidecar]["sha256"] == hashlib.sha256(draft.read_bytes()).hexdigest()
     assert hub.files[sidecar]["size"] == draft.stat().st_size
     upload = next(c for c in hub.calls if c[0] == "upload_folder")
@@ -238,7 +239,7 @@ def test_cli_path_in_repo_dry_run(draft: Path, capsys: pytest.CaptureFixture[str
             "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["path_in_repo"] == QUANT and report["card_path"] == f"{QUANT}/README.md"
+    assert report["path_in_repo"] == QUANT and report["card_path"] == "README.md"
     assert [f["path_in_repo"] for f in report["files"]] == [f"{QUANT}/mtp-Tiny-draft.gguf"]
     assert f"llama-server -hf {REPO}:{QUANT} --spec-type draft-mtp --spec-draft-n-max 3" in report["card"]
 

@@ -508,6 +508,7 @@ def test_hf_job_dry_run_shows_the_request_without_the_token(
     hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("GGUF_MTP_PACKAGE", "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp")
     assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"], api=JobsStandIn()) == 0
     out = capsys.readouterr().out
     assert "run_uv_job(" in out and "'--local'" in out and "hf_secret" not in out
