@@ -8,7 +8,6 @@ httpx (1.x) or httpx2 (2.x). While huggingface_hub backs off and retries, one li
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -204,10 +203,10 @@ class FlakyHub:
                 if not head:
                     self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 self.answer(head=False)
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 self.answer(head=True)
 
             def log_message(self, format: str, *args: object) -> None:
