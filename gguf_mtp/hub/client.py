@@ -259,44 +259,43 @@ def _endpoint_host() -> str:
     return urlsplit(str(constants.ENDPOINT)).netloc or str(constants.ENDPOINT)
 
 
-def _cause(chain: Sequence[BaseException]) -> str:
-    """What went wrong, in words, from the deepest socket-level error of the chain."""
+def _cause(chain: Sequence[BaseException], host: str) -> str:
+    """What went wrong, naming ``host``, from the deepest socket-level error of the chain."""
     for error in reversed(chain):
         if isinstance(error, socket.gaierror):
-            return f"the name does not resolve ({printable(error.strerror or error)})"
+            return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
         if isinstance(error, ConnectionRefusedError):
-            return "connection refused"
+            return f"connection refused by {host}"
         if isinstance(error, ConnectionResetError):
-            return "connection reset"
+            return f"connection reset by {host}"
         if isinstance(error, (TimeoutError, socket.timeout)):
-            return "timed out"
+            return f"timed out talking to {host}"
         if isinstance(error, ssl.SSLError):
-            return f"TLS failed ({printable(_first_line(error))[:120]})"
+            return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
     deepest = next((e for e in reversed(chain) if _is_transport(e)), chain[0])
     text = printable(_first_line(deepest))[:160]
     name = type(deepest).__name__
-    return f"{name}: {text}" if text != name else name
+    return (f"{name}: {text}" if text != name else name) + f" (host {host})"
 
 
-def transport_failure(error: BaseException) -> tuple[str, str] | None:
-    """``(host, cause)`` when ``error`` is, or was raised from, a network failure; else ``None``.
+def transport_failure(error: BaseException, host: str | None = None) -> tuple[str, str] | None:
+    """``(host, what went wrong)`` when ``error`` is, or was raised from, a network failure; else ``None``.
 
     Recognised by the transport libraries' base classes (``requests.RequestException`` but not its
     ``HTTPError``, ``httpx.TransportError``, ``httpx2.TransportError``) and by the socket errors beneath
     them (``ConnectionError``, ``TimeoutError``, ``socket.gaierror``, ``ssl.SSLError``); never by message.
+    ``host`` is the request's (or, when the error does not carry it, this one, else ``HF_ENDPOINT``'s).
     """
     chain = _chain(error)
     if not any(_is_transport(e) for e in chain):
         return None
-    host = next((h for e in chain if (h := _request_host(e))), None) or _endpoint_host()
-    return printable(host), _cause(chain)
+    found = next((h for e in chain if (h := _request_host(e))), None) or host or _endpoint_host()
+    return printable(found), _cause(chain, printable(found))
 
 
-def unreachable_error(what: str, host: str, cause: str, path: str | None = None) -> HubUnreachableError:
+def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
     """The one line for a Hub that cannot be reached (shared with :mod:`gguf_mtp.hub.remote`)."""
-    return HubUnreachableError(
-        f"cannot {what}: cannot reach {host}: {cause} (check the network, a proxy, or HF_ENDPOINT)", path
-    )
+    return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
 
 
 # ----------------------------------------------------------------------------------------------- retries
@@ -398,7 +397,7 @@ def hub_error(
         )
     failure = transport_failure(error)
     if failure is not None:  # whichever HTTP library raised it, or huggingface_hub wrapped it
-        return unreachable_error(what, *failure, path)
+        return unreachable_error(what, failure, path)
     if isinstance(error, e.LocalTokenNotFoundError):
         return HubError(f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})", path)
     if isinstance(error, e.HFValidationError):

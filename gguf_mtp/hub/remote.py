@@ -330,9 +330,9 @@ def _get_range(
             raise HubError(f"{host}: {what}", str(hub_file)) from None
         except _Retry as e:
             last_error = e.cause
-    failure = transport_failure(last_error) if last_error is not None else None
+    failure = transport_failure(last_error, host) if last_error is not None else None
     if failure is not None:  # the same line as for every other Hub call that cannot connect
-        raise unreachable_error("read the header", host, failure[1], str(hub_file))
+        raise unreachable_error("read the header", failure, str(hub_file))
     raise HubError(f"cannot read from {host} after {_ATTEMPTS} attempts: {_one_line(last_error)}", str(hub_file))
 
 
