@@ -95,11 +95,11 @@ def test_publish_with_a_token(unreachable: tuple[str, str, str], sidecar: Path, 
 
 def test_pipeline_with_out_repo_leaves_no_work_folder(unreachable: tuple[str, str, str], tmp_path: Path) -> None:
     endpoint, host, cause = unreachable
-    work = tmp_path / "work"
+    work = tmp_path / "new" / "parents" / "work"
     proc = run(endpoint, tmp_path, "pipeline", "--target-repo", "o/t", "--target-files", "t.gguf",
                "--head-repo", "o/h", "--out-repo", "me/out", "--work-dir", str(work))
     assert_names(error_line(proc), host, cause)
-    assert not work.exists()  # issue 21 item 14: a failed start leaves nothing behind
+    assert not (tmp_path / "new").exists()  # issue 21 item 14: a failed start leaves nothing behind
 
 
 def test_pipeline_listing_the_target(tmp_path: Path) -> None:

@@ -408,6 +408,9 @@ def run_pipeline(
             cache_dir=cache_dir, keep=keep,
         )
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
+    top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
     created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
     try:
         return _run(
@@ -418,12 +421,13 @@ def run_pipeline(
         )
     except BaseException:
         if created:
-            _remove_unused_work_dir(work)
+            _remove_unused_work_dir(work.absolute(), top)
         raise
 
 
-def _remove_unused_work_dir(work: Path) -> None:
-    """Remove the work folder this run created when it holds nothing but the run's marker and lock.
+def _remove_unused_work_dir(work: Path, top: Path) -> None:
+    """Remove the work folder this run created (and the parents up to ``top`` it created for it) when it
+    holds nothing but the run's marker and lock.
 
     A run that fails before its first stage finishes (the Hub unreachable, a refused token) then leaves
     nothing behind; once a stage has recorded its outputs, the folder is what a re-run resumes from.
@@ -436,7 +440,12 @@ def _remove_unused_work_dir(work: Path) -> None:
             return
         for name in names:
             (work / name).unlink()
-        work.rmdir()
+        folder = work
+        while True:
+            folder.rmdir()  # only ever an empty folder
+            if folder == top:
+                break
+            folder = folder.parent
     except OSError:  # someone else's file appeared meanwhile: leave the folder
         pass
 
