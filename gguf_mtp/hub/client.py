@@ -312,10 +312,11 @@ class _RetryNotice(logging.Filter):
     """Says once per Hub call (on ``gguf_mtp.hub``'s logger) that huggingface_hub is retrying, and lets its
     own lines through only where its logger's level shows them (``-v``)."""
 
-    def __init__(self, what: str, shown: bool) -> None:
+    def __init__(self, what: str, shown: bool, saved_level: int) -> None:
         super().__init__()
         self.what = what
         self.shown = shown
+        self.saved_level = saved_level  # the back-off logger's own level, restored afterwards
         self.said = False
         self.last_failure = ""
 
@@ -350,8 +351,7 @@ def retry_notice(what: str) -> Iterator[None]:
         _notice_depth += 1
         if _notice_depth == 1:
             shown = backoff.isEnabledFor(logging.WARNING)
-            _notice_filter = _RetryNotice(what, shown)
-            _notice_filter.saved_level = backoff.level  # type: ignore[attr-defined]
+            _notice_filter = _RetryNotice(what, shown, backoff.level)
             backoff.addFilter(_notice_filter)
             if not shown:
                 backoff.setLevel(logging.WARNING)  # the records must exist for the filter to see them
@@ -362,7 +362,7 @@ def retry_notice(what: str) -> Iterator[None]:
             _notice_depth -= 1
             if _notice_depth == 0 and _notice_filter is not None:
                 backoff.removeFilter(_notice_filter)
-                backoff.setLevel(_notice_filter.saved_level)  # type: ignore[attr-defined]
+                backoff.setLevel(_notice_filter.saved_level)
                 _notice_filter = None
 
 
