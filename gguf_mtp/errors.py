@@ -9,7 +9,7 @@ knows nothing of gguf-mtp can still tell them apart:
   :class:`IncompatibleDraftError`, :class:`NoNextNBlockError`, :class:`KVEditError`,
   :class:`CheckpointError`, :class:`VerificationError`, :class:`ParameterError`);
 - :class:`OSError`: the file system or the network failed or refused (:class:`UnsafeOutputError`,
-  :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`);
+  :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`, :class:`HubUnreachableError`);
 - :class:`FileNotFoundError`: an input does not exist (:class:`GGUFNotFoundError`,
   :class:`CheckpointNotFoundError`; still a :class:`BadGGUFError` / :class:`CheckpointError`).
 
@@ -29,6 +29,7 @@ __all__ = [
     "GGUFMTPError",
     "GGUFNotFoundError",
     "HubError",
+    "HubUnreachableError",
     "IncompatibleDraftError",
     "InputReadError",
     "KVEditError",
@@ -124,6 +125,12 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class HubError(GGUFMTPError, OSError):
     """A Hugging Face Hub operation failed (offline, missing token, no write access, ...)."""
+
+
+class HubUnreachableError(HubError):
+    """The Hub (or the server a Hub address names) cannot be reached: the connection was refused, the
+    name does not resolve, the connection timed out or broke, TLS failed. The message names the host and
+    the cause, whatever HTTP library the installed huggingface_hub uses."""
 
 
 class VerificationError(GGUFMTPError, ValueError):

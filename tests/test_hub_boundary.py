@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from hub_standin import RecordingHub, http_error
+from hub_standin import LargeFolderHub, RecordingHub, http_error
 from huggingface_hub import errors as hf_errors
 
 from gguf_mtp.cli import main
@@ -196,8 +196,9 @@ def test_a_sidecar_goes_into_the_quants_folder_under_an_mtp_name(draft: Path, on
     report = publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
                      progress=False)
     sidecar = f"{QUANT}/mtp-Tiny-draft.gguf"
-    card_path = f"{QUANT}/README.md"
-    assert sorted(hub.files) == sorted([sidecar, card_path])  # nothing at the root: the repo's own card is untouched
+    card_path = "README.md"  # issue 21 item 18: the root card is the one the Hub shows, not QUANT/README.md
+    assert sorted(hub.files) == sorted([sidecar, card_path])
+    assert f"{QUANT}/README.md" not in hub.files
     assert hub.files[sidecar]["sha256"] == hashlib.sha256(draft.read_bytes()).hexdigest()
     assert hub.files[sidecar]["size"] == draft.stat().st_size
     upload = next(c for c in hub.calls if c[0] == "upload_folder")
@@ -211,6 +212,20 @@ def test_a_sidecar_goes_into_the_quants_folder_under_an_mtp_name(draft: Path, on
     assert f"llama-server -hf {REPO}:{QUANT} --spec-type draft-mtp --spec-draft-n-max 3" in card
     assert f"hf download {REPO} {sidecar} --local-dir Tiny-GGUF" in card
     assert f"| `{sidecar}` | {draft.stat().st_size:,} bytes" in report.card
+
+
+def test_a_sidecar_in_a_folder_resumably_puts_its_card_at_the_root_last(draft: Path, online: None) -> None:
+    """Issue 21 item 18: the Hub shows only the root README.md; the card goes there, after the files."""
+    hub = LargeFolderHub()
+    hub.files["README.md"] = {"size": 5, "sha256": None, "blob_id": "0" * 40}  # an earlier card
+    provenance = Provenance(target_repo=REPO, target_files=(f"{QUANT}/Tiny-{QUANT}-00001-of-00002.gguf",))
+    report = publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
+                     upload_mode="resumable", progress=False)
+    sidecar = f"{QUANT}/mtp-Tiny-draft.gguf"
+    assert report.ok and report.plan.card_path == "README.md"
+    assert sorted(hub.files) == ["README.md", sidecar]
+    assert hub.commits == [["-README.md"], [sidecar], ["README.md"]]  # old card out, files, new card last
+    assert hub.files["README.md"]["size"] == len(report.card.encode())
 
 
 def test_a_sidecar_in_its_own_repo_names_the_target_repo_for_hf(draft: Path) -> None:
@@ -238,7 +253,7 @@ def test_cli_path_in_repo_dry_run(draft: Path, capsys: pytest.CaptureFixture[str
             "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["path_in_repo"] == QUANT and report["card_path"] == f"{QUANT}/README.md"
+    assert report["path_in_repo"] == QUANT and report["card_path"] == "README.md"
     assert [f["path_in_repo"] for f in report["files"]] == [f"{QUANT}/mtp-Tiny-draft.gguf"]
     assert f"llama-server -hf {REPO}:{QUANT} --spec-type draft-mtp --spec-draft-n-max 3" in report["card"]
 

@@ -524,6 +524,7 @@ def test_hf_job_dry_run_shows_the_request_without_the_token(
     hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("GGUF_MTP_PACKAGE", "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp")
     assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"], api=JobsStandIn()) == 0
     out = capsys.readouterr().out
     assert "run_uv_job(" in out and "'--local'" in out and "hf_secret" not in out
@@ -636,3 +637,248 @@ def test_a_work_folder_of_an_older_pipeline_without_marker_is_still_ours(
     (tmp_path / "work" / ".gguf-mtp-workdir").unlink()  # as written before markers existed: the state file
     _run(RecordingHub(source=target_repo), tmp_path, head_checkpoint)
     assert (tmp_path / "work" / ".gguf-mtp-workdir").is_file()
+
+
+def test_hf_job_installs_this_checkouts_origin_and_says_so(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 21 item 12: never the unregistered PyPI name; --package, GGUF_MTP_PACKAGE, or the checkout's remote."""
+    monkeypatch.delenv("GGUF_MTP_PACKAGE", raising=False)
+    checkout = tmp_path / "clone"
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    remote = ["git", "-C", str(checkout), "remote", "add", "origin"]
+    subprocess.run([*remote, "https://example.com/o/gguf-mtp.git"], check=True)
+    assert hf_job.checkout_package(checkout) == "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git"
+    real = hf_job.checkout_package
+    monkeypatch.setattr(hf_job, "checkout_package", lambda root=None: real(checkout))
+    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
+    out = capsys.readouterr().out
+    assert "package: the Job installs 'gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git' " \
+        "(from this checkout's origin remote)" in out
+    assert "dependencies=['gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git']" in out
+
+    subprocess.run(["git", "-C", str(checkout), "remote", "set-url", "origin", "git@github.com:o/gguf-mtp.git"],
+                   check=True)
+    assert real(checkout) == "gguf-mtp[llama] @ git+ssh://git@github.com/o/gguf-mtp.git"
+    subprocess.run(["git", "-C", str(checkout), "remote", "set-url", "origin", str(tmp_path)], check=True)
+    assert real(checkout) is None  # a local path: a Job cannot reach it
+    assert real(tmp_path / "not-a-checkout") is None
+
+    monkeypatch.setenv("GGUF_MTP_PACKAGE", "gguf-mtp[llama] @ git+https://example.com/env")
+    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
+    assert "(from GGUF_MTP_PACKAGE)" in capsys.readouterr().out
+    assert hf_job.main(["--dry-run", "--package", "x @ git+https://e/x", *PIPELINE_ARGS, "--out-repo", "me/O"]) == 0
+    assert "installs 'x @ git+https://e/x' (from --package)" in capsys.readouterr().out
+
+
+def test_hf_job_without_a_package_source_submits_nothing(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GGUF_MTP_PACKAGE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setattr(hf_job, "checkout_package", lambda root=None: None)
+    api = JobsStandIn()
+    for dry in ([], ["--dry-run"]):
+        assert hf_job.main([*dry, *PIPELINE_ARGS, "--out-repo", "me/Out"], api=api) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "pass --package 'gguf-mtp[llama] @ git+https://" in err
+    assert api.calls == []
+
+
+def test_install_hints_work_from_a_clone(hf_job: object) -> None:
+    from gguf_mtp.check.llama_check import INSTALL_HINT
+
+    assert "pip install '.[llama]'" in INSTALL_HINT and "make install" in INSTALL_HINT
+    assert "'gguf-mtp[llama]'" not in INSTALL_HINT and "'gguf-mtp[llama]'" not in HF_JOB.read_text()
+
+
+# ------------------------------------------------------------------------------------------- state file (item 11)
+
+BAD_STATE_EDITS = {
+    "a stage without outputs": (lambda s: s["draft"].pop("outputs"), "stages.draft has no outputs list"),
+    "verify without detail": (lambda s: s["verify"].pop("detail"), "stages.verify has no detail object"),
+    "a draft with two outputs": (lambda s: s["draft"]["outputs"].append({**s["draft"]["outputs"][0], "path": "x"}),
+                                 "stages.draft records 2 outputs; a draft stage has exactly 1"),
+    "a file listed twice": (lambda s: s["compose"]["outputs"].append(s["compose"]["outputs"][0]),
+                            "stages.compose.outputs lists a file twice"),
+    "verify with outputs": (lambda s: s["verify"].update(outputs=s["draft"]["outputs"]),
+                            "stages.verify records 1 outputs; a verify stage has exactly 0"),
+    "a block that is text": (lambda s: s["compose"]["detail"].update(block="88"),
+                             "stages.compose.detail.block is not a count"),
+    "a head that is a number": (lambda s: s["draft"]["detail"].update(head=5),
+                                "stages.draft.detail.head is not a string"),
+    "a summary that is a list": (lambda s: s["verify"]["detail"].update(summary=[]),
+                                 "stages.verify.detail.summary is not a string"),
+    "checks that are numbers": (lambda s: s["verify"]["detail"].update(checks=[1]),
+                                "stages.verify.detail.checks is not a list of strings"),
+    "no finish time": (lambda s: s["target"].pop("finished"), "stages.target.finished is not a time"),
+    "fewer files than outputs": (lambda s: s["target"]["detail"]["files"].pop(),
+                                 "stages.target.detail.files names 2 files for 3 outputs"),
+}
+
+
+def _refused(work: Path, hf_home: Path, expect: str) -> None:
+    state = work / STATE_NAME
+    before = state.read_bytes()
+    proc = pipeline_process(work, hf_home, "--no-llama")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"gguf-mtp: error: {state}: not a pipeline state file gguf-mtp wrote")
+    assert expect in proc.stderr, proc.stderr
+    assert state.read_bytes() == before  # never rewritten
+
+
+@pytest.mark.parametrize("what", sorted(BAD_STATE_EDITS))
+def test_a_state_file_of_the_wrong_shape_is_one_line(what: str, work_copy: Path, hf_home: Path) -> None:
+    """Issue 21 item 11: each shape that was an IndexError / ValueError / KeyError traceback."""
+    edit, expect = BAD_STATE_EDITS[what]
+    state = work_copy / STATE_NAME
+    doc = json.loads(state.read_text())
+    edit(doc["stages"])
+    state.write_text(json.dumps(doc))
+    _refused(work_copy, hf_home, expect)
+
+
+def test_a_state_file_with_outputs_listed_twice_is_one_line(work_copy: Path, hf_home: Path) -> None:
+    """``"outputs"`` twice in one record: JSON would silently keep the last one."""
+    state = work_copy / STATE_NAME
+    doc = json.loads(state.read_text())
+    record = json.dumps(doc["stages"]["compose"])
+    doc["stages"]["compose"] = "@@"
+    twice = '{"outputs": [], ' + record[1:]
+    state.write_text(json.dumps(doc).replace('"@@"', twice))
+    _refused(work_copy, hf_home, "key 'outputs' appears twice in one object")
+
+
+def test_the_state_file_a_run_writes_passes_the_schema(first_run: tuple[Path, dict]) -> None:
+    from gguf_mtp.hub.pipeline_state import STAGES, load_stages
+
+    work, _ = first_run
+    stages = load_stages(work / STATE_NAME, 1)
+    assert set(stages) == {"target", "draft", "compose", "verify"} and set(stages) <= set(STAGES)
+
+
+# ------------------------------------------------------------------------------------------- --dry-run (item 14)
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_dry_run_lists_the_download_and_writes_nothing(hf_home: Path, target_repo: Path, tmp_path: Path) -> None:
+    work = tmp_path / "new" / "work"
+    cache_before = _tree(hf_home)
+    proc = pipeline_process(work, hf_home, "--dry-run", "--json", "--out-repo", "me/Out")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not (tmp_path / "new").exists()  # not even the work folder
+    assert _tree(hf_home) == cache_before
+    sizes = {s: (target_repo / s).stat().st_size for s in SHARDS}
+    assert report["dry_run"] is True
+    assert report["planned"]["download"] == [{"path": s, "size": sizes[s], "cached": True} for s in SHARDS]
+    composite = [f"{PREFIX}-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert report["planned"]["write"] == [str(work / "draft" / "mtp-draft.gguf"),
+                                          *(str(work / "composite" / c) for c in composite)]
+    assert report["planned"]["upload"] == [*composite, "README.md"]
+    assert report["disk_needed"] == sum(sizes.values())  # nothing to download, a composite the target's size
+    assert statuses(report) == {n: "planned" for n in ("target", "draft", "compose", "verify", "publish")}
+
+    text = pipeline_process(work, hf_home, "--dry-run")
+    assert text.returncode == 0, text.stderr
+    assert f"download 0 of 3 file(s) of {TARGET_REPO}" in text.stdout and "disk needed: at least" in text.stdout
+    assert text.stdout.rstrip().endswith("dry run: nothing was downloaded, written or uploaded")
+    assert not (tmp_path / "new").exists()
+
+
+def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
+    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    hub = RecordingHub(source=target_repo)
+    for shard in SHARDS:
+        hub.files[shard] = {"size": 10**9 + len(shard), "sha256": "ab" * 32, "blob_id": None}
+    report = run_pipeline(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
+                          work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True,
+                          progress=False)
+    assert set(hub.methods) == {"list_repo_files", "get_paths_info"}  # no whoami, no create_repo, no download
+    assert [d["size"] for d in report.planned["download"]] == [10**9 + len(s) for s in SHARDS]
+    assert report.disk_needed == 2 * sum(10**9 + len(s) for s in SHARDS)  # downloaded, then composed
+    assert report.stage("target").summary.startswith(f"download 3 of 3 file(s) of {TARGET_REPO} (")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
+
+
+def test_dry_run_refuses_what_a_run_refuses(hf_home: Path, tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("a user's file")
+    proc = pipeline_process(foreign, hf_home, "--dry-run")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--force" in proc.stderr, proc.stderr
+    assert sorted(os.listdir(foreign)) == ["mine.txt"]
+
+
+def test_dry_run_of_a_finished_work_folder_changes_nothing(work_copy: Path, hf_home: Path) -> None:
+    before = _tree(work_copy)
+    proc = pipeline_process(work_copy, hf_home, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "the state file records finished stages (compose, draft, target, verify)" in proc.stdout
+    assert _tree(work_copy) == before
+
+
+def test_a_failed_start_leaves_no_work_folder(hf_home: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files",
+         "UD-Q4_K_XL/Nothing-*-of-*.gguf", "--head-repo", HEAD_REPO, "--work-dir", str(work)],
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+            "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 2 and "matches no file" in proc.stderr, proc.stderr
+    assert not work.exists()  # no marker, no empty lock file
+    work.mkdir()  # a folder the user made stays
+    again = subprocess.run(proc.args, capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
+                               "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"})
+    assert again.returncode == 2 and work.is_dir()
+
+
+def test_the_offline_refusal_names_the_flag(hf_home: Path, tmp_path: Path) -> None:
+    proc = pipeline_process(tmp_path / "work", hf_home, "--out-repo", "me/Out")
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith("(unset it, or use --dry-run)"), proc.stderr
+    assert "dry_run" not in proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+#: run_pipeline / publish parameters no user sets from the command line: objects and callbacks of the API.
+_NOT_FLAGS = {"api", "say", "progress", "digests", "token", "provenance", "llama", "outdir", "repo"}
+#: Tuning knobs of the library no error message names (the command line has --upload-mode instead).
+_UNNAMED = {"one_commit_max_bytes", "one_commit_max_files"}
+
+
+def test_every_library_parameter_an_error_can_name_has_a_flag() -> None:
+    """Errors name library parameters; the CLI shows each as its flag, so each needs one (issue 21 item 14)."""
+    import inspect as pyinspect
+
+    from gguf_mtp.cli import build_parser
+    from gguf_mtp.hub.publish import publish
+
+    subcommands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    dests = {name: {a.dest for a in sub._actions if a.option_strings} for name, sub in subcommands.items()}
+    for command, function in (("pipeline", run_pipeline), ("publish", publish)):
+        missing = set(pyinspect.signature(function).parameters) - _NOT_FLAGS - _UNNAMED - dests[command]
+        assert not missing, f"{command}: parameters without a flag: {sorted(missing)}"
+    # Every parameter the Hub and work-folder code names in an error is a flag of some command.
+    every_flag = set().union(*dests.values())
+    sources = [*(Path(__file__).resolve().parent.parent / "gguf_mtp" / "hub").glob("*.py"),
+               Path(__file__).resolve().parent.parent / "gguf_mtp" / "files" / "workdir.py"]
+    named = set()
+    for source in sources:
+        text = source.read_text()
+        for group in re.findall(r"parameter=(\([^)]*\)|\"\w+\")", text):
+            named |= set(re.findall(r"\"(\w+)\"", group))
+        named |= set(re.findall(r"check_repo_id\([^,()]+, \"(\w+)\"\)", text))
+    assert named >= {"dry_run", "work_dir", "target_repo"}  # the scan finds what it looks for
+    assert named <= every_flag, sorted(named - every_flag)
+    messages = [line for source in sources for line in source.read_text().splitlines() if "Error(" in line]
+    assert not [line for line in messages if any(knob in line for knob in _UNNAMED)]

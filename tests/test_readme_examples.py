@@ -128,3 +128,11 @@ def test_readme_example_output_is_the_real_output(example: Example, demo_dir: Pa
         got = _run(example.argv, demo_dir, _env(tmp_path))
     replacements = {str(demo_dir) + "/": "", str(demo_dir): "."}
     assert normalise(got, replacements) == normalise(example.output), f"README.md:{example.line}: {example.command}"
+
+
+def test_readme_says_how_to_get_gguf_mtp_on_path_before_first_using_it() -> None:
+    """Issue 21 item 13: ``make demo`` installs into .venv; the README says so before its first ``gguf-mtp`` command."""
+    lines = README.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("gguf-mtp "))
+    before = "\n".join(lines[:first])
+    assert ". .venv/bin/activate" in before and ".venv/bin/gguf-mtp" in before

@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "whose recorded outputs still match their size and sha256.",
     )
     add_pipeline_arguments(p)
-    add_output_flags(p, dry_run=False)
+    add_output_flags(p)
     p.set_defaults(run=run)
 
 
@@ -64,6 +64,7 @@ def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
         basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
         llama=False if args.no_llama else None, progress=not (getattr(args, "quiet", False) or
                                                              getattr(args, "json", False)),
+        dry_run=getattr(args, "dry_run", False),
     )
 
 

@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the card shows that command and llama-server -hf; the files are named mtp-* as -hf expects")
     p.add_argument("--path-in-repo", metavar="FOLDER",
                    help="upload into this folder of the repo (e.g. the folder of a quant, so that a --standalone "
-                        "sidecar lies next to it for llama-server -hf); default the repo root")
+                        "sidecar lies next to it for llama-server -hf); default the repo root. The card is "
+                        "always the repo's root README.md, the one the Hub shows")
     add_provenance_flags(p)
     add_output_flags(p)
     p.set_defaults(run=run)

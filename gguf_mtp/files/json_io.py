@@ -111,6 +111,7 @@ def parse_json(
     error: type[GGUFMTPError] = GGUFMTPError,
     what: str | None = None,
     max_depth: int = MAX_JSON_DEPTH,
+    unique_keys: bool = False,
 ) -> Any:
     """Parse a JSON document strictly: UTF-8, nested at most ``max_depth`` deep, finite numbers only
     (no ``NaN``/``Infinity``, nothing that overflows a float, no integer beyond 64 bits).
@@ -120,6 +121,7 @@ def parse_json(
         path: the file, for the message.
         error: the error class to raise.
         what: starts every message (``"corrupt safetensors header"``), when given.
+        unique_keys: refuse an object that holds a key twice (JSON would keep the last silently).
 
     Raises:
         error: one line naming ``path`` and, for a bad number, its key path (``shape[1] of 'x.weight'``).
@@ -146,10 +148,18 @@ def parse_json(
 
         return hook
 
+    def distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise error(f"{prefix}key {repr(key)[:60]} appears twice in one object", path)
+            found[key] = value
+        return found
+
     try:
         text = data.decode("utf-8")
         document = json.loads(text, parse_constant=bad_constant, parse_float=bad_aware(_parse_float),
-                              parse_int=bad_aware(_parse_int))
+                              parse_int=bad_aware(_parse_int), object_pairs_hook=distinct_keys if unique_keys else None)
     except UnicodeDecodeError as e:
         raise error(f"{prefix}not UTF-8 text (byte {e.start})", path) from None
     except json.JSONDecodeError as e:
@@ -173,6 +183,7 @@ def load_json_file(
     error: type[GGUFMTPError] = GGUFMTPError,
     what: str | None = None,
     max_depth: int = MAX_JSON_DEPTH,
+    unique_keys: bool = False,
 ) -> Any:
     """Read and :func:`parse_json` a JSON file of at most ``max_bytes`` bytes (a regular file only).
 
@@ -209,4 +220,4 @@ def load_json_file(
     data = b"".join(chunks)
     if len(data) > max_bytes:
         raise error(f"more than the {max_bytes:,} bytes gguf-mtp reads for this file (it grew while read)", path)
-    return parse_json(data, path, error=error, what=what, max_depth=max_depth)
+    return parse_json(data, path, error=error, what=what, max_depth=max_depth, unique_keys=unique_keys)

@@ -46,7 +46,13 @@ def _write_marker(folder: Path, kind: str) -> None:
 
 
 def claim_work_dir(
-    folder: Path, kind: str, *, force: bool = False, parameter: str = "work_dir", also_ours: tuple[str, ...] = ()
+    folder: Path,
+    kind: str,
+    *,
+    force: bool = False,
+    parameter: str = "work_dir",
+    also_ours: tuple[str, ...] = (),
+    dry_run: bool = False,
 ) -> bool:
     """Make sure ``folder`` is a work folder of the command ``kind`` (``"demo"``, ``"pipeline"``).
 
@@ -58,9 +64,10 @@ def claim_work_dir(
         parameter: the caller's parameter naming the folder, for the message.
         also_ours: names whose presence proves an older run of the same command made the folder (the
             pipeline's state file, written before markers existed).
+        dry_run: check only: create nothing and write no marker.
 
     Returns:
-        Whether the folder was created by this call.
+        Whether the folder was created by this call (with ``dry_run``: whether a real run would create it).
 
     Raises:
         UnsafeOutputError: one line: the path is a file, or a non-empty folder gguf-mtp did not make.
@@ -69,6 +76,8 @@ def claim_work_dir(
         if os.path.lexists(folder) and not folder.is_dir():
             raise UnsafeOutputError(f"{parameter} names a file, not a folder", folder, parameter)
         created = not folder.exists()
+        if created and dry_run:
+            return True
         folder.mkdir(parents=True, exist_ok=True)
         found = marker_kind(folder)
         if found == kind:
@@ -82,7 +91,8 @@ def claim_work_dir(
                 folder,
                 (parameter, "force"),
             )
-        _write_marker(folder, kind)
+        if not dry_run:
+            _write_marker(folder, kind)
         return created
     except UnsafeOutputError:  # an OSError too: already one line
         raise

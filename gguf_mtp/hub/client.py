@@ -5,6 +5,13 @@ Everything else works on local paths and plain data, and takes an ``api`` argume
 calls. Hub failures come out as one-line :class:`~gguf_mtp.errors.HubError` messages (offline, no
 token, token refused, no write access, repository or revision missing, network down).
 
+Network failures: huggingface_hub's transport is requests (0.x), httpx (1.x) or httpx2 (2.x), each
+with its own exception tree. :func:`transport_failure` recognises all three by their libraries' base
+classes (and the socket errors beneath them), so every Hub call made through :func:`hub_errors` turns
+a refused connection, an unknown host or a timeout into one :class:`~gguf_mtp.errors.HubUnreachableError`
+naming the host and the cause. While huggingface_hub retries a call with back-off, one line says so
+(:func:`retry_notice`).
+
 Token rule (the Hub's own): ``HF_TOKEN`` in the environment overrides the stored login
 (``hf auth login``).
 """
@@ -12,20 +19,26 @@ Token rule (the Hub's own): ``HF_TOKEN`` in the environment overrides the stored
 from __future__ import annotations
 
 import inspect
+import logging
 import os
+import socket
+import ssl
+import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gguf_mtp.errors import HubError
+from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.formatting import printable
 
 __all__ = [
     "RemoteFile",
     "RemoteNotFoundError",
     "answer_error",
+    "cached_file",
     "cached_repo_files",
     "check_path_in_repo",
     "check_repo_id",
@@ -43,6 +56,9 @@ __all__ = [
     "remote_files",
     "require_online",
     "resolve_token",
+    "retry_notice",
+    "transport_failure",
+    "unreachable_error",
     "upload_one_commit",
     "upload_resumable",
 ]
@@ -185,6 +201,172 @@ def answer_error(
     return HubError(f"cannot {what}: {text}", path)
 
 
+#: The base class of a transport failure in each HTTP library a huggingface_hub release line uses:
+#: requests (0.x), httpx (1.x), httpx2 (2.x). Looked up in ``sys.modules`` only: an exception of a
+#: library that was never imported cannot be in flight.
+_TRANSPORT_BASES = (("requests", "RequestException"), ("httpx", "TransportError"), ("httpx2", "TransportError"))
+#: Kinds of these that are an answer, not a transport failure (huggingface_hub's 0.x HTTP errors derive from them).
+_ANSWER_KINDS = (("requests", "HTTPError"),)
+_SOCKET_FAILURES = (ConnectionError, TimeoutError, socket.gaierror, socket.herror, ssl.SSLError)
+_MAX_CHAIN = 32
+
+
+def _classes(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    found = []
+    for module_name, attribute in names:
+        module = sys.modules.get(module_name)
+        kind = getattr(module, attribute, None) if module is not None else None
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            found.append(kind)
+    return tuple(found)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from or while handling (bounded, cycles cut)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and len(chain) < _MAX_CHAIN and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _is_transport(error: BaseException) -> bool:
+    if isinstance(error, _classes(_ANSWER_KINDS)):
+        return False
+    return isinstance(error, (*_classes(_TRANSPORT_BASES), *_SOCKET_FAILURES))
+
+
+def _request_host(error: BaseException) -> str | None:
+    """The host (and port) of the request a transport error carries (httpx, httpx2, requests)."""
+    try:
+        request = getattr(error, "request", None)  # httpx raises RuntimeError when the error has none
+    except RuntimeError:
+        return None
+    url = getattr(request, "url", None)
+    if url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    return urlsplit(str(url)).netloc.rpartition("@")[2] or None
+
+
+def _endpoint_host() -> str:
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    return urlsplit(str(constants.ENDPOINT)).netloc or str(constants.ENDPOINT)
+
+
+def _cause(chain: Sequence[BaseException], host: str) -> str:
+    """What went wrong, naming ``host``, from the deepest socket-level error of the chain."""
+    for error in reversed(chain):
+        if isinstance(error, socket.gaierror):
+            return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
+        if isinstance(error, ConnectionRefusedError):
+            return f"connection refused by {host}"
+        if isinstance(error, ConnectionResetError):
+            return f"connection reset by {host}"
+        if isinstance(error, (TimeoutError, socket.timeout)):
+            return f"timed out talking to {host}"
+        if isinstance(error, ssl.SSLError):
+            return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
+    deepest = next((e for e in reversed(chain) if _is_transport(e)), chain[0])
+    text = printable(_first_line(deepest))[:160]
+    name = type(deepest).__name__
+    return (f"{name}: {text}" if text != name else name) + f" (host {host})"
+
+
+def transport_failure(error: BaseException, host: str | None = None) -> tuple[str, str] | None:
+    """``(host, what went wrong)`` when ``error`` is, or was raised from, a network failure; else ``None``.
+
+    Recognised by the transport libraries' base classes (``requests.RequestException`` but not its
+    ``HTTPError``, ``httpx.TransportError``, ``httpx2.TransportError``) and by the socket errors beneath
+    them (``ConnectionError``, ``TimeoutError``, ``socket.gaierror``, ``ssl.SSLError``); never by message.
+    ``host`` is the request's (or, when the error does not carry it, this one, else ``HF_ENDPOINT``'s).
+    """
+    chain = _chain(error)
+    if not any(_is_transport(e) for e in chain):
+        return None
+    found = next((h for e in chain if (h := _request_host(e))), None) or host or _endpoint_host()
+    return printable(found), _cause(chain, printable(found))
+
+
+def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
+    """The one line for a Hub that cannot be reached (shared with :mod:`gguf_mtp.hub.remote`)."""
+    return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
+
+
+# ----------------------------------------------------------------------------------------------- retries
+
+#: huggingface_hub's back-off logs each wait on this logger ("Retrying in 2s [Retry 1/5].").
+_BACKOFF_LOGGER = "huggingface_hub.utils._http"
+_notice_lock = threading.Lock()
+_notice_depth = 0
+_notice_filter: _RetryNotice | None = None
+_retry_log = logging.getLogger("gguf_mtp.hub")
+
+
+class _RetryNotice(logging.Filter):
+    """Says once per Hub call (on ``gguf_mtp.hub``'s logger) that huggingface_hub is retrying, and lets its
+    own lines through only where its logger's level shows them (``-v``)."""
+
+    def __init__(self, what: str, shown: bool, saved_level: int) -> None:
+        super().__init__()
+        self.what = what
+        self.shown = shown
+        self.saved_level = saved_level  # the back-off logger's own level, restored afterwards
+        self.said = False
+        self.last_failure = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if " thrown while requesting " in text:
+            failure, _, request = text.partition(" thrown while requesting ")
+            url = request.rpartition(" ")[2]
+            from urllib.parse import urlsplit
+
+            host = urlsplit(url).netloc.rpartition("@")[2] or _endpoint_host()
+            self.last_failure = f"{printable(host)}: {printable(failure.strip(chr(39)))[:120]}"
+        elif text.startswith("Retrying in ") and not self.said:
+            self.said = True
+            failure = f" ({self.last_failure})" if self.last_failure else ""
+            _retry_log.warning(
+                "the Hub did not answer%s; huggingface_hub is retrying with back-off (%s)", failure, self.what
+            )
+        return self.shown
+
+
+@contextmanager
+def retry_notice(what: str) -> Iterator[None]:
+    """While the block runs, huggingface_hub's first "Retrying in ..." becomes one line on ``gguf_mtp.hub``.
+
+    Without it a Hub call that backs off (up to about half a minute) is silent unless ``-v`` is given.
+    Nested and concurrent blocks share one filter: the outermost one installs and removes it.
+    """
+    global _notice_depth, _notice_filter
+    backoff = logging.getLogger(_BACKOFF_LOGGER)
+    with _notice_lock:
+        _notice_depth += 1
+        if _notice_depth == 1:
+            shown = backoff.isEnabledFor(logging.WARNING)
+            _notice_filter = _RetryNotice(what, shown, backoff.level)
+            backoff.addFilter(_notice_filter)
+            if not shown:
+                backoff.setLevel(logging.WARNING)  # the records must exist for the filter to see them
+    try:
+        yield
+    finally:
+        with _notice_lock:
+            _notice_depth -= 1
+            if _notice_depth == 0 and _notice_filter is not None:
+                backoff.removeFilter(_notice_filter)
+                backoff.setLevel(_notice_filter.saved_level)
+                _notice_filter = None
+
+
+
 def hub_error(
     error: BaseException,
     what: str,
@@ -197,7 +379,9 @@ def hub_error(
 ) -> HubError | None:
     """The one-line :class:`HubError` for a failed huggingface_hub call, or ``None`` when ``error`` is a bug.
 
-    Matches huggingface_hub's typed exceptions (``huggingface_hub.errors``), then plain network errors.
+    Matches huggingface_hub's typed exceptions (``huggingface_hub.errors``); network failures of any
+    release line (:func:`transport_failure`, also when huggingface_hub wrapped one) become a
+    :class:`~gguf_mtp.errors.HubUnreachableError`.
     """
     from huggingface_hub import errors as e
 
@@ -211,6 +395,9 @@ def hub_error(
             "(run once online, or unset HF_HUB_OFFLINE)",
             path,
         )
+    failure = transport_failure(error)
+    if failure is not None:  # whichever HTTP library raised it, or huggingface_hub wrapped it
+        return unreachable_error(what, failure, path)
     if isinstance(error, e.LocalTokenNotFoundError):
         return HubError(f"cannot {what}: no Hugging Face token ({_LOGIN_HINT})", path)
     if isinstance(error, e.HFValidationError):
@@ -256,9 +443,11 @@ def _status(error: BaseException) -> int | None:
 def hub_errors(
     what: str, repo: str, *, revision: str | None = None, file: str | None = None, write: bool = False
 ) -> Iterator[None]:
-    """Run a block of huggingface_hub calls; Hub failures leave it as one :func:`hub_error` line."""
+    """Run a block of huggingface_hub calls; Hub failures leave it as one :func:`hub_error` line, and
+    huggingface_hub's retries are announced (:func:`retry_notice`)."""
     try:
-        yield
+        with retry_notice(what):
+            yield
     except Exception as error:
         translated = hub_error(error, what, repo, revision=revision, file=file, write=write)
         if translated is None:
@@ -552,6 +741,21 @@ def cached_repo_files(
     except Exception:  # no listing cached for this revision
         return None
     return [f.path for f in tree]
+
+
+def cached_file(
+    repo: str, name: str, *, revision: str | None, cache_dir: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """``name`` of ``repo`` in the local Hub cache (no network), or ``None`` when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(
+            repo, name, revision=revision, cache_dir=os.fspath(cache_dir) if cache_dir is not None else None
+        )
+    except (OSError, ValueError):  # an unreadable cache, or a name huggingface_hub refuses
+        return None
+    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
 def download_files(

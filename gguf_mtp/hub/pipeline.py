@@ -208,6 +208,9 @@ class PipelineReport:
     published: Any = None  # a PublishReport, when publish ran in this run
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    dry_run: bool = False
+    disk_needed: int | None = None  # with dry_run: the bytes a real run would add to the disks, at least
+    planned: dict[str, Any] | None = None  # with dry_run: the files it would download, write and upload
 
     def stage(self, name: str) -> StageResult:
         return next(s for s in self.stages if s.name == name)
@@ -224,6 +227,9 @@ class PipelineReport:
             "published": self.published.to_dict() if self.published is not None else None,
             "notes": list(self.notes),
             "seconds": round(self.seconds, 3),
+            "dry_run": self.dry_run,
+            "disk_needed": self.disk_needed,
+            "planned": self.planned,
         }
 
     def describe(self) -> list[str]:
@@ -234,7 +240,10 @@ class PipelineReport:
                 + (f" (+{len(self.composite) - 1} shards)" if len(self.composite) > 1 else "")
             )
         lines += [f"note: {n}" for n in self.notes]
-        lines.append(f"done in {self.seconds:.1f} s")
+        if self.dry_run:
+            lines.append("dry run: nothing was downloaded, written or uploaded")
+        else:
+            lines.append(f"done in {self.seconds:.1f} s")
         return lines
 
 
@@ -317,6 +326,7 @@ def run_pipeline(
     llama: bool | None = None,
     progress: bool = True,
     say: Callable[[str], None] | None = None,
+    dry_run: bool = False,
 ) -> PipelineReport:
     """Download, convert, compose, verify and (with ``out_repo``) publish; resume from finished stages.
 
@@ -340,6 +350,9 @@ def run_pipeline(
         llama: load the composite with llama.cpp in verify (default: when installed).
         progress: progress bars on stderr.
         say: where the one-line stage messages go (default: stderr).
+        dry_run: only say what a run would download (the files and sizes the Hub lists), convert, write
+            and upload, and the disk it needs; nothing is written, not even the work folder (see
+            :func:`plan_pipeline`).
 
     Returns:
         A :class:`PipelineReport`.
@@ -359,11 +372,83 @@ def run_pipeline(
     if out_repo:
         hub.check_repo_id(out_repo, "out_repo")
     work = Path(work_dir)
-    # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
-    claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
-    report = PipelineReport(work)
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
+    if dry_run:
+        from .pipeline_plan import plan_pipeline
+
+        return plan_pipeline(
+            hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
+            out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
+            cache_dir=cache_dir, keep=keep,
+        )
+    # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
+    top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
+    try:
+        return _run(
+            work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
+            head_repo=head_repo, out_repo=out_repo, keep=keep, target_revision=target_revision,
+            head_revision=head_revision, out_revision=out_revision, private=private, basename=basename,
+            outtype=outtype, cache_dir=cache_dir, llama=llama,
+        )
+    except BaseException:
+        if created:
+            _remove_unused_work_dir(work.absolute(), top)
+        raise
+
+
+def _remove_unused_work_dir(work: Path, top: Path) -> None:
+    """Remove the work folder this run created (and the parents up to ``top`` it created for it) when it
+    holds nothing but the run's marker and lock.
+
+    A run that fails before its first stage finishes (the Hub unreachable, a refused token) then leaves
+    nothing behind; once a stage has recorded its outputs, the folder is what a re-run resumes from.
+    """
+    from gguf_mtp.files.workdir import MARKER_NAME
+
+    try:
+        names = set(os.listdir(work))
+        if not names <= {MARKER_NAME, _LOCK_NAME}:
+            return
+        for name in names:
+            (work / name).unlink()
+        folder = work
+        while True:
+            folder.rmdir()  # only ever an empty folder
+            if folder == top:
+                break
+            folder = folder.parent
+    except OSError:  # someone else's file appeared meanwhile: leave the folder
+        pass
+
+
+def _run(
+    work: Path,
+    hub_api: Any,
+    token: str | None,
+    say: Callable[[str], None],
+    progress: bool,
+    started: float,
+    *,
+    target_repo: str,
+    target_files: str,
+    head_repo: str,
+    out_repo: str | None,
+    keep: bool,
+    target_revision: str | None,
+    head_revision: str | None,
+    out_revision: str | None,
+    private: bool,
+    basename: str | None,
+    outtype: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    llama: bool | None,
+) -> PipelineReport:
+    """The stages of :func:`run_pipeline`, in a work folder it has claimed."""
+    report = PipelineReport(work)
     if out_repo:
         # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
@@ -403,6 +488,20 @@ def _status(before: str | None) -> str:
     return "redone" if before else "ran"
 
 
+def _target_listing(
+    api: Any, token: str | None, repo: str, pattern: str, revision: str | None, cache_dir: str | os.PathLike[str] | None
+) -> list[str]:
+    """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
+    if not hub.is_offline():
+        return hub.list_repo_files(api, repo, token=token, revision=revision)
+    # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
+    listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)
+    if listing is None:
+        snapshot = hub.download_files(api, repo, [pattern], token=token, revision=revision, cache_dir=cache_dir)
+        listing = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    return listing
+
+
 def _stage_target(
     runner: _Runner,
     report: PipelineReport,
@@ -429,15 +528,7 @@ def _stage_target(
         return outputs, record["detail"].get("commit")
     if why:
         runner.say(f"[1/5] target: {why}; downloading again")
-    if hub.is_offline():
-        # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
-        listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)
-        if listing is None:
-            snapshot = hub.download_files(api, repo, [pattern], token=token, revision=revision, cache_dir=cache_dir)
-            listing = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-    else:
-        listing = hub.list_repo_files(api, repo, token=token, revision=revision)
-    names = select_target_files(listing, pattern)
+    names = select_target_files(_target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
     shown = ", ".join(n.rpartition("/")[2] for n in names)
     runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
     snapshot = hub.download_files(
@@ -523,8 +614,14 @@ def _stage_draft(
 
 
 def _default_basename(target: Sequence[FileDigest]) -> str:
-    match = SPLIT_NAME.match(target[0].name)
-    stem = match["prefix"] if match else target[0].path.stem
+    return _basename_of(target[0].name)
+
+
+def _basename_of(first: str) -> str:
+    """The composite's default prefix for a target whose first file is named ``first``."""
+    name = first.rpartition("/")[2]
+    match = SPLIT_NAME.match(name)
+    stem = match["prefix"] if match else Path(name).stem
     return f"{stem}-MTP"
 
 

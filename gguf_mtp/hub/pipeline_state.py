@@ -6,11 +6,17 @@ instead of an object, a stage record without its key or with outputs of the wron
 written by gguf-mtp (or was edited by hand). It is refused with one line naming the file, rather than
 crashing later on a missing key or silently starting over in a folder it cannot prove is its own.
 
-The shape it accepts::
+The whole document is checked against one schema (:func:`check_state`) before any of it is used::
 
-    {"format": 1, "stages": {"<stage>": {"key": "<sha256>", "finished": "<time>",
+    {"format": 1, "stages": {"<stage>": {"key": str, "finished": str,
                                          "outputs": [{"path": str, "size": int, "sha256": "<64 hex>"}],
                                          "detail": {...}}}}
+
+Every record has all four keys, no key appears twice in any object, no output path twice in a record;
+each stage has its number of outputs (target and compose one or more, draft exactly one, verify and
+publish none) and its detail fields of their types (:data:`DETAILS`). Anything else is refused with one
+line naming the file: the user moves it away to start over (rather than gguf-mtp guessing which parts
+of a file it did not write can be trusted).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 from gguf_mtp.errors import GGUFMTPError
 from gguf_mtp.files.json_io import load_json_file
 
-__all__ = ["MAX_STATE_BYTES", "StateFileError", "load_stages"]
+__all__ = ["DETAILS", "MAX_OUTPUTS", "MAX_STATE_BYTES", "OUTPUT_COUNTS", "StateFileError", "check_state", "load_stages"]
 
 #: A state file records a few dozen files; a megabyte-sized one was not written by gguf-mtp.
 MAX_STATE_BYTES = 16 * 1024 * 1024
@@ -44,6 +50,37 @@ def _problem(path: Path, why: str) -> StateFileError:
     )
 
 
+#: The most outputs one stage records (a split set has at most 99,999 shards).
+MAX_OUTPUTS = 100_000
+
+#: Each stage's detail fields: (kind, required). Kinds: ``text`` (a string), ``text?`` (a string or null),
+#: ``names`` (a list of strings), ``count`` (a non-negative integer).
+DETAILS: dict[str, dict[str, tuple[str, bool]]] = {
+    "target": {"files": ("names", True), "commit": ("text?", False), "repo": ("text?", False)},
+    "draft": {"head": ("text", False), "revision": ("text?", False)},
+    "compose": {"block": ("count", False), "added": ("count", False)},
+    "verify": {"summary": ("text", False), "checks": ("names", False)},
+    "publish": {"repo": ("text", False), "commit_url": ("text?", False)},
+}
+
+#: How many outputs each stage records: (fewest, most).
+OUTPUT_COUNTS: dict[str, tuple[int, int]] = {
+    "target": (1, MAX_OUTPUTS),
+    "draft": (1, 1),
+    "compose": (1, MAX_OUTPUTS),
+    "verify": (0, 0),
+    "publish": (0, 0),
+}
+
+_KINDS: dict[str, tuple[str, Any]] = {
+    "text": ("a string", lambda v: isinstance(v, str)),
+    "text?": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "names": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "count": ("a count", lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63),
+}
+_NAMED_KIND = {"files": "a list of file names"}
+
+
 def _check_output(path: Path, where: str, output: Any) -> None:
     if not isinstance(output, dict):
         raise _problem(path, f"{where} is not an object")
@@ -62,22 +99,56 @@ def _check_record(path: Path, stage: str, record: Any) -> None:
         raise _problem(path, f"{where} is not an object")
     if not isinstance(record.get("key"), str):
         raise _problem(path, f"{where}.key is not a string")
-    outputs = record.get("outputs", [])
+    if "outputs" not in record:
+        raise _problem(path, f"{where} has no outputs list")
+    outputs = record["outputs"]
     if not isinstance(outputs, list):
         raise _problem(path, f"{where}.outputs is not a list")
+    if len(outputs) > MAX_OUTPUTS:
+        raise _problem(path, f"{where}.outputs lists {len(outputs):,} files, more than {MAX_OUTPUTS:,}")
     for i, output in enumerate(outputs):
         _check_output(path, f"{where}.outputs[{i}]", output)
-    detail = record.get("detail", {})
+    paths = [o["path"] for o in outputs]
+    if len(set(paths)) != len(paths):
+        raise _problem(path, f"{where}.outputs lists a file twice")
+    if "detail" not in record:
+        raise _problem(path, f"{where} has no detail object")
+    detail = record["detail"]
     if not isinstance(detail, dict):
         raise _problem(path, f"{where}.detail is not an object")
-    # The values the pipeline reads back out of a reused record.
-    if stage == "target" and not (
-        isinstance(detail.get("files"), list) and all(isinstance(f, str) for f in detail["files"])
-    ):
-        raise _problem(path, f"{where}.detail.files is not a list of file names")
-    for key in ("commit", "summary", "repo", "commit_url"):
-        if detail.get(key) is not None and not isinstance(detail[key], str):
-            raise _problem(path, f"{where}.detail.{key} is not a string")
+    for name, (kind, required) in DETAILS[stage].items():
+        what, fits = _KINDS[kind]
+        if (required or name in detail) and not fits(detail.get(name)):
+            raise _problem(path, f"{where}.detail.{name} is not {_NAMED_KIND.get(name, what)}")
+    if not isinstance(record.get("finished"), str):
+        raise _problem(path, f"{where}.finished is not a time")
+    fewest, most = OUTPUT_COUNTS[stage]
+    if not fewest <= len(outputs) <= most:
+        wanted = f"exactly {fewest}" if fewest == most else f"{fewest} or more"
+        raise _problem(path, f"{where} records {len(outputs)} outputs; a {stage} stage has {wanted}")
+    if stage == "target" and len(detail["files"]) != len(outputs):
+        raise _problem(path, f"{where}.detail.files names {len(detail['files'])} files for {len(outputs)} outputs")
+
+
+def check_state(path: Path, doc: Any, state_format: int) -> dict[str, dict[str, Any]]:
+    """The stages of a parsed state document, after checking all of it against the schema above.
+
+    Raises:
+        StateFileError: the first thing that does not fit, naming ``path`` and the key.
+    """
+    if not isinstance(doc, dict):
+        raise _problem(path, f"a JSON {type(doc).__name__}, not an object")
+    fmt = doc.get("format")
+    if isinstance(fmt, bool) or fmt != state_format:
+        raise _problem(path, f"format {str(fmt)[:20]!r}, this gguf-mtp writes format {state_format}")
+    stages = doc.get("stages")
+    if not isinstance(stages, dict):
+        raise _problem(path, "no stages object")
+    for stage, record in stages.items():
+        if stage not in STAGES:
+            raise _problem(path, f"unknown stage {stage[:40]!r}")
+        _check_record(path, stage, record)
+    return stages
 
 
 def load_stages(path: str | os.PathLike[str], state_format: int) -> dict[str, dict[str, Any]]:
@@ -95,17 +166,5 @@ def load_stages(path: str | os.PathLike[str], state_format: int) -> dict[str, di
     if not os.path.lexists(path):
         return {}
     doc = load_json_file(path, max_bytes=MAX_STATE_BYTES, error=StateFileError,
-                         what="not a pipeline state file gguf-mtp wrote")
-    if not isinstance(doc, dict):
-        raise _problem(path, f"a JSON {type(doc).__name__}, not an object")
-    fmt = doc.get("format")
-    if isinstance(fmt, bool) or fmt != state_format:
-        raise _problem(path, f"format {str(fmt)[:20]!r}, this gguf-mtp writes format {state_format}")
-    stages = doc.get("stages")
-    if not isinstance(stages, dict):
-        raise _problem(path, "no stages object")
-    for stage, record in stages.items():
-        if stage not in STAGES:
-            raise _problem(path, f"unknown stage {stage[:40]!r}")
-        _check_record(path, stage, record)
-    return stages
+                         what="not a pipeline state file gguf-mtp wrote", unique_keys=True)
+    return check_state(path, doc, state_format)

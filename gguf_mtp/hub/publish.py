@@ -77,7 +77,7 @@ class PublishPlan:
     model: ShardSet
     mode: str  # "one-commit" or "resumable"
     standalone: bool = False  # an MTP-only draft published as such (for llama-server --spec-draft-model)
-    path_in_repo: str | None = None  # the repo folder the files (and the card) go to; None: the repo root
+    path_in_repo: str | None = None  # the repo folder the files go to (the card: the root); None: the root
 
     @property
     def files(self) -> list[Path]:
@@ -90,8 +90,9 @@ class PublishPlan:
 
     @property
     def card_path(self) -> str:
-        """The model card's path in the repo (``README.md`` of :attr:`path_in_repo`)."""
-        return self.repo_path(CARD_NAME)
+        """The model card's path in the repo: the root ``README.md``, the one file the Hub shows as the card,
+        also when the files go to :attr:`path_in_repo` (a ``README.md`` in a folder is shown by no one)."""
+        return CARD_NAME
 
     def repo_path(self, name: str) -> str:
         """``name`` inside :attr:`path_in_repo`."""
@@ -257,8 +258,8 @@ def plan_publish(
         standalone: publish an MTP-only draft (NextN block tensors only) as a draft for
             ``llama-server --spec-draft-model``; without it such a file is refused, since it is not a model.
             Its files are published under sidecar names (:func:`sidecar_name`).
-        path_in_repo: the folder of the repo the files and the card go to (e.g. the folder of a quant, so
-            that a sidecar lies next to it); default the repo root.
+        path_in_repo: the folder of the repo the files go to (e.g. the folder of a quant, so that a
+            sidecar lies next to it); default the repo root. The card is always the root ``README.md``.
         target_files: the target's file paths in its repo, when ``repo`` is the target's repo: a sidecar
             must then lie in the folder of the target's first file or a parent of it (llama.cpp's rule).
 
@@ -530,8 +531,9 @@ def publish(
         token: the Hub token (default: ``HF_TOKEN``, else the stored login).
         standalone: publish an MTP-only draft as a sidecar (named ``mtp-*``; its card shows both
             ``--spec-draft-model`` and ``llama-server -hf``).
-        path_in_repo: the repo folder the files and the card go to (e.g. a quant's folder, next to which a
-            sidecar is found by ``llama-server -hf``); default the repo root.
+        path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
+            found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
+            (the one the Hub shows).
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).

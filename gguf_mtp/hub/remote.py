@@ -46,7 +46,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import HubError, ParameterError
 from gguf_mtp.formatting import printable
 
-from .client import RemoteNotFoundError
+from .client import RemoteNotFoundError, transport_failure, unreachable_error
 
 __all__ = [
     "FIRST_READ",
@@ -330,6 +330,9 @@ def _get_range(
             raise HubError(f"{host}: {what}", str(hub_file)) from None
         except _Retry as e:
             last_error = e.cause
+    failure = transport_failure(last_error, host) if last_error is not None else None
+    if failure is not None:  # the same line as for every other Hub call that cannot connect
+        raise unreachable_error("read the header", failure, str(hub_file))
     raise HubError(f"cannot read from {host} after {_ATTEMPTS} attempts: {_one_line(last_error)}", str(hub_file))
 
 
