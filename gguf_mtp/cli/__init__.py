@@ -22,7 +22,9 @@ from gguf_mtp.formatting import ESCAPE_ERRORS, printable
 from .common import error_object, print_json
 
 #: Subcommands, each a module of this package with ``register(subparsers)``.
-COMMANDS = ("convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline")
+COMMANDS = (
+    "convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline", "bench"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
