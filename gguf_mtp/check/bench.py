@@ -242,7 +242,7 @@ def bench(
         LlamaServerError: the server is not llama-server, too old, never ready, or failed (the log is kept).
         NoNextNBlockError, ParameterError, BadGGUFError: the inputs cannot be benchmarked (before anything runs).
     """
-    started = time.monotonic()
+    began = time.monotonic()
     _check_request_sizes(tokens, n_max)
     if health_timeout <= 0:
         raise ParameterError(f"health_timeout {health_timeout:g}: give seconds > 0", parameter="health_timeout")
@@ -260,11 +260,15 @@ def bench(
     runs: list[BenchRun] = []
     for i, k in enumerate(configurations, 1):
         what = "without MTP" if k == 0 else f"MTP n-max {k}"
-        say(f"run {i}/{len(configurations)}: {what}: starting llama-server")
         port = free_port()
         args = server_arguments(info.path, port, k, info.draft, server_args)
-        with running_server(server, args, port=port, health_timeout=health_timeout, label=f"llama-server ({what})") \
-                as handle:
+
+        def started(handle: ServerHandle, step: str = f"run {i}/{len(configurations)}: {what}") -> None:
+            say(f"{step}: llama-server pid {handle.pid} on 127.0.0.1:{handle.port}, loading the model")
+
+        with running_server(
+            server, args, port=port, health_timeout=health_timeout, label=f"llama-server ({what})", on_start=started
+        ) as handle:
             _check_context(handle, prompts, tokens, max(n_max), info.path)
             run = BenchRun(k, _measure(handle, prompts, tokens))
         runs.append(run)
@@ -275,5 +279,5 @@ def bench(
     differences = tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
     return BenchReport(
         model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
-        differences=differences, seconds=time.monotonic() - started,
+        differences=differences, seconds=time.monotonic() - began,
     )

@@ -50,7 +50,7 @@ def probe_server(binary: str) -> None:
     """
     path = Path(binary)
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise LlamaServerError("not an executable file", binary, "server")
+        raise LlamaServerError("server: not an executable file", binary, "server")
     try:
         proc = subprocess.run(
             [binary, "--help"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS
@@ -200,9 +200,11 @@ def running_server(
     port: int,
     health_timeout: float,
     label: str = "llama-server",
+    on_start: Callable[[ServerHandle], None] | None = None,
 ) -> Iterator[ServerHandle]:
     """Start ``binary args`` (which must listen on 127.0.0.1:``port``), wait until ``/health`` answers ok, yield
-    the handle; stop the server when the block ends, however it ends.
+    the handle; stop the server when the block ends, however it ends. ``on_start`` is told of the process
+    as soon as it runs (before it is ready).
 
     Raises:
         LlamaServerError: it exited, or did not become healthy within ``health_timeout`` seconds (with the
@@ -221,6 +223,8 @@ def running_server(
         raise LlamaServerError(f"cannot start: {e.strerror}", binary, "server") from None
     handle = ServerHandle(process, port, log, binary)
     try:
+        if on_start is not None:
+            on_start(handle)
         _wait_healthy(handle, health_timeout, label)
         yield handle
         keep_log = False

@@ -80,7 +80,7 @@ def _case_insensitive_choices(sub: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
     _quiet_hub_logging(args.verbose)
     restore = _escape_unprintable_output()
@@ -88,6 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     finally:
         restore()
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; for a command that passes arguments through (``bench ... -- -ngl 99``), what follows the
+    first ``--`` is its ``server_args`` (argparse cannot take options after ``--`` behind a subcommand)."""
+    if "--" in argv:
+        split = argv.index("--")
+        args = parser.parse_args(argv[:split])
+        if hasattr(args, "server_args"):
+            args.server_args = argv[split + 1 :]
+            return args
+    return parser.parse_args(argv)
 
 
 def _run(args: argparse.Namespace) -> int:

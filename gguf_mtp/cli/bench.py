@@ -12,6 +12,8 @@ from .common import print_json, print_report
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench",
+        usage="gguf-mtp bench MODEL [--draft SIDECAR] [--server PATH] [--n-max K,K...] [--tokens N] "
+        "[--prompts FILE] [--plot FILE.png] [--json] [-- SERVER ARGS...]",
         help="measure MTP with your own llama-server: acceptance, tokens/s, speed-up, the best n-max, lossless",
         description="Run your llama-server on 127.0.0.1 once without speculative decoding and once per n-max with "
         "--spec-type draft-mtp, send the same prompts greedily, and report acceptance (draft_n_accepted / draft_n), "
@@ -37,9 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    p.add_argument("server_args", nargs="*", metavar="-- SERVER ARGS",
-                   help="more llama-server arguments, after --")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, server_args=[])  # what follows -- (see gguf_mtp.cli._parse)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=None if args.quiet else say,
             )
     except LlamaServerError as e:
-        if e.log_tail and not args.quiet:
+        if e.log_tail:
             print("llama-server log (last lines):", file=sys.stderr)
             print("\n".join("  " + printable(line) for line in e.log_tail), file=sys.stderr)
         raise
