@@ -22,7 +22,6 @@ from gguf_mtp.check.bench_rules import (
     SEED,
     BenchReport,
     BenchRun,
-    Completion,
     completion_request,
     first_difference,
     parse_completion,
@@ -263,7 +262,11 @@ def fake_server(path: Path, body: str) -> Path:
     return path
 
 
-HELP = 'if [ "$1" = --help ]; then echo "-m, --model FNAME --host HOST --port PORT --spec-type none,draft-mtp"; exit 0; fi\n'
+HELP = (
+    'if [ "$1" = --help ]; then\n'
+    '  echo "-m, --model FNAME --host HOST --port PORT --spec-type none,draft-mtp"; exit 0\n'
+    "fi\n"
+)
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
