@@ -24,6 +24,7 @@ from gguf_mtp.check.bench_rules import (
     BenchRun,
     completion_request,
     first_difference,
+    parse_bench_json,
     parse_completion,
     parse_n_max_list,
     recommend_n_max,
@@ -346,3 +347,61 @@ def test_plot_needs_a_new_file(tmp_path: Path, glm_trunk: Path, glm_converted3: 
                                    "--plot", str(existing)))
     assert "exists" in line and "--force" in line
     assert existing.read_bytes() == b"keep"
+
+
+# --- publish --bench-json ----------------------------------------------------------------------------------------
+
+
+def bench_json(model: str) -> dict:
+    base = run_of(0, answer(64, 500.0, None, [1, 2]))
+    fast = run_of(1, answer(64, 400.0, (40, 30), [1, 2]))
+    slower = run_of(2, answer(64, 450.0, (60, 33), [1, 2]))
+    report = BenchReport(model, None, "llama-server", 3, 64, (base, fast, slower), (), 1.0, ("-ngl", "99"))
+    return report.to_dict()
+
+
+def test_bench_json_is_read_back_strictly() -> None:
+    summary = parse_bench_json(bench_json("/x/m.gguf"), "b.json")
+    assert [r.n_max for r in summary.rows] == [0, 1, 2] and summary.recommended_n_max == 1
+    assert summary.server_args == ("-ngl", "99") and summary.lossless
+    for change, match in [
+        (lambda d: d.update(command="verify"), "not a gguf-mtp bench --json report"),
+        (lambda d: d["runs"].pop(), None),
+        (lambda d: d["runs"][1].update(draft_n_accepted=41), "impossible counts"),
+        (lambda d: d["runs"].reverse(), "increasing"),
+        (lambda d: d.update(recommended_n_max=7), "recommended_n_max"),
+        (lambda d: d["runs"][0].update(predicted_n="64"), "predicted_n"),
+        (lambda d: d.update(lossless="yes"), "lossless"),
+        (lambda d: d.update(runs=[d["runs"][0]] * 40), "runs"),
+    ]:
+        data = bench_json("/x/m.gguf")
+        change(data)
+        if match is None:  # two runs (0 and 1) are still a table
+            parse_bench_json(data, "b.json")
+            continue
+        with pytest.raises(ParameterError, match=match):
+            parse_bench_json(data, "b.json")
+
+
+def test_publish_card_carries_the_measured_table(glm_converted3: Path, tmp_path: Path) -> None:
+    data = tmp_path / "bench.json"
+    data.write_text(json.dumps(bench_json(str(glm_converted3))))
+    proc = gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run",
+                    "--bench-json", str(data))
+    assert proc.returncode == 0, proc.stderr
+    card = proc.stdout.split("----- README.md -----", 1)[1]
+    section = card.split("## Measured speed", 1)[1].split("## Check it", 1)[0]
+    assert "own llama-server (`-ngl 99`): 3 prompt(s), up to 64 tokens each" in section
+    assert "| 0 (no MTP) | - | 128.0 | 1.00x |" in section
+    assert "| 1 | 0.75 (30/40) | 160.0 | 1.25x |" in section
+    assert "| 2 | 0.55 (33/60) | 142.2 | 1.11x |" in section
+    assert "Greedy output with MTP: identical to the output without it. Recommended: `--spec-draft-n-max 1`." \
+        in section
+    assert f"gguf-mtp bench {glm_converted3.name} --server PATH/TO/llama-server" in card.split("## Check it")[1]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(bench_json("/elsewhere/another-model.gguf")))
+    line = one_error_line(gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run",
+                                   "--bench-json", str(other)))
+    assert "--bench-json measured another-model.gguf, not the published glm-mtp3-00001-of-00002.gguf" in line
+    plain = gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run")
+    assert plain.returncode == 0 and "## Measured speed" not in plain.stdout

@@ -157,6 +157,14 @@ def test_counts_are_what_llama_server_returns(llama_server_tool: Path, tiny: dic
     pids = server_pids(proc.stderr)
     assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = tmp_path / "bench.json"
+    saved.write_text(proc.stdout)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    card = subprocess.run(gguf_mtp_cmd("publish", str(tiny["composite"].parent), "--repo", "me/tiny-glm", "--dry-run",
+                                       "--bench-json", str(saved)), capture_output=True, text=True, env=env)
+    assert card.returncode == 0, card.stderr
+    row = runs[1]
+    assert f"| 1 | {row['acceptance']:.2f} ({row['draft_n_accepted']}/{row['draft_n']}) | " in card.stdout
 
 
 def test_trunk_and_sidecar(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
@@ -239,7 +247,7 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
         assert len(pids) == 2 and pid_alive(pids[1])
         time.sleep(1.0)  # loading or generating: mid-run either way
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

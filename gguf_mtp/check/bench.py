@@ -279,5 +279,5 @@ def bench(
     differences = tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
     return BenchReport(
         model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
-        differences=differences, seconds=time.monotonic() - began,
+        differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
     )

@@ -25,11 +25,14 @@ __all__ = [
     "SEED",
     "WORTHWHILE_SPEEDUP",
     "BenchReport",
+    "BenchRow",
     "BenchRun",
+    "BenchSummary",
     "Completion",
     "Difference",
     "completion_request",
     "first_difference",
+    "parse_bench_json",
     "parse_completion",
     "parse_n_max_list",
     "recommend_n_max",
@@ -276,6 +279,7 @@ class BenchReport:
     runs: tuple[BenchRun, ...]
     differences: tuple[Difference, ...]
     seconds: float
+    server_args: tuple[str, ...] = ()
 
     @property
     def baseline(self) -> BenchRun:
@@ -302,6 +306,7 @@ class BenchReport:
             "model": self.model,
             "draft": self.draft,
             "server": self.server,
+            "server_args": list(self.server_args),
             "prompts": self.prompts,
             "tokens": self.tokens,
             "runs": [
@@ -358,3 +363,98 @@ class BenchReport:
             lines.append("recommended: no MTP on this machine with these settings (no run was "
                          f"{(WORTHWHILE_SPEEDUP - 1) * 100:.0f}% faster)")
         return lines
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One run of a ``bench --json`` report, as the model card shows it."""
+
+    n_max: int
+    draft_n: int
+    draft_n_accepted: int
+    predicted_n: int
+    predicted_per_second: float
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """A ``bench --json`` report read back (for ``publish --bench-json``): the table and its verdicts."""
+
+    model: str
+    draft: str | None
+    rows: tuple[BenchRow, ...]
+    lossless: bool
+    recommended_n_max: int | None
+    tokens: int
+    prompts: int
+    server_args: tuple[str, ...]
+
+    def speedup(self, row: BenchRow) -> float | None:
+        base = next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0)
+        return row.predicted_per_second / base if base > 0 else None
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ParameterError(f"bench_json: {key} = {value!r} is not what gguf-mtp bench --json writes", where,
+                             "bench_json")
+    return value
+
+
+def parse_bench_json(document: Any, where: str) -> BenchSummary:
+    """Check and read a ``gguf-mtp bench --json`` report (bounded: at most 1 + :data:`MAX_N_MAX` runs).
+
+    Raises:
+        ParameterError: not such a report (one line naming ``where``).
+    """
+    if not isinstance(document, Mapping) or document.get("command") != "bench":
+        raise ParameterError("bench_json: not a gguf-mtp bench --json report", where, "bench_json")
+    runs = _field(document, "runs", list, where)
+    if not 2 <= len(runs) <= 1 + MAX_N_MAX:
+        raise ParameterError(f"bench_json: {len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where, "bench_json")
+    rows = []
+    for run in runs:
+        if not isinstance(run, Mapping):
+            raise ParameterError("bench_json: a run is not an object", where, "bench_json")
+        rate = _field(run, "predicted_per_second", (int, float), where)
+        row = BenchRow(
+            n_max=_field(run, "n_max", int, where),
+            draft_n=_field(run, "draft_n", int, where),
+            draft_n_accepted=_field(run, "draft_n_accepted", int, where),
+            predicted_n=_field(run, "predicted_n", int, where),
+            predicted_per_second=float(rate),
+        )
+        if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
+                or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
+            raise ParameterError(f"bench_json: the run with n_max {row.n_max} has impossible counts", where,
+                                 "bench_json")
+        rows.append(row)
+    if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
+        raise ParameterError("bench_json: runs are not n_max 0 (without MTP) then increasing n-max", where,
+                             "bench_json")
+    recommended = document.get("recommended_n_max")
+    if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
+                                    or recommended not in {r.n_max for r in rows}):
+        raise ParameterError(f"bench_json: recommended_n_max = {recommended!r} is not a measured n-max", where,
+                             "bench_json")
+    model = _field(document, "model", str, where)
+    draft = document.get("draft")
+    server_args = document.get("server_args", [])
+    if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
+            or len(server_args) > 256:
+        raise ParameterError("bench_json: server_args is not a list of strings", where, "bench_json")
+    return BenchSummary(
+        model=model,
+        draft=draft if isinstance(draft, str) else None,
+        rows=tuple(rows),
+        lossless=_field(document, "lossless", bool, where),
+        recommended_n_max=recommended,
+        tokens=_field(document, "tokens", int, where),
+        prompts=_field(document, "prompts", int, where),
+        server_args=tuple(server_args),
+    )
