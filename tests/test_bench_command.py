@@ -405,3 +405,13 @@ def test_publish_card_carries_the_measured_table(glm_converted3: Path, tmp_path:
     assert "--bench-json measured another-model.gguf, not the published glm-mtp3-00001-of-00002.gguf" in line
     plain = gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run")
     assert plain.returncode == 0 and "## Measured speed" not in plain.stdout
+
+
+def test_what_follows_a_double_dash_goes_to_the_server_only_for_bench() -> None:
+    from gguf_mtp.cli import _parse, build_parser
+
+    parser = build_parser()
+    args = _parse(parser, ["-v", "bench", "m.gguf", "--server", "s", "--tokens", "4", "--", "-ngl", "99", "--", "x"])
+    assert (args.model, args.server, args.tokens, args.server_args) == ("m.gguf", "s", 4, ["-ngl", "99", "--", "x"])
+    assert _parse(parser, ["bench", "m.gguf"]).server_args == []
+    assert _parse(parser, ["inspect", "--", "-odd-name.gguf"]).path == "-odd-name.gguf"  # argparse's own meaning

@@ -195,8 +195,8 @@ def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
         need = len(ids) + tokens + n_max + 1
         if need > n_ctx:
             raise ParameterError(
-                f"{prompt.name} ({len(ids)} tokens) + tokens {tokens} + n-max {n_max} need {need} tokens of context, "
-                f"the server has {n_ctx} per slot: lower tokens or raise -c after --",
+                f"tokens {tokens} + n-max {n_max} + {prompt.name} ({len(ids)} prompt tokens) need a context of "
+                f"{need}, the server has {n_ctx} per slot: generate fewer, or raise -c after --",
                 model,
                 "tokens",
             )

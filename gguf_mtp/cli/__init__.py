@@ -90,15 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
+#: Commands that pass what follows ``--`` to another program (as ``server_args``).
+PASS_THROUGH = ("bench",)
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse ``argv``; for a command that passes arguments through (``bench ... -- -ngl 99``), what follows the
-    first ``--`` is its ``server_args`` (argparse cannot take options after ``--`` behind a subcommand)."""
-    if "--" in argv:
+    """Parse ``argv``; for a pass-through command (``bench ... -- -ngl 99``) what follows the first ``--`` is
+    its ``server_args`` (argparse cannot take options after ``--`` behind a subcommand). The main parser's
+    options take no values, so the command is the first word that is not an option."""
+    command = next((word for word in argv if not word.startswith("-")), None)
+    if command in PASS_THROUGH and "--" in argv:
         split = argv.index("--")
         args = parser.parse_args(argv[:split])
-        if hasattr(args, "server_args"):
-            args.server_args = argv[split + 1 :]
-            return args
+        args.server_args = argv[split + 1 :]
+        return args
     return parser.parse_args(argv)
 
 
