@@ -43,8 +43,10 @@ def gguf_mtp_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "gguf_mtp", *args]
 
 
-def run_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_bench(*args: str, timeout: float = 600, tmpdir: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    if tmpdir is not None:  # where the server logs go
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.run(gguf_mtp_cmd("bench", *args), capture_output=True, text=True, env=env, timeout=timeout)
 
 
@@ -62,7 +64,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def servers_running(binary: Path) -> list[int]:
-    """Processes running ``binary`` that are children of this test process (psutil-free: /proc)."""
+    """Every live process running ``binary`` (psutil-free: /proc; other users of the binary may be among them)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -140,9 +142,13 @@ COUNTS = ("predicted_n", "draft_n", "draft_n_accepted", "text_sha256")
 
 def test_counts_are_what_llama_server_returns(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
     plot = tmp_path / "bench.png"
+    logs = tmp_path / "logs"
+    logs.mkdir()
     proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1,2", "--tokens", "8",
-                     "--prompts", str(tiny["prompts"]), "--json", "--plot", str(plot), "--", *SERVER_FLAGS)
+                     "--prompts", str(tiny["prompts"]), "--json", "--plot", str(plot), "--", *SERVER_FLAGS,
+                     tmpdir=logs)
     assert proc.returncode == 0, proc.stderr
+    assert list(logs.iterdir()) == []  # the logs of clean runs are removed
     report = json.loads(proc.stdout)
     assert report["lossless"] is True and report["recommended_n_max"] in (0, 1, 2)
     runs = {r["n_max"]: r for r in report["runs"]}
@@ -230,8 +236,9 @@ def test_a_damaged_head_cannot_change_the_output(llama_server_tool: Path, tiny: 
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[str, Path], signum: int) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[str, Path], signum: int,
+                                           tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
     cmd = gguf_mtp_cmd("bench", str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1,2",
                        "--tokens", "64", "--prompts", str(tiny["prompts"]), "--", *SERVER_FLAGS)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -256,6 +263,7 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
     assert err.strip().splitlines()[-1] == "gguf-mtp: interrupted; no output was left behind"
     assert not any(pid_alive(pid) for pid in pids)
     assert not set(pids) & set(servers_running(llama_server_tool))
+    assert list(tmp_path.glob("gguf-mtp-bench-*.log")) == []  # interrupted is not failed: no log kept
 
 
 def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path, tiny: dict[str, Path]) -> None:

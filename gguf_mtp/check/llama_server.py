@@ -228,6 +228,9 @@ def running_server(
         _wait_healthy(handle, health_timeout, label)
         yield handle
         keep_log = False
+    except KeyboardInterrupt:  # the user stopped it: nothing failed, nothing to keep
+        keep_log = False
+        raise
     finally:
         _stop(process)
         if not keep_log:
