@@ -45,6 +45,7 @@ KINDS: dict[type[GGUFMTPError], type[Exception]] = {
     errors.OutputWriteError: OSError,
     errors.InputReadError: OSError,
     errors.HubError: OSError,
+    errors.LlamaServerError: OSError,
 }
 
 
