@@ -235,7 +235,7 @@ def test_a_damaged_head_cannot_change_the_output(llama_server_tool: Path, tiny: 
     assert json.loads(proc.stdout)["lossless"] is True
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[str, Path], signum: int,
                                            tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
@@ -259,6 +259,13 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    if signum == signal.SIGKILL:  # no clean-up can run: the kernel kills the server with us (PR_SET_PDEATHSIG)
+        assert proc.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while pid_alive(pids[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(pid_alive(pid) for pid in pids)
+        return
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "gguf-mtp: interrupted; no output was left behind"
     assert not any(pid_alive(pid) for pid in pids)
