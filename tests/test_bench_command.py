@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -419,3 +420,108 @@ def test_what_follows_a_double_dash_goes_to_the_server_only_for_bench() -> None:
     assert (args.model, args.server, args.tokens, args.server_args) == ("m.gguf", "s", 4, ["-ngl", "99", "--", "x"])
     assert _parse(parser, ["bench", "m.gguf"]).server_args == []
     assert _parse(parser, ["inspect", "--", "-odd-name.gguf"]).path == "-odd-name.gguf"  # argparse's own meaning
+
+
+# --- the whole run against a fake llama-server (the real one: tests/test_bench_server.py) -------------------------
+
+FAKE_SERVER = '''#!PYTHON
+"""A stand-in llama-server: --help, /health, /props, /tokenize and /completion in llama-server's shapes."""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+argv = sys.argv[1:]
+if argv == ["--help"]:
+    print("-m, --model FNAME\\n--host HOST\\n--port PORT\\n--spec-type none,draft-simple,draft-mtp")
+    sys.exit(0)
+port = int(argv[argv.index("--port") + 1])
+n_max = int(argv[argv.index("--spec-draft-n-max") + 1]) if "--spec-type" in argv else 0
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def answer(self, data):
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.answer({"status": "ok"})
+        else:
+            self.answer({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            self.answer({"tokens": list(range(len(request["content"]) // 5 + 1))})
+            return
+        n = request["n_predict"]
+        tokens = [(len(request["prompt"]) + i) % 97 for i in range(n)]
+        if n_max and os.environ.get("FAKE_DIFFER") == str(n_max):
+            tokens[-1] += 1
+        timings = {"prompt_n": 10, "prompt_ms": 1.0, "predicted_n": n, "predicted_ms": 100.0 / (1 + n_max),
+                   "predicted_per_second": n * 10.0 * (1 + n_max)}
+        if n_max:
+            timings.update(draft_n=n * n_max, draft_n_accepted=n)
+        self.answer({"content": "".join(f"{t:x}" for t in tokens), "tokens": tokens, "stop": True, "timings": timings})
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+@pytest.fixture
+def fake_llama_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    script = tmp_path / "llama-server"
+    script.write_text(FAKE_SERVER.replace("PYTHON", sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    return script, log
+
+
+def test_a_whole_run_against_a_fake_server(fake_llama_server: tuple[Path, Path], glm_trunk: Path,
+                                           glm_converted3: Path, tmp_path: Path) -> None:
+    server, log = fake_llama_server
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one prompt\n---\nanother prompt\n")
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server), "--n-max",
+                    "2,1", "--tokens", "5", "--prompts", str(prompts), "--json", "--", "-ngl", "99")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [(r["n_max"], r["predicted_n"], r["draft_n"], r["draft_n_accepted"]) for r in report["runs"]] == [
+        (0, 10, 0, 0), (1, 10, 10, 10), (2, 10, 20, 10)]
+    assert [r["speedup"] for r in report["runs"]] == [1.0, 2.0, 3.0]
+    assert report["lossless"] is True and report["recommended_n_max"] == 2
+    assert report["server_args"] == ["-ngl", "99"]
+    started = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [a[a.index("--port") + 1] != "0" for a in started] == [True] * 3
+    sidecar = ["--spec-draft-model", str(glm_converted3)]
+    assert [a[6:] for a in started] == [  # after -m MODEL --host 127.0.0.1 --port N
+        ["-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "1", *sidecar, "-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", *sidecar, "-ngl", "99"],
+    ]
+    assert all(a[:4] == ["-m", str(glm_trunk), "--host", "127.0.0.1"] for a in started)
+    assert not any(pid_alive(int(pid)) for pid in re.findall(r"llama-server pid (\d+)", proc.stderr))
+
+
+def test_output_that_differs_with_mtp_exits_2(fake_llama_server: tuple[Path, Path], glm_trunk: Path,
+                                              glm_converted3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, _ = fake_llama_server
+    monkeypatch.setenv("FAKE_DIFFER", "2")
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server), "--n-max",
+                    "1,2", "--tokens", "4", "-q")
+    line = one_error_line(proc)
+    assert line == (f"gguf-mtp: error: {glm_trunk}: not lossless: with MTP (n-max 2) prompt 1 differs from the run "
+                    "without MTP at token 3; greedy output with MTP must equal the output without it (a broken head "
+                    "or a wrong per-layer value?)")
+    assert "NOT lossless: with MTP (n-max 2) prompt 1 differs from the run without MTP at token 3" in proc.stdout
+    assert "recommended" not in proc.stdout
