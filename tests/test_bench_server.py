@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from gguf_mtp import compose, extract
+from gguf_mtp.check.bench import builtin_prompts
 from gguf_mtp.format.header import read_header
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
@@ -198,18 +199,21 @@ def test_text_report(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
     assert [line.split(":")[0] for line in proc.stderr.splitlines()] == ["run 1/2"] * 2 + ["run 2/2"] * 2
 
 
-def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
+def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
     """The tiny hybrid (Mamba-2 + attention + MoE) nemotron_h_moe composite: with this llama.cpp's draft-mtp the
-    greedy tokens leave those of the run without MTP (rejected drafts on a recurrent trunk): exit 2, one line."""
+    greedy tokens leave those of the run without MTP after a long prompt (not after the short ones above):
+    exit 2, one line."""
+    prose = tmp_path / "prose.json"  # the built-in prose prompt (~400 tokens): the short ones stay identical
+    prose.write_text(json.dumps([builtin_prompts()[1].text]))
     proc = run_bench(str(tiny["nemotron"]), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "16",
-                     "--json", "--", *SERVER_FLAGS)
+                     "--prompts", str(prose), "--json", "--", *SERVER_FLAGS)
     assert proc.returncode == 2, proc.stderr
     report = json.loads(proc.stdout)
     assert report["lossless"] is False and report["recommended_n_max"] is None
     runs = report["runs"]
     assert runs[0]["text_sha256"] != runs[1]["text_sha256"]
     last = proc.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"gguf-mtp: error: .*nem-trunk\.gguf: not lossless: with MTP \(n-max 1\) prompt \d differs "
+    assert re.fullmatch(r"gguf-mtp: error: .*nem-trunk\.gguf: not lossless: with MTP \(n-max 1\) prompt 1 differs "
                         r"from the run without MTP at token \d+; .*", last), last
     assert "Traceback" not in proc.stderr
 
@@ -273,14 +277,16 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
     assert list(tmp_path.glob("gguf-mtp-bench-*.log")) == []  # interrupted is not failed: no log kept
 
 
-def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
+def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path, tiny: dict[str, Path],
+                                                        tmp_path: Path) -> None:
     """-c 64 (llama.cpp pads it to 256) is below the model's 4096: llama-server's own n_ctx per slot (/props) and
     its token count (/tokenize) decide, before any request that would stop short."""
     proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "2", "--tokens", "300",
-                     "--prompts", str(tiny["prompts"]), "--", "-t", "2", "-c", "64", "-np", "1")
+                     "--prompts", str(tiny["prompts"]), "--", "-t", "2", "-c", "64", "-np", "1", tmpdir=tmp_path)
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert re.search(r": --tokens 300 \+ n-max 2 \+ prompt 1 \(\d+ prompt tokens\) need a context of \d+, the server "
                      r"has (64|256) per slot: generate fewer, or raise -c after --$", last), last
     assert len(server_pids(proc.stderr)) == 1  # refused in the first run, before any generation
+    assert list(tmp_path.iterdir()) == []  # not the server's failure: its log is not kept
     assert not any(pid_alive(pid) for pid in server_pids(proc.stderr))

@@ -5,8 +5,9 @@ its ``--help``. :func:`running_server` starts it on 127.0.0.1 at a free port, in
 its output in a log file; waits for ``/health`` up to a deadline; and stops it however the block ends
 (success, error, Ctrl-C, SIGTERM): SIGTERM to the group, SIGKILL after a grace period, waited for, so no
 process is left and the port is free again. On Linux the server also dies with us if we are killed outright
-(``PR_SET_PDEATHSIG``). The log is removed after a clean run and kept when something failed; its last lines
-travel with the error. HTTP goes through the standard library: the server is our own, on the loopback.
+(``PR_SET_PDEATHSIG``). The log is kept only when the server failed (its last lines and its path travel with
+the :class:`~gguf_mtp.errors.LlamaServerError`); otherwise it is removed. HTTP goes through the standard
+library: the server is our own, on the loopback.
 """
 
 from __future__ import annotations
@@ -228,7 +229,9 @@ def running_server(
         _wait_healthy(handle, health_timeout, label)
         yield handle
         keep_log = False
-    except KeyboardInterrupt:  # the user stopped it: nothing failed, nothing to keep
+    except LlamaServerError:  # the server failed: its log is named in the error and kept
+        raise
+    except BaseException:  # anything else (a refusal of ours, Ctrl-C) is not the server's: nothing to keep
         keep_log = False
         raise
     finally:
