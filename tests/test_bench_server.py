@@ -37,7 +37,9 @@ pytestmark = pytest.mark.llama
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["def fibonacci(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n",
            "The lighthouse keeper climbed the stairs at dusk, as he had done every evening for thirty years, and"]
-SERVER_FLAGS = ["-t", "2", "-c", "1024", "-np", "1"]
+#: One thread: with two, the trunk's and the MTP context's thread pools wait on each other on a busy 2-core machine
+#: (2-4 tokens/s with MTP instead of hundreds).
+SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
 
 
 def gguf_mtp_cmd(*args: str) -> list[str]:
@@ -200,13 +202,14 @@ def test_text_report(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
 
 
 def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
-    """The tiny hybrid (Mamba-2 + attention + MoE) nemotron_h_moe composite: with this llama.cpp's draft-mtp the
-    greedy tokens leave those of the run without MTP after a long prompt (not after the short ones above):
-    exit 2, one line."""
+    """The tiny hybrid (Mamba-2 + attention + MoE) nemotron_h_moe composite: with this llama.cpp's draft-mtp on 2
+    threads the greedy tokens leave those of the run without MTP after a long prompt (not on 1 thread, not after
+    the short prompts above: batched verification computes a little differently, and a random model's recurrent
+    state carries the difference to a near tie): exit 2, one line."""
     prose = tmp_path / "prose.json"  # the built-in prose prompt (~400 tokens): the short ones stay identical
     prose.write_text(json.dumps([builtin_prompts()[1].text]))
     proc = run_bench(str(tiny["nemotron"]), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "16",
-                     "--prompts", str(prose), "--json", "--", *SERVER_FLAGS)
+                     "--prompts", str(prose), "--json", "--", "-t", "2", "-c", "1024", "-np", "1")
     assert proc.returncode == 2, proc.stderr
     report = json.loads(proc.stdout)
     assert report["lossless"] is False and report["recommended_n_max"] is None
@@ -214,7 +217,8 @@ def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, 
     assert runs[0]["text_sha256"] != runs[1]["text_sha256"]
     last = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"gguf-mtp: error: .*nem-trunk\.gguf: not lossless: with MTP \(n-max 1\) prompt 1 differs "
-                        r"from the run without MTP at token \d+; .*", last), last
+                        r"from the run without MTP at token \d+; greedy output with MTP must equal the output "
+                        r"without it", last), last
     assert "Traceback" not in proc.stderr
 
 
@@ -244,7 +248,7 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
                                            tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
     cmd = gguf_mtp_cmd("bench", str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1,2",
-                       "--tokens", "64", "--prompts", str(tiny["prompts"]), "--", *SERVER_FLAGS)
+                       "--tokens", "256", "--prompts", str(tiny["prompts"]), "--", *SERVER_FLAGS)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen = ""
     try:
@@ -255,9 +259,7 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
             if select.select([proc.stderr], [], [], 1.0)[0]:
                 seen += proc.stderr.readline()
         pids = server_pids(seen)
-        assert len(pids) == 2 and pid_alive(pids[1])
-        time.sleep(1.0)  # loading or generating: mid-run either way
-        proc.send_signal(signum)
+        proc.send_signal(signum)  # run 2's server is loading: mid-run (a finished run would exit 0 and fail here)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -268,11 +270,11 @@ def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[s
         deadline = time.monotonic() + 30
         while pid_alive(pids[1]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(pid_alive(pid) for pid in pids)
+        assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
         return
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "gguf-mtp: interrupted; no output was left behind"
-    assert not any(pid_alive(pid) for pid in pids)
+    assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
     assert not set(pids) & set(servers_running(llama_server_tool))
     assert list(tmp_path.glob("gguf-mtp-bench-*.log")) == []  # interrupted is not failed: no log kept
 
@@ -282,7 +284,7 @@ def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path,
     """-c 64 (llama.cpp pads it to 256) is below the model's 4096: llama-server's own n_ctx per slot (/props) and
     its token count (/tokenize) decide, before any request that would stop short."""
     proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "2", "--tokens", "300",
-                     "--prompts", str(tiny["prompts"]), "--", "-t", "2", "-c", "64", "-np", "1", tmpdir=tmp_path)
+                     "--prompts", str(tiny["prompts"]), "--", "-t", "1", "-c", "64", "-np", "1", tmpdir=tmp_path)
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert re.search(r": --tokens 300 \+ n-max 2 \+ prompt 1 \(\d+ prompt tokens\) need a context of \d+, the server "
