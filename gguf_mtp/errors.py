@@ -9,7 +9,8 @@ knows nothing of gguf-mtp can still tell them apart:
   :class:`IncompatibleDraftError`, :class:`NoNextNBlockError`, :class:`KVEditError`,
   :class:`CheckpointError`, :class:`VerificationError`, :class:`ParameterError`);
 - :class:`OSError`: the file system or the network failed or refused (:class:`UnsafeOutputError`,
-  :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`, :class:`HubUnreachableError`);
+  :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`, :class:`HubUnreachableError`,
+  :class:`LlamaServerError`);
 - :class:`FileNotFoundError`: an input does not exist (:class:`GGUFNotFoundError`,
   :class:`CheckpointNotFoundError`; still a :class:`BadGGUFError` / :class:`CheckpointError`).
 
@@ -33,6 +34,7 @@ __all__ = [
     "IncompatibleDraftError",
     "InputReadError",
     "KVEditError",
+    "LlamaServerError",
     "NoNextNBlockError",
     "OutputWriteError",
     "ParameterError",
@@ -135,3 +137,26 @@ class HubUnreachableError(HubError):
 
 class VerificationError(GGUFMTPError, ValueError):
     """A composite failed verification."""
+
+
+class LlamaServerError(GGUFMTPError, OSError):
+    """llama-server (``gguf-mtp bench``) is not usable: not llama-server, too old, never ready, crashed, or
+    answered something else than llama-server answers.
+
+    Attributes:
+        log_tail: the last lines of the server's log, when there is one (the full log is kept at ``log``).
+        log: the kept log file, or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        parameter: str | tuple[str, ...] | None = None,
+        *,
+        log_tail: tuple[str, ...] = (),
+        log: str | None = None,
+    ) -> None:
+        super().__init__(message, path, parameter)
+        self.log_tail = log_tail
+        self.log = log

@@ -46,6 +46,7 @@ KINDS: dict[type[GGUFMTPError], type[Exception]] = {
     errors.InputReadError: OSError,
     errors.HubError: OSError,
     errors.HubUnreachableError: OSError,
+    errors.LlamaServerError: OSError,
 }
 
 

@@ -22,7 +22,9 @@ from gguf_mtp.formatting import ESCAPE_ERRORS, printable
 from .common import error_object, print_json
 
 #: Subcommands, each a module of this package with ``register(subparsers)``.
-COMMANDS = ("convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline")
+COMMANDS = (
+    "convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline", "bench"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +80,7 @@ def _case_insensitive_choices(sub: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
     _quiet_hub_logging(args.verbose)
     restore = _escape_unprintable_output()
@@ -86,6 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     finally:
         restore()
+
+
+#: Commands that pass what follows ``--`` to another program (as ``server_args``).
+PASS_THROUGH = ("bench",)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; for a pass-through command (``bench ... -- -ngl 99``) what follows the first ``--`` is
+    its ``server_args`` (argparse cannot take options after ``--`` behind a subcommand). The main parser's
+    options take no values, so the command is the first word that is not an option."""
+    command = next((word for word in argv if not word.startswith("-")), None)
+    if command in PASS_THROUGH and "--" in argv:
+        split = argv.index("--")
+        args = parser.parse_args(argv[:split])
+        args.server_args = argv[split + 1 :]
+        return args
+    return parser.parse_args(argv)
 
 
 def _run(args: argparse.Namespace) -> int:

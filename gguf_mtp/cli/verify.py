@@ -53,4 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         print_report(report.describe())
+        if report.ok:
+            print_report([f"measure what MTP gains on your machine: gguf-mtp bench {args.composite} --server "
+                          "PATH/TO/llama-server"])
     return 0 if report.ok else 2

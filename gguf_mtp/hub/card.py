@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -25,10 +25,14 @@ from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.formatting import markdown_code, markdown_text, printable
 from gguf_mtp.model.shards import ShardSet
 
+if TYPE_CHECKING:
+    from gguf_mtp.check.bench_rules import BenchSummary
+
 __all__ = [
     "LLAMA_CPP_MIN_RELEASE",
     "ModelFacts",
     "Provenance",
+    "bench_section",
     "draft_command",
     "llama_cpp_requirement",
     "render_model_card",
@@ -197,6 +201,7 @@ def render_model_card(
     standalone: bool = False,
     names: Sequence[str] | None = None,
     path_in_repo: str | None = None,
+    bench: BenchSummary | None = None,
 ) -> str:
     """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft).
 
@@ -210,6 +215,7 @@ def render_model_card(
             the ``llama-server -m TARGET --spec-draft-model DRAFT`` and ``llama-server -hf`` commands.
         names: the files' paths in the repo (default: their names).
         path_in_repo: the repo folder the files are in (default: the root).
+        bench: the publisher's ``gguf-mtp bench --json`` report, shown as a table (:func:`bench_section`).
 
     Returns:
         The card's text: YAML front matter, then Markdown.
@@ -291,6 +297,10 @@ def render_model_card(
         serve_command(first),
         "```",
     ]
+    if bench is not None:
+        lines += bench_section(bench)
+    measure = (f"gguf-mtp bench {shell_word(TARGET_PLACEHOLDER)} --draft {shell_word(first)}" if standalone
+               else f"gguf-mtp bench {shell_word(first)}") + " --server PATH/TO/llama-server"
     lines += [
         "",
         "## Check it",
@@ -298,10 +308,39 @@ def render_model_card(
         "```sh",
         "sha256sum " + " ".join(shell_word(n) for n in paths),
         f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}",
+        f"{measure}   # acceptance, tokens/s and the best n-max on your machine",
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def bench_section(bench: BenchSummary) -> list[str]:
+    """"Measured speed": the publisher's ``gguf-mtp bench`` table (their hardware, their llama-server flags)."""
+    flags = " ".join(shell_word(a) for a in bench.server_args)
+    lines = [
+        "",
+        "## Measured speed",
+        "",
+        f"Measured by the publisher with `gguf-mtp bench` and their own llama-server"
+        f"{f' ({markdown_code(flags)})' if flags else ''}: {bench.prompts} prompt(s), up to {bench.tokens} tokens "
+        "each, greedy. Tokens/s depend on the hardware; run `gguf-mtp bench` on yours.",
+        "",
+        "| n-max | acceptance | tokens/s | speed-up |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in bench.rows:
+        acceptance = "-" if row.acceptance is None else f"{row.acceptance:.2f} ({row.draft_n_accepted}/{row.draft_n})"
+        speedup = bench.speedup(row)
+        lines.append(f"| {'0 (no MTP)' if row.n_max == 0 else row.n_max} | {acceptance} | "
+                     f"{row.predicted_per_second:.1f} | {'-' if speedup is None else f'{speedup:.2f}x'} |")
+    verdict = "identical" if bench.lossless else "NOT identical"
+    lines += ["", f"Greedy output with MTP: {verdict} to the output without it."]
+    if bench.recommended_n_max:
+        lines[-1] += f" Recommended: `--spec-draft-n-max {bench.recommended_n_max}`."
+    elif bench.recommended_n_max == 0:
+        lines[-1] += " On that machine MTP did not pay off."
+    return lines
 
 
 def hf_command(repo: str, tag: str | None = None, draft_repo: str | None = None) -> str:

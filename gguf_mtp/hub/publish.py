@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf_mtp.constants import SPLIT_NAME
 from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
@@ -36,6 +36,9 @@ from gguf_mtp.model.shards import ShardSet, open_model
 
 from . import client as hub
 from .card import ModelFacts, Provenance, render_model_card
+
+if TYPE_CHECKING:
+    from gguf_mtp.check.bench_rules import BenchSummary
 
 __all__ = [
     "CARD_NAME",
@@ -495,6 +498,15 @@ def _upload(
             report.notes.append(f"{card_path} was not uploaded because the files on the Hub do not match")
 
 
+def _check_bench_is_of(bench: BenchSummary, first_file: str) -> None:
+    """A bench report shown in the card must have measured these files (the model or its sidecar, by name)."""
+    measured = {os.path.basename(bench.model)} | ({os.path.basename(bench.draft)} if bench.draft else set())
+    if first_file not in measured:
+        raise ParameterError(
+            f"bench_json measured {', '.join(sorted(measured))}, not the published {first_file}", parameter="bench_json"
+        )
+
+
 def publish(
     outdir: str | os.PathLike[str],
     repo: str,
@@ -512,6 +524,7 @@ def publish(
     token: str | None = None,
     standalone: bool = False,
     path_in_repo: str | None = None,
+    bench: BenchSummary | None = None,
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
@@ -534,6 +547,8 @@ def publish(
         path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
             found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
             (the one the Hub shows).
+        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.check.bench_rules.parse_bench_json`)
+            for the card's "Measured speed" table.
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
@@ -544,7 +559,8 @@ def publish(
             or the Hub's record of an uploaded file disagrees with the local file.
         BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
         NoNextNBlockError: the model has no NextN block.
-        ParameterError: the model is an MTP-only draft without ``standalone``, or a whole model with it.
+        ParameterError: the model is an MTP-only draft without ``standalone``, or a whole model with it; or
+            ``bench`` measured other files.
 
     Example:
         >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
@@ -565,6 +581,8 @@ def publish(
         path_in_repo=path_in_repo,
         target_files=provenance.target_files if provenance and provenance.target_repo == repo else (),
     )
+    if bench is not None:
+        _check_bench_is_of(bench, plan.files[0].name)
     user = None
     hub_api = None
     if not dry_run:
@@ -584,6 +602,7 @@ def publish(
         standalone=standalone,
         names=plan.names_in_repo,
         path_in_repo=plan.path_in_repo,
+        bench=bench,
     )
     report = PublishReport(plan, dry_run, files, card, user=user)
     if dry_run:

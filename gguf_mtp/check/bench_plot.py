@@ -1,0 +1,85 @@
+"""``gguf-mtp bench --plot FILE.png``: tokens/s and acceptance against n-max (matplotlib, the ``bench`` extra).
+
+The PNG is written under a temporary name created exclusively next to it, then linked into place (never
+over an existing file) or, with ``force``, renamed over it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from pathlib import Path
+
+from gguf_mtp.errors import OutputWriteError, ParameterError, UnsafeOutputError
+
+from .bench_rules import BenchReport
+
+__all__ = ["INSTALL_HINT", "check_plot_target", "write_plot"]
+
+INSTALL_HINT = "pip install 'gguf-mtp[bench]' (matplotlib)"
+
+
+def check_plot_target(path: str | os.PathLike[str], *, force: bool) -> None:
+    """Refuse before measuring: matplotlib missing, or ``path`` exists (without ``force``) or is not a file.
+
+    Raises:
+        ParameterError: matplotlib is not installed.
+        UnsafeOutputError: the file exists and ``force`` is off, or it is not a regular file, or no folder.
+    """
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ParameterError(f"plot needs matplotlib: {INSTALL_HINT}", os.fspath(path), "plot")
+    target = Path(path)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise UnsafeOutputError("plot: not a regular file (a link, a folder or a device)", target, "plot")
+    if target.exists() and not force:
+        raise UnsafeOutputError("plot: file exists (use force to replace it)", target, "force")
+    if not target.parent.is_dir():
+        raise UnsafeOutputError("plot: no such folder", target.parent, "plot")
+
+
+def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool) -> None:
+    """Draw tokens/s (left axis) and acceptance (right axis) against n-max (0: without MTP).
+
+    Raises:
+        UnsafeOutputError: the file appeared meanwhile and ``force`` is off.
+        OutputWriteError: the file could not be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    target = Path(path)
+    runs = sorted(report.runs, key=lambda r: r.n_max)
+    fig, speed_axis = plt.subplots(figsize=(6, 4), dpi=100)
+    speed_axis.plot([r.n_max for r in runs], [r.predicted_per_second for r in runs], "o-", color="tab:blue")
+    speed_axis.set_xlabel("n-max (0 = without MTP)")
+    speed_axis.set_ylabel("tokens/s", color="tab:blue")
+    speed_axis.set_xticks([r.n_max for r in runs])
+    mtp = [r for r in runs if r.acceptance is not None]
+    acceptance_axis = speed_axis.twinx()
+    acceptance_axis.plot([r.n_max for r in mtp], [r.acceptance or 0.0 for r in mtp], "s--", color="tab:orange")
+    acceptance_axis.set_ylabel("acceptance", color="tab:orange")
+    acceptance_axis.set_ylim(0, 1.05)
+    speed_axis.set_title(f"gguf-mtp bench: {target.stem}"[:80])
+    fig.tight_layout()
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fig.savefig(f, format="png")
+            if force:
+                os.replace(partial, target)
+            else:
+                os.link(partial, target)  # fails if the file appeared meanwhile: never replaced
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+    except FileExistsError:
+        raise UnsafeOutputError("plot: file exists (use force to replace it)", target, "force") from None
+    except OSError as e:
+        raise OutputWriteError(f"plot: cannot write: {e.strerror}", target, "plot") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,460 @@
+"""The pure part of ``gguf-mtp bench``: what is asked of llama-server, how its answers are read, and what
+they mean (acceptance, speed-up, the recommended n-max, the lossless decision). No process, no socket:
+:mod:`gguf_mtp.check.llama_server` talks to the server, :mod:`gguf_mtp.check.bench` runs the whole thing.
+
+llama-server's ``/completion`` answer (llama.cpp b11025 and later) carries ``timings``: ``predicted_n`` tokens
+generated in ``predicted_ms`` (``predicted_per_second``), and, only when speculative decoding drafted at least
+one token, ``draft_n`` (tokens the MTP head proposed) and ``draft_n_accepted`` (of those, the ones the trunk
+kept). With ``return_tokens`` it also returns the generated token ids, which the lossless check compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gguf_mtp.errors import LlamaServerError, ParameterError
+
+__all__ = [
+    "MAX_N_MAX",
+    "RESERVED_SERVER_FLAGS",
+    "SEED",
+    "WORTHWHILE_SPEEDUP",
+    "BenchReport",
+    "BenchRow",
+    "BenchRun",
+    "BenchSummary",
+    "Completion",
+    "Difference",
+    "completion_request",
+    "first_difference",
+    "parse_bench_json",
+    "parse_completion",
+    "parse_n_max_list",
+    "recommend_n_max",
+    "server_arguments",
+]
+
+#: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
+SEED = 42
+
+#: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
+MAX_N_MAX = 16
+
+#: MTP is recommended only when its best run is at least this much faster than the run without it
+#: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
+WORTHWHILE_SPEEDUP = 1.03
+
+#: Flags ``bench`` sets itself; the user's extra server arguments may not set them too.
+RESERVED_SERVER_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "--spec-type", "--spec-draft-n-max", "--spec-draft-model", "-md",
+     "--model-draft", "-hf", "--hf-repo"}
+)
+
+
+def parse_n_max_list(text: str) -> tuple[int, ...]:
+    """``"1,2,3"`` -> ``(1, 2, 3)``: distinct values from 1 to :data:`MAX_N_MAX`, in increasing order.
+
+    Raises:
+        ParameterError: not a comma-separated list of such numbers.
+    """
+    values = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= MAX_N_MAX:
+            raise ParameterError(
+                f"n_max {text!r}: give draft lengths from 1 to {MAX_N_MAX}, separated by commas (e.g. 1,2,3)",
+                parameter="n_max",
+            )
+        values.add(int(part))
+    return tuple(sorted(values))
+
+
+def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra: Sequence[str]) -> list[str]:
+    """llama-server's arguments for one run: ``n_max`` 0 is the run without speculative decoding, any other
+    value an MTP run drafting up to ``n_max`` tokens (from ``draft``, an MTP-only sidecar, when given).
+
+    Raises:
+        ParameterError: ``extra`` sets a flag bench sets itself (the model, the address, the speculative type).
+    """
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_SERVER_FLAGS:
+            raise ParameterError(
+                f"server_args: {flag} is set by bench itself (the model, the loopback address, the MTP settings)",
+                parameter="server_args",
+            )
+    args = ["-m", model, "--host", "127.0.0.1", "--port", str(port)]
+    if n_max:
+        args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
+        if draft is not None:
+            args += ["--spec-draft-model", draft]
+    return args + list(extra)
+
+
+def completion_request(prompt: str, tokens: int) -> dict[str, Any]:
+    """The ``/completion`` body: ``tokens`` tokens, greedily (temperature 0, fixed seed), the prompt processed
+    afresh (no cache from an earlier request), the generated token ids returned."""
+    return {
+        "prompt": prompt,
+        "n_predict": tokens,
+        "temperature": 0.0,
+        "seed": SEED,
+        "cache_prompt": False,
+        "return_tokens": True,
+        "stream": False,
+    }
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One ``/completion`` answer: the counts of its ``timings`` and what it generated."""
+
+    predicted_n: int
+    predicted_ms: float
+    draft_n: int
+    draft_n_accepted: int
+    content: str
+    tokens: tuple[int, ...] | None  # None when the server did not return them
+
+
+def _count(timings: Mapping[str, Any], key: str, *, required: bool) -> int:
+    value = timings.get(key)
+    if value is None and not required:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise LlamaServerError(f"/completion answered timings.{key} = {value!r}, not a count")
+    return value
+
+
+def parse_completion(answer: object) -> Completion:
+    """Read llama-server's ``/completion`` answer (JSON already decoded).
+
+    A run without speculative decoding has no ``draft_*`` fields: they count as 0.
+
+    Raises:
+        LlamaServerError: the answer is not what llama-server returns.
+    """
+    if not isinstance(answer, Mapping) or not isinstance(answer.get("timings"), Mapping):
+        raise LlamaServerError("/completion answered without timings: is this llama-server?")
+    timings = answer["timings"]
+    predicted_ms = timings.get("predicted_ms")
+    if (
+        not isinstance(predicted_ms, (int, float))
+        or isinstance(predicted_ms, bool)
+        or not math.isfinite(predicted_ms)
+        or predicted_ms < 0
+    ):
+        raise LlamaServerError(f"/completion answered timings.predicted_ms = {predicted_ms!r}, not a duration")
+    draft_n = _count(timings, "draft_n", required=False)
+    accepted = _count(timings, "draft_n_accepted", required=False)
+    if accepted > draft_n:
+        raise LlamaServerError(f"/completion answered {accepted} accepted of {draft_n} drafted tokens")
+    content = answer.get("content")
+    if not isinstance(content, str):
+        raise LlamaServerError("/completion answered without content")
+    tokens = answer.get("tokens")
+    ids: tuple[int, ...] | None = None
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        ids = tuple(tokens)
+    return Completion(
+        predicted_n=_count(timings, "predicted_n", required=True),
+        predicted_ms=float(predicted_ms),
+        draft_n=draft_n,
+        draft_n_accepted=accepted,
+        content=content,
+        tokens=ids,
+    )
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One server configuration (``n_max`` 0: without MTP) and its answers to every prompt, summed."""
+
+    n_max: int
+    completions: tuple[Completion, ...]
+
+    @property
+    def predicted_n(self) -> int:
+        return sum(c.predicted_n for c in self.completions)
+
+    @property
+    def predicted_ms(self) -> float:
+        return sum(c.predicted_ms for c in self.completions)
+
+    @property
+    def draft_n(self) -> int:
+        return sum(c.draft_n for c in self.completions)
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return sum(c.draft_n_accepted for c in self.completions)
+
+    @property
+    def predicted_per_second(self) -> float:
+        """Generated tokens over generation time, all prompts together (not a mean of per-prompt rates)."""
+        return self.predicted_n * 1000.0 / self.predicted_ms if self.predicted_ms > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        """``draft_n_accepted / draft_n``; ``None`` when nothing was drafted (the run without MTP)."""
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+    @property
+    def text_sha256(self) -> str:
+        """sha256 of the generated texts (a JSON list, one per prompt): equal runs have equal hashes."""
+        texts = json.dumps([c.content for c in self.completions], ensure_ascii=False)
+        return hashlib.sha256(texts.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Where an MTP run's greedy output first differs from the run without MTP."""
+
+    n_max: int
+    prompt: int  # index into the prompts
+    position: int  # the first differing generated token (or character, when the server gave no token ids)
+    unit: str  # "token" or "character"
+
+    def describe(self) -> str:
+        return (
+            f"with MTP (n-max {self.n_max}) prompt {self.prompt + 1} differs from the run without MTP "
+            f"at {self.unit} {self.position}"
+        )
+
+
+def _first_mismatch(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def first_difference(baseline: BenchRun, run: BenchRun) -> Difference | None:
+    """The first place ``run``'s output differs from ``baseline``'s, prompt by prompt; ``None`` when equal.
+
+    Greedy decoding with a draft head must give exactly the tokens greedy decoding gives without it: the trunk
+    verifies every drafted token and keeps only those it would have produced itself.
+    """
+    for index, (want, got) in enumerate(zip(baseline.completions, run.completions)):
+        if want.tokens is not None and got.tokens is not None:
+            position = _first_mismatch(want.tokens, got.tokens)
+            unit = "token"
+        else:
+            position = None
+            unit = "character"
+        if position is None:
+            char = _first_mismatch(want.content, got.content)
+            if char is not None:
+                position, unit = char, "character"
+        if position is not None:
+            return Difference(run.n_max, index, position, unit)
+    return None
+
+
+def recommend_n_max(runs: Sequence[BenchRun]) -> int:
+    """The n-max to run with: the fastest MTP run, if it beats the run without MTP by at least
+    :data:`WORTHWHILE_SPEEDUP` (ties go to the smaller n-max); otherwise 0, MTP off."""
+    baseline = next((r for r in runs if r.n_max == 0), None)
+    candidates = [r for r in runs if r.n_max > 0]
+    if baseline is None or not candidates or baseline.predicted_per_second <= 0:
+        return 0
+    best = max(candidates, key=lambda r: (r.predicted_per_second, -r.n_max))
+    return best.n_max if best.predicted_per_second >= baseline.predicted_per_second * WORTHWHILE_SPEEDUP else 0
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """What ``bench`` measured: one run per configuration, the lossless verdict, the recommendation."""
+
+    model: str
+    draft: str | None
+    server: str
+    prompts: int
+    tokens: int
+    runs: tuple[BenchRun, ...]
+    differences: tuple[Difference, ...]
+    seconds: float
+    server_args: tuple[str, ...] = ()
+
+    @property
+    def baseline(self) -> BenchRun:
+        return next(r for r in self.runs if r.n_max == 0)
+
+    @property
+    def lossless(self) -> bool:
+        """Every MTP run generated exactly the text (and tokens) of the run without MTP."""
+        return not self.differences
+
+    @property
+    def recommended_n_max(self) -> int | None:
+        """:func:`recommend_n_max`, or ``None`` when the output was not lossless (nothing to recommend)."""
+        return recommend_n_max(self.runs) if self.lossless else None
+
+    def speedup(self, run: BenchRun) -> float | None:
+        base = self.baseline.predicted_per_second
+        return run.predicted_per_second / base if base > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` report (``n_max`` 0 is the run without MTP)."""
+        return {
+            "command": "bench",
+            "model": self.model,
+            "draft": self.draft,
+            "server": self.server,
+            "server_args": list(self.server_args),
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "runs": [
+                {
+                    "n_max": r.n_max,
+                    "draft_n": r.draft_n,
+                    "draft_n_accepted": r.draft_n_accepted,
+                    "acceptance": None if r.acceptance is None else round(r.acceptance, 4),
+                    "predicted_n": r.predicted_n,
+                    "predicted_ms": round(r.predicted_ms, 3),
+                    "predicted_per_second": round(r.predicted_per_second, 3),
+                    "speedup": None if (s := self.speedup(r)) is None else round(s, 4),
+                    "text_sha256": r.text_sha256,
+                }
+                for r in self.runs
+            ],
+            "lossless": self.lossless,
+            "differences": [d.describe() for d in self.differences],
+            "recommended_n_max": self.recommended_n_max,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def table(self) -> list[str]:
+        """The measured table, one row per run."""
+        rows = [("n-max", "acceptance", "tokens/s", "speed-up", "tokens")]
+        for r in self.runs:
+            acceptance = "-" if r.acceptance is None else f"{r.acceptance:.2f} ({r.draft_n_accepted}/{r.draft_n})"
+            if r.n_max and r.acceptance is None:
+                acceptance = "nothing drafted"
+            speedup = self.speedup(r)
+            rows.append((
+                "0 (no MTP)" if r.n_max == 0 else str(r.n_max),
+                acceptance,
+                f"{r.predicted_per_second:.1f}",
+                "-" if speedup is None else f"{speedup:.2f}x",
+                str(r.predicted_n),
+            ))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+    def describe(self) -> list[str]:
+        """The table, the lossless verdict and the recommendation."""
+        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else ""), *self.table()]
+        if self.lossless:
+            lines.append(f"lossless: every MTP run generated exactly the tokens of the run without MTP "
+                         f"({self.prompts} prompts, up to {self.tokens} tokens each)")
+        else:
+            lines += [f"NOT lossless: {d.describe()}" for d in self.differences]
+        best = self.recommended_n_max
+        if best:
+            speedup = self.speedup(next(r for r in self.runs if r.n_max == best))
+            lines.append(f"recommended: --spec-type draft-mtp --spec-draft-n-max {best} ({speedup:.2f}x)")
+        elif best == 0:
+            lines.append("recommended: no MTP on this machine with these settings (no run was "
+                         f"{(WORTHWHILE_SPEEDUP - 1) * 100:.0f}% faster)")
+        return lines
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One run of a ``bench --json`` report, as the model card shows it."""
+
+    n_max: int
+    draft_n: int
+    draft_n_accepted: int
+    predicted_n: int
+    predicted_per_second: float
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """A ``bench --json`` report read back (for ``publish --bench-json``): the table and its verdicts."""
+
+    model: str
+    draft: str | None
+    rows: tuple[BenchRow, ...]
+    lossless: bool
+    recommended_n_max: int | None
+    tokens: int
+    prompts: int
+    server_args: tuple[str, ...]
+
+    def speedup(self, row: BenchRow) -> float | None:
+        base = next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0)
+        return row.predicted_per_second / base if base > 0 else None
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ParameterError(f"bench_json: {key} = {value!r} is not what gguf-mtp bench --json writes", where,
+                             "bench_json")
+    return value
+
+
+def parse_bench_json(document: Any, where: str) -> BenchSummary:
+    """Check and read a ``gguf-mtp bench --json`` report (bounded: at most 1 + :data:`MAX_N_MAX` runs).
+
+    Raises:
+        ParameterError: not such a report (one line naming ``where``).
+    """
+    if not isinstance(document, Mapping) or document.get("command") != "bench":
+        raise ParameterError("bench_json: not a gguf-mtp bench --json report", where, "bench_json")
+    runs = _field(document, "runs", list, where)
+    if not 2 <= len(runs) <= 1 + MAX_N_MAX:
+        raise ParameterError(f"bench_json: {len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where, "bench_json")
+    rows = []
+    for run in runs:
+        if not isinstance(run, Mapping):
+            raise ParameterError("bench_json: a run is not an object", where, "bench_json")
+        rate = _field(run, "predicted_per_second", (int, float), where)
+        row = BenchRow(
+            n_max=_field(run, "n_max", int, where),
+            draft_n=_field(run, "draft_n", int, where),
+            draft_n_accepted=_field(run, "draft_n_accepted", int, where),
+            predicted_n=_field(run, "predicted_n", int, where),
+            predicted_per_second=float(rate),
+        )
+        if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
+                or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
+            raise ParameterError(f"bench_json: the run with n_max {row.n_max} has impossible counts", where,
+                                 "bench_json")
+        rows.append(row)
+    if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
+        raise ParameterError("bench_json: runs are not n_max 0 (without MTP) then increasing n-max", where,
+                             "bench_json")
+    recommended = document.get("recommended_n_max")
+    if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
+                                    or recommended not in {r.n_max for r in rows}):
+        raise ParameterError(f"bench_json: recommended_n_max = {recommended!r} is not a measured n-max", where,
+                             "bench_json")
+    model = _field(document, "model", str, where)
+    draft = document.get("draft")
+    server_args = document.get("server_args", [])
+    if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
+            or len(server_args) > 256:
+        raise ParameterError("bench_json: server_args is not a list of strings", where, "bench_json")
+    return BenchSummary(
+        model=model,
+        draft=draft if isinstance(draft, str) else None,
+        rows=tuple(rows),
+        lossless=_field(document, "lossless", bool, where),
+        recommended_n_max=recommended,
+        tokens=_field(document, "tokens", int, where),
+        prompts=_field(document, "prompts", int, where),
+        server_args=tuple(server_args),
+    )

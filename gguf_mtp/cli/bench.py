@@ -1,0 +1,89 @@
+"""``gguf-mtp bench MODEL --server llama-server [-- SERVER ARGS]``."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+
+from .common import print_json, print_report
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        usage="gguf-mtp bench MODEL [--draft SIDECAR] [--server PATH] [--n-max K,K...] [--tokens N] "
+        "[--prompts FILE] [--plot FILE.png] [--json] [-- SERVER ARGS...]",
+        help="measure MTP with your own llama-server: acceptance, tokens/s, speed-up, the best n-max, lossless",
+        description="Run your llama-server on 127.0.0.1 once without speculative decoding and once per n-max with "
+        "--spec-type draft-mtp, send the same prompts greedily, and report acceptance (draft_n_accepted / draft_n), "
+        "tokens/s, the speed-up and the recommended n-max. The greedy text with MTP must equal the text without "
+        "it (exit status 2 when not). Arguments after -- go to every llama-server run (-ngl 99, -c 8192, -t 8...). "
+        "The server is always stopped; its log is kept when something fails.",
+    )
+    p.add_argument("model", help="the composite GGUF (any shard), or the trunk when --draft names an MTP-only sidecar")
+    p.add_argument("--draft", metavar="SIDECAR", help="an MTP-only GGUF (convert/extract --standalone), "
+                   "given to llama-server as --spec-draft-model")
+    p.add_argument("--server", metavar="PATH", default=shutil.which("llama-server"),
+                   help="your llama-server binary (default: llama-server on PATH)")
+    p.add_argument("--n-max", dest="n_max", default="1,2,3", metavar="K,K...",
+                   help="draft lengths to measure, --spec-draft-n-max (default: 1,2,3)")
+    p.add_argument("--tokens", type=int, default=128, metavar="N", help="tokens generated per prompt (default: 128)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="prompts: a JSON list of strings, or text with prompts separated by '---' lines "
+                        "(default: built-in code, prose and chat prompts)")
+    p.add_argument("--health-timeout", dest="health_timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long one server may take to load the model (default: 600)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw tokens/s and acceptance against n-max (needs the "
+                   "bench extra: matplotlib)")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(run=run, server_args=[])  # what follows -- (see gguf_mtp.cli._parse)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.check.bench import bench, load_prompts
+    from gguf_mtp.check.bench_rules import parse_n_max_list
+    from gguf_mtp.errors import LlamaServerError, ParameterError
+    from gguf_mtp.formatting import printable
+    from gguf_mtp.write import _sigterm_as_interrupt
+
+    if not args.server:
+        raise ParameterError("server: no llama-server on PATH; give your build's binary", parameter="server")
+    n_max = parse_n_max_list(args.n_max)
+    prompts = load_prompts(args.prompts) if args.prompts else None
+    if args.plot:
+        from gguf_mtp.check.bench_plot import check_plot_target
+
+        check_plot_target(args.plot, force=args.force)
+
+    def say(line: str) -> None:
+        print(printable(line), file=sys.stderr, flush=True)
+
+    try:
+        with _sigterm_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
+            report = bench(
+                args.model, args.server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
+                server_args=args.server_args, health_timeout=args.health_timeout,
+                progress=None if args.quiet else say,
+            )
+    except LlamaServerError as e:
+        if e.log_tail:
+            print("llama-server log (last lines):", file=sys.stderr)
+            print("\n".join("  " + printable(line) for line in e.log_tail), file=sys.stderr)
+        raise
+    if args.plot:
+        from gguf_mtp.check.bench_plot import write_plot
+
+        write_plot(report, args.plot, force=args.force)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print_report(report.describe())
+    if not report.lossless:
+        first = report.differences[0]
+        print(f"gguf-mtp: error: {printable(report.model)}: not lossless: {printable(first.describe())}; greedy "
+              "output with MTP must equal the output without it", file=sys.stderr)
+        return 2
+    return 0

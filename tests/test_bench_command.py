@@ -1,0 +1,526 @@
+"""``gguf-mtp bench`` without a real llama-server: its rules (requests, timings, acceptance, the table, the
+recommendation, the lossless decision), its inputs, and its refusals and clean-up with fake servers.
+
+The end-to-end runs against llama.cpp's own llama-server are in tests/test_bench_server.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
+from gguf_mtp.check.bench_rules import (
+    MAX_N_MAX,
+    SEED,
+    BenchReport,
+    BenchRun,
+    completion_request,
+    first_difference,
+    parse_bench_json,
+    parse_completion,
+    parse_n_max_list,
+    recommend_n_max,
+    server_arguments,
+)
+from gguf_mtp.check.llama_server import probe_server
+from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
+from gguf_mtp.testing.server_models import with_test_tokenizer
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def gguf_mtp(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def answer(predicted_n: int, predicted_ms: float, draft: tuple[int, int] | None, tokens: list[int]) -> dict:
+    """A /completion answer in the shape llama-server's server_task_result_cmpl_final::to_json_non_oaicompat
+    and server_slot_stats::to_json give it (draft_* only when something was drafted)."""
+    timings = {
+        "cache_n": 0, "prompt_n": 12, "prompt_ms": 3.5, "prompt_per_token_ms": 0.29, "prompt_per_second": 3428.5,
+        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n, "predicted_per_second": predicted_n * 1000 / predicted_ms,
+    }
+    if draft is not None:
+        timings["draft_n"], timings["draft_n_accepted"] = draft
+    return {
+        "index": 0, "content": "".join(f"{t:x}" for t in tokens), "tokens": tokens, "id_slot": 0, "stop": True,
+        "tokens_predicted": predicted_n, "tokens_evaluated": 12, "stop_type": "limit", "timings": timings,
+    }
+
+
+def run_of(n_max: int, *answers: dict) -> BenchRun:
+    return BenchRun(n_max, tuple(parse_completion(a) for a in answers))
+
+
+# --- arguments and requests -------------------------------------------------------------------------------------
+
+
+def test_n_max_list_sorted_distinct_and_bounded() -> None:
+    assert parse_n_max_list("3,1,2,1") == (1, 2, 3)
+    assert parse_n_max_list(" 2 ") == (2,)
+    assert parse_n_max_list(str(MAX_N_MAX)) == (MAX_N_MAX,)
+    for bad in ("", "0", "1,,2", "-1", "x", "1.5", str(MAX_N_MAX + 1)):
+        with pytest.raises(ParameterError, match="n_max"):
+            parse_n_max_list(bad)
+
+
+def test_server_arguments_per_run() -> None:
+    assert server_arguments("m.gguf", 8080, 0, None, ["-t", "2"]) == [
+        "-m", "m.gguf", "--host", "127.0.0.1", "--port", "8080", "-t", "2"]
+    assert server_arguments("m.gguf", 8080, 2, None, []) == [
+        "-m", "m.gguf", "--host", "127.0.0.1", "--port", "8080", "--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+    assert server_arguments("trunk.gguf", 1, 3, "mtp.gguf", ["-ngl", "99"])[-4:] == [
+        "--spec-draft-model", "mtp.gguf", "-ngl", "99"]
+    # the run without MTP never gets the sidecar
+    assert "--spec-draft-model" not in server_arguments("trunk.gguf", 1, 0, "mtp.gguf", [])
+
+
+@pytest.mark.parametrize("flag", ["--port", "--host=0.0.0.0", "-m", "--spec-type", "--spec-draft-n-max", "-md"])
+def test_server_arguments_refuse_what_bench_sets(flag: str) -> None:
+    with pytest.raises(ParameterError, match="server_args"):
+        server_arguments("m.gguf", 1, 1, None, ["-t", "2", flag, "x"])
+
+
+def test_completion_request_is_greedy_and_uncached() -> None:
+    body = completion_request("Hello", 32)
+    assert body == {"prompt": "Hello", "n_predict": 32, "temperature": 0.0, "seed": SEED, "cache_prompt": False,
+                    "return_tokens": True, "stream": False}
+
+
+# --- timings ------------------------------------------------------------------------------------------------------
+
+
+def test_parse_completion_with_and_without_draft_fields() -> None:
+    plain = parse_completion(answer(16, 40.0, None, [5, 6, 7]))
+    assert (plain.predicted_n, plain.predicted_ms, plain.draft_n, plain.draft_n_accepted) == (16, 40.0, 0, 0)
+    assert plain.tokens == (5, 6, 7) and plain.content == "567"
+    mtp = parse_completion(answer(16, 20.0, (12, 9), [5, 6, 7]))
+    assert (mtp.draft_n, mtp.draft_n_accepted) == (12, 9)
+    no_tokens = answer(1, 1.0, None, [1])
+    del no_tokens["tokens"]
+    assert parse_completion(no_tokens).tokens is None
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: a.pop("timings"), "without timings"),
+        (lambda a: a["timings"].__setitem__("predicted_n", -1), "predicted_n"),
+        (lambda a: a["timings"].__setitem__("predicted_n", True), "predicted_n"),
+        (lambda a: a["timings"].__setitem__("predicted_ms", float("nan")), "predicted_ms"),
+        (lambda a: a["timings"].update(draft_n=3, draft_n_accepted=4), "4 accepted of 3"),
+        (lambda a: a["timings"].update(draft_n="3"), "draft_n"),
+        (lambda a: a.pop("content"), "content"),
+    ],
+)
+def test_parse_completion_refuses_what_llama_server_never_answers(change, match: str) -> None:
+    bad = answer(4, 2.0, (2, 1), [1, 2])
+    change(bad)
+    with pytest.raises(LlamaServerError, match=match):
+        parse_completion(bad)
+    with pytest.raises(LlamaServerError):
+        parse_completion([1, 2])
+
+
+def test_run_sums_prompts_and_rates_over_total_time() -> None:
+    run = run_of(2, answer(10, 100.0, (8, 6), [1]), answer(30, 100.0, (20, 4), [2]))
+    assert (run.predicted_n, run.draft_n, run.draft_n_accepted) == (40, 28, 10)
+    assert run.predicted_per_second == pytest.approx(200.0)  # 40 tokens in 0.2 s, not the mean of 100 and 300
+    assert run.acceptance == pytest.approx(10 / 28)
+    assert run_of(0, answer(10, 100.0, None, [1])).acceptance is None
+    assert run_of(1, answer(10, 100.0, (0, 0), [1])).acceptance is None  # nothing drafted: no ratio
+    assert run.text_sha256 != run_of(2, answer(10, 100.0, (8, 6), [1]), answer(30, 100.0, (20, 4), [3])).text_sha256
+
+
+# --- lossless and the recommendation -----------------------------------------------------------------------------
+
+
+def test_first_difference_by_tokens_then_text() -> None:
+    base = run_of(0, answer(3, 1.0, None, [1, 2, 3]), answer(3, 1.0, None, [4, 5, 6]))
+    assert first_difference(base, run_of(1, answer(3, 1.0, (3, 1), [1, 2, 3]), answer(3, 1.0, (3, 0), [4, 5, 6]))) \
+        is None
+    diff = first_difference(base, run_of(2, answer(3, 1.0, (3, 1), [1, 2, 3]), answer(3, 1.0, (3, 0), [4, 9, 6])))
+    assert diff is not None and (diff.n_max, diff.prompt, diff.position, diff.unit) == (2, 1, 1, "token")
+    assert "n-max 2" in diff.describe() and "prompt 2" in diff.describe()
+    short = first_difference(base, run_of(1, answer(2, 1.0, (3, 1), [1, 2]), answer(3, 1.0, None, [4, 5, 6])))
+    assert short is not None and (short.prompt, short.position) == (0, 2)  # stopped early: a difference too
+    no_ids = answer(3, 1.0, None, [1, 2, 3])
+    no_ids["content"] = "abX"
+    del no_ids["tokens"]
+    text = first_difference(base, run_of(1, no_ids, answer(3, 1.0, None, [4, 5, 6])))
+    assert text is not None and (text.unit, text.position) == ("character", 0)  # "123" vs "abX"
+
+
+def test_recommendation_rule() -> None:
+    base = run_of(0, answer(100, 1000.0, None, [1]))  # 100 tokens/s
+
+    def mtp(n: int, per_second: float) -> BenchRun:
+        return run_of(n, answer(100, 100_000.0 / per_second, (50, 25), [1]))
+
+    assert recommend_n_max([base, mtp(1, 150), mtp(2, 180), mtp(3, 170)]) == 2
+    assert recommend_n_max([base, mtp(1, 180), mtp(2, 180)]) == 1  # a tie goes to the shorter draft
+    assert recommend_n_max([base, mtp(1, 102), mtp(2, 90)]) == 0  # within the noise: MTP off
+    assert recommend_n_max([base, mtp(1, 103.5)]) == 1
+    assert recommend_n_max([base]) == 0
+
+
+def test_report_table_json_and_verdicts() -> None:
+    base = run_of(0, answer(64, 500.0, None, [1, 2]))
+    fast = run_of(1, answer(64, 400.0, (40, 30), [1, 2]))
+    report = BenchReport("m.gguf", None, "llama-server", 1, 64, (base, fast), (), 1.0)
+    lines = report.describe()
+    assert lines[1].split() == ["n-max", "acceptance", "tokens/s", "speed-up", "tokens"]
+    assert lines[2].split() == ["0", "(no", "MTP)", "-", "128.0", "1.00x", "64"]
+    assert lines[3].split() == ["1", "0.75", "(30/40)", "160.0", "1.25x", "64"]
+    assert lines[-2].startswith("lossless:")
+    assert lines[-1] == "recommended: --spec-type draft-mtp --spec-draft-n-max 1 (1.25x)"
+    data = report.to_dict()
+    assert data["lossless"] is True and data["recommended_n_max"] == 1
+    assert [r["n_max"] for r in data["runs"]] == [0, 1]
+    assert set(data["runs"][1]) >= {"n_max", "draft_n", "draft_n_accepted", "predicted_n", "predicted_per_second",
+                                    "text_sha256"}
+    assert (data["runs"][1]["draft_n"], data["runs"][1]["draft_n_accepted"], data["runs"][1]["acceptance"]) == (
+        40, 30, 0.75)
+    json.dumps(data, allow_nan=False)
+    wrong = run_of(1, answer(64, 400.0, (40, 30), [1, 3]))
+    broken = BenchReport("m.gguf", None, "llama-server", 1, 64, (base, wrong), (first_difference(base, wrong),), 1.0)
+    assert not broken.lossless and broken.recommended_n_max is None
+    assert broken.to_dict()["lossless"] is False and broken.to_dict()["recommended_n_max"] is None
+    assert any(line.startswith("NOT lossless: with MTP (n-max 1) prompt 1") for line in broken.describe())
+
+
+# --- prompts and model checks -------------------------------------------------------------------------------------
+
+
+def test_builtin_prompts_are_code_prose_and_chat() -> None:
+    prompts = builtin_prompts()
+    assert [p.name for p in prompts] == ["code", "prose", "chat"]
+    assert all(800 < len(p.text) < 4000 for p in prompts)  # a few hundred tokens each
+
+
+def test_prompt_files(tmp_path: Path) -> None:
+    listed = tmp_path / "p.json"
+    listed.write_text(json.dumps(["one", "two"]))
+    assert [p.text for p in load_prompts(listed)] == ["one", "two"]
+    shaped = tmp_path / "q.json"
+    shaped.write_text(json.dumps({"prompts": [{"name": "n", "text": "t"}]}))
+    assert [(p.name, p.text) for p in load_prompts(shaped)] == [("n", "t")]
+    text = tmp_path / "p.txt"
+    text.write_text("first\nprompt\n---\nsecond\n---\n\n")
+    assert [p.text for p in load_prompts(text)] == ["first\nprompt", "second"]
+    for name, content, match in [
+        ("e.txt", "\n---\n", "no prompt"),
+        ("e.json", "[]", "no prompt"),
+        ("n.json", "[1]", "not a non-empty string"),
+        ("many.json", json.dumps(["x"] * 65), "more than"),
+        ("bad.txt", b"\xff\xfe", "not UTF-8"),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(ParameterError, match=match):
+            load_prompts(path)
+    with pytest.raises(ParameterError, match="no such file"):
+        load_prompts(tmp_path / "missing.txt")
+
+
+@pytest.fixture(scope="module")
+def glm_trunk(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A glm4moe trunk without NextN, with llama.cpp's test tokenizer."""
+    folder = tmp_path_factory.mktemp("bench-trunk")
+    return with_test_tokenizer(write_target(folder / "raw", family=GLM4MOE, name="glm"), folder / "glm-trunk.gguf")
+
+
+def test_check_model_needs_mtp_and_a_tokenizer(glm_trunk: Path, tmp_path: Path, glm_converted3: Path) -> None:
+    with pytest.raises(NoNextNBlockError, match="no NextN"):
+        check_model(glm_trunk, None)
+    with pytest.raises(NoNextNBlockError, match="draft has no NextN"):
+        check_model(glm_trunk, glm_trunk)
+    with pytest.raises(ParameterError, match="no tokenizer"):
+        check_model(glm_converted3, None)  # the tiny models' no_vocab: llama-server aborts on it
+    info = check_model(glm_trunk, glm_converted3)
+    assert (info.nextn, info.context_length, info.draft) == (3, 4096, str(glm_converted3))
+
+
+# --- refusals and clean-up with fake servers ---------------------------------------------------------------------
+
+
+def fake_server(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+HELP = (
+    'if [ "$1" = --help ]; then\n'
+    '  echo "-m, --model FNAME --host HOST --port PORT --spec-type none,draft-mtp"; exit 0\n'
+    "fi\n"
+)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gguf-mtp: error: ")
+    return last
+
+
+def test_refuses_a_binary_that_is_not_llama_server(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
+    with pytest.raises(LlamaServerError, match="not llama-server"):
+        probe_server("/bin/true")
+    script = fake_server(tmp_path / "srv", "echo usage: frobnicate [--verbose]\n")
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(script)))
+    assert str(script) in line and "not llama-server" in line
+    assert "--server" in one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3),
+                                                 "--server", str(tmp_path / "missing")))
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true"))
+    assert "/bin/true: not llama-server" in line
+
+
+def test_refuses_a_llama_server_too_old_for_mtp(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
+    old = fake_server(tmp_path / "old", 'echo "-m, --model FNAME --host HOST --port PORT -md, --model-draft FNAME"\n')
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(old)))
+    assert "too old for MTP" in line and "draft-mtp" in line
+
+
+def test_refuses_a_model_without_nextn(tmp_path: Path, glm_trunk: Path) -> None:
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--server", "/bin/true"))
+    assert str(glm_trunk) in line and "no NextN" in line and "--draft" in line
+
+
+def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path) -> None:
+    common = [str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true"]
+    assert "--n-max" in one_error_line(gguf_mtp("bench", *common, "--n-max", "0,1"))
+    assert "--tokens" in one_error_line(gguf_mtp("bench", *common, "--tokens", "0"))
+    assert "--port is set by bench" in one_error_line(gguf_mtp("bench", *common, "--", "--port", "1"))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
+    pidfile = tmp_path / "pid"
+    sleeper = fake_server(tmp_path / "sleeper", HELP + f'echo "loading model"\necho $$ > {pidfile}\nexec sleep 600\n')
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(sleeper),
+                    "--health-timeout", "1.5", "--tokens", "4", "--n-max", "1")
+    line = one_error_line(proc)
+    assert "did not become healthy" in line and "within 1.5 s (--health-timeout)" in line
+    assert "loading model" in proc.stderr  # the log's last lines are shown
+    log = Path(line.rsplit("log: ", 1)[1])
+    assert log.read_text().startswith("loading model")  # and the log is kept
+    log.unlink()
+    assert not pid_alive(int(pidfile.read_text()))
+
+
+def test_a_server_that_dies_while_loading(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
+    dying = fake_server(tmp_path / "dying", HELP + 'echo "error: failed to load model"\nexit 1\n')
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(dying), "--tokens", "4")
+    line = one_error_line(proc)
+    assert "stopped before it was ready (llama-server exited with status 1)" in line
+    assert "  error: failed to load model" in proc.stderr
+    Path(line.rsplit("log: ", 1)[1]).unlink()
+
+
+def test_plot_needs_matplotlib_and_a_new_file(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
+    existing = tmp_path / "b.png"
+    existing.write_bytes(b"keep")
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true",
+                                   "--plot", str(existing)))
+    if importlib.util.find_spec("matplotlib") is None:  # the dependency floors: no bench extra
+        assert line.endswith("--plot needs matplotlib: pip install 'gguf-mtp[bench]' (matplotlib)")
+    else:
+        assert "exists" in line and "--force" in line
+    assert existing.read_bytes() == b"keep"
+
+
+# --- publish --bench-json ----------------------------------------------------------------------------------------
+
+
+def bench_json(model: str) -> dict:
+    base = run_of(0, answer(64, 500.0, None, [1, 2]))
+    fast = run_of(1, answer(64, 400.0, (40, 30), [1, 2]))
+    slower = run_of(2, answer(64, 450.0, (60, 33), [1, 2]))
+    report = BenchReport(model, None, "llama-server", 3, 64, (base, fast, slower), (), 1.0, ("-ngl", "99"))
+    return report.to_dict()
+
+
+def test_bench_json_is_read_back_strictly() -> None:
+    summary = parse_bench_json(bench_json("/x/m.gguf"), "b.json")
+    assert [r.n_max for r in summary.rows] == [0, 1, 2] and summary.recommended_n_max == 1
+    assert summary.server_args == ("-ngl", "99") and summary.lossless
+    for change, match in [
+        (lambda d: d.update(command="verify"), "not a gguf-mtp bench --json report"),
+        (lambda d: d["runs"].pop(), None),
+        (lambda d: d["runs"][1].update(draft_n_accepted=41), "impossible counts"),
+        (lambda d: d["runs"].reverse(), "increasing"),
+        (lambda d: d.update(recommended_n_max=7), "recommended_n_max"),
+        (lambda d: d["runs"][0].update(predicted_n="64"), "predicted_n"),
+        (lambda d: d.update(lossless="yes"), "lossless"),
+        (lambda d: d.update(runs=[d["runs"][0]] * 40), "runs"),
+    ]:
+        data = bench_json("/x/m.gguf")
+        change(data)
+        if match is None:  # two runs (0 and 1) are still a table
+            parse_bench_json(data, "b.json")
+            continue
+        with pytest.raises(ParameterError, match=match):
+            parse_bench_json(data, "b.json")
+
+
+def test_publish_card_carries_the_measured_table(glm_converted3: Path, tmp_path: Path) -> None:
+    data = tmp_path / "bench.json"
+    data.write_text(json.dumps(bench_json(str(glm_converted3))))
+    proc = gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run",
+                    "--bench-json", str(data))
+    assert proc.returncode == 0, proc.stderr
+    card = proc.stdout.split("----- README.md -----", 1)[1]
+    section = card.split("## Measured speed", 1)[1].split("## Check it", 1)[0]
+    assert "own llama-server (`-ngl 99`): 3 prompt(s), up to 64 tokens each" in section
+    assert "| 0 (no MTP) | - | 128.0 | 1.00x |" in section
+    assert "| 1 | 0.75 (30/40) | 160.0 | 1.25x |" in section
+    assert "| 2 | 0.55 (33/60) | 142.2 | 1.11x |" in section
+    assert "Greedy output with MTP: identical to the output without it. Recommended: `--spec-draft-n-max 1`." \
+        in section
+    assert f"gguf-mtp bench {glm_converted3.name} --server PATH/TO/llama-server" in card.split("## Check it")[1]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(bench_json("/elsewhere/another-model.gguf")))
+    line = one_error_line(gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run",
+                                   "--bench-json", str(other)))
+    assert "--bench-json measured another-model.gguf, not the published glm-mtp3-00001-of-00002.gguf" in line
+    plain = gguf_mtp("publish", str(glm_converted3.parent), "--repo", "me/glm-mtp", "--dry-run")
+    assert plain.returncode == 0 and "## Measured speed" not in plain.stdout
+
+
+def test_what_follows_a_double_dash_goes_to_the_server_only_for_bench() -> None:
+    from gguf_mtp.cli import _parse, build_parser
+
+    parser = build_parser()
+    args = _parse(parser, ["-v", "bench", "m.gguf", "--server", "s", "--tokens", "4", "--", "-ngl", "99", "--", "x"])
+    assert (args.model, args.server, args.tokens, args.server_args) == ("m.gguf", "s", 4, ["-ngl", "99", "--", "x"])
+    assert _parse(parser, ["bench", "m.gguf"]).server_args == []
+    assert _parse(parser, ["inspect", "--", "-odd-name.gguf"]).path == "-odd-name.gguf"  # argparse's own meaning
+
+
+# --- the whole run against a fake llama-server (the real one: tests/test_bench_server.py) -------------------------
+
+FAKE_SERVER = '''#!PYTHON
+"""A stand-in llama-server: --help, /health, /props, /tokenize and /completion in llama-server's shapes."""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+argv = sys.argv[1:]
+if argv == ["--help"]:
+    print("-m, --model FNAME\\n--host HOST\\n--port PORT\\n--spec-type none,draft-simple,draft-mtp")
+    sys.exit(0)
+port = int(argv[argv.index("--port") + 1])
+n_max = int(argv[argv.index("--spec-draft-n-max") + 1]) if "--spec-type" in argv else 0
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def answer(self, data):
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.answer({"status": "ok"})
+        else:
+            self.answer({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            self.answer({"tokens": list(range(len(request["content"]) // 5 + 1))})
+            return
+        n = request["n_predict"]
+        tokens = [(len(request["prompt"]) + i) % 97 for i in range(n)]
+        if n_max and os.environ.get("FAKE_DIFFER") == str(n_max):
+            tokens[-1] += 1
+        timings = {"prompt_n": 10, "prompt_ms": 1.0, "predicted_n": n, "predicted_ms": 100.0 / (1 + n_max),
+                   "predicted_per_second": n * 10.0 * (1 + n_max)}
+        if n_max:
+            timings.update(draft_n=n * n_max, draft_n_accepted=n)
+        self.answer({"content": "".join(f"{t:x}" for t in tokens), "tokens": tokens, "stop": True, "timings": timings})
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+@pytest.fixture
+def fake_llama_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    script = tmp_path / "llama-server"
+    script.write_text(FAKE_SERVER.replace("PYTHON", sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    return script, log
+
+
+def test_a_whole_run_against_a_fake_server(fake_llama_server: tuple[Path, Path], glm_trunk: Path,
+                                           glm_converted3: Path, tmp_path: Path) -> None:
+    server, log = fake_llama_server
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one prompt\n---\nanother prompt\n")
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server), "--n-max",
+                    "2,1", "--tokens", "5", "--prompts", str(prompts), "--json", "--", "-ngl", "99")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [(r["n_max"], r["predicted_n"], r["draft_n"], r["draft_n_accepted"]) for r in report["runs"]] == [
+        (0, 10, 0, 0), (1, 10, 10, 10), (2, 10, 20, 10)]
+    assert [r["speedup"] for r in report["runs"]] == [1.0, 2.0, 3.0]
+    assert report["lossless"] is True and report["recommended_n_max"] == 2
+    assert report["server_args"] == ["-ngl", "99"]
+    started = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [a[a.index("--port") + 1] != "0" for a in started] == [True] * 3
+    sidecar = ["--spec-draft-model", str(glm_converted3)]
+    assert [a[6:] for a in started] == [  # after -m MODEL --host 127.0.0.1 --port N
+        ["-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "1", *sidecar, "-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", *sidecar, "-ngl", "99"],
+    ]
+    assert all(a[:4] == ["-m", str(glm_trunk), "--host", "127.0.0.1"] for a in started)
+    assert not any(pid_alive(int(pid)) for pid in re.findall(r"llama-server pid (\d+)", proc.stderr))
+
+
+def test_output_that_differs_with_mtp_exits_2(fake_llama_server: tuple[Path, Path], glm_trunk: Path,
+                                              glm_converted3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server, _ = fake_llama_server
+    monkeypatch.setenv("FAKE_DIFFER", "2")
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server), "--n-max",
+                    "1,2", "--tokens", "4", "-q")
+    line = one_error_line(proc)
+    assert line == (f"gguf-mtp: error: {glm_trunk}: not lossless: with MTP (n-max 2) prompt 1 differs from the run "
+                    "without MTP at token 3; greedy output with MTP must equal the output without it")
+    assert "NOT lossless: with MTP (n-max 2) prompt 1 differs from the run without MTP at token 3" in proc.stdout
+    assert "recommended" not in proc.stdout

@@ -1,0 +1,294 @@
+"""``gguf-mtp bench`` end to end with llama.cpp's own llama-server (built from the llama.cpp the loader vendors):
+on a tiny glm4moe composite and on its trunk + MTP-only sidecar, the reported counts are what the server returns
+for the same requests (asked here directly), the lossless check passes, no server process is left after a run or
+after Ctrl-C / SIGTERM mid-run; on a tiny hybrid nemotron_h_moe model this llama.cpp's draft-mtp output differs
+from its output without MTP, and bench says so and exits 2.
+
+Speeds on tiny models mean nothing: nothing here looks at tokens/s. The tiny models carry llama.cpp's ``test``
+tokenizer (llama-server aborts on the no_vocab models the other tests use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gguf_mtp import compose, extract
+from gguf_mtp.check.bench import builtin_prompts
+from gguf_mtp.format.header import read_header
+from gguf_mtp.testing.server_models import with_test_tokenizer
+from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
+
+pytestmark = pytest.mark.llama
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = ["def fibonacci(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n",
+           "The lighthouse keeper climbed the stairs at dusk, as he had done every evening for thirty years, and"]
+#: One thread: with two, the trunk's and the MTP context's thread pools wait on each other on a busy 2-core machine
+#: (2-4 tokens/s with MTP instead of hundreds).
+SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
+
+
+def gguf_mtp_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gguf_mtp", *args]
+
+
+def run_bench(*args: str, timeout: float = 600, tmpdir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if tmpdir is not None:  # where the server logs go
+        env["TMPDIR"] = str(tmpdir)
+    return subprocess.run(gguf_mtp_cmd("bench", *args), capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def server_pids(stderr: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"llama-server pid (\d+) on 127\.0\.0\.1", stderr)]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def servers_running(binary: Path) -> list[int]:
+    """Every live process running ``binary`` (psutil-free: /proc; other users of the binary may be among them)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "exe") == str(binary.resolve()) and pid_alive(int(entry.name)):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """glm4moe: trunk (test tokenizer), composite, MTP-only sidecar; a nemotron_h_moe composite; a prompts file."""
+    root = tmp_path_factory.mktemp("bench-server")
+    trunk = with_test_tokenizer(write_target(root / "raw", family=GLM4MOE, name="glm"), root / "glm-trunk.gguf")
+    draft = write_draft(root / "glm-draft.gguf", family=GLM4MOE, block="N", quant="Q8_0")
+    composite = compose(trunk, draft, root / "composite", progress=False).output_paths[0]
+    sidecar = root / "mtp-glm.gguf"
+    extract(composite, sidecar, standalone=True, progress=False)
+    nemotron = with_test_tokenizer(write_target(root / "raw-nem", family=NEMOTRON_H_MOE, pattern="M*E", name="nem"),
+                                   root / "nem-trunk.gguf")
+    nem_draft = write_draft(root / "nem-draft.gguf", block="N", trunk_pattern="M*E")
+    nem_composite = compose(nemotron, nem_draft, root / "nem-composite", progress=False).output_paths[0]
+    prompts = root / "prompts.json"
+    prompts.write_text(json.dumps(PROMPTS))
+    return {"trunk": trunk, "composite": Path(composite), "sidecar": sidecar, "nemotron": Path(nem_composite),
+            "prompts": prompts}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ask_server_directly(server: Path, model: Path, spec: list[str], tokens: int) -> dict[str, object]:
+    """Start llama-server by hand, send every prompt as bench does, and sum what its timings say."""
+    port = free_port()
+    proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *spec,
+                             *SERVER_FLAGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if json.load(r).get("status") == "ok":
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.2)
+        totals = {"predicted_n": 0, "draft_n": 0, "draft_n_accepted": 0}
+        texts = []
+        for prompt in PROMPTS:
+            body = {"prompt": prompt, "n_predict": tokens, "temperature": 0.0, "seed": 42, "cache_prompt": False,
+                    "return_tokens": True}
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=300) as r:
+                answer = json.load(r)
+            for key in totals:
+                totals[key] += answer["timings"].get(key, 0)
+            texts.append(answer["content"])
+        totals["text_sha256"] = hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode()).hexdigest()
+        return totals
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+COUNTS = ("predicted_n", "draft_n", "draft_n_accepted", "text_sha256")
+
+
+def test_counts_are_what_llama_server_returns(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
+    plot = tmp_path / "bench.png"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1,2", "--tokens", "8",
+                     "--prompts", str(tiny["prompts"]), "--json", "--plot", str(plot), "--", *SERVER_FLAGS,
+                     tmpdir=logs)
+    assert proc.returncode == 0, proc.stderr
+    assert list(logs.iterdir()) == []  # the logs of clean runs are removed
+    report = json.loads(proc.stdout)
+    assert report["lossless"] is True and report["recommended_n_max"] in (0, 1, 2)
+    runs = {r["n_max"]: r for r in report["runs"]}
+    assert sorted(runs) == [0, 1, 2]
+    assert runs[0]["draft_n"] == 0 and runs[0]["acceptance"] is None  # no draft_* fields without MTP
+    assert runs[1]["draft_n"] > 0 and runs[2]["draft_n"] > 0  # the head drafted
+    assert all(r["predicted_n"] == 2 * 8 for r in runs.values())
+    assert len({r["text_sha256"] for r in runs.values()}) == 1
+    for n_max, spec in ((0, []), (2, ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"])):
+        direct = ask_server_directly(llama_server_tool, tiny["composite"], spec, tokens=8)
+        assert {k: runs[n_max][k] for k in COUNTS} == direct
+    pids = server_pids(proc.stderr)
+    assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = tmp_path / "bench.json"
+    saved.write_text(proc.stdout)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    card = subprocess.run(gguf_mtp_cmd("publish", str(tiny["composite"].parent), "--repo", "me/tiny-glm", "--dry-run",
+                                       "--bench-json", str(saved)), capture_output=True, text=True, env=env)
+    assert card.returncode == 0, card.stderr
+    row = runs[1]
+    assert f"| 1 | {row['acceptance']:.2f} ({row['draft_n_accepted']}/{row['draft_n']}) | " in card.stdout
+
+
+def test_trunk_and_sidecar(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
+    """The trunk with the MTP-only sidecar (--spec-draft-model) drafts exactly as the composite does."""
+    common = ["--server", str(llama_server_tool), "--n-max", "1", "--tokens", "8", "--prompts", str(tiny["prompts"]),
+              "--json", "-q", "--", *SERVER_FLAGS]
+    pair = run_bench(str(tiny["trunk"]), "--draft", str(tiny["sidecar"]), *common)
+    assert pair.returncode == 0, pair.stderr
+    whole = run_bench(str(tiny["composite"]), *common)
+    assert whole.returncode == 0, whole.stderr
+    pair_runs, whole_runs = json.loads(pair.stdout)["runs"], json.loads(whole.stdout)["runs"]
+    assert json.loads(pair.stdout)["lossless"] is True and pair_runs[1]["draft_n"] > 0
+    assert [{k: r[k] for k in COUNTS} for r in pair_runs] == [{k: r[k] for k in COUNTS} for r in whole_runs]
+
+
+def test_text_report(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
+    proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "4",
+                     "--prompts", str(tiny["prompts"]), "--", *SERVER_FLAGS)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].split() == ["n-max", "acceptance", "tokens/s", "speed-up", "tokens"]
+    assert lines[2].startswith("0 (no MTP)") and lines[3].startswith("1 ")
+    assert lines[4].startswith("lossless: every MTP run generated exactly the tokens of the run without MTP")
+    assert lines[5].startswith("recommended: ")
+    assert [line.split(":")[0] for line in proc.stderr.splitlines()] == ["run 1/2"] * 2 + ["run 2/2"] * 2
+
+
+def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
+    """The tiny hybrid (Mamba-2 + attention + MoE) nemotron_h_moe composite: with this llama.cpp's draft-mtp on 2
+    threads the greedy tokens leave those of the run without MTP after a long prompt (not on 1 thread, not after
+    the short prompts above: batched verification computes a little differently, and a random model's recurrent
+    state carries the difference to a near tie): exit 2, one line."""
+    prose = tmp_path / "prose.json"  # the built-in prose prompt (~400 tokens): the short ones stay identical
+    prose.write_text(json.dumps([builtin_prompts()[1].text]))
+    proc = run_bench(str(tiny["nemotron"]), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "16",
+                     "--prompts", str(prose), "--json", "--", "-t", "2", "-c", "1024", "-np", "1")
+    assert proc.returncode == 2, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["lossless"] is False and report["recommended_n_max"] is None
+    runs = report["runs"]
+    assert runs[0]["text_sha256"] != runs[1]["text_sha256"]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"gguf-mtp: error: .*nem-trunk\.gguf: not lossless: with MTP \(n-max 1\) prompt 1 differs "
+                        r"from the run without MTP at token \d+; greedy output with MTP must equal the output "
+                        r"without it", last), last
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_damaged_head_cannot_change_the_output(llama_server_tool: Path, tiny: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    """A wrong eh_proj (every Q8_0 scale negated) in a copy: llama.cpp's trunk verifies every drafted token, so
+    greedy output stays that of the run without MTP; a broken head can only lose acceptance, never tokens."""
+    damaged = tmp_path / "damaged.gguf"
+    shutil.copyfile(tiny["composite"], damaged)
+    header = read_header(damaged)
+    tensor = next(t for t in header.tensors if t.name.endswith("nextn.eh_proj.weight"))
+    with open(damaged, "r+b") as f:
+        f.seek(header.data_offset + tensor.offset)
+        data = bytearray(f.read(34 * (tensor.shape[0] * tensor.shape[1] // 32)))
+        for block in range(0, len(data), 34):
+            data[block + 1] ^= 0x80  # the fp16 scale's sign bit
+        f.seek(header.data_offset + tensor.offset)
+        f.write(data)
+    proc = run_bench(str(damaged), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "8",
+                     "--prompts", str(tiny["prompts"]), "--json", "-q", "--", *SERVER_FLAGS)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["lossless"] is True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_no_server_left_after_an_interrupt(llama_server_tool: Path, tiny: dict[str, Path], signum: int,
+                                           tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
+    cmd = gguf_mtp_cmd("bench", str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1,2",
+                       "--tokens", "256", "--prompts", str(tiny["prompts"]), "--", *SERVER_FLAGS)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 300
+        assert proc.stderr is not None
+        while "run 2/3: MTP n-max 1: llama-server pid" not in seen:  # run 1 finished, run 2's server started
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            if select.select([proc.stderr], [], [], 1.0)[0]:
+                seen += proc.stderr.readline()
+        pids = server_pids(seen)
+        proc.send_signal(signum)  # run 2's server is loading: mid-run (a finished run would exit 0 and fail here)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if signum == signal.SIGKILL:  # no clean-up can run: the kernel kills the server with us (PR_SET_PDEATHSIG)
+        assert proc.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while pid_alive(pids[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
+        return
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "gguf-mtp: interrupted; no output was left behind"
+    assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
+    assert not set(pids) & set(servers_running(llama_server_tool))
+    assert list(tmp_path.glob("gguf-mtp-bench-*.log")) == []  # interrupted is not failed: no log kept
+
+
+def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path, tiny: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    """-c 64 (llama.cpp pads it to 256) is below the model's 4096: llama-server's own n_ctx per slot (/props) and
+    its token count (/tokenize) decide, before any request that would stop short."""
+    proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "2", "--tokens", "300",
+                     "--prompts", str(tiny["prompts"]), "--", "-t", "1", "-c", "64", "-np", "1", tmpdir=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.search(r": --tokens 300 \+ n-max 2 \+ prompt 1 \(\d+ prompt tokens\) need a context of \d+, the server "
+                     r"has (64|256) per slot: generate fewer, or raise -c after --$", last), last
+    assert len(server_pids(proc.stderr)) == 1  # refused in the first run, before any generation
+    assert list(tmp_path.iterdir()) == []  # not the server's failure: its log is not kept
+    assert not any(pid_alive(pid) for pid in server_pids(proc.stderr))
