@@ -16,6 +16,7 @@ BF16 out) are copied by the kernel instead of passing through numpy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -24,7 +25,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from gguf import (
@@ -43,7 +44,8 @@ from gguf import quants as gguf_quants
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
-from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.format.kv_edit import misfit
+from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
 
@@ -60,6 +62,7 @@ __all__ = [
     "ExpertStack",
     "HeadGGUFWriter",
     "HeadModel",
+    "KVValueError",
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
@@ -70,6 +73,7 @@ __all__ = [
 ]
 
 Q = GGMLQuantizationType
+_V = TypeVar("_V")
 
 #: ``--outtype`` names -> ggml type (llama.cpp's converter offers the same names).
 OUTTYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
@@ -340,15 +344,25 @@ class HeadGGUFWriter(GGUFWriter):
     def add_key_value(self, key: str, val: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
         """Encode and record one KV (a key set twice keeps its place and takes the new value, as in gguf-py).
 
+        Every value (every item of an array) is checked against the type it is written as, here and only here
+        (:func:`~gguf_mtp.format.kv_edit.misfit`): a hyperparameter that does not fit its GGUF field never reaches
+        the encoder.
+
         Raises:
+            KVValueError: a value that does not fit its type (a float32 beyond 3.4e38, an entry of an i32 array
+                beyond 2^31, a count beyond u32); :meth:`HeadModel.writing_config_values` names its config key.
             ValueError: a value gguf-py could not write either (an empty array without ``sub_type``, an array
                 of mixed types, an unknown type).
         """
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.ARRAY:
-            self._kvs[key] = encode_kv(key, vtype, _typed_array(val, sub_type, key))
+            array = _typed_array(val, sub_type, key)
+            _check_fits(key, array)
+            self._kvs[key] = encode_kv(key, vtype, array)
         else:
-            self._kvs[key] = encode_kv(key, vtype, _scalar(val, vtype))
+            value = _scalar(val, vtype)
+            _check_fits(key, value, vtype)
+            self._kvs[key] = encode_kv(key, vtype, value)
 
     def remove_key(self, key: str) -> None:
         """Drop ``key`` if it was set."""
@@ -371,6 +385,30 @@ class HeadGGUFWriter(GGUFWriter):
     def alignment(self) -> int:
         """The data alignment (``general.alignment`` when set, else GGUF's default of 32)."""
         return self.data_alignment
+
+
+class KVValueError(ValueError):
+    """A metadata value that does not fit the GGUF type it is written as.
+
+    Attributes:
+        key: the GGUF key; value: the offending value (the item, for an array); reason: what the type holds.
+    """
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key} = {_shown(value)}: {reason}")
+
+
+def _check_fits(key: str, value: Any, vtype: GGUFValueType | None = None) -> None:
+    """Raise :class:`KVValueError` unless ``value`` (a scalar of ``vtype``, or a :class:`GGUFArray`) fits."""
+    if isinstance(value, GGUFArray):
+        for item in value.items:
+            _check_fits(key, item, value.element_type)
+        return
+    assert vtype is not None
+    reason = misfit(value, vtype)
+    if reason is not None:
+        raise KVValueError(key, value, reason)
 
 
 def _scalar(val: Any, vtype: GGUFValueType) -> Any:
@@ -401,6 +439,13 @@ def _typed_array(val: Any, sub_type: GGUFValueType | None, key: str) -> GGUFArra
 
 
 # -------------------------------------------------------------------------------------------- model
+
+
+def _gave(read: Any, written: Any) -> bool:
+    """Whether a value read from config.json is (or, for a list, holds) a value being written."""
+    if isinstance(read, (list, tuple)):
+        return any(_gave(item, written) for item in read)
+    return isinstance(read, bool) == isinstance(written, bool) and read == written
 
 
 @dataclass(frozen=True)
@@ -454,6 +499,8 @@ class HeadModel:
         self.checkpoint = checkpoint
         self.hparams: dict[str, Any] = checkpoint.config
         self.notes: list[str] = []
+        #: (config key or derivation, value) for every hyperparameter read, in reading order (for messages).
+        self._origins: list[tuple[str, Any]] = []
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -523,22 +570,58 @@ class HeadModel:
         """A required integer hyperparameter, type- and range-checked (see :func:`config_int`)."""
         value = config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum, limit=limit)
         assert value is not None
-        return value
+        return self._read(keys, value)
 
     def optional_hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
                             limit: str | None = None) -> int | None:
         """An optional integer hyperparameter (``None`` when absent), checked like :meth:`hparam_int`."""
-        return config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum,
-                          optional=True, limit=limit)
+        return self._read(keys, config_int(self.hparams, keys, where=self.config_path, minimum=minimum,
+                                           maximum=maximum, optional=True, limit=limit))
 
     def optional_hparam_float(self, keys: str | Sequence[str], *, above: float = 0.0,
                               maximum: float = 1e6) -> float | None:
         """An optional finite number hyperparameter (see :func:`config_float`)."""
-        return config_float(self.hparams, keys, where=self.config_path, above=above, maximum=maximum, optional=True)
+        return self._read(keys, config_float(self.hparams, keys, where=self.config_path, above=above,
+                                             maximum=maximum, optional=True))
 
     def optional_hparam_bool(self, key: str) -> bool | None:
         """An optional ``true``/``false`` hyperparameter (see :func:`config_bool`)."""
-        return config_bool(self.hparams, key, where=self.config_path)
+        return self._read(key, config_bool(self.hparams, key, where=self.config_path))
+
+    def _read(self, keys: str | Sequence[str], value: _V) -> _V:
+        """Remember that ``value`` came from the first of ``keys`` config.json sets (see :meth:`hparam_origin`)."""
+        if value is not None:
+            names = (keys,) if isinstance(keys, str) else tuple(keys)
+            self.hparam_origin(next((k for k in names if self.hparams.get(k) is not None), names[0]), value)
+        return value
+
+    def hparam_origin(self, origin: str, value: _V) -> _V:
+        """Record that ``value`` (a value, a list, or a product of several) is what config.json's ``origin``
+        (``"rope_parameters.rope_theta"``, ``"linear_num_value_heads x linear_value_head_dim"``) gave; returns it.
+        The typed readers record what they read; a family records what it reads or derives itself."""
+        self._origins.append((origin, value))
+        return value
+
+    @contextlib.contextmanager
+    def writing_config_values(self) -> Iterator[None]:
+        """Metadata written inside this block that does not fit its GGUF type (:class:`KVValueError`, raised by the
+        writer's one check) is refused with one line naming ``config.json`` and the key that gave the value.
+
+        Raises:
+            CheckpointError: ``<folder>/config.json: rope_parameters.rope_theta = 1e+39 cannot be written as
+                qwen35.rope.freq_base (f32 holds at most 3.403e+38)``.
+        """
+        try:
+            yield
+        except KVValueError as e:
+            origin = next((o for o, v in reversed(self._origins) if _gave(v, e.value)), None)
+            if origin is None:
+                message = f"{e.key} = {_shown(e.value)} (from config.json) does not fit: {e.reason}"
+            else:
+                value = next(v for o, v in reversed(self._origins) if o == origin)
+                entry = f"entry {_shown(e.value)}: " if isinstance(value, (list, tuple)) else ""
+                message = f"{origin} = {_shown(value)} cannot be written as {e.key} ({entry}{e.reason})"
+            raise CheckpointError(message, self.config_path) from None
 
     def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
         """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
@@ -650,10 +733,10 @@ class HeadModel:
                 vocab = vocab_size(target)
                 stated = [vocab] if vocab is not None else []
             else:
-                value = target.get(key)
-                if value is None:
+                kv = target.kv(key)
+                if kv is None:
                     continue
-                stated = [v for v in value if v] if isinstance(value, list) else [value]
+                stated = [v for v in layer_array(kv, target.name)[1] if v] if kv.is_array else [kv.value]
             wrong = sorted({v for v in stated if v != check.value})
             if wrong:
                 raise IncompatibleDraftError(
@@ -687,8 +770,8 @@ class HeadModel:
                         "value for the NextN block",
                         target.name,
                     )
-                assert kv.element_type is not None
-                arrays[suffix] = (kv.element_type, [*kv.value, nextn[suffix]])
+                etype, entries = layer_array(kv, target.name)
+                arrays[suffix] = (etype, [*entries, nextn[suffix]])
         return arrays
 
     def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:

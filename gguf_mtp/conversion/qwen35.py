@@ -36,7 +36,7 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
 from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
@@ -88,6 +88,8 @@ _STACKED = {"gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
 _LAYER_PREFIX = re.compile(r"^mtp\.layers\.(?P<layer>[0-9]{1,6})\.(?P<rest>.+)$")
 
 _U32_MAX = 2**32 - 1
+#: The layer kinds of ``layer_types`` (transformers' names for Gated DeltaNet and gated attention layers).
+_LAYER_TYPES = ("linear_attention", "full_attention")
 _EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
 
 
@@ -147,6 +149,9 @@ class _QwenMTPModel(HeadModel):
         n_mtp = self.optional_hparam_int(["mtp_num_hidden_layers", "num_nextn_predict_layers"], minimum=0,
                                          maximum=LLAMA_MAX_LAYERS)
         layers = {m["layer"] for t in self.checkpoint.tensors if (m := _LAYER_PREFIX.match(t)) is not None}
+        if n_mtp == 0:
+            key = next(k for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if self.hparams.get(k) == 0)
+            raise CheckpointError(f"{key} = 0: the checkpoint states it has no MTP layer", self.config_path)
         if n_mtp is None:
             n_mtp = len(layers)  # Qwen3-Next and the first Qwen3.6 configs do not state it: count (as upstream)
         if n_mtp > 1 or len(layers) > 1:
@@ -186,6 +191,9 @@ class _QwenMTPModel(HeadModel):
             self.n_ff_shexp = need("shared_expert_intermediate_size")
             self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
             self._check_expert_count()
+        if self.ssm_v_heads is not None and self.ssm_v_dim is not None:
+            self.hparam_origin("linear_num_value_heads x linear_value_head_dim", self.ssm_v_heads * self.ssm_v_dim)
+        self.layer_types = self._read_layer_types()
         rope = self.hparams.get("rope_parameters")
         rope = rope if isinstance(rope, dict) else {}
         factor = rope.get("partial_rotary_factor", self.hparams.get("partial_rotary_factor", 0.25))
@@ -194,10 +202,36 @@ class _QwenMTPModel(HeadModel):
         self.rope_dims = int(self.head_dim * factor)
         theta = rope.get("rope_theta", self.hparams.get("rope_theta"))
         self.rope_theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
+        if self.rope_theta is not None:
+            origin = "rope_parameters.rope_theta" if "rope_theta" in rope else "rope_theta"
+            self.hparam_origin(origin, self.rope_theta)
         sections = rope.get("mrope_section")
         self.mrope_sections: list[int] | None = None
-        if isinstance(sections, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in sections):
-            self.mrope_sections = [*sections, *[0] * (4 - len(sections))][:4]
+        if sections is not None:
+            if not isinstance(sections, list) or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                         for s in sections[:4]):
+                raise CheckpointError(f"rope_parameters.mrope_section = {sections!r:.40} is not a list of integers",
+                                      self.config_path)
+            self.mrope_sections = self.hparam_origin("rope_parameters.mrope_section",
+                                                     [*sections, *[0] * (4 - len(sections))][:4])
+
+    def _read_layer_types(self) -> list[str] | None:
+        """``layer_types`` (one ``linear_attention`` / ``full_attention`` per trunk layer), when config.json has it.
+
+        Raises:
+            CheckpointError: not a list of those two words.
+        """
+        layer_types = self.hparams.get("layer_types")
+        if layer_types is None:
+            return None
+        if not isinstance(layer_types, list) or len(layer_types) > LLAMA_MAX_LAYERS:
+            raise CheckpointError(f"layer_types is not a list of at most {LLAMA_MAX_LAYERS} layer kinds",
+                                  self.config_path)
+        unknown = next((t for t in layer_types if t not in _LAYER_TYPES), None)
+        if unknown is not None:
+            raise CheckpointError(f"layer_types holds {unknown!r:.40}: expected {' or '.join(_LAYER_TYPES)}",
+                                  self.config_path)
+        return layer_types
 
     def _check_expert_count(self) -> None:
         """Refuse per-expert tensors outside ``0..num_experts-1`` before anything is sized by them."""
@@ -357,7 +391,7 @@ class _QwenMTPModel(HeadModel):
     def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
         """The trunk's recurrence flags from ``layer_types``; when a config has none (Qwen3-Next's), the
         pattern transformers derives from ``full_attention_interval`` (what upstream's converter then sees)."""
-        layer_types = self.hparams.get("layer_types")
+        layer_types = self.layer_types
         if layer_types is None and self.n_layer is not None:
             interval = self.interval if self.interval is not None else 4
             layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(self.n_layer)]
@@ -384,8 +418,8 @@ class _QwenMTPModel(HeadModel):
                 raise IncompatibleDraftError(
                     f"the target has a per-layer array {kv.key}, and the {self.arch} converter does not know its "
                     "value for the NextN block", target.name)
-            assert kv.element_type is not None
-            arrays[suffix] = (kv.element_type, [*kv.value, False])
+            etype, entries = layer_array(kv, target.name)
+            arrays[suffix] = (etype, [*entries, False])
         return arrays
 
     def target_checks(self) -> list[TargetCheck]:

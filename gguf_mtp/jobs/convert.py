@@ -40,7 +40,6 @@ from gguf_mtp.errors import (
     ParameterError,
 )
 from gguf_mtp.format.header import (
-    GGUFArray,
     KeyValue,
     TensorInfo,
     encode_kv,
@@ -194,10 +193,10 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
                matrix_types: set[GGMLQuantizationType], name: str) -> None:
     """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
     writer.add_name(name)
-    model.set_gguf_parameters(writer, block + 1)
-    for suffix, (etype, values) in model.layer_arrays(block, target).items():
-        key = f"{model.arch}.{suffix}"
-        writer.add_copied_kv(encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values))))
+    with model.writing_config_values():
+        model.set_gguf_parameters(writer, block + 1)
+        for suffix, (etype, values) in model.layer_arrays(block, target).items():
+            writer.add_key_value(f"{model.arch}.{suffix}", values, GGUFValueType.ARRAY, etype)
     if len(matrix_types) == 1:
         writer.add_file_type(FILE_TYPES[next(iter(matrix_types))])
 
@@ -217,7 +216,9 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
             kv = encode_kv(key, kv.vtype, check_int(block + 1, kv.vtype, f"{target.name}: {key}"))
         elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
             etype, values = arrays[key[len(arch) + 1 :]]
-            kv = encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values)))
+            with model.writing_config_values():
+                writer.add_key_value(key, values, GGUFValueType.ARRAY, etype)
+            continue
         writer.add_copied_kv(kv)
     if nextn_key not in target.first.kvs:
         writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, 1))
