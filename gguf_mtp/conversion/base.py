@@ -22,6 +22,8 @@ import itertools
 import json
 import math
 import os
+import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,12 +55,15 @@ from . import OUTTYPE_NAMES
 from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
 
 __all__ = [
+    "EXPERT_LIMIT",
     "FILE_TYPES",
     "FLOAT_DTYPES",
+    "INT32_MAX",
     "LLAMA_MAX_EXPERTS",
     "LLAMA_MAX_LAYERS",
     "MAX_WIDTH",
     "OUTTYPES",
+    "U32_MAX",
     "ExpertStack",
     "HeadGGUFWriter",
     "HeadModel",
@@ -100,6 +105,11 @@ CHUNK_BYTES = 16 * 1024 * 1024
 #: (trunk and NextN blocks together) and routed experts. A head beyond them could never run.
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
+
+#: The largest values of GGUF's 32-bit fields: u32 (context length, SSM sizes) and i32 (token ids).
+U32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
+EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
 
 #: The largest width, length or head count read from config.json: 16x today's largest models, and
 #: small enough that no product of two of them overflows GGUF's 64-bit dimensions.
@@ -467,6 +477,18 @@ class HeadModel:
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
+    #: Whether the head is a mixture of experts: the expert counts are read, checked and written.
+    has_experts: ClassVar[bool] = True
+    #: A routed expert's checkpoint tensors (groups ``expert``, ``proj``): what the expert-count check counts
+    #: and :meth:`stack_expert` stacks.
+    expert_pattern: ClassVar[re.Pattern[str] | None] = None
+    #: ``proj`` of :attr:`expert_pattern` -> the stacked GGUF tensor it becomes.
+    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {}
+    #: Whether the family has RoPE (``rope_theta`` read and written as ``rope.freq_base``).
+    has_rope: ClassVar[bool] = True
+    #: config.json spellings of the norm epsilon, and the value written when none is set.
+    norm_eps_keys: ClassVar[tuple[str, ...]] = ("rms_norm_eps",)
+    default_norm_eps: ClassVar[float] = 1e-5
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
     #: GGUF architecture name -> converter class.
@@ -501,6 +523,7 @@ class HeadModel:
         self.notes: list[str] = []
         #: (config key or derivation, value) for every hyperparameter read, in reading order (for messages).
         self._origins: list[tuple[str, Any]] = []
+        self._experts: dict[str, ExpertStack] = {}
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -515,8 +538,26 @@ class HeadModel:
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
         """Write the hyperparameters the head implies (scalars; per-layer arrays come from
-        :meth:`nextn_layer_values` / :meth:`trunk_layer_values`)."""
-        raise NotImplementedError
+        :meth:`nextn_layer_values` / :meth:`trunk_layer_values`). The base writes the common ones, as
+        llama.cpp's ``TextModel.set_gguf_parameters`` does; a family calls it first, then adds its own."""
+        writer.add_block_count(n_layers)
+        writer.add_nextn_predict_layers(1)
+        if self.context_length is not None:
+            writer.add_context_length(self.context_length)
+        writer.add_embedding_length(self.n_embd)
+        if self.vocab_size is not None:
+            writer.add_vocab_size(self.vocab_size)
+        writer.add_head_count(self.n_head)
+        if "attention.head_count_kv" not in self.own_layer_arrays():
+            writer.add_head_count_kv(self.n_head_kv)
+        writer.add_key_length(self.head_dim)
+        writer.add_value_length(self.head_dim)
+        if self.rope_theta is not None:
+            writer.add_rope_freq_base(self.rope_theta)
+        writer.add_layer_norm_rms_eps(self.norm_eps if self.norm_eps is not None else self.default_norm_eps)
+        if self.has_experts:
+            writer.add_expert_count(self.n_expert)
+            writer.add_expert_used_count(self.n_expert_used)
 
     def nextn_layer_values(self) -> dict[str, int]:
         """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
@@ -531,14 +572,50 @@ class HeadModel:
         return None
 
     def target_checks(self) -> list[TargetCheck]:
-        """The hyperparameters a target model must share with the head."""
-        return []
+        """The hyperparameters a target model must share with the head: the common ones here; a family adds its
+        own to this list."""
+        checks = [
+            TargetCheck("embedding_length", self.n_embd, self._origin_of("hidden_size")),
+            TargetCheck("attention.head_count", self.n_head, self._origin_of("num_attention_heads")),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of("num_key_value_heads")),
+            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
+        ]
+        if self.has_experts:
+            checks += [TargetCheck("expert_count", self.n_expert, self.expert_count_key),
+                       TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok")]
+        if self.vocab_size is not None:
+            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
+        return checks
 
     def begin_tensors(self) -> None:
-        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back."""
+        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back (the base: one
+        :class:`ExpertStack` per projection of :attr:`stacked_experts`)."""
+        self._experts = {proj: ExpertStack(self.n_expert) for proj in self.stacked_experts} if self.has_experts \
+            else {}
 
     def finish_tensors(self) -> None:
-        """Called after the last tensor: complain about anything held back and never yielded."""
+        """Called after the last tensor: complain about anything held back and never yielded (the base: experts
+        of a projection that never completed; none at all means packed experts, or none: map_tensors says)."""
+        if all(not stack.parts for stack in self._experts.values()):
+            return
+        for proj, stack in self._experts.items():
+            missing = stack.missing(limit=6)
+            if missing:
+                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
+                raise CheckpointError(
+                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
+                    f"{self.expert_count_key}); missing experts {shown}", self.checkpoint.folder)
+
+    def stack_expert(self, tensor: SafetensorsTensor) -> list[tuple[str, TensorSource]] | None:
+        """A routed expert's tensor (:attr:`expert_pattern`) added to its stack: the stacked tensor once its
+        last expert has arrived, else nothing; ``None`` when ``tensor`` is not an expert's."""
+        match = self.expert_pattern.match(tensor.name) if self.expert_pattern is not None else None
+        if match is None or not self.has_experts:
+            return None
+        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
+        if stacked is None:
+            return []
+        return [(self.format_tensor_name(self.stacked_experts[match["proj"]]), stacked)]
 
     # ------------------------------------------------------------------------------ common work
 
@@ -551,6 +628,73 @@ class HeadModel:
     def config_path(self) -> Path:
         """The checkpoint's ``config.json`` (named by every message about a hyperparameter)."""
         return self.checkpoint.folder / "config.json"
+
+    def read_common_hparams(self) -> None:
+        """The hyperparameters every family has, read once with their bounds (the ones llama.cpp's
+        ``TextModel.set_gguf_parameters`` reads): width, heads, KV heads, head size, vocabulary, context length,
+        norm epsilon, RoPE base, and for a MoE the expert counts, checked against the experts the head holds.
+        A family calls it first thing in its hyperparameter reading.
+
+        Raises:
+            CheckpointError: a value of the wrong type or out of range, or an expert count the head's tensors
+                do not bear out; one line naming the key.
+        """
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_embd = need(["hidden_size", "d_model"])
+        self.n_head = need(["num_attention_heads", "n_head"])
+        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        head_dim = may(["head_dim", "attention_head_dim"])
+        if head_dim is None:
+            if self.n_embd % self.n_head:
+                raise CheckpointError(f"config.json has no head_dim, and hidden_size = {self.n_embd} does not split "
+                                      f"into num_attention_heads = {self.n_head} heads", self.config_path)
+            head_dim = self.n_embd // self.n_head
+        self.head_dim = head_dim
+        self.vocab_size = may("vocab_size", maximum=INT32_MAX, limit="llama.cpp's token ids are int32")
+        self.context_length = may("max_position_embeddings", maximum=U32_MAX)
+        self.norm_eps = self.optional_hparam_float(list(self.norm_eps_keys), maximum=1.0)
+        self.rope_theta = self._read_rope_theta() if self.has_rope else None
+        if self.has_experts:
+            self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
+            self.expert_count_key = self._origin_of("n_routed_experts", "num_experts")
+            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+            self._check_expert_count()
+
+    def _read_rope_theta(self) -> float | None:
+        """``rope_parameters.rope_theta`` (transformers 5) or ``rope_theta``: a positive finite number (whether it
+        fits the f32 it is written as is the writer's check)."""
+        rope = self.hparams.get("rope_parameters")
+        if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+            theta = config_float(rope, "rope_theta", where=self.config_path, maximum=sys.float_info.max,
+                                 optional=True)
+            return self.hparam_origin("rope_parameters.rope_theta", theta)
+        return self._read("rope_theta", config_float(self.hparams, "rope_theta", where=self.config_path,
+                                                     maximum=sys.float_info.max, optional=True))
+
+    def _origin_of(self, *keys: str) -> str:
+        """Which spelling of a hyperparameter config.json used (the first of ``keys`` it sets, else the first)."""
+        return next((k for k in keys if self.hparams.get(k) is not None), keys[0])
+
+    def _check_expert_count(self) -> None:
+        """Refuse an expert count the head's own per-expert tensors do not bear out, before anything is sized by
+        it (a config claiming 10^9 experts must not allocate 10^9 of anything). A head without per-expert
+        tensors (packed experts, or none: :meth:`map_tensors` says) is not counted."""
+        if self.expert_pattern is None:
+            return
+        present = {int(m["expert"]) for t in self.checkpoint.tensors
+                   if t.startswith(self.tensor_prefix) and (m := self.expert_pattern.match(t)) is not None}
+        if not present:
+            return
+        key, n = self.expert_count_key, self.n_expert
+        beyond = max(present)
+        if beyond >= n:
+            raise CheckpointError(f"the MTP head holds expert {beyond}, but config.json {key} = {n} "
+                                  f"(experts 0..{n - 1})", self.config_path)
+        if len(present) != n:
+            absent = [i for i in range(n) if i not in present]  # n <= LLAMA_MAX_EXPERTS
+            shown = ", ".join(str(i) for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+            raise CheckpointError(f"{key} = {n:,}, but the MTP head has tensors for {len(present)} experts "
+                                  f"(none for experts {shown})", self.config_path)
 
     def find_hparam(self, keys: Sequence[str], optional: bool = False) -> Any:
         """The first of ``keys`` config.json has, unchecked (prefer :meth:`hparam_int` and friends).
