@@ -52,6 +52,7 @@ from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
+from .fp8 import FP8_DTYPES, BlockScaledTensor, dequantized_head, quantization_of
 from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
 
 __all__ = [
@@ -772,10 +773,12 @@ class HeadModel:
         return TENSOR_NAMES[key] + suffix
 
     def head_tensors(self) -> list[SafetensorsTensor]:
-        """The checkpoint tensors of the MTP head, in natural order.
+        """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights
+        come paired with their scales (:mod:`.fp8`: read as dequantized float32), the scales themselves left out.
 
         Raises:
-            CheckpointError: there are none, or they are FP8/NVFP4-quantized.
+            CheckpointError: there are none; the checkpoint is quantized some other way (NVFP4, MXFP4, ...), or
+                holds quantized tensors its ``quantization_config`` does not describe.
         """
         head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
         if not head:
@@ -783,18 +786,30 @@ class HeadModel:
                 f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
                 self.checkpoint.folder,
             )
-        quant = self.hparams.get("quantization_config") or {}
+        quant = quantization_of(self.hparams, self.config_path)
+        if quant is not None:
+            head = dequantized_head(head, quant, self.checkpoint.tensors)
         for tensor in head:
+            if isinstance(tensor, BlockScaledTensor):
+                continue
             sidecar = tensor.name.rsplit(".", 1)[-1] in _QUANT_SIDECARS
             if sidecar or tensor.dtype in QUANTIZED_DTYPES or tensor.dtype not in FLOAT_DTYPES:
-                method = quant.get("quant_algo") or quant.get("quant_method") if isinstance(quant, dict) else None
-                raise CheckpointError(
-                    f"tensor {tensor.name!r} is {tensor.dtype}: this is a quantized (FP8/NVFP4"
-                    + (f", {method}" if method else "")
-                    + ") checkpoint, and dequantizing it is not supported yet; use the BF16 checkpoint",
-                    tensor.path,
-                )
+                why = ("config.json's quantization_config (fp8) does not describe it" if quant is not None else
+                       "a quantized tensor, and config.json has no quantization_config (only block-scaled FP8 "
+                       "checkpoints are dequantized)")
+                raise CheckpointError(f"tensor {tensor.name!r} is {tensor.dtype}: {why}; use the BF16 checkpoint",
+                                      tensor.path)
         return head
+
+    @functools.cached_property
+    def auto_outtype(self) -> GGMLQuantizationType:
+        """The matrix type of dequantized (FP8) tensors when none is asked for: llama.cpp's ``--outtype auto`` rule,
+        the dtype of the checkpoint's first tensor of two or more dimensions that is BF16 or F16, else F16 (the real
+        FP8 releases keep embeddings and routers in BF16: BF16)."""
+        for tensor in self.checkpoint:
+            if len(tensor.shape) >= 2 and tensor.dtype in ("BF16", "F16"):
+                return Q.BF16 if tensor.dtype == "BF16" else Q.F16
+        return Q.F16
 
     def map_tensors(self) -> list[tuple[str, TensorSource]]:
         """Every head tensor under its GGUF name (``{bid}`` unformatted), in the family's output order,
@@ -842,12 +857,13 @@ class HeadModel:
         self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
     ) -> GGMLQuantizationType:
         """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
-        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32)."""
+        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32; FP8
+        becomes :attr:`auto_outtype`)."""
         router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
             return Q.F32
         if outtype is None:
-            return FLOAT_DTYPES.get(source.dtype) or Q.F32
+            outtype = self.auto_outtype if source.dtype in FP8_DTYPES else FLOAT_DTYPES.get(source.dtype) or Q.F32
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.

@@ -10,7 +10,7 @@ the converter streams with (so the page cache, not the process, holds a multi-GB
 
 BF16 comes back as ``uint16`` (the raw bits, which is also what GGUF stores for BF16; the
 ``safetensors`` package's numpy backend refuses BF16). FP8 and packed 4-bit (NVFP4) tensors are
-recognised and refused with a clear message: dequantizing them is not supported yet.
+recognised by size; block-scaled FP8 is dequantized by :mod:`.fp8`, anything else is refused.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ class SafetensorsTensor:
         dtype = SAFETENSORS_DTYPES.get(self.dtype)
         if dtype is None:
             raise CheckpointError(
-                f"tensor {self.name!r} is {self.dtype}: FP8/NVFP4 checkpoints are not supported yet "
-                "(dequantizing them is a later step); use the BF16 checkpoint",
+                f"tensor {self.name!r} is {self.dtype}: not a float dtype (only block-scaled FP8 is dequantized); "
+                "use the BF16 checkpoint",
                 self.path,
             )
         return dtype

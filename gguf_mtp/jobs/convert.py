@@ -31,6 +31,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
+from gguf_mtp.conversion.fp8 import FP8_DTYPES
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
@@ -125,6 +126,8 @@ def _how(tensor: MappedTensor) -> str:
     same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type
     if same:
         how = "copy"
+    elif source.dtype in FP8_DTYPES:
+        how = f"dequantize {source.dtype}->{tensor.ggml_type.name}"
     elif tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         how = f"convert {source.dtype}->{tensor.ggml_type.name}"
     else:
