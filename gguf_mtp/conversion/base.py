@@ -275,6 +275,8 @@ class MappedTensor:
 
 
 def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
+    if rows.dtype == np.float32:
+        return rows  # a transformed view's values (dequantized, transposed): float32 already
     if dtype == "BF16":
         # BF16 is the upper half of an IEEE float32: widening is a 16-bit shift, exact.
         return (rows.astype(np.uint32) << 16).view(np.float32)
@@ -321,7 +323,7 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
     type in and out), generated chunks where they are converted or quantized; part after part."""
     segments: list[Segment] = []
     for part in tensor.source.parts:
-        if FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
+        if not part.transformed and FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)

@@ -23,8 +23,8 @@ import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -93,7 +93,11 @@ def fp8_lut(dtype: str) -> np.ndarray:
     """float32 value of each of the 256 codes of an FP8 ``dtype`` (``"F8_E4M3"``): ml_dtypes' widening, with NaN
     codes given the payload torch's widening gives them (quiet bit set, the FP8 mantissa in the float32 mantissa's
     top bits), so that the table equals torch's bit for bit for all 256 codes."""
-    import ml_dtypes  # only FP8 sources need it
+    try:
+        import ml_dtypes  # only FP8 sources need it
+    except ImportError:
+        raise CheckpointError(f"dequantizing {dtype} needs the ml_dtypes package (a dependency of gguf-mtp: "
+                              "pip install 'ml_dtypes>=0.5')") from None
 
     codes = np.arange(256, dtype=np.uint8)
     values = codes.view(getattr(ml_dtypes, FP8_DTYPES[dtype])).astype(np.float32)
@@ -120,6 +124,14 @@ class BlockScaledTensor(SafetensorsTensor):
 
     scale: SafetensorsTensor | None = None
     block: tuple[int, int] | None = None
+    #: The row of the quantized weight this tensor starts at (a slice of it: the scale rows are the weight's).
+    first_row: int = 0
+    transformed: ClassVar[bool] = True
+
+    def rows(self, start: int, count: int, name: str) -> BlockScaledTensor:
+        part = super().rows(start, count, name)
+        assert isinstance(part, BlockScaledTensor)
+        return replace(part, first_row=self.first_row + start)
 
     @property
     def numpy_dtype(self) -> np.dtype:
@@ -141,10 +153,11 @@ class BlockScaledTensor(SafetensorsTensor):
         if self.block is None:
             while scale.ndim < 2:  # [rows] -> [rows, 1], [] -> [1, 1]: broadcast as torch does
                 scale = scale[..., None]
-            rows = scale if scale.shape[0] == 1 else scale[start : start + count]
+            first = self.first_row + start
+            rows = scale if scale.shape[0] == 1 else scale[first : first + count]
             return values * rows
         b0, b1 = self.block
-        per_row = scale[np.arange(start, start + count) // b0]
+        per_row = scale[np.arange(self.first_row + start, self.first_row + start + count) // b0]
         return values * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
 
 
@@ -176,6 +189,7 @@ def dequantized_head(tensors: list[SafetensorsTensor], quant: BlockFP8,
         if tensor.dtype not in FP8_DTYPES:
             result.append(tensor)
             continue
+        fp8_lut(tensor.dtype)  # at planning time: a missing ml_dtypes is said before anything is written
         scale = all_tensors.get(tensor.name + _SCALE_SUFFIX)
         if scale is None:
             raise CheckpointError(f"FP8 tensor {tensor.name!r} has no {tensor.name}{_SCALE_SUFFIX}", tensor.path)

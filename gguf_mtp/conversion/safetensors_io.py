@@ -20,10 +20,10 @@ import math
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -125,6 +125,17 @@ class SafetensorsTensor:
     path: Path
     offset: int
     nbytes: int
+
+    #: Whether :meth:`read_rows` yields values other than the stored bytes (a transformed view: a transpose, a
+    #: dequantization); such a tensor is always converted, never copied as it is stored.
+    transformed: ClassVar[bool] = False
+
+    def rows(self, start: int, count: int, name: str) -> SafetensorsTensor:
+        """Rows ``start .. start+count`` of a matrix as a tensor of their own, named ``name``: a byte range of the
+        same file."""
+        row_bytes = self.nbytes // max(1, self.n_rows)
+        return replace(self, name=name, shape=(count, *self.shape[1:]),
+                                   offset=self.offset + start * row_bytes, nbytes=count * row_bytes)
 
     @property
     def numpy_dtype(self) -> np.dtype:

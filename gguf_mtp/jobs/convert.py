@@ -123,7 +123,7 @@ class ConversionPlan:
 
 def _how(tensor: MappedTensor) -> str:
     source = tensor.source
-    same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type
+    same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type and not any(p.transformed for p in source.parts)
     if same:
         how = "copy"
     elif source.dtype in FP8_DTYPES:
@@ -190,6 +190,13 @@ def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType
     if key not in OUTTYPES:
         raise ParameterError(f"outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
     return OUTTYPES[key]
+
+
+def _default_outtype(model: HeadModel, head: list[MappedTensor]) -> str:
+    """How matrices are written when no outtype is asked for: the source dtype, FP8 as llama.cpp's auto type."""
+    if any(t.source.dtype in FP8_DTYPES for t in head):
+        return f"source, FP8 as {model.auto_outtype.name.lower()}"
+    return "source"
 
 
 def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet | None,
@@ -363,7 +370,7 @@ def plan_conversion(
         arch=model.arch,
         block=index,
         standalone=standalone,
-        outtype=wanted_type.name.lower() if wanted_type is not None else "source",
+        outtype=wanted_type.name.lower() if wanted_type is not None else _default_outtype(model, head),
         output=OutputFile(path, (Bytes(header), *segments)),
         tensors=tuple(planned),
         kvs=tuple(kvs),
