@@ -18,6 +18,7 @@ target's KVs and only moves ``block_count`` / ``nextn_predict_layers``, which ar
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -26,13 +27,13 @@ import pytest
 from convert_support import raw_tensor
 from deepseek_checkpoints import DIMS, N_LAYERS, write_mla_checkpoint
 from fp8_checkpoints import dequantize_reference, quantize_checkpoint
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFValueType
 from glm_checkpoints import GLM_SPECIAL_TOKENS
 from helpers import reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.format.header import GGUFArray, encode_kv, read_header
+from gguf_mtp.format.header import GGUFArray, TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 
@@ -148,6 +149,48 @@ def test_misshapen_kv_b_is_refused(ckpts: dict[str, Path], tmp_path: Path) -> No
     folder = _mutated(ckpts["glm"], tmp_path, v_head_dim=DIMS.v_dim + 16)
     with pytest.raises(CheckpointError, match=r"kv_b_proj.weight has shape \[320, 64\], config.json implies \[384"):
         convert(folder, tmp_path / "d.gguf", block=N, progress=False)
+
+
+def _deepseek2_target(path: Path, tensor: str, *, mla: bool = True) -> Path:
+    """A deepseek2 trunk of N blocks as far as convert --target reads it: metadata and one block tensor."""
+    kvs = [encode_kv("general.architecture", GGUFValueType.STRING, "deepseek2"),
+           encode_kv("deepseek2.block_count", GGUFValueType.UINT32, N),
+           encode_kv("deepseek2.embedding_length", GGUFValueType.UINT32, DIMS.n_embd),
+           encode_kv("deepseek2.attention.head_count_kv", GGUFValueType.UINT32, 1),
+           encode_kv("deepseek2.attention.key_length", GGUFValueType.UINT32, DIMS.kv_lora + DIMS.rope)]
+    if mla:
+        kvs.append(encode_kv("deepseek2.attention.key_length_mla", GGUFValueType.UINT32, DIMS.nope + DIMS.rope))
+    data = np.zeros((4, 32), np.float32).tobytes()
+    header = serialize_header(3, kvs, [TensorInfo(tensor, (32, 4), Q.F32, 0, len(data))], 32)
+    path.write_bytes(header + data)
+    return path
+
+
+@pytest.mark.parametrize(("tensor", "mla", "refusal"), [
+    ("blk.0.attn_kv_b.weight", True, "the target has attn_kv_b tensors: llama.cpp's deepseek2 MTP graph runs only on "
+                                     "an MLA-format model"),
+    ("blk.0.attn_k_b.weight", False, "the target has no deepseek2.attention.key_length_mla: llama.cpp's deepseek2 "
+                                     "MTP graph runs only on an MLA-format model"),
+    ("blk.0.attn_k_b.weight", True, None),
+])
+def test_target_must_be_mla_format(ckpts: dict[str, Path], tmp_path: Path, tensor: str, mla: bool,
+                                   refusal: str | None) -> None:
+    target = _deepseek2_target(tmp_path / "trunk.gguf", tensor, mla=mla)
+    if refusal is None:
+        assert convert(ckpts["glm"], tmp_path / "d.gguf", target=target, progress=False).plan.block == N
+        return
+    with pytest.raises(IncompatibleDraftError, match=re.escape(refusal)):
+        convert(ckpts["glm"], tmp_path / "d.gguf", target=target, progress=False)
+
+
+def test_target_with_other_mla_sizes_is_refused(ckpts: dict[str, Path], tmp_path: Path) -> None:
+    target = _deepseek2_target(tmp_path / "trunk.gguf", "blk.0.attn_k_b.weight")
+    folder = _mutated(ckpts["glm"], tmp_path, qk_nope_head_dim=DIMS.nope)  # same sizes: accepted
+    assert convert(folder, tmp_path / "a.gguf", target=target, progress=False).plan.block == N
+    other = _mutated(ckpts["glm"], tmp_path / "x", kv_lora_rank=DIMS.kv_lora * 2)
+    with pytest.raises(IncompatibleDraftError, match=r"key_length = 144 \(config.json kv_lora_rank \+ "
+                                                     r"qk_rope_head_dim\), the target 80"):
+        convert(other, tmp_path / "b.gguf", target=target, progress=False)
 
 
 # --------------------------------------------------------------------- llama.cpp's converter: the reference
