@@ -62,6 +62,7 @@ __all__ = [
     "check_outputs",
     "copy_method",
     "progress_bar",
+    "signals_as_interrupt",
     "write_outputs",
 ]
 
@@ -225,8 +226,9 @@ INTERRUPTING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGH
 
 
 @contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM and SIGHUP like Ctrl-C while writing, so temporary files are cleaned up either way.
+def signals_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM and SIGHUP like Ctrl-C for the duration (while writing: temporary files are cleaned up either way;
+    while benchmarking: the server is stopped).
 
     A signal the process ignores (``nohup`` ignores SIGHUP) stays ignored: the user asked the run to
     survive it.
@@ -529,7 +531,7 @@ def _write_locked(
     current = files[0].path if files else Path()
     replacing = False
     try:
-        with _signals_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
+        with signals_as_interrupt(), progress_bar(total, desc, enabled=progress) as bar:
             tally = CopyTally(bar)  # counts shared (cloned) bytes apart from copied ones
             for planned in files:
                 current = planned.path

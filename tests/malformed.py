@@ -696,7 +696,7 @@ def target_already_has_block_n(src: Sources, work: Path) -> Inputs:
     return compose_args(target, src.draft0, target)
 
 
-@malformed("target", "a per-layer array holds strings", "has STRING items; cannot extend it")
+@malformed("target", "a per-layer array holds strings", "has STRING items, not integers, floats or booleans")
 def per_layer_array_of_strings(src: Sources, work: Path) -> Inputs:
     names = GGUFArray(STR, ("mamba", "attention", "moe"))
     return _target_with(src, work, set_=[encode_kv(arch_key("layer_names"), ARR, names)])

@@ -87,7 +87,8 @@ def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Pat
     config["architectures"] = ["MiMoV2FlashForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
-    supported = "Glm4MoeForCausalLM, NemotronHForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM"
+    supported = ("DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, NemotronHForCausalLM, "
+                 "Qwen3NextForCausalLM, Qwen3_5ForCausalLM")
     assert f"'MiMoV2FlashForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 
@@ -97,14 +98,14 @@ def test_config_that_is_not_json_is_refused(head: Path, tmp_path: Path) -> None:
     assert str(error).startswith(str(head / "config.json")) and "not valid JSON" in str(error)
 
 
-def test_fp8_checkpoint_is_refused_as_not_supported_yet(head: Path, tmp_path: Path) -> None:
+def test_fp8_tensor_without_quantization_config_is_refused(head: Path, tmp_path: Path) -> None:
     _, _, data = raw_tensor(head, EH_PROJ)
     rewrite_checkpoint_tensor(head, EH_PROJ, dtype="F8_E4M3", data=data[: len(data) // 2])
     error = _convert_error(head, tmp_path)
-    assert "F8_E4M3" in str(error) and "FP8/NVFP4" in str(error) and "not supported yet" in str(error)
+    assert "F8_E4M3: a quantized tensor, and config.json has no quantization_config" in str(error)
 
 
-def test_nvfp4_checkpoint_is_refused_as_not_supported_yet(head: Path, tmp_path: Path) -> None:
+def test_nvfp4_checkpoint_is_refused(head: Path, tmp_path: Path) -> None:
     name = "mtp.layers.0.mixer.q_proj.weight"
     _, shape, data = raw_tensor(head, name)
     # NVFP4 (ModelOpt): two 4-bit values per uint8, with an FP8 scale per 16 values next to it.
@@ -112,7 +113,7 @@ def test_nvfp4_checkpoint_is_refused_as_not_supported_yet(head: Path, tmp_path: 
     rewrite_checkpoint_tensor(head, name, dtype="U8", shape=[shape[0], shape[1] // 2], data=data[: len(data) // 4],
                               add=dict([scale]))
     error = _convert_error(head, tmp_path)
-    assert "U8" in str(error) and "dequantizing it is not supported yet" in str(error)
+    assert "is U8: a quantized tensor, and config.json has no quantization_config" in str(error)
 
 
 def test_missing_expert_is_named(head: Path, tmp_path: Path) -> None:

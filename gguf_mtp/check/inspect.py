@@ -22,6 +22,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.arch_rules import unrun_nextn_note
 from gguf_mtp.model.blocks import (
     block_indices,
     block_layout_problem,
@@ -109,6 +110,7 @@ class ModelSummary:
     mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
     nextn_types: tuple[TypeUsage, ...] = ()  # the NextN blocks' tensors alone, by bytes
     rest_types: tuple[TypeUsage, ...] = ()  # every other tensor (the trunk and the globals), by bytes
+    unrun_nextn: str | None = None  # more NextN blocks than the architecture's MTP graph runs (arch_rules)
     standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
     uncommitted: str | None = None  # a gguf-mtp journal beside the files names them: the set was never committed
 
@@ -158,6 +160,7 @@ class ModelSummary:
             "nextn_predict_layers": self.nextn_predict_layers,
             "nextn_blocks": list(self.nextn_blocks),
             "nextn_missing": {f"blk.{b}": list(names) for b, names in self.nextn_missing.items()},
+            "unrun_nextn": self.unrun_nextn,
             "stray_blocks": list(self.stray_blocks),
             "has_mtp": self.has_mtp,
             "kind": self.kind,
@@ -203,6 +206,8 @@ class ModelSummary:
             lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
         for block, names in self.nextn_missing.items():
             lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
+        if self.unrun_nextn:
+            lines.append(f"  note: {self.unrun_nextn}")
         if self.stray_blocks:
             lines.append(f"  tensors of blocks beyond block_count: {', '.join(f'blk.{b}' for b in self.stray_blocks)}")
         if self.layer_kinds:
@@ -360,6 +365,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         model_name=general_name if isinstance(general_name, str) else None,
         block_count=block_count,
         nextn_predict_layers=nextn,
+        unrun_nextn=unrun_nextn_note(arch, nextn) if arch else None,
         nextn_blocks=nextn_blocks,
         nextn_missing=missing,
         stray_blocks=stray,

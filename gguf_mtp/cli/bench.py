@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.check.bench_rules import parse_n_max_list
     from gguf_mtp.errors import LlamaServerError, ParameterError
     from gguf_mtp.formatting import printable
-    from gguf_mtp.write import _sigterm_as_interrupt
+    from gguf_mtp.write import signals_as_interrupt
 
     if not args.server:
         raise ParameterError("server: no llama-server on PATH; give your build's binary", parameter="server")
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(printable(line), file=sys.stderr, flush=True)
 
     try:
-        with _sigterm_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
+        with signals_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
             report = bench(
                 args.model, args.server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
                 server_args=args.server_args, health_timeout=args.health_timeout,

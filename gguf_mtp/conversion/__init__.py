@@ -50,6 +50,8 @@ def __getattr__(name: str) -> Any:
 FAMILY_MODULES: dict[str, str] = {
     "NemotronHForCausalLM": "nemotron",
     "Glm4MoeForCausalLM": "glm4moe",
+    "Glm4MoeLiteForCausalLM": "deepseek2",
+    "DeepseekV3ForCausalLM": "deepseek2",
     "Qwen3_5MoeForCausalLM": "qwen35",
     "Qwen3_5MoeForConditionalGeneration": "qwen35",
     "Qwen3_5ForCausalLM": "qwen35",

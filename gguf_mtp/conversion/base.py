@@ -16,15 +16,18 @@ BF16 out) are copied by the kernel instead of passing through numpy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import math
 import os
+import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from gguf import (
@@ -42,25 +45,31 @@ from gguf import (
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
+from gguf_mtp.format.kv_edit import misfit
 from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
 from gguf_mtp.format.quantize import from_f32
-from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
+from .fp8 import FP8_DTYPES, BlockScaledTensor, dequantized_head, quantization_of
 from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
 
 __all__ = [
+    "EXPERT_LIMIT",
     "FILE_TYPES",
     "FLOAT_DTYPES",
+    "INT32_MAX",
     "LLAMA_MAX_EXPERTS",
     "LLAMA_MAX_LAYERS",
     "MAX_WIDTH",
     "OUTTYPES",
+    "U32_MAX",
     "ExpertStack",
     "HeadGGUFWriter",
     "HeadModel",
+    "KVValueError",
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
@@ -71,6 +80,7 @@ __all__ = [
 ]
 
 Q = GGMLQuantizationType
+_V = TypeVar("_V")
 
 #: ``--outtype`` names -> ggml type (the first four are llama.cpp's converter's, the rest llama-quantize's).
 OUTTYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
@@ -96,6 +106,11 @@ CHUNK_BYTES = 16 * 1024 * 1024
 #: (trunk and NextN blocks together) and routed experts. A head beyond them could never run.
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
+
+#: The largest values of GGUF's 32-bit fields: u32 (context length, SSM sizes) and i32 (token ids).
+U32_MAX = 2**32 - 1
+INT32_MAX = 2**31 - 1
+EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
 
 #: The largest width, length or head count read from config.json: 16x today's largest models, and
 #: small enough that no product of two of them overflows GGUF's 64-bit dimensions.
@@ -260,6 +275,8 @@ class MappedTensor:
 
 
 def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
+    if rows.dtype == np.float32:
+        return rows  # a transformed view's values (dequantized, transposed): float32 already
     if dtype == "BF16":
         # BF16 is the upper half of an IEEE float32: widening is a 16-bit shift, exact.
         return (rows.astype(np.uint32) << 16).view(np.float32)
@@ -307,7 +324,7 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
     type in and out), generated chunks where they are converted or quantized; part after part."""
     segments: list[Segment] = []
     for part in tensor.source.parts:
-        if FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
+        if not part.transformed and FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)
@@ -341,15 +358,25 @@ class HeadGGUFWriter(GGUFWriter):
     def add_key_value(self, key: str, val: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
         """Encode and record one KV (a key set twice keeps its place and takes the new value, as in gguf-py).
 
+        Every value (every item of an array) is checked against the type it is written as, here and only here
+        (:func:`~gguf_mtp.format.kv_edit.misfit`): a hyperparameter that does not fit its GGUF field never reaches
+        the encoder.
+
         Raises:
+            KVValueError: a value that does not fit its type (a float32 beyond 3.4e38, an entry of an i32 array
+                beyond 2^31, a count beyond u32); :meth:`HeadModel.writing_config_values` names its config key.
             ValueError: a value gguf-py could not write either (an empty array without ``sub_type``, an array
                 of mixed types, an unknown type).
         """
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.ARRAY:
-            self._kvs[key] = encode_kv(key, vtype, _typed_array(val, sub_type, key))
+            array = _typed_array(val, sub_type, key)
+            _check_fits(key, array)
+            self._kvs[key] = encode_kv(key, vtype, array)
         else:
-            self._kvs[key] = encode_kv(key, vtype, _scalar(val, vtype))
+            value = _scalar(val, vtype)
+            _check_fits(key, value, vtype)
+            self._kvs[key] = encode_kv(key, vtype, value)
 
     def remove_key(self, key: str) -> None:
         """Drop ``key`` if it was set."""
@@ -372,6 +399,30 @@ class HeadGGUFWriter(GGUFWriter):
     def alignment(self) -> int:
         """The data alignment (``general.alignment`` when set, else GGUF's default of 32)."""
         return self.data_alignment
+
+
+class KVValueError(ValueError):
+    """A metadata value that does not fit the GGUF type it is written as.
+
+    Attributes:
+        key: the GGUF key; value: the offending value (the item, for an array); reason: what the type holds.
+    """
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key} = {_shown(value)}: {reason}")
+
+
+def _check_fits(key: str, value: Any, vtype: GGUFValueType | None = None) -> None:
+    """Raise :class:`KVValueError` unless ``value`` (a scalar of ``vtype``, or a :class:`GGUFArray`) fits."""
+    if isinstance(value, GGUFArray):
+        for item in value.items:
+            _check_fits(key, item, value.element_type)
+        return
+    assert vtype is not None
+    reason = misfit(value, vtype)
+    if reason is not None:
+        raise KVValueError(key, value, reason)
 
 
 def _scalar(val: Any, vtype: GGUFValueType) -> Any:
@@ -404,6 +455,13 @@ def _typed_array(val: Any, sub_type: GGUFValueType | None, key: str) -> GGUFArra
 # -------------------------------------------------------------------------------------------- model
 
 
+def _gave(read: Any, written: Any) -> bool:
+    """Whether a value read from config.json is (or, for a list, holds) a value being written."""
+    if isinstance(read, (list, tuple)):
+        return any(_gave(item, written) for item in read)
+    return isinstance(read, bool) == isinstance(written, bool) and read == written
+
+
 @dataclass(frozen=True)
 class TargetCheck:
     """One hyperparameter the head and the target must agree on."""
@@ -423,6 +481,18 @@ class HeadModel:
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
+    #: Whether the head is a mixture of experts: the expert counts are read, checked and written.
+    has_experts: ClassVar[bool] = True
+    #: A routed expert's checkpoint tensors (groups ``expert``, ``proj``): what the expert-count check counts
+    #: and :meth:`stack_expert` stacks.
+    expert_pattern: ClassVar[re.Pattern[str] | None] = None
+    #: ``proj`` of :attr:`expert_pattern` -> the stacked GGUF tensor it becomes.
+    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {}
+    #: Whether the family has RoPE (``rope_theta`` read and written as ``rope.freq_base``).
+    has_rope: ClassVar[bool] = True
+    #: config.json spellings of the norm epsilon, and the value written when none is set.
+    norm_eps_keys: ClassVar[tuple[str, ...]] = ("rms_norm_eps",)
+    default_norm_eps: ClassVar[float] = 1e-5
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
     #: GGUF architecture name -> converter class.
@@ -455,6 +525,9 @@ class HeadModel:
         self.checkpoint = checkpoint
         self.hparams: dict[str, Any] = checkpoint.config
         self.notes: list[str] = []
+        #: (config key or derivation, value) for every hyperparameter read, in reading order (for messages).
+        self._origins: list[tuple[str, Any]] = []
+        self._experts: dict[str, ExpertStack] = {}
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -469,8 +542,26 @@ class HeadModel:
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
         """Write the hyperparameters the head implies (scalars; per-layer arrays come from
-        :meth:`nextn_layer_values` / :meth:`trunk_layer_values`)."""
-        raise NotImplementedError
+        :meth:`nextn_layer_values` / :meth:`trunk_layer_values`). The base writes the common ones, as
+        llama.cpp's ``TextModel.set_gguf_parameters`` does; a family calls it first, then adds its own."""
+        writer.add_block_count(n_layers)
+        writer.add_nextn_predict_layers(1)
+        if self.context_length is not None:
+            writer.add_context_length(self.context_length)
+        writer.add_embedding_length(self.n_embd)
+        if self.vocab_size is not None:
+            writer.add_vocab_size(self.vocab_size)
+        writer.add_head_count(self.n_head)
+        if "attention.head_count_kv" not in self.own_layer_arrays():
+            writer.add_head_count_kv(self.n_head_kv)
+        writer.add_key_length(self.head_dim)
+        writer.add_value_length(self.head_dim)
+        if self.rope_theta is not None:
+            writer.add_rope_freq_base(self.rope_theta)
+        writer.add_layer_norm_rms_eps(self.norm_eps if self.norm_eps is not None else self.default_norm_eps)
+        if self.has_experts:
+            writer.add_expert_count(self.n_expert)
+            writer.add_expert_used_count(self.n_expert_used)
 
     def nextn_layer_values(self) -> dict[str, int]:
         """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
@@ -485,14 +576,50 @@ class HeadModel:
         return None
 
     def target_checks(self) -> list[TargetCheck]:
-        """The hyperparameters a target model must share with the head."""
-        return []
+        """The hyperparameters a target model must share with the head: the common ones here; a family adds its
+        own to this list."""
+        checks = [
+            TargetCheck("embedding_length", self.n_embd, self._origin_of("hidden_size")),
+            TargetCheck("attention.head_count", self.n_head, self._origin_of("num_attention_heads")),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of("num_key_value_heads")),
+            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
+        ]
+        if self.has_experts:
+            checks += [TargetCheck("expert_count", self.n_expert, self.expert_count_key),
+                       TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok")]
+        if self.vocab_size is not None:
+            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
+        return checks
 
     def begin_tensors(self) -> None:
-        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back."""
+        """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back (the base: one
+        :class:`ExpertStack` per projection of :attr:`stacked_experts`)."""
+        self._experts = {proj: ExpertStack(self.n_expert) for proj in self.stacked_experts} if self.has_experts \
+            else {}
 
     def finish_tensors(self) -> None:
-        """Called after the last tensor: complain about anything held back and never yielded."""
+        """Called after the last tensor: complain about anything held back and never yielded (the base: experts
+        of a projection that never completed; none at all means packed experts, or none: map_tensors says)."""
+        if all(not stack.parts for stack in self._experts.values()):
+            return
+        for proj, stack in self._experts.items():
+            missing = stack.missing(limit=6)
+            if missing:
+                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
+                raise CheckpointError(
+                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
+                    f"{self.expert_count_key}); missing experts {shown}", self.checkpoint.folder)
+
+    def stack_expert(self, tensor: SafetensorsTensor) -> list[tuple[str, TensorSource]] | None:
+        """A routed expert's tensor (:attr:`expert_pattern`) added to its stack: the stacked tensor once its
+        last expert has arrived, else nothing; ``None`` when ``tensor`` is not an expert's."""
+        match = self.expert_pattern.match(tensor.name) if self.expert_pattern is not None else None
+        if match is None or not self.has_experts:
+            return None
+        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
+        if stacked is None:
+            return []
+        return [(self.format_tensor_name(self.stacked_experts[match["proj"]]), stacked)]
 
     # ------------------------------------------------------------------------------ common work
 
@@ -505,6 +632,73 @@ class HeadModel:
     def config_path(self) -> Path:
         """The checkpoint's ``config.json`` (named by every message about a hyperparameter)."""
         return self.checkpoint.folder / "config.json"
+
+    def read_common_hparams(self) -> None:
+        """The hyperparameters every family has, read once with their bounds (the ones llama.cpp's
+        ``TextModel.set_gguf_parameters`` reads): width, heads, KV heads, head size, vocabulary, context length,
+        norm epsilon, RoPE base, and for a MoE the expert counts, checked against the experts the head holds.
+        A family calls it first thing in its hyperparameter reading.
+
+        Raises:
+            CheckpointError: a value of the wrong type or out of range, or an expert count the head's tensors
+                do not bear out; one line naming the key.
+        """
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_embd = need(["hidden_size", "d_model"])
+        self.n_head = need(["num_attention_heads", "n_head"])
+        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        head_dim = may(["head_dim", "attention_head_dim"])
+        if head_dim is None:
+            if self.n_embd % self.n_head:
+                raise CheckpointError(f"config.json has no head_dim, and hidden_size = {self.n_embd} does not split "
+                                      f"into num_attention_heads = {self.n_head} heads", self.config_path)
+            head_dim = self.n_embd // self.n_head
+        self.head_dim = head_dim
+        self.vocab_size = may("vocab_size", maximum=INT32_MAX, limit="llama.cpp's token ids are int32")
+        self.context_length = may("max_position_embeddings", maximum=U32_MAX)
+        self.norm_eps = self.optional_hparam_float(list(self.norm_eps_keys), maximum=1.0)
+        self.rope_theta = self._read_rope_theta() if self.has_rope else None
+        if self.has_experts:
+            self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
+            self.expert_count_key = self._origin_of("n_routed_experts", "num_experts")
+            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+            self._check_expert_count()
+
+    def _read_rope_theta(self) -> float | None:
+        """``rope_parameters.rope_theta`` (transformers 5) or ``rope_theta``: a positive finite number (whether it
+        fits the f32 it is written as is the writer's check)."""
+        rope = self.hparams.get("rope_parameters")
+        if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+            theta = config_float(rope, "rope_theta", where=self.config_path, maximum=sys.float_info.max,
+                                 optional=True)
+            return self.hparam_origin("rope_parameters.rope_theta", theta)
+        return self._read("rope_theta", config_float(self.hparams, "rope_theta", where=self.config_path,
+                                                     maximum=sys.float_info.max, optional=True))
+
+    def _origin_of(self, *keys: str) -> str:
+        """Which spelling of a hyperparameter config.json used (the first of ``keys`` it sets, else the first)."""
+        return next((k for k in keys if self.hparams.get(k) is not None), keys[0])
+
+    def _check_expert_count(self) -> None:
+        """Refuse an expert count the head's own per-expert tensors do not bear out, before anything is sized by
+        it (a config claiming 10^9 experts must not allocate 10^9 of anything). A head without per-expert
+        tensors (packed experts, or none: :meth:`map_tensors` says) is not counted."""
+        if self.expert_pattern is None:
+            return
+        present = {int(m["expert"]) for t in self.checkpoint.tensors
+                   if t.startswith(self.tensor_prefix) and (m := self.expert_pattern.match(t)) is not None}
+        if not present:
+            return
+        key, n = self.expert_count_key, self.n_expert
+        beyond = max(present)
+        if beyond >= n:
+            raise CheckpointError(f"the MTP head holds expert {beyond}, but config.json {key} = {n} "
+                                  f"(experts 0..{n - 1})", self.config_path)
+        if len(present) != n:
+            absent = [i for i in range(n) if i not in present]  # n <= LLAMA_MAX_EXPERTS
+            shown = ", ".join(str(i) for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
+            raise CheckpointError(f"{key} = {n:,}, but the MTP head has tensors for {len(present)} experts "
+                                  f"(none for experts {shown})", self.config_path)
 
     def find_hparam(self, keys: Sequence[str], optional: bool = False) -> Any:
         """The first of ``keys`` config.json has, unchecked (prefer :meth:`hparam_int` and friends).
@@ -524,32 +718,70 @@ class HeadModel:
         """A required integer hyperparameter, type- and range-checked (see :func:`config_int`)."""
         value = config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum, limit=limit)
         assert value is not None
-        return value
+        return self._read(keys, value)
 
     def optional_hparam_int(self, keys: str | Sequence[str], *, minimum: int = 1, maximum: int = MAX_WIDTH,
                             limit: str | None = None) -> int | None:
         """An optional integer hyperparameter (``None`` when absent), checked like :meth:`hparam_int`."""
-        return config_int(self.hparams, keys, where=self.config_path, minimum=minimum, maximum=maximum,
-                          optional=True, limit=limit)
+        return self._read(keys, config_int(self.hparams, keys, where=self.config_path, minimum=minimum,
+                                           maximum=maximum, optional=True, limit=limit))
 
     def optional_hparam_float(self, keys: str | Sequence[str], *, above: float = 0.0,
                               maximum: float = 1e6) -> float | None:
         """An optional finite number hyperparameter (see :func:`config_float`)."""
-        return config_float(self.hparams, keys, where=self.config_path, above=above, maximum=maximum, optional=True)
+        return self._read(keys, config_float(self.hparams, keys, where=self.config_path, above=above,
+                                             maximum=maximum, optional=True))
 
     def optional_hparam_bool(self, key: str) -> bool | None:
         """An optional ``true``/``false`` hyperparameter (see :func:`config_bool`)."""
-        return config_bool(self.hparams, key, where=self.config_path)
+        return self._read(key, config_bool(self.hparams, key, where=self.config_path))
+
+    def _read(self, keys: str | Sequence[str], value: _V) -> _V:
+        """Remember that ``value`` came from the first of ``keys`` config.json sets (see :meth:`hparam_origin`)."""
+        if value is not None:
+            names = (keys,) if isinstance(keys, str) else tuple(keys)
+            self.hparam_origin(next((k for k in names if self.hparams.get(k) is not None), names[0]), value)
+        return value
+
+    def hparam_origin(self, origin: str, value: _V) -> _V:
+        """Record that ``value`` (a value, a list, or a product of several) is what config.json's ``origin``
+        (``"rope_parameters.rope_theta"``, ``"linear_num_value_heads x linear_value_head_dim"``) gave; returns it.
+        The typed readers record what they read; a family records what it reads or derives itself."""
+        self._origins.append((origin, value))
+        return value
+
+    @contextlib.contextmanager
+    def writing_config_values(self) -> Iterator[None]:
+        """Metadata written inside this block that does not fit its GGUF type (:class:`KVValueError`, raised by the
+        writer's one check) is refused with one line naming ``config.json`` and the key that gave the value.
+
+        Raises:
+            CheckpointError: ``<folder>/config.json: rope_parameters.rope_theta = 1e+39 cannot be written as
+                qwen35.rope.freq_base (f32 holds at most 3.403e+38)``.
+        """
+        try:
+            yield
+        except KVValueError as e:
+            origin = next((o for o, v in reversed(self._origins) if _gave(v, e.value)), None)
+            if origin is None:
+                message = f"{e.key} = {_shown(e.value)} (from config.json) does not fit: {e.reason}"
+            else:
+                value = next(v for o, v in reversed(self._origins) if o == origin)
+                entry = f"entry {_shown(e.value)}: " if isinstance(value, (list, tuple)) else ""
+                message = f"{origin} = {_shown(value)} cannot be written as {e.key} ({entry}{e.reason})"
+            raise CheckpointError(message, self.config_path) from None
 
     def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
         """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
         return TENSOR_NAMES[key] + suffix
 
     def head_tensors(self) -> list[SafetensorsTensor]:
-        """The checkpoint tensors of the MTP head, in natural order.
+        """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights
+        come paired with their scales (:mod:`.fp8`: read as dequantized float32), the scales themselves left out.
 
         Raises:
-            CheckpointError: there are none, or they are FP8/NVFP4-quantized.
+            CheckpointError: there are none; the checkpoint is quantized some other way (NVFP4, MXFP4, ...), or
+                holds quantized tensors its ``quantization_config`` does not describe.
         """
         head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
         if not head:
@@ -557,18 +789,30 @@ class HeadModel:
                 f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
                 self.checkpoint.folder,
             )
-        quant = self.hparams.get("quantization_config") or {}
+        quant = quantization_of(self.hparams, self.config_path)
+        if quant is not None:
+            head = dequantized_head(head, quant, self.checkpoint.tensors)
         for tensor in head:
+            if isinstance(tensor, BlockScaledTensor):
+                continue
             sidecar = tensor.name.rsplit(".", 1)[-1] in _QUANT_SIDECARS
             if sidecar or tensor.dtype in QUANTIZED_DTYPES or tensor.dtype not in FLOAT_DTYPES:
-                method = quant.get("quant_algo") or quant.get("quant_method") if isinstance(quant, dict) else None
-                raise CheckpointError(
-                    f"tensor {tensor.name!r} is {tensor.dtype}: this is a quantized (FP8/NVFP4"
-                    + (f", {method}" if method else "")
-                    + ") checkpoint, and dequantizing it is not supported yet; use the BF16 checkpoint",
-                    tensor.path,
-                )
+                why = ("config.json's quantization_config (fp8) does not describe it" if quant is not None else
+                       "a quantized tensor, and config.json has no quantization_config (only block-scaled FP8 "
+                       "checkpoints are dequantized)")
+                raise CheckpointError(f"tensor {tensor.name!r} is {tensor.dtype}: {why}; use the BF16 checkpoint",
+                                      tensor.path)
         return head
+
+    @functools.cached_property
+    def auto_outtype(self) -> GGMLQuantizationType:
+        """The matrix type of dequantized (FP8) tensors when none is asked for: llama.cpp's ``--outtype auto`` rule,
+        the dtype of the checkpoint's first tensor of two or more dimensions that is BF16 or F16, else F16 (the real
+        FP8 releases keep embeddings and routers in BF16: BF16)."""
+        for tensor in self.checkpoint:
+            if len(tensor.shape) >= 2 and tensor.dtype in ("BF16", "F16"):
+                return Q.BF16 if tensor.dtype == "BF16" else Q.F16
+        return Q.F16
 
     def map_tensors(self) -> list[tuple[str, TensorSource]]:
         """Every head tensor under its GGUF name (``{bid}`` unformatted), in the family's output order,
@@ -616,7 +860,8 @@ class HeadModel:
         self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
     ) -> GGMLQuantizationType:
         """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
-        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32).
+        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32; FP8
+        becomes :attr:`auto_outtype`).
 
         A type llama.cpp's converter does not offer (``q4_k``, ``iq4_xs``...) is what ``llama-quantize --pure``
         gives the tensor of that default conversion (:func:`~gguf_mtp.format.quant_rules.head_tensor_type`)."""
@@ -628,7 +873,7 @@ class HeadModel:
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
             return Q.F32
         if outtype is None:
-            return FLOAT_DTYPES.get(source.dtype) or Q.F32
+            outtype = self.auto_outtype if source.dtype in FP8_DTYPES else FLOAT_DTYPES.get(source.dtype) or Q.F32
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.
@@ -658,10 +903,10 @@ class HeadModel:
                 vocab = vocab_size(target)
                 stated = [vocab] if vocab is not None else []
             else:
-                value = target.get(key)
-                if value is None:
+                kv = target.kv(key)
+                if kv is None:
                     continue
-                stated = [v for v in value if v] if isinstance(value, list) else [value]
+                stated = [v for v in layer_array(kv, target.name)[1] if v] if kv.is_array else [kv.value]
             wrong = sorted({v for v in stated if v != check.value})
             if wrong:
                 raise IncompatibleDraftError(
@@ -695,8 +940,8 @@ class HeadModel:
                         "value for the NextN block",
                         target.name,
                     )
-                assert kv.element_type is not None
-                arrays[suffix] = (kv.element_type, [*kv.value, nextn[suffix]])
+                etype, entries = layer_array(kv, target.name)
+                arrays[suffix] = (etype, [*entries, nextn[suffix]])
         return arrays
 
     def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:

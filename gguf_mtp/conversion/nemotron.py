@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
+from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .safetensors_io import SafetensorsTensor
 
 T = MODEL_TENSOR
@@ -54,12 +54,6 @@ _RENAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
 }
 # At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
 _EXPERT = re.compile(r"^mtp\.layers\.1\.mixer\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>up|down)_proj\.weight$")
-_STACKED = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
-
-
-#: A 32-bit GGUF value (context length, SSM inner size) holds at most this.
-_U32_MAX = 2**32 - 1
-_EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
 
 
 def mtp_pattern(config: dict[str, Any]) -> str | None:
@@ -85,6 +79,10 @@ class NemotronHMTPModel(HeadModel):
     """Nemotron-H MoE with an MTPv2 head (``num_nextn_predict_layers: 1``)."""
 
     model_arch = MODEL_ARCH.NEMOTRON_H_MOE
+    expert_pattern = _EXPERT
+    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
+    has_rope = False  # Nemotron-H's attention layers have no positional encoding
+    norm_eps_keys: ClassVar[tuple[str, ...]] = ("layer_norm_epsilon", "norm_eps", "rms_norm_eps")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -104,25 +102,15 @@ class NemotronHMTPModel(HeadModel):
                 f"MTP layer pattern {pattern!r}: only {MTP_PATTERN!r} (an attention layer, then a MoE layer) is "
                 "supported", config)
         self._read_hparams()
-        self._check_expert_count()
-        self._experts: dict[str, ExpertStack] = {}
 
     def _read_hparams(self) -> None:
         """Every hyperparameter the converter uses, type- and range-checked once, here."""
-        need, may = self.hparam_int, self.optional_hparam_int
-        self.n_embd = need(["hidden_size", "d_model"])
-        self.n_head = need(["num_attention_heads", "n_head"])
-        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
-        self.head_dim = need(["head_dim", "attention_head_dim"])
-        self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
-        self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
-        self.n_ff_exp = need("moe_intermediate_size")
-        self.n_ff_shexp = need("moe_shared_expert_intermediate_size")
+        self.read_common_hparams()
+        may = self.optional_hparam_int
+        self.n_ff_exp = self.hparam_int("moe_intermediate_size")
+        self.n_ff_shexp = self.hparam_int("moe_shared_expert_intermediate_size")
         self.moe_latent = may("moe_latent_size")
-        self.vocab_size = may("vocab_size", maximum=2**31 - 1)  # llama.cpp's token ids are int32
-        self.context_length = may("max_position_embeddings", maximum=_U32_MAX)
-        self.norm_eps = self.optional_hparam_float(["layer_norm_epsilon", "norm_eps", "rms_norm_eps"], maximum=1.0)
-        self.n_shared_experts = may("n_shared_experts", minimum=0, maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
+        self.n_shared_experts = may("n_shared_experts", minimum=0, maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
         self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
         self.routed_scaling_factor = self.optional_hparam_float("routed_scaling_factor")
         self.n_group = may("n_group", maximum=self.n_expert)
@@ -131,33 +119,10 @@ class NemotronHMTPModel(HeadModel):
         self.ssm_head_dim = may("mamba_head_dim")
         self.ssm_state = may("ssm_state_size")
         self.ssm_groups = may("n_groups")
-        inner = (self.ssm_heads or 0) * (self.ssm_head_dim or 0)
-        if inner > _U32_MAX:
-            raise CheckpointError(f"mamba_num_heads x mamba_head_dim = {inner:,} does not fit GGUF's 32-bit "
-                                  "ssm.inner_size", self.config_path)
-
-    def _check_expert_count(self) -> None:
-        """Refuse an expert count the checkpoint's own expert tensors do not bear out, before anything
-        is sized by it (a config claiming 10^9 experts must not allocate 10^9 of anything)."""
-        if not any(name.startswith(self.tensor_prefix) for name in self.checkpoint.tensors):
-            return  # no head at all: head_tensors() says so
-        present = {int(m["expert"]) for t in self.checkpoint.tensors if (m := _EXPERT.match(t)) is not None}
-        beyond = sorted(i for i in present if i >= self.n_expert)
-        if beyond:
-            raise CheckpointError(
-                f"the MTP head holds expert {beyond[-1]}, but config.json n_routed_experts = {self.n_expert} "
-                f"(experts 0..{self.n_expert - 1})", self.config_path)
-        if len(present) != self.n_expert:
-            absent = [i for i in range(self.n_expert) if i not in present]  # n_expert <= LLAMA_MAX_EXPERTS
-            shown = ", ".join(str(i) for i in absent[:5]) + (", ..." if len(absent) > 5 else "")
-            raise CheckpointError(
-                f"n_routed_experts = {self.n_expert:,}, but the MTP head has tensors for {len(present)} experts "
-                f"(none for experts {shown})", self.config_path)
+        if self.ssm_heads is not None and self.ssm_head_dim is not None:
+            self.hparam_origin("mamba_num_heads x mamba_head_dim", self.ssm_heads * self.ssm_head_dim)
 
     # ------------------------------------------------------------------------------------ tensors
-
-    def begin_tensors(self) -> None:
-        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED}
 
     def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         renamed = _RENAMES.get(tensor.name)
@@ -165,23 +130,10 @@ class NemotronHMTPModel(HeadModel):
             key, suffix = renamed
             yield self.format_tensor_name(key, suffix), TensorSource.single(tensor)
             return
-        match = _EXPERT.match(tensor.name)
-        if match is None:
+        stacked = self.stack_expert(tensor)
+        if stacked is None:
             raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
-        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
-        if stacked is not None:
-            yield self.format_tensor_name(_STACKED[match["proj"]]), stacked
-
-    def finish_tensors(self) -> None:
-        for proj, stack in self._experts.items():
-            missing = stack.missing(limit=6)
-            if missing:
-                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
-                raise CheckpointError(
-                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
-                    f"n_routed_experts); missing experts {shown}",
-                    self.checkpoint.folder,
-                )
+        yield from stacked
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim
@@ -216,22 +168,9 @@ class NemotronHMTPModel(HeadModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        # Every value was type- and range-checked by _read_hparams (it fits the GGUF type it goes into).
-        writer.add_block_count(n_layers)
-        if self.context_length is not None:
-            writer.add_context_length(self.context_length)
-        writer.add_embedding_length(self.n_embd)
-        if self.vocab_size is not None:
-            writer.add_vocab_size(self.vocab_size)
-        writer.add_head_count(self.n_head)
-        writer.add_key_length(self.head_dim)
-        writer.add_value_length(self.head_dim)
+        super().set_gguf_parameters(writer, n_layers)
         # llama.cpp's nemotron_h loader requires layer_norm_epsilon (the head's final norm) as well.
-        eps = self.norm_eps if self.norm_eps is not None else 1e-5
-        writer.add_layer_norm_eps(eps)
-        writer.add_layer_norm_rms_eps(eps)
-        writer.add_expert_count(self.n_expert)
-        writer.add_expert_used_count(self.n_expert_used)
+        writer.add_layer_norm_eps(self.norm_eps if self.norm_eps is not None else self.default_norm_eps)
         writer.add_expert_feed_forward_length(self.n_ff_exp)
         writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
         writer.add_expert_shared_count(1 if self.n_shared_experts is None else self.n_shared_experts)
@@ -255,7 +194,6 @@ class NemotronHMTPModel(HeadModel):
             writer.add_ssm_time_step_rank(self.ssm_heads)
         if self.ssm_groups is not None:
             writer.add_ssm_group_count(self.ssm_groups)
-        writer.add_nextn_predict_layers(1)
 
     def own_layer_arrays(self) -> tuple[str, ...]:
         return ("attention.head_count_kv", "feed_forward_length")
@@ -281,17 +219,10 @@ class NemotronHMTPModel(HeadModel):
 
     def target_checks(self) -> list[TargetCheck]:
         checks = [
-            TargetCheck("embedding_length", self.n_embd, "hidden_size"),
-            TargetCheck("attention.head_count", self.n_head, "num_attention_heads"),
-            TargetCheck("attention.head_count_kv", self.n_head_kv, "num_key_value_heads"),
-            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
-            TargetCheck("expert_count", self.n_expert, "n_routed_experts"),
-            TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok"),
+            *super().target_checks(),
             TargetCheck("expert_feed_forward_length", self.n_ff_exp, "moe_intermediate_size"),
             TargetCheck("expert_shared_feed_forward_length", self.n_ff_shexp, "moe_shared_expert_intermediate_size"),
         ]
         if self.moe_latent is not None:
             checks.append(TargetCheck("moe_latent_size", self.moe_latent, "moe_latent_size"))
-        if self.vocab_size is not None:
-            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
         return checks

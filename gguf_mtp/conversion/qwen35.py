@@ -36,10 +36,10 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.model.blocks import per_layer_keys
+from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
-from .base import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, ExpertStack, HeadModel, TargetCheck, TensorSource
+from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
@@ -83,12 +83,12 @@ _LAYER: dict[str, tuple[MODEL_TENSOR, bool]] = {
 }
 _PACKED_GATE_UP = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj.weight")
 # At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
-_EXPERT = re.compile(r"^mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
-_STACKED = {"gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
+_EXPERT = re.compile(
+    r"^mtp\.layers\.[0-9]{1,6}\.mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
 _LAYER_PREFIX = re.compile(r"^mtp\.layers\.(?P<layer>[0-9]{1,6})\.(?P<rest>.+)$")
 
-_U32_MAX = 2**32 - 1
-_EXPERT_LIMIT = f"llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts (LLAMA_MAX_EXPERTS)"
+#: The layer kinds of ``layer_types`` (transformers' names for Gated DeltaNet and gated attention layers).
+_LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,10 @@ class _QwenMTPModel(HeadModel):
 
     #: The FFN of the NextN block: "dense" (qwen35) or "moe".
     ffn: ClassVar[str] = "moe"
+    default_norm_eps = 1e-6
+    expert_pattern = _EXPERT
+    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
+        "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -147,6 +151,9 @@ class _QwenMTPModel(HeadModel):
         n_mtp = self.optional_hparam_int(["mtp_num_hidden_layers", "num_nextn_predict_layers"], minimum=0,
                                          maximum=LLAMA_MAX_LAYERS)
         layers = {m["layer"] for t in self.checkpoint.tensors if (m := _LAYER_PREFIX.match(t)) is not None}
+        if n_mtp == 0:
+            key = next(k for k in ("mtp_num_hidden_layers", "num_nextn_predict_layers") if self.hparams.get(k) == 0)
+            raise CheckpointError(f"{key} = 0: the checkpoint states it has no MTP layer", self.config_path)
         if n_mtp is None:
             n_mtp = len(layers)  # Qwen3-Next and the first Qwen3.6 configs do not state it: count (as upstream)
         if n_mtp > 1 or len(layers) > 1:
@@ -156,21 +163,11 @@ class _QwenMTPModel(HeadModel):
             raise CheckpointError(f"the MTP head's layer is mtp.layers.{next(iter(layers))}, expected "
                                   "mtp.layers.0", self.config_path)
         self._read_hparams()
-        self._experts: dict[str, ExpertStack] = {}
 
     def _read_hparams(self) -> None:
-        need, may = self.hparam_int, self.optional_hparam_int
-        self.n_embd = need("hidden_size")
-        self.n_head = need("num_attention_heads")
-        self.n_head_kv = need("num_key_value_heads", maximum=self.n_head)
-        head_dim = may("head_dim")
-        if head_dim is None:
-            head_dim = self.n_embd // self.n_head
-        self.head_dim = head_dim
+        self.read_common_hparams()
+        may = self.optional_hparam_int
         self.n_layer = may("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1)
-        self.vocab_size = may("vocab_size", maximum=2**31 - 1)
-        self.context_length = may("max_position_embeddings", maximum=_U32_MAX)
-        self.norm_eps = self.optional_hparam_float("rms_norm_eps", maximum=1.0)
         self.interval = may("full_attention_interval", maximum=LLAMA_MAX_LAYERS)
         self.ssm_conv = may("linear_conv_kernel_dim", maximum=1024)
         self.ssm_state = may("linear_key_head_dim")
@@ -178,35 +175,47 @@ class _QwenMTPModel(HeadModel):
         self.ssm_v_heads = may("linear_num_value_heads")
         self.ssm_v_dim = may("linear_value_head_dim")
         if self.ffn == "dense":
-            self.n_ff = need("intermediate_size")
+            self.n_ff = self.hparam_int("intermediate_size")
         else:
-            self.n_expert = need("num_experts", maximum=LLAMA_MAX_EXPERTS, limit=_EXPERT_LIMIT)
-            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
-            self.n_ff_exp = need("moe_intermediate_size")
-            self.n_ff_shexp = need("shared_expert_intermediate_size")
+            self.n_ff_exp = self.hparam_int("moe_intermediate_size")
+            self.n_ff_shexp = self.hparam_int("shared_expert_intermediate_size")
             self.norm_topk_prob = self.optional_hparam_bool("norm_topk_prob")
-            self._check_expert_count()
+        if self.ssm_v_heads is not None and self.ssm_v_dim is not None:
+            self.hparam_origin("linear_num_value_heads x linear_value_head_dim", self.ssm_v_heads * self.ssm_v_dim)
+        self.layer_types = self._read_layer_types()
         rope = self.hparams.get("rope_parameters")
         rope = rope if isinstance(rope, dict) else {}
         factor = rope.get("partial_rotary_factor", self.hparams.get("partial_rotary_factor", 0.25))
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise CheckpointError(f"partial_rotary_factor = {factor!r} is not a number in (0, 1]", self.config_path)
         self.rope_dims = int(self.head_dim * factor)
-        theta = rope.get("rope_theta", self.hparams.get("rope_theta"))
-        self.rope_theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
         sections = rope.get("mrope_section")
         self.mrope_sections: list[int] | None = None
-        if isinstance(sections, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in sections):
-            self.mrope_sections = [*sections, *[0] * (4 - len(sections))][:4]
+        if sections is not None:
+            if not isinstance(sections, list) or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                         for s in sections[:4]):
+                raise CheckpointError(f"rope_parameters.mrope_section = {sections!r:.40} is not a list of integers",
+                                      self.config_path)
+            self.mrope_sections = self.hparam_origin("rope_parameters.mrope_section",
+                                                     [*sections, *[0] * (4 - len(sections))][:4])
 
-    def _check_expert_count(self) -> None:
-        """Refuse per-expert tensors outside ``0..num_experts-1`` before anything is sized by them."""
-        for name in self.checkpoint.tensors:
-            layer = _LAYER_PREFIX.match(name)
-            match = _EXPERT.match(layer["rest"]) if layer is not None else None
-            if match is not None and int(match["expert"]) >= self.n_expert:
-                raise CheckpointError(f"the MTP head holds expert {int(match['expert'])}, but config.json "
-                                      f"num_experts = {self.n_expert}", self.config_path)
+    def _read_layer_types(self) -> list[str] | None:
+        """``layer_types`` (one ``linear_attention`` / ``full_attention`` per trunk layer), when config.json has it.
+
+        Raises:
+            CheckpointError: not a list of those two words.
+        """
+        layer_types = self.hparams.get("layer_types")
+        if layer_types is None:
+            return None
+        if not isinstance(layer_types, list) or len(layer_types) > LLAMA_MAX_LAYERS:
+            raise CheckpointError(f"layer_types is not a list of at most {LLAMA_MAX_LAYERS} layer kinds",
+                                  self.config_path)
+        unknown = next((t for t in layer_types if t not in _LAYER_TYPES), None)
+        if unknown is not None:
+            raise CheckpointError(f"layer_types holds {unknown!r:.40}: expected {' or '.join(_LAYER_TYPES)}",
+                                  self.config_path)
+        return layer_types
 
     def default_block(self) -> int | None:
         """The NextN block index when neither a target nor ``--block`` gives it: ``num_hidden_layers`` (the head
@@ -214,9 +223,6 @@ class _QwenMTPModel(HeadModel):
         return self.n_layer
 
     # ------------------------------------------------------------------------------------ tensors
-
-    def begin_tensors(self) -> None:
-        self._experts = {proj: ExpertStack(self.n_expert) for proj in _STACKED} if self.ffn == "moe" else {}
 
     def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         glue = _GLUE.get(tensor.name)
@@ -231,13 +237,11 @@ class _QwenMTPModel(HeadModel):
         if rest in _PACKED_GATE_UP:
             yield from self._split_gate_up(tensor)
             return
-        match = _EXPERT.match(rest) if rest is not None else None
-        if match is None or self.ffn != "moe":
+        stacked = self.stack_expert(tensor)
+        if stacked is None:
             raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor",
                                   tensor.path)
-        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
-        if stacked is not None:
-            yield self.format_tensor_name(_STACKED[match["proj"]]), stacked
+        yield from stacked
 
     def _split_gate_up(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         if self.ffn != "moe":
@@ -252,18 +256,6 @@ class _QwenMTPModel(HeadModel):
         for half, key in enumerate((T.FFN_GATE_EXP, T.FFN_UP_EXP)):
             parts = [_expert_half(tensor, expert, half, f) for expert in range(e)]
             yield self.format_tensor_name(key), TensorSource.stack(parts)
-
-    def finish_tensors(self) -> None:
-        stacks = self._experts
-        if all(len(s.parts) == 0 for s in stacks.values()):
-            return  # packed experts (or none: map_tensors names what is missing)
-        for proj, stack in stacks.items():
-            missing = stack.missing(limit=6)
-            if missing:
-                shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
-                raise CheckpointError(
-                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
-                    f"num_experts); missing experts {shown}", self.checkpoint.folder)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
@@ -309,25 +301,11 @@ class _QwenMTPModel(HeadModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        writer.add_block_count(n_layers)
-        if self.context_length is not None:
-            writer.add_context_length(self.context_length)
-        writer.add_embedding_length(self.n_embd)
-        if self.vocab_size is not None:
-            writer.add_vocab_size(self.vocab_size)
-        writer.add_head_count(self.n_head)
-        writer.add_head_count_kv(self.n_head_kv)
-        writer.add_key_length(self.head_dim)
-        writer.add_value_length(self.head_dim)
+        super().set_gguf_parameters(writer, n_layers)
         writer.add_rope_dimension_count(self.rope_dims)
-        if self.rope_theta is not None:
-            writer.add_rope_freq_base(self.rope_theta)
-        writer.add_layer_norm_rms_eps(self.norm_eps if self.norm_eps is not None else 1e-6)
         if self.ffn == "dense":
             writer.add_feed_forward_length(self.n_ff)
         else:
-            writer.add_expert_count(self.n_expert)
-            writer.add_expert_used_count(self.n_expert_used)
             writer.add_expert_feed_forward_length(self.n_ff_exp)
             writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
         if self.ssm_conv is not None:
@@ -342,7 +320,6 @@ class _QwenMTPModel(HeadModel):
                 writer.add_ssm_inner_size(self.ssm_v_heads * self.ssm_v_dim)
         writer.add_full_attention_interval(self.interval if self.interval is not None else 4)
         self.add_rope_sections(writer)
-        writer.add_nextn_predict_layers(1)
 
     def add_rope_sections(self, writer: GGUFWriter) -> None:
         """Qwen3.5's multi-section RoPE (qwen35*: required by llama.cpp; upstream's default [11, 11, 10, 0])."""
@@ -357,7 +334,7 @@ class _QwenMTPModel(HeadModel):
     def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
         """The trunk's recurrence flags from ``layer_types``; when a config has none (Qwen3-Next's), the
         pattern transformers derives from ``full_attention_interval`` (what upstream's converter then sees)."""
-        layer_types = self.hparams.get("layer_types")
+        layer_types = self.layer_types
         if layer_types is None and self.n_layer is not None:
             interval = self.interval if self.interval is not None else 4
             layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(self.n_layer)]
@@ -384,29 +361,18 @@ class _QwenMTPModel(HeadModel):
                 raise IncompatibleDraftError(
                     f"the target has a per-layer array {kv.key}, and the {self.arch} converter does not know its "
                     "value for the NextN block", target.name)
-            assert kv.element_type is not None
-            arrays[suffix] = (kv.element_type, [*kv.value, False])
+            etype, entries = layer_array(kv, target.name)
+            arrays[suffix] = (etype, [*entries, False])
         return arrays
 
     def target_checks(self) -> list[TargetCheck]:
-        checks = [
-            TargetCheck("embedding_length", self.n_embd, "hidden_size"),
-            TargetCheck("attention.head_count", self.n_head, "num_attention_heads"),
-            TargetCheck("attention.head_count_kv", self.n_head_kv, "num_key_value_heads"),
-            TargetCheck("attention.key_length", self.head_dim, "head_dim"),
-        ]
         if self.ffn == "dense":
-            checks.append(TargetCheck("feed_forward_length", self.n_ff, "intermediate_size"))
-        else:
-            checks += [
-                TargetCheck("expert_count", self.n_expert, "num_experts"),
-                TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok"),
-                TargetCheck("expert_feed_forward_length", self.n_ff_exp, "moe_intermediate_size"),
-                TargetCheck("expert_shared_feed_forward_length", self.n_ff_shexp, "shared_expert_intermediate_size"),
-            ]
-        if self.vocab_size is not None:
-            checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
-        return checks
+            return [*super().target_checks(), TargetCheck("feed_forward_length", self.n_ff, "intermediate_size")]
+        return [
+            *super().target_checks(),
+            TargetCheck("expert_feed_forward_length", self.n_ff_exp, "moe_intermediate_size"),
+            TargetCheck("expert_shared_feed_forward_length", self.n_ff_shexp, "shared_expert_intermediate_size"),
+        ]
 
 
 @HeadModel.register("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
@@ -423,6 +389,7 @@ class Qwen35MTPModel(_QwenMTPModel):
 
     model_arch = MODEL_ARCH.QWEN35
     ffn = "dense"
+    has_experts = False
 
 
 @HeadModel.register("Qwen3NextForCausalLM")

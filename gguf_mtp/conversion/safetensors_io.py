@@ -10,7 +10,7 @@ the converter streams with (so the page cache, not the process, holds a multi-GB
 
 BF16 comes back as ``uint16`` (the raw bits, which is also what GGUF stores for BF16; the
 ``safetensors`` package's numpy backend refuses BF16). FP8 and packed 4-bit (NVFP4) tensors are
-recognised and refused with a clear message: dequantizing them is not supported yet.
+recognised by size; block-scaled FP8 is dequantized by :mod:`.fp8`, anything else is refused.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import math
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -126,6 +126,17 @@ class SafetensorsTensor:
     offset: int
     nbytes: int
 
+    #: Whether :meth:`read_rows` yields values other than the stored bytes (a transformed view: a transpose, a
+    #: dequantization); such a tensor is always converted, never copied as it is stored.
+    transformed: ClassVar[bool] = False
+
+    def rows(self, start: int, count: int, name: str) -> SafetensorsTensor:
+        """Rows ``start .. start+count`` of a matrix as a tensor of their own, named ``name``: a byte range of the
+        same file."""
+        row_bytes = self.nbytes // max(1, self.n_rows)
+        return replace(self, name=name, shape=(count, *self.shape[1:]),
+                                   offset=self.offset + start * row_bytes, nbytes=count * row_bytes)
+
     @property
     def numpy_dtype(self) -> np.dtype:
         """The numpy dtype of the raw elements (``uint16`` for BF16).
@@ -136,8 +147,8 @@ class SafetensorsTensor:
         dtype = SAFETENSORS_DTYPES.get(self.dtype)
         if dtype is None:
             raise CheckpointError(
-                f"tensor {self.name!r} is {self.dtype}: FP8/NVFP4 checkpoints are not supported yet "
-                "(dequantizing them is a later step); use the BF16 checkpoint",
+                f"tensor {self.name!r} is {self.dtype}: not a float dtype (only block-scaled FP8 is dequantized); "
+                "use the BF16 checkpoint",
                 self.path,
             )
         return dtype

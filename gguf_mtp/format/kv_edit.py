@@ -7,7 +7,9 @@ key must say its type (``KEY:TYPE=VALUE``). Nothing is ever silently coerced int
 from __future__ import annotations
 
 import math
+import numbers
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ __all__ = [
     "KVOverride",
     "apply_kv_edits",
     "check_int",
+    "misfit",
     "parse_set_kv",
     "resolve_override",
     "with_int_value",
@@ -40,6 +43,8 @@ INT_RANGES: dict[GGUFValueType, tuple[int, int]] = {
     GGUFValueType.INT64: (-(2**63), 2**63 - 1),
 }
 _FLOATS = (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64)
+#: The largest finite float32.
+_F32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -73,6 +78,30 @@ def parse_set_kv(spec: str) -> KVOverride:
     return KVOverride(key, type_name if colon else None, text)
 
 
+def misfit(value: Any, vtype: GGUFValueType) -> str | None:
+    """Why ``value`` cannot be encoded as a GGUF scalar of type ``vtype`` (``"u32 holds 0..4,294,967,295"``),
+    or ``None`` when it can: the one range and type check every value written as metadata passes."""
+    name = describe_type(vtype)
+    if vtype in INT_RANGES:
+        lo, hi = INT_RANGES[vtype]
+        if not isinstance(value, numbers.Integral):
+            return f"{name} holds integers"
+        return None if lo <= int(value) <= hi else f"{name} holds {lo:,}..{hi:,}"
+    if vtype in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return f"{name} holds numbers"
+        if isinstance(value, float) and not math.isfinite(value):
+            return None  # inf and nan are float32 and float64 values
+        largest = _F32_MAX if vtype == GGUFValueType.FLOAT32 else sys.float_info.max
+        magnitude = abs(int(value)) if isinstance(value, numbers.Integral) else abs(float(value))
+        return None if magnitude <= largest else f"{name} holds at most {largest:.4g}"
+    if vtype == GGUFValueType.BOOL:
+        return None if isinstance(value, bool) else f"{name} holds true or false"
+    if vtype == GGUFValueType.STRING:
+        return None if isinstance(value, (str, bytes, bytearray)) else f"{name} holds text"
+    return None
+
+
 def check_int(value: int, vtype: GGUFValueType, what: str) -> int:
     """``value`` if it fits integer type ``vtype``, else a :class:`KVEditError`."""
     lo, hi = INT_RANGES[vtype]
@@ -93,11 +122,8 @@ def _parse_value(text: str, vtype: GGUFValueType, what: str) -> Any:
             number = float(text)
         except ValueError:
             raise KVEditError(f"{what}: {text!r} is not a number ({describe_type(vtype)})") from None
-        if vtype == GGUFValueType.FLOAT32 and math.isfinite(number):
-            try:
-                struct.pack("<f", number)
-            except OverflowError:
-                raise KVEditError(f"{what}: {text!r} does not fit f32") from None
+        if misfit(number, vtype) is not None:
+            raise KVEditError(f"{what}: {text!r} does not fit f32") from None
         return number
     if vtype == GGUFValueType.BOOL:
         lowered = text.strip().lower()

@@ -47,6 +47,7 @@ from gguf_mtp.model.blocks import (
     block_layout_problem,
     block_tensor_problems,
     is_mtp_only,
+    layer_array,
     read_block_layout,
 )
 from gguf_mtp.model.set_id import placeholder_kv, stamp_set_id, without_set_id
@@ -299,10 +300,7 @@ def _per_layer_edits(target: ShardSet, draft: ShardSet, draft_first: int, n_bloc
         raise IncompatibleDraftError(f"cannot compose {arch}: {refusal}", draft.name)
     arrays = extended_arrays(target.first, arch, target.trunk_block_count)
     for kv, _ in arrays:  # first: an array no rule or draft could extend is the target's own fault
-        etype = kv.element_type
-        assert etype is not None
-        if etype not in INT_RANGES and etype not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL):
-            raise BadGGUFError(f"per-layer array {kv.key} has {etype.name} items; cannot extend it", target.name)
+        layer_array(kv, target.name)
     unknown = [kv.key for kv, rule in arrays if rule is None and draft.kv(kv.key) is None]
     if unknown:
         known = is_known_arch(arch)

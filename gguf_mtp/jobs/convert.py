@@ -32,6 +32,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS
+from gguf_mtp.conversion.fp8 import FP8_DTYPES
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
@@ -41,7 +42,6 @@ from gguf_mtp.errors import (
     ParameterError,
 )
 from gguf_mtp.format.header import (
-    GGUFArray,
     KeyValue,
     TensorInfo,
     encode_kv,
@@ -125,9 +125,11 @@ class ConversionPlan:
 
 def _how(tensor: MappedTensor) -> str:
     source = tensor.source
-    same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type
+    same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type and not any(p.transformed for p in source.parts)
     if same:
         how = "copy"
+    elif source.dtype in FP8_DTYPES:
+        how = f"dequantize {source.dtype}->{tensor.ggml_type.name}"
     elif tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         how = f"convert {source.dtype}->{tensor.ggml_type.name}"
     else:
@@ -189,15 +191,22 @@ def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType
     return parse_outtype(outtype)
 
 
+def _default_outtype(model: HeadModel, head: list[MappedTensor]) -> str:
+    """How matrices are written when no outtype is asked for: the source dtype, FP8 as llama.cpp's auto type."""
+    if any(t.source.dtype in FP8_DTYPES for t in head):
+        return f"source, FP8 as {model.auto_outtype.name.lower()}"
+    return "source"
+
+
 def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet | None,
                matrix_types: set[GGMLQuantizationType], name: str,
                wanted: GGMLQuantizationType | None = None) -> None:
     """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
     writer.add_name(name)
-    model.set_gguf_parameters(writer, block + 1)
-    for suffix, (etype, values) in model.layer_arrays(block, target).items():
-        key = f"{model.arch}.{suffix}"
-        writer.add_copied_kv(encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values))))
+    with model.writing_config_values():
+        model.set_gguf_parameters(writer, block + 1)
+        for suffix, (etype, values) in model.layer_arrays(block, target).items():
+            writer.add_key_value(f"{model.arch}.{suffix}", values, GGUFValueType.ARRAY, etype)
     if wanted is not None and wanted not in CONVERTER_TYPES:  # llama-quantize's ftype (Q4_K -> Q4_K_M)
         writer.add_file_type(FILE_TYPES[wanted])
     elif len(matrix_types) == 1:
@@ -219,7 +228,9 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
             kv = encode_kv(key, kv.vtype, check_int(block + 1, kv.vtype, f"{target.name}: {key}"))
         elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
             etype, values = arrays[key[len(arch) + 1 :]]
-            kv = encode_kv(key, GGUFValueType.ARRAY, GGUFArray(etype, tuple(values)))
+            with model.writing_config_values():
+                writer.add_key_value(key, values, GGUFValueType.ARRAY, etype)
+            continue
         writer.add_copied_kv(kv)
     if nextn_key not in target.first.kvs:
         writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, 1))
@@ -363,7 +374,7 @@ def plan_conversion(
         arch=model.arch,
         block=index,
         standalone=standalone,
-        outtype=wanted_type.name.lower() if wanted_type is not None else "source",
+        outtype=wanted_type.name.lower() if wanted_type is not None else _default_outtype(model, head),
         output=OutputFile(path, (Bytes(header), *segments)),
         tensors=tuple(planned),
         kvs=tuple(kvs),

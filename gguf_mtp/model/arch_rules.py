@@ -30,6 +30,7 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue
 __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
+    "GRAPH_NEXTN_BLOCKS",
     "SPLICE_REFUSED",
     "LayerKeyRule",
     "NextNValue",
@@ -39,6 +40,7 @@ __all__ = [
     "layer_rules",
     "rule_for",
     "trunk_only_arrays",
+    "unrun_nextn_note",
 ]
 
 
@@ -97,7 +99,8 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "nemotron_h_moe": {},
     # GLM-4.5/4.6/4.7: only scalars (conversion/glm.py:150-183).
     "glm4moe": {},
-    # GLM-4.7-Flash, DeepSeek V3/R1: only scalars (conversion/deepseek.py:319-386).
+    # GLM-4.7-Flash, DeepSeek V3/R1: only scalars (conversion/deepseek.py:319-386). The MTP graph also needs an
+    # MLA trunk and Q-LoRA (src/models/deepseek2.cpp:174 is_mla(), :193 n_lora_q > 0): conversion/deepseek2.py.
     "deepseek2": {},
     # DeepSeek V3.2: the indexer head_count/key_length/top_k are scalars.
     "deepseek32": {},
@@ -136,6 +139,33 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "glm5-next": {"attention.indexer.types": _INDEXER_TRUNK},
     "hy_v4": {"attention.indexer.types": _INDEXER_TRUNK},
 }
+
+#: How many NextN blocks each architecture's MTP graph runs (llama.cpp 0c1e570), with the source line: a file
+#: with more loads them but never runs the rest (or, for deepseek2, fails the graph's assert). Architectures that
+#: chain every block (``llama_set_nextn_layer_offset``: step35, mimo2, hy_v3) are not listed.
+GRAPH_NEXTN_BLOCKS: Mapping[str, tuple[int, str]] = {
+    "nemotron_h_moe": (1, "src/models/nemotron-h-moe.cpp graph_mtp (one folded block)"),
+    "glm4moe": (1, "src/models/glm4-moe.cpp:135 (single block)"),
+    "deepseek2": (1, "src/models/deepseek2.cpp:173 (asserts n_layer_nextn == 1)"),
+    "deepseek32": (1, "src/models/deepseek32.cpp:498 (single block)"),
+    "glm-dsa": (1, "src/models/glm-dsa.cpp:542 (single block)"),
+    "qwen35": (1, "src/models/qwen35.cpp:485-489 (single block)"),
+    "qwen35moe": (1, "src/models/qwen35moe.cpp:550-554 (single block)"),
+    "qwen3next": (1, "src/models/qwen3next.cpp:627-631 (single block)"),
+    "cohere2moe": (1, "src/models/cohere2moe.cpp:146 (single block)"),
+    "bailingmoe3": (1, "src/models/bailingmoe3.cpp:163 (single block)"),
+    "deepseek4": (1, "src/models/deepseek4.cpp:1362-1480 (single block)"),
+}
+
+
+def unrun_nextn_note(arch: str, nextn_blocks: int) -> str | None:
+    """What to say when a file declares more NextN blocks than ``arch``'s MTP graph runs (``None``: it runs all)."""
+    runs = GRAPH_NEXTN_BLOCKS.get(arch)
+    if runs is None or nextn_blocks <= runs[0]:
+        return None
+    return (f"{nextn_blocks} NextN blocks, but llama.cpp's {arch} MTP graph runs {runs[0]} ({runs[1]}): "
+            f"the other {nextn_blocks - runs[0]} are loaded and never run")
+
 
 #: Architectures whose NextN head cannot be spliced into a trunk at all, and why.
 SPLICE_REFUSED: Mapping[str, str] = {

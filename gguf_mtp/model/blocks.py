@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from gguf import GGUFValueType
 
 from gguf_mtp.constants import (
     BLOCK_TENSOR,
@@ -18,10 +21,12 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.format.header import GGUFHeader, KeyValue
+from gguf_mtp.format.kv_edit import INT_RANGES
 
 from .arch_rules import NextNValue, exact_length_arrays, extended_arrays, trunk_only_arrays
 
 __all__ = [
+    "LAYER_ARRAY_TYPES",
     "MAX_BLOCK_COUNT",
     "NEXTN_CORE_TENSORS",
     "BlockLayout",
@@ -31,6 +36,7 @@ __all__ = [
     "block_tensor_problems",
     "constant_entry_problems",
     "is_mtp_only",
+    "layer_array",
     "layer_kinds",
     "missing_nextn_by_block",
     "missing_nextn_tensors",
@@ -290,6 +296,24 @@ def layer_kinds(header: GGUFHeader, arch: str, n_layers: int) -> tuple[str, ...]
     n = min(n_layers, len(kv), len(ff))
     kinds = [("*" if kv[i] > 0 else "") + (letter if ff[i] > 0 else "") for i in range(n)]
     return tuple(kind or "M" for kind in kinds)
+
+
+#: The element types a per-layer array may hold: numbers and flags (llama.cpp reads nothing else per layer).
+LAYER_ARRAY_TYPES = frozenset({*INT_RANGES, GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.BOOL})
+
+
+def layer_array(kv: KeyValue, where: str | None) -> tuple[GGUFValueType, list[Any]]:
+    """The element type and entries of a per-layer array read from a model (the one reading of them that
+    checks what they hold: every caller that extends or compares per-layer entries goes through it).
+
+    Raises:
+        BadGGUFError: ``kv`` is not an array of integers, floats or booleans (``where`` is the file named).
+    """
+    etype = kv.element_type
+    if not kv.is_array or etype not in LAYER_ARRAY_TYPES:
+        what = f"{etype.name} items" if kv.is_array and etype is not None else f"type {kv.type_name}"
+        raise BadGGUFError(f"per-layer array {kv.key} has {what}, not integers, floats or booleans", where)
+    return etype, list(kv.value)
 
 
 def per_layer_keys(header: GGUFHeader, arch: str, block_count: int) -> list[KeyValue]:

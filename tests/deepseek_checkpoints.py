@@ -1,0 +1,156 @@
+"""Tiny random ``deepseek2``-family checkpoints with the real config keys and tensor names: GLM-4.7-Flash
+(``Glm4MoeLiteForCausalLM``, BF16) and DeepSeek V3 (``DeepseekV3ForCausalLM``, whose release is FP8: see
+:func:`fp8_checkpoints.quantize_checkpoint`).
+
+A full checkpoint: ``model.embed_tokens``, ``n_layers`` trunk layers (the first ``first_k_dense_replace`` dense, the
+rest MoE), the NextN layer ``model.layers.{n_layers}`` (an MLA + MoE decoder layer plus ``eh_proj``, ``enorm``,
+``hnorm``, ``shared_head.norm``, and for DeepSeek V3 the layer's own ``embed_tokens`` / ``shared_head.head``),
+``model.norm`` and ``lm_head``; two shards and an index, the NextN layer alone in the second (as DeepSeek R1's
+last shards hold layer 61). The dimensions are not multiples of 128 (q_lora 96, kv_lora 64 + rope 16, 4 heads of
+nope 32 / v 48, experts of 80), so 128x128 FP8 blocks are partial in both directions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+
+#: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8 (llama.cpp's GLM vocab code needs them).
+VOCAB = 50264
+N_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    n_embd: int = 128
+    n_vocab: int = VOCAB
+    n_head: int = 4
+    q_lora: int = 96
+    kv_lora: int = 64
+    nope: int = 32
+    rope: int = 16
+    v_dim: int = 48
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_ff_exp: int = 80
+    n_ff_dense: int = 160
+
+
+DIMS = MlaDims()
+ARCHITECTURES = {"glm47flash": "Glm4MoeLiteForCausalLM", "deepseekv3": "DeepseekV3ForCausalLM"}
+
+
+def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> dict[str, object]:
+    """``config.json`` with the keys of GLM-4.7-Flash's / DeepSeek V3's (values scaled down)."""
+    config: dict[str, object] = {
+        "architectures": [ARCHITECTURES[variant]],
+        "model_type": "glm4_moe_lite" if variant == "glm47flash" else "deepseek_v3",
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "hidden_size": d.n_embd,
+        "intermediate_size": d.n_ff_dense,
+        "moe_intermediate_size": d.n_ff_exp,
+        "num_attention_heads": d.n_head,
+        "num_key_value_heads": d.n_head,
+        "num_hidden_layers": n_layers,
+        "num_nextn_predict_layers": 1,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": d.n_expert,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": d.n_expert_used,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.8 if variant == "glm47flash" else 2.5,
+        "q_lora_rank": d.q_lora,
+        "kv_lora_rank": d.kv_lora,
+        "qk_nope_head_dim": d.nope,
+        "qk_rope_head_dim": d.rope,
+        "v_head_dim": d.v_dim,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5 if variant == "glm47flash" else 1e-6,
+        "rope_theta": 1000000 if variant == "glm47flash" else 10000,
+        "tie_word_embeddings": False,
+        "vocab_size": d.n_vocab,
+    }
+    if variant == "deepseekv3":
+        config["rope_scaling"] = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 1024,
+                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    return config
+
+
+def _layer(d: MlaDims, layer: int, *, moe: bool) -> list[CheckpointTensor]:
+    h, p = d.n_embd, f"model.layers.{layer}."
+    tensors = [
+        CheckpointTensor(p + "input_layernorm.weight", (h,), "BF16", "norm"),
+        CheckpointTensor(p + "self_attn.q_a_proj.weight", (d.q_lora, h), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.q_a_layernorm.weight", (d.q_lora,), "BF16", "norm"),
+        CheckpointTensor(p + "self_attn.q_b_proj.weight", (d.n_head * (d.nope + d.rope), d.q_lora), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.kv_a_proj_with_mqa.weight", (d.kv_lora + d.rope, h), "BF16", "weight"),
+        CheckpointTensor(p + "self_attn.kv_a_layernorm.weight", (d.kv_lora,), "BF16", "norm"),
+        CheckpointTensor(p + "self_attn.kv_b_proj.weight", (d.n_head * (d.nope + d.v_dim), d.kv_lora), "BF16",
+                         "weight"),
+        CheckpointTensor(p + "self_attn.o_proj.weight", (h, d.n_head * d.v_dim), "BF16", "weight"),
+        CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"),
+    ]
+    if not moe:
+        f = d.n_ff_dense
+        return [*tensors,
+                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
+                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
+                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
+    f = d.n_ff_exp
+    tensors += [CheckpointTensor(p + "mlp.gate.weight", (d.n_expert, h), "BF16", "weight"),
+                CheckpointTensor(p + "mlp.gate.e_score_correction_bias", (d.n_expert,), "F32", "bias")]
+    for e in range(d.n_expert):
+        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
+                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
+                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
+    return [*tensors,
+            CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
+            CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight")]
+
+
+def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> list[CheckpointTensor]:
+    """Every tensor: the trunk, then the NextN layer (with its embedding / LM head copies for DeepSeek V3)."""
+    h, v = d.n_embd, d.n_vocab
+    trunk = [CheckpointTensor("model.embed_tokens.weight", (v, h), "BF16", "weight")]
+    for layer in range(n_layers):
+        trunk += _layer(d, layer, moe=layer >= 1)
+    trunk += [CheckpointTensor("model.norm.weight", (h,), "BF16", "norm"),
+              CheckpointTensor("lm_head.weight", (v, h), "BF16", "weight")]
+    p = f"model.layers.{n_layers}."
+    nextn = [CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
+             CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
+             CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
+             CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm")]
+    if variant == "deepseekv3":
+        nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
+                 CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
+    return trunk + nextn + _layer(d, n_layers, moe=True)
+
+
+def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> Path:
+    """Write the checkpoint folder (two shards + index, the NextN layer in the second); returns it."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_NAME).write_text(json.dumps(mla_config(variant, d, n_layers=n_layers), indent=2) + "\n")
+    tensors = mla_tensors(variant, d, n_layers=n_layers)
+    head = f"model.layers.{n_layers}."
+    trunk = [t for t in tensors if not t.name.startswith(head)]
+    nextn = tensors[len(trunk):]
+    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    write_safetensors(out / names[0], trunk)
+    write_safetensors(out / names[1], nextn, first_index=len(trunk))
+    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in nextn}
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
+    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return out
