@@ -26,7 +26,7 @@ UPSTREAM_PKGS  := torch==2.13.0 numpy sentencepiece transformers==4.57.6 safeten
 # The lowest releases pyproject.toml claims: the suite's non-llama part runs against them too.
 FLOOR_VENV  ?= .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.gguf-mtp-installed
-FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 tqdm==4.60.0 huggingface_hub==0.25.0 pytest hypothesis safetensors 'matplotlib<3.10'
+FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 ml_dtypes==0.5.0 tqdm==4.60.0 huggingface_hub==0.25.0 pytest hypothesis safetensors 'matplotlib<3.10'
 
 # `make test` is the full gate: every step runs even when an earlier one failed, and the failed ones are named
 # at the end (one flaky test must not hide the upstream proof or the floor suite).
