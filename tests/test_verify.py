@@ -172,8 +172,8 @@ def test_cli_passes_with_exit_0_and_one_line_per_check(
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert [line.split()[0] for line in out[1:-2]] == ["PASS"] * 10 + ["SKIP"]
-    assert out[-2] == "verified: 10 checks passed, 1 skipped"
-    assert out[-1] == f"measure what MTP gains on your machine: gguf-mtp bench {split_composite} --server " \
+    assert out[-1] == "verified: 10 checks passed, 1 skipped"
+    assert out[-2] == f"measure what MTP gains on your machine: gguf-mtp bench {split_composite} --server " \
         "PATH/TO/llama-server"
 
 

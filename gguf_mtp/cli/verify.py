@@ -52,8 +52,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        print_report(report.describe())
-        if report.ok:
-            print_report([f"measure what MTP gains on your machine: gguf-mtp bench {args.composite} --server "
-                          "PATH/TO/llama-server"])
+        lines = report.describe()
+        if report.ok:  # the verdict stays the last line
+            lines.insert(-1, _bench_hint(args.composite, sidecar=report.kind == "mtp-draft"))
+        print_report(lines)
     return 0 if report.ok else 2
+
+
+def _bench_hint(path: str, *, sidecar: bool) -> str:
+    """The ``gguf-mtp bench`` command that measures what the verified file gains (a sidecar beside its target)."""
+    import shlex
+
+    model = f"TARGET.gguf --draft {shlex.quote(path)}" if sidecar else shlex.quote(path)
+    return f"measure what MTP gains on your machine: gguf-mtp bench {model} --server PATH/TO/llama-server"
