@@ -30,14 +30,17 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue
 __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
-    "SPLICE_REFUSED",
+    "HeadRefusal",
+    "HEADS_REFUSED",
     "LayerKeyRule",
     "NextNValue",
     "exact_length_arrays",
     "extended_arrays",
     "is_known_arch",
     "layer_rules",
+    "refusal_for_hf",
     "rule_for",
+    "splice_refusal",
     "trunk_only_arrays",
 ]
 
@@ -137,13 +140,53 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "hy_v4": {"attention.indexer.types": _INDEXER_TRUNK},
 }
 
-#: Architectures whose NextN head cannot be spliced into a trunk at all, and why.
-SPLICE_REFUSED: Mapping[str, str] = {
-    "deepseek4": (
-        "a DeepSeek-V4 MTP head carries its own hyper-connection head (hc_head_*) and runs only as a sidecar "
-        "(llama.cpp's --mtp export): use it with llama-server --spec-draft-model instead of composing it"
+@dataclass(frozen=True)
+class HeadRefusal:
+    """Why gguf-mtp makes no MTP head for an architecture llama.cpp knows."""
+
+    #: The Hugging Face ``architectures`` names of its checkpoints (what ``convert`` sees).
+    hf_architectures: tuple[str, ...]
+    #: One clause, with the llama.cpp source that says so.
+    reason: str
+    #: ``compose`` / ``graft`` refuse a draft of it too (its head cannot sit in a trunk at all).
+    splice: bool = False
+
+
+#: Architectures whose MTP head gguf-mtp does not make (``convert``) or splice (``compose``/``graft``, where
+#: :attr:`HeadRefusal.splice`), and why: the one place these reasons are written.
+HEADS_REFUSED: Mapping[str, HeadRefusal] = {
+    "cohere2moe": HeadRefusal(
+        ("Cohere2MoeForCausalLM",),
+        "no official MTP weights exist, and llama.cpp's converter has no --mtp for it "
+        "(conversion/command_r.py:65-68: no supports_mtp_export)",
+    ),
+    "glm5-next": HeadRefusal(
+        ("Glm5NextForConditionalGeneration",),
+        "this llama.cpp has no NextN graph for it (src/models/glm5-next.cpp:188-190: \"not implemented yet\")",
+    ),
+    "qwen4exp": HeadRefusal(
+        ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
+        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30)",
+    ),
+    "deepseek4": HeadRefusal(
+        ("DeepseekV4ForCausalLM",),
+        "a DeepSeek-V4 MTP head carries its own hyper-connection head (hc_head_*, conversion/deepseek.py:599-606) "
+        "and runs only as a sidecar: make it with llama.cpp's convert_hf_to_gguf.py --mtp and use it with "
+        "llama-server --spec-draft-model, never spliced into a trunk",
+        splice=True,
     ),
 }
+
+
+def refusal_for_hf(hf_architecture: str) -> tuple[str, HeadRefusal] | None:
+    """(GGUF architecture, refusal) of a Hugging Face architecture name whose head gguf-mtp does not make."""
+    return next(((arch, r) for arch, r in HEADS_REFUSED.items() if hf_architecture in r.hf_architectures), None)
+
+
+def splice_refusal(arch: str) -> str | None:
+    """Why a NextN head of GGUF architecture ``arch`` cannot be spliced into a trunk; ``None`` when it can."""
+    refusal = HEADS_REFUSED.get(arch)
+    return refusal.reason if refusal is not None and refusal.splice else None
 
 
 def is_known_arch(arch: str) -> bool:
