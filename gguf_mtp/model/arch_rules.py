@@ -121,8 +121,9 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "mimo2": {
         "attention.sliding_window_pattern": _draft("mimo2.cpp:12 (get_arr); conversion/mimo.py:155", exact=False)
     },
-    # Tencent Hy3: only scalars (conversion/hunyuan.py).
-    "hy_v3": {},
+    # Tencent Hy3: the converter writes scalars (conversion/hunyuan.py:390-403); the loader also takes the expert
+    # width per layer (src/models/hy-v3.cpp:5, get_key_or_arr with length n_layer_all).
+    "hy_v3": {"expert_feed_forward_length": _draft("src/models/hy-v3.cpp:5 (get_key_or_arr, length n_layer_all)")},
     # Cohere2 MoE: the SWA pattern comes from HF layer_types (conversion/command_r.py:103).
     "cohere2moe": {
         "attention.sliding_window_pattern": _draft("conversion/command_r.py:103 (HF layer_types)", exact=False)
