@@ -30,8 +30,8 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue
 __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
-    "HeadRefusal",
     "HEADS_REFUSED",
+    "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
     "exact_length_arrays",
