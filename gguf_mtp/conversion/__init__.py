@@ -48,6 +48,7 @@ def __getattr__(name: str) -> Any:
 FAMILY_MODULES: dict[str, str] = {
     "NemotronHForCausalLM": "nemotron",
     "Glm4MoeForCausalLM": "glm4moe",
+    "BailingMoeV3ForCausalLM": "bailingmoe3",
     "HYV3ForCausalLM": "hy_v3",
     "Qwen3_5MoeForCausalLM": "qwen35",
     "Qwen3_5MoeForConditionalGeneration": "qwen35",

@@ -322,7 +322,7 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
     type in and out), generated chunks where they are converted or quantized; part after part."""
     segments: list[Segment] = []
     for part in tensor.source.parts:
-        if FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
+        if part.stored_as_is and FLOAT_DTYPES.get(part.dtype) == tensor.ggml_type:
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)

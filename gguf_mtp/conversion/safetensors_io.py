@@ -143,6 +143,12 @@ class SafetensorsTensor:
         return dtype
 
     @property
+    def stored_as_is(self) -> bool:
+        """Whether the file's bytes at :attr:`offset` are the tensor in row order (so an unconverted output is a
+        copy of them); ``False`` for a view whose rows are computed (a transposed slice, :mod:`.mla`)."""
+        return True
+
+    @property
     def n_elements(self) -> int:
         return math.prod(self.shape)
 
