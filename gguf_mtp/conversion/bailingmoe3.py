@@ -249,7 +249,8 @@ class BailingMoeV3MTPModel(HeadModel):
 
     def target_checks(self) -> list[TargetCheck]:
         # Not the base's head_count_kv (0/1 per layer here, whatever config.json says) nor key_length (MLA's).
-        common = [c for c in super().target_checks() if c.key not in ("attention.head_count_kv", "attention.key_length")]
+        skipped = ("attention.head_count_kv", "attention.key_length")
+        common = [c for c in super().target_checks() if c.key not in skipped]
         return [
             TargetCheck("block_count", self.n_layer, "num_hidden_layers"),
             *common,
