@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
+from fp8_checkpoints import quantize_checkpoint
 from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
@@ -208,3 +209,30 @@ class TestUpstreamParity:
 
         check = check_with_llama(upstream["standalone"], trunk=False)
         assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+
+
+def test_fp8_kv_b_is_dequantized_then_split(ling: Path, tmp_path: Path) -> None:
+    # block-scaled FP8 with blocks that split neither a head nor the rank evenly: each head's rows are read through
+    # the dequantization (partial blocks trimmed), then transposed; BF16 out (the checkpoint's BF16 embedding)
+    import ml_dtypes
+    from fp8_checkpoints import dequantize_reference
+    from helpers import reader_tensors as tensors_of
+
+    block = (40, 24)
+    fp8 = quantize_checkpoint(ling, tmp_path / "fp8", block=block)
+    hp = LING_HPARAMS
+    ours = tensors_of(convert(fp8, tmp_path / "d.gguf", block=N, progress=False).output)
+    name = HEAD + "attention.kv_b_proj.weight"
+    shard = next(p for p in sorted(fp8.glob("*.safetensors")) if name in SafetensorsFile(p).tensors)
+    tensors = SafetensorsFile(shard).tensors
+    codes, scales = tensors[name], tensors[name + "_scale_inv"]
+    with open(shard, "rb") as f:
+        f.seek(codes.offset)
+        raw = f.read(codes.nbytes)
+        f.seek(scales.offset)
+        scale = np.frombuffer(f.read(scales.nbytes), np.float32).reshape(scales.shape)
+    kv_b = dequantize_reference(raw, codes.shape, scale, block).astype(ml_dtypes.bfloat16).astype(np.float32)
+    kv_b = kv_b.reshape(hp.n_head, hp.qk_nope + hp.v_head, -1)
+    assert ours[f"blk.{N}.attn_k_b.weight"][0] == Q.BF16
+    assert np.array_equal(_values(ours[f"blk.{N}.attn_k_b.weight"]), kv_b[:, : hp.qk_nope, :].transpose(0, 2, 1))
+    assert np.array_equal(_values(ours[f"blk.{N}.attn_v_b.weight"]), kv_b[:, hp.qk_nope :, :])
