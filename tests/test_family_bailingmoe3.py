@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
-from fp8_checkpoints import quantize_checkpoint
 from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
