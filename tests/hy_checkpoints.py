@@ -5,7 +5,7 @@ The Hub layout of ``tencent/Hy3``: ``model.embed_tokens``, ``num_hidden_layers``
 ``mlp.experts.{e}.{gate,up,down}_proj`` and the shared ``mlp.shared_mlp.*``; QK norm), ``model.norm``, ``lm_head``,
 then the MTP layer(s) ``model.layers.{N+i}`` (a MoE layer plus ``eh_proj``/``enorm``/``hnorm`` and the trailing
 ``final_layernorm``), alone in the last of 2 shards + index. Hy3 ships one MTP layer; ``n_nextn`` > 1 writes more
-for the multi-block path (llama.cpp's hy_v3 graph runs a chain, src/models/hy-v3.cpp:247-250).
+for the multi-block path (llama.cpp's hy_v3 graph runs a chain, src/models/hy-v3.cpp:246-250).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Pat
     config["architectures"] = ["MiMoV2FlashForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
-    supported = "Glm4MoeForCausalLM, NemotronHForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM"
+    supported = "BailingMoeV3ForCausalLM, Glm4MoeForCausalLM, HYV3ForCausalLM, NemotronHForCausalLM"
     assert f"'MiMoV2FlashForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 

@@ -94,7 +94,10 @@ def test_names_shapes_types_and_bytes(hy: Path, tmp_path: Path) -> None:
 
 def test_registered_under_its_gguf_architecture() -> None:
     assert model_class_for_arch("hy_v3") is HYV3MTPModel
-    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80}) == "model.layers.80."
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80}) == ("model.layers.80.",)
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80, "num_nextn_predict_layers": 2}) == (
+        "model.layers.80.", "model.layers.81.")
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": "80"}) == "model.layers."
 
 
 def test_draft_metadata_is_upstreams_for_hy_v3(hy: Path, tmp_path: Path) -> None:
@@ -106,13 +109,35 @@ def test_draft_metadata_is_upstreams_for_hy_v3(hy: Path, tmp_path: Path) -> None
     assert values["expert_weights_scale"] == pytest.approx(2.826)
 
 
-@pytest.mark.parametrize(("n_nextn", "words"), [(0, "has no MTP layer"), (2, "one NextN block today")])
-def test_nextn_count_other_than_one_is_named(n_nextn: int, words: str, tmp_path: Path) -> None:
-    folder = write_hy_checkpoint(tmp_path / "hy", n_nextn=max(n_nextn, 1))
-    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=n_nextn)))
-    with pytest.raises(CheckpointError, match=f"num_nextn_predict_layers = {n_nextn}: .*{words}"):
+def test_no_mtp_layer_is_named(tmp_path: Path) -> None:
+    folder = write_hy_checkpoint(tmp_path / "hy")
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=0)))
+    with pytest.raises(CheckpointError, match="num_nextn_predict_layers = 0: the checkpoint has no MTP layer"):
         convert(folder, tmp_path / "d.gguf", block=N, progress=False)
     assert not (tmp_path / "d.gguf").exists()
+
+
+def test_two_mtp_layers_become_two_blocks_renumbered_together(tmp_path: Path) -> None:
+    two = write_hy_checkpoint(tmp_path / "two", n_nextn=2)
+    report = convert(two, tmp_path / "d.gguf", block=5, progress=False)  # blk.5 and blk.6 whatever N is
+    assert report.plan.blocks == "blk.5..6" and "NextN block blk.5..6" in report.describe()[1]
+    ours = reader_tensors(report.output)
+    assert len(ours) == 40 and {n.split(".")[1] for n in ours} == {"5", "6"}
+    for layer, block in ((2, 5), (3, 6)):  # each layer's own bytes, experts stacked per layer
+        assert ours[f"blk.{block}.attn_q.weight"][2] == _raw(two, f"model.layers.{layer}.self_attn.q_proj.weight")
+        assert ours[f"blk.{block}.ffn_up_exps.weight"][2] == b"".join(
+            _raw(two, f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight") for e in range(4))
+        assert ours[f"blk.{block}.ffn_gate_inp.weight"][0] == Q.F32
+    kvs = reader_kvs(report.output)
+    assert (kvs["hy_v3.block_count"][1], kvs["hy_v3.nextn_predict_layers"][1]) == (7, 2)
+    # a missing expert of the second layer is named with its block
+    folder = tmp_path / "gap"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=2)))
+    tensors = [t for t in hy_tensors(n_nextn=2) if not t.name.startswith("model.layers.3.mlp.experts.1.")]
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=r"NextN block 1\) has 3 of 4 experts' \w+_proj .*missing experts 1"):
+        convert(folder, tmp_path / "gap.gguf", block=N, progress=False)
 
 
 def test_missing_expert_and_unknown_tensor_are_one_line(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Tencent Hy3 (``HYV3ForCausalLM``): the MTP layer(s) -> NextN block(s) of ``hy_v3``.
 
-The head is the checkpoint's extra decoder layer ``model.layers.{N}.*``, ``N = num_hidden_layers`` (80 for Hy3),
-one per ``num_nextn_predict_layers``: an ordinary Hy3 MoE layer (QK norm, a sigmoid router ``mlp.router.gate``
+The head is the checkpoint's extra decoder layer(s) ``model.layers.{N+i}.*``, ``N = num_hidden_layers`` (80 for
+Hy3), one per ``num_nextn_predict_layers`` (Hy3 ships one; llama.cpp's graph runs a chain of several,
+src/models/hy-v3.cpp:246-250, and its converter writes them all as ``blk.{N+i}``, conversion/hunyuan.py:374-381):
+each an ordinary Hy3 MoE layer (QK norm, a sigmoid router ``mlp.router.gate``
 with its selection bias ``mlp.expert_bias``, routed experts and the shared ``mlp.shared_mlp``) plus the NextN input
 fusion (``enorm``, ``hnorm``, ``eh_proj``) and the trailing ``final_layernorm``, which llama.cpp's converter renames
 to ``shared_head.norm`` (conversion/hunyuan.py:425-428) and its loader reads as ``nextn.shared_head_norm``
@@ -55,6 +57,8 @@ _NEXTN: dict[str, tuple[MODEL_TENSOR, str]] = {
     "final_layernorm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
 }
 _NAMES = {**_LAYER, **_NEXTN}
+#: A head tensor: its layer (at most 3 digits: bounded before int() sees it) and its name within the layer.
+_HEAD = re.compile(r"^model\.layers\.(?P<layer>[0-9]{1,3})\.(?P<local>.+)$")
 #: At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
 _EXPERT = re.compile(
     r"^model\.layers\.[0-9]+\.mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -62,22 +66,25 @@ _EXPERT = re.compile(
 
 @HeadModel.register("HYV3ForCausalLM")
 class HYV3MTPModel(HeadModel):
-    """Tencent Hy3 with its MTP layer (``num_nextn_predict_layers: 1``)."""
+    """Tencent Hy3 with its MTP layer(s) (``num_nextn_predict_layers``, 1 for Hy3)."""
 
     model_arch = "hy_v3"  # not in PyPI gguf 0.19.0's MODEL_ARCH
     #: What ``convert`` opens the checkpoint with before it knows ``N`` (see :meth:`head_prefix`).
-    tensor_prefix: ClassVar[str] = "model.layers."
+    tensor_prefix: ClassVar[str | tuple[str, ...]] = "model.layers."
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}
 
     @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> str:
-        """``model.layers.{num_hidden_layers}.``: what to download and open (only the MTP layer's shards)."""
-        n_layer = config.get("num_hidden_layers")
-        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or not 1 <= n_layer < LLAMA_MAX_LAYERS:
+    def head_prefix(cls, config: dict[str, Any]) -> str | tuple[str, ...]:
+        """``model.layers.{N}.`` .. ``model.layers.{N+k-1}.`` (``N = num_hidden_layers``, ``k =
+        num_nextn_predict_layers``): what to download and open (only the MTP layers' shards)."""
+        n_layer, n_nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers", 1)
+        counts = [v for v in (n_layer, n_nextn) if isinstance(v, int) and not isinstance(v, bool) and v >= 1]
+        if len(counts) != 2 or sum(counts) > LLAMA_MAX_LAYERS:
             return cls.tensor_prefix  # refused with a proper message once the model reads its config
-        return f"model.layers.{n_layer}."
+        first, count = counts
+        return tuple(f"model.layers.{layer}." for layer in range(first, first + count))
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
@@ -85,14 +92,15 @@ class HYV3MTPModel(HeadModel):
 
     def _read_hparams(self) -> None:
         """Every hyperparameter the converter uses, type- and range-checked once, here."""
-        n_nextn = self.optional_hparam_int("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS)
-        if n_nextn is not None and n_nextn != 1:
-            what = ("the checkpoint has no MTP layer" if n_nextn == 0 else
-                    "convert writes one NextN block today (Hy3 ships one)")
-            raise CheckpointError(f"num_nextn_predict_layers = {n_nextn}: {what}", self.config_path)
-        self.n_layer = self.hparam_int("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
-                                       limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-        self.tensor_prefix = f"model.layers.{self.n_layer}."  # type: ignore[misc]  # per instance
+        n_nextn = self.optional_hparam_int("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS - 1)
+        if n_nextn == 0:
+            raise CheckpointError("num_nextn_predict_layers = 0: the checkpoint has no MTP layer", self.config_path)
+        self.n_nextn = 1 if n_nextn is None else n_nextn
+        limit = f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)"
+        self.n_layer = self.hparam_int("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - self.n_nextn,
+                                       limit=f"with {self.n_nextn} MTP layer(s) after them, {limit}")
+        self.tensor_prefix = tuple(  # type: ignore[misc]  # per instance
+            f"model.layers.{layer}." for layer in range(self.n_layer, self.n_layer + self.n_nextn))
         self.read_common_hparams()
         may = self.optional_hparam_int
         self.n_ff_exp = self.hparam_int("moe_intermediate_size")
@@ -109,11 +117,18 @@ class HYV3MTPModel(HeadModel):
         if stacked is not None:
             yield from stacked
             return
-        entry = _NAMES.get(tensor.name[len(self.tensor_prefix):])
-        if entry is None:
+        head = _HEAD.match(tensor.name)
+        entry = _NAMES.get(head["local"]) if head is not None else None
+        if head is None or entry is None:
             raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp hy_v3 NextN tensor", tensor.path)
         key, suffix = entry
-        yield self.format_tensor_name(key, suffix), TensorSource.single(tensor)
+        yield self.format_tensor_name(key, suffix, block=self.nextn_block(tensor)), TensorSource.single(tensor)
+
+    def nextn_block(self, tensor: SafetensorsTensor) -> int:
+        """``model.layers.{N+i}.*`` is NextN block ``i`` (the head holds only those layers)."""
+        head = _HEAD.match(tensor.name)
+        assert head is not None
+        return int(head["layer"]) - self.n_layer
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
@@ -127,11 +142,15 @@ class HYV3MTPModel(HeadModel):
         }
         if self.n_shared:
             shapes.update({T.FFN_GATE_SHEXP: (s, h), T.FFN_UP_SHEXP: (s, h), T.FFN_DOWN_SHEXP: (h, s)})
-        # optional in llama.cpp's loader (hy-v3.cpp:95): written when the checkpoint has it, as upstream does
-        if self.tensor_prefix + "final_layernorm.weight" in self.checkpoint.tensors:
-            shapes[T.NEXTN_SHARED_HEAD_NORM] = (h,)
         suffixes = {key: suffix for key, suffix in _NAMES.values()}
-        return {self.format_tensor_name(key, suffixes.get(key, ".weight")): shape for key, shape in shapes.items()}
+        expected: dict[str, tuple[int, ...]] = {}
+        for block in range(self.n_nextn):
+            for key, shape in shapes.items():
+                expected[self.format_tensor_name(key, suffixes.get(key, ".weight"), block=block)] = shape
+            # optional in llama.cpp's loader (hy-v3.cpp:95): written when the checkpoint has it, as upstream does
+            if f"model.layers.{self.n_layer + block}.final_layernorm.weight" in self.checkpoint.tensors:
+                expected[self.format_tensor_name(T.NEXTN_SHARED_HEAD_NORM, block=block)] = (h,)
+        return expected
 
     # --------------------------------------------------------------------------------- metadata
 
