@@ -236,3 +236,40 @@ class TestUpstreamParity:
 
         check = check_with_llama(upstream["standalone"], trunk=False)
         assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+
+
+@pytest.fixture(scope="module")
+def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two MTP layers (llama.cpp's converter and graph take several): upstream's full and ``--no-mtp`` files."""
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("hy2-parity")
+    checkpoint = write_hy_checkpoint(work / "hf", n_nextn=2)
+    write_gpt2_tokenizer(checkpoint)
+    out = {"full": upstream_convert(checkpoint, work / "full.gguf"),
+           "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")}
+    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
+    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
+                                progress=False).output
+    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
+    return out
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: dict[str, Path]) -> None:
+    from gguf_mtp.check.llama_check import check_with_llama
+
+    full = reader_tensors(upstream_two["full"])
+    theirs = {n: t for n, t in full.items() if n.startswith((f"blk.{N}.", f"blk.{N + 1}."))}
+    assert len(theirs) == 40
+    _assert_same_tensors(reader_tensors(upstream_two["draft"]), theirs)
+    _assert_same_tensors(reader_tensors(upstream_two["composite"]), full)
+    ours_kvs, their_kvs = reader_kvs(upstream_two["composite"]), reader_kvs(upstream_two["full"])
+    assert [k for k in their_kvs if ours_kvs.get(k) != their_kvs[k] and k not in ALLOWED_KVS] == []
+    ours, theirs_check = check_with_llama(upstream_two["composite"]), check_with_llama(upstream_two["full"])
+    assert ours.ok and ours.mtp_decode_ok, ours.summary() + ours.log_tail
+    assert (ours.n_layer, ours.n_layer_nextn) == (N, 2)
+    assert ours.mtp_logits_sha256 == theirs_check.mtp_logits_sha256
+    standalone = check_with_llama(upstream_two["standalone"], trunk=False)
+    assert standalone.ok and standalone.mtp_decode_ok and standalone.n_layer_nextn == 2, standalone.summary()
