@@ -33,11 +33,9 @@ N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layer
 HEAD = f"model.layers.{N}."
 #: tensor -> why gguf-mtp's NextN block may differ from upstream's --mtp export: none (same names, types, bytes).
 ALLOWED: dict[str, str] = {}
-#: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion.
-ALLOWED_KVS: dict[str, str] = {
-    "general.size_label": "upstream computes it from the parameter count of the file it writes; compose keeps the "
-                          "target's (README: cosmetic, llama.cpp ignores it)",
-}
+#: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion: none
+#: (upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
+ALLOWED_KVS: dict[str, str] = {}
 
 
 def _raw(folder: Path, name: str) -> bytes:

@@ -9,10 +9,11 @@ converted ones streamed a bounded chunk at a time, experts one after the other).
 
 Two outputs are possible:
 
-* a *draft* (default): the head as one block ``blk.N`` plus the hyperparameters it implies and
-  per-layer arrays of ``N + 1`` entries, for :func:`gguf_mtp.jobs.compose.compose`;
+* a *draft* (default): the head as its block ``blk.N`` (a head of ``k`` NextN blocks: ``blk.N .. N+k-1``) plus
+  the hyperparameters it implies and per-layer arrays of ``N + k`` entries, for
+  :func:`gguf_mtp.jobs.compose.compose`;
 * a *standalone* MTP-only model (``standalone=True``, for ``llama-server --spec-draft-model``): the
-  same block plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
+  same block(s) plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
   and the target's metadata (tokenizer included) with ``block_count``, ``nextn_predict_layers`` and
   the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only.
 """
