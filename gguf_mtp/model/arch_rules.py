@@ -129,7 +129,7 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
         "attention.sliding_window_pattern": _draft("conversion/command_r.py:103 (HF layer_types)", exact=False)
     },
     # Ling-3.0: head_count_kv (common) is 1 for the MTP block, 0 marking a KDA layer (conversion/bailingmoe3.py:57-58,
-    # src/models/bailingmoe3.cpp:35-37); clamps padded with 0.0 (conversion/bailingmoe3.py:82-94, bailingmoe3.cpp:26-27).
+    # src/models/bailingmoe3.cpp:35-37); clamps padded with 0.0 (conversion/bailingmoe3.py:82-94).
     "bailingmoe3": {
         "swiglu_clamp_exp": _draft("src/models/bailingmoe3.cpp:26 (get_key_or_arr, length n_layer_all)"),
         "swiglu_clamp_shexp": _draft("src/models/bailingmoe3.cpp:27 (get_key_or_arr, length n_layer_all)"),
