@@ -271,3 +271,43 @@ def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: dict[str, Pat
     assert ours.mtp_logits_sha256 == theirs_check.mtp_logits_sha256
     standalone = check_with_llama(upstream_two["standalone"], trunk=False)
     assert standalone.ok and standalone.mtp_decode_ok and standalone.n_layer_nextn == 2, standalone.summary()
+
+
+def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 4 shards: the trunk, MTP layer 2, a shard holding only layer 20's stand-in (a prefix-alike), MTP layer 3
+    import huggingface_hub
+    from convert_support import fill_hub_cache
+    from huggingface_hub import constants as hf_constants
+
+    from gguf_mtp.conversion.safetensors_io import INDEX_NAME
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=2)))
+    tensors = hy_tensors(n_nextn=2)
+    decoy = [type(t)("model.layers.20.enorm.weight", t.shape, t.dtype, t.fill)
+             for t in tensors if t.name == "model.layers.2.enorm.weight"]
+    parts = {"model-00001-of-00004.safetensors": [t for t in tensors if not t.name.startswith(("model.layers.2.",
+                                                                                                "model.layers.3."))],
+             "model-00002-of-00004.safetensors": [t for t in tensors if t.name.startswith("model.layers.2.")],
+             "model-00003-of-00004.safetensors": decoy,
+             "model-00004-of-00004.safetensors": [t for t in tensors if t.name.startswith("model.layers.3.")]}
+    weight_map = {}
+    for name, part in parts.items():
+        write_safetensors(folder / name, part)
+        weight_map |= {t.name: name for t in part}
+    (folder / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    calls: list[object] = []
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda *a, **k: calls.append(k["allow_patterns"]) or real(*a, **k))
+    fill_hub_cache(cache, "tencent/Hy3-tiny", folder,
+                   leave_out=("model-00001-of-00004.safetensors", "model-00003-of-00004.safetensors"))
+    report = convert("tencent/Hy3-tiny", tmp_path / "d.gguf", block=N, progress=False)
+    assert calls == [[CONFIG_NAME, INDEX_NAME, "model-00002-of-00004.safetensors", "model-00004-of-00004.safetensors"]]
+    local = convert(folder, tmp_path / "local.gguf", block=N, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local) and len(reader_tensors(local)) == 40
