@@ -100,8 +100,8 @@ def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architectur
     assert model_class_for_arch(ARCH) is by_hf
     assert by_hf.hf_architectures == ("NemotronHForCausalLM",)
     assert supported_architectures() == sorted([
-        "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "NemotronHForCausalLM",
-        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+        "BailingMoeV3ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
+        "HYV3ForCausalLM", "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
     ])
     assert model_class_for_arch("glm4moe") is get_model_class("Glm4MoeForCausalLM")

@@ -87,8 +87,8 @@ def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Pat
     config["architectures"] = ["MiMoV2FlashForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
-    supported = ("DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, NemotronHForCausalLM, "
-                 "Qwen3NextForCausalLM, Qwen3_5ForCausalLM")
+    supported = ("BailingMoeV3ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, "
+                 "HYV3ForCausalLM, NemotronHForCausalLM")
     assert f"'MiMoV2FlashForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 

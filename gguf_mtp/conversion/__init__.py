@@ -52,6 +52,8 @@ FAMILY_MODULES: dict[str, str] = {
     "Glm4MoeForCausalLM": "glm4moe",
     "Glm4MoeLiteForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek2",
+    "BailingMoeV3ForCausalLM": "bailingmoe3",
+    "HYV3ForCausalLM": "hy_v3",
     "Qwen3_5MoeForCausalLM": "qwen35",
     "Qwen3_5MoeForConditionalGeneration": "qwen35",
     "Qwen3_5ForCausalLM": "qwen35",
@@ -96,6 +98,12 @@ def model_class_for_config(config: dict[str, Any], where: str | None = None) -> 
     for arch in archs:
         if arch in FAMILY_MODULES:
             return get_model_class(arch)
+    from gguf_mtp.model.arch_rules import refusal_for_hf
+
+    refused = refusal_for_hf(archs[0])
+    if refused is not None:
+        gguf_arch, refusal = refused
+        raise CheckpointError(f"{archs[0]} ({gguf_arch}): gguf-mtp makes no MTP head for it: {refusal.reason}", where)
     raise CheckpointError(
         f"architecture {archs[0]!r} is not supported; supported: {', '.join(supported_architectures())}", where
     )

@@ -66,6 +66,7 @@ __all__ = [
     "MAX_WIDTH",
     "OUTTYPES",
     "U32_MAX",
+    "BlockIndex",
     "ExpertStack",
     "HeadGGUFWriter",
     "HeadModel",
@@ -73,9 +74,11 @@ __all__ = [
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
+    "arch_name",
     "config_bool",
     "config_float",
     "config_int",
+    "shown_name",
     "tensor_segments",
 ]
 
@@ -333,6 +336,34 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
     return _merge_copies(segments)
 
 
+class BlockIndex(int):
+    """The first NextN block's index in a tensor-name template: ``{bid}`` is that block, ``{bid[i]}`` the ``i``-th
+    block after it (a head of several NextN blocks is renumbered together, ``blk.N .. blk.N+k-1``)."""
+
+    def __getitem__(self, offset: int) -> BlockIndex:
+        return BlockIndex(self + offset)
+
+
+class _ShownBlock:
+    """``N``, ``N+1``... in a tensor-name template shown in a message."""
+
+    def __format__(self, spec: str) -> str:
+        return "N"
+
+    def __getitem__(self, offset: int) -> str:
+        return f"N+{offset}" if offset else "N"
+
+
+def shown_name(template: str) -> str:
+    """A tensor-name template for messages: ``blk.N.nextn.eh_proj.weight``, ``blk.N+1.attn_q.weight``."""
+    return template.format(bid=_ShownBlock())
+
+
+def arch_name(model_arch: MODEL_ARCH | str) -> str:
+    """The GGUF architecture name of gguf-py's ``MODEL_ARCH`` member, or the name itself."""
+    return model_arch if isinstance(model_arch, str) else MODEL_ARCH_NAMES[model_arch]
+
+
 # ------------------------------------------------------------------------------------------- writer
 
 
@@ -474,10 +505,11 @@ class TargetCheck:
 class HeadModel:
     """Base class of one model family's MTP head converter (see the module docstring)."""
 
-    #: The GGUF architecture the head belongs to.
-    model_arch: ClassVar[MODEL_ARCH]
+    #: The GGUF architecture the head belongs to: gguf-py's member, or its name where the installed gguf-py is older
+    #: than the llama.cpp that runs it (PyPI gguf 0.19.0 has no ``hy_v3``, ``bailingmoe3``...).
+    model_arch: ClassVar[MODEL_ARCH | str]
     #: Checkpoint tensors of the MTP head start with this.
-    tensor_prefix: ClassVar[str] = "mtp."
+    tensor_prefix: ClassVar[str | tuple[str, ...]] = "mtp."
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
@@ -507,14 +539,15 @@ class HeadModel:
             model_class.hf_architectures = (*model_class.hf_architectures, *names)
             for name in names:
                 cls._classes[name] = model_class
-            cls._classes_by_arch[MODEL_ARCH_NAMES[model_class.model_arch]] = model_class
+            cls._classes_by_arch[arch_name(model_class.model_arch)] = model_class
             return model_class
 
         return decorate
 
     @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> str:
-        """The name prefix of the head's tensors for a ``config.json`` (what is downloaded and opened)."""
+    def head_prefix(cls, config: dict[str, Any]) -> str | tuple[str, ...]:
+        """The name prefix (or prefixes, one per NextN layer) of the head's tensors for a ``config.json`` (what is
+        downloaded and opened)."""
         return cls.tensor_prefix
 
     def default_block(self) -> int | None:
@@ -525,9 +558,11 @@ class HeadModel:
         self.checkpoint = checkpoint
         self.hparams: dict[str, Any] = checkpoint.config
         self.notes: list[str] = []
+        #: How many NextN blocks the head is: a family with several sets it (they are written ``blk.N .. N+k-1``).
+        self.n_nextn = 1
         #: (config key or derivation, value) for every hyperparameter read, in reading order (for messages).
         self._origins: list[tuple[str, Any]] = []
-        self._experts: dict[str, ExpertStack] = {}
+        self._experts: dict[tuple[int, str], ExpertStack] = {}
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -545,7 +580,7 @@ class HeadModel:
         :meth:`nextn_layer_values` / :meth:`trunk_layer_values`). The base writes the common ones, as
         llama.cpp's ``TextModel.set_gguf_parameters`` does; a family calls it first, then adds its own."""
         writer.add_block_count(n_layers)
-        writer.add_nextn_predict_layers(1)
+        writer.add_nextn_predict_layers(self.n_nextn)
         if self.context_length is not None:
             writer.add_context_length(self.context_length)
         writer.add_embedding_length(self.n_embd)
@@ -594,20 +629,21 @@ class HeadModel:
     def begin_tensors(self) -> None:
         """Called before the first tensor: reset whatever :meth:`modify_tensors` holds back (the base: one
         :class:`ExpertStack` per projection of :attr:`stacked_experts`)."""
-        self._experts = {proj: ExpertStack(self.n_expert) for proj in self.stacked_experts} if self.has_experts \
-            else {}
+        self._experts = {(block, proj): ExpertStack(self.n_expert) for block in range(self.n_nextn)
+                         for proj in self.stacked_experts} if self.has_experts else {}
 
     def finish_tensors(self) -> None:
         """Called after the last tensor: complain about anything held back and never yielded (the base: experts
         of a projection that never completed; none at all means packed experts, or none: map_tensors says)."""
         if all(not stack.parts for stack in self._experts.values()):
             return
-        for proj, stack in self._experts.items():
+        for (block, proj), stack in self._experts.items():
             missing = stack.missing(limit=6)
             if missing:
                 shown = ", ".join(str(i) for i in missing[:5]) + (", ..." if stack.n_missing > 5 else "")
                 raise CheckpointError(
-                    f"the MTP head has {len(stack.parts)} of {stack.count} experts' {proj}_proj (config.json "
+                    f"the MTP head{f' (NextN block {block})' if self.n_nextn > 1 else ''} has {len(stack.parts)} of "
+                    f"{stack.count} experts' {proj}_proj (config.json "
                     f"{self.expert_count_key}); missing experts {shown}", self.checkpoint.folder)
 
     def stack_expert(self, tensor: SafetensorsTensor) -> list[tuple[str, TensorSource]] | None:
@@ -616,17 +652,22 @@ class HeadModel:
         match = self.expert_pattern.match(tensor.name) if self.expert_pattern is not None else None
         if match is None or not self.has_experts:
             return None
-        stacked = self._experts[match["proj"]].add(int(match["expert"]), tensor)
+        block = self.nextn_block(tensor)
+        stacked = self._experts[(block, match["proj"])].add(int(match["expert"]), tensor)
         if stacked is None:
             return []
-        return [(self.format_tensor_name(self.stacked_experts[match["proj"]]), stacked)]
+        return [(self.format_tensor_name(self.stacked_experts[match["proj"]], block=block), stacked)]
+
+    def nextn_block(self, tensor: SafetensorsTensor) -> int:
+        """Which NextN block (0 .. :attr:`n_nextn` - 1) a head tensor belongs to (a family with several says)."""
+        return 0
 
     # ------------------------------------------------------------------------------ common work
 
     @property
     def arch(self) -> str:
         """The GGUF architecture name (``nemotron_h_moe``)."""
-        return MODEL_ARCH_NAMES[self.model_arch]
+        return arch_name(self.model_arch)
 
     @property
     def config_path(self) -> Path:
@@ -771,9 +812,11 @@ class HeadModel:
                 message = f"{origin} = {_shown(value)} cannot be written as {e.key} ({entry}{e.reason})"
             raise CheckpointError(message, self.config_path) from None
 
-    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
-        """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
-        return TENSOR_NAMES[key] + suffix
+    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", *, block: int = 0) -> str:
+        """gguf-py's name for ``key`` with the block index left in: ``blk.{bid}.nextn.eh_proj.weight`` for the
+        first NextN block, ``blk.{bid[1]}...`` for the next (see :class:`BlockIndex`)."""
+        name = TENSOR_NAMES[key] + suffix
+        return name.replace("{bid}", f"{{bid[{block}]}}") if block else name
 
     def head_tensors(self) -> list[SafetensorsTensor]:
         """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights
@@ -828,19 +871,19 @@ class HeadModel:
             for name, source in self.modify_tensors(tensor):
                 if name in mapped:
                     raise CheckpointError(
-                        f"{', '.join(source.names[:1])} and {mapped[name].names[0]} both map to {name.format(bid='N')}",
+                        f"{', '.join(source.names[:1])} and {mapped[name].names[0]} both map to {shown_name(name)}",
                         tensor.path,
                     )
                 mapped[name] = source
         self.finish_tensors()
         unknown = [n for n in mapped if n not in expected]
         if unknown:
-            raise CheckpointError(f"{self.arch}: no NextN tensor {unknown[0].format(bid='N')} is expected",
+            raise CheckpointError(f"{self.arch}: no NextN tensor {shown_name(unknown[0])} is expected",
                                   mapped[unknown[0]].parts[0].path)
         missing = [n for n in expected if n not in mapped]
         if missing:
             raise CheckpointError(
-                f"the MTP head lacks {len(missing)} tensor(s) llama.cpp needs, e.g. {missing[0].format(bid='N')}",
+                f"the MTP head lacks {len(missing)} tensor(s) llama.cpp needs, e.g. {shown_name(missing[0])}",
                 self.checkpoint.folder,
             )
         for name, shape in expected.items():
@@ -851,7 +894,7 @@ class HeadModel:
                     what = f"{len(source.parts)} stacked tensors like {what}"
                 raise CheckpointError(
                     f"{what} has shape {list(source.shape)}, config.json implies {list(shape)} "
-                    f"(for {name.format(bid='N')})",
+                    f"(for {shown_name(name)})",
                     source.parts[0].path,
                 )
         return [(name, mapped[name]) for name in expected]
@@ -870,14 +913,15 @@ class HeadModel:
             ggml_shape = tuple(reversed(source.shape)) or (1,)
             return head_tensor_type(name.format(bid=0), ggml_shape, default, outtype, self.arch)
         router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
-        if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
+        is_router = re.sub(r"\{bid\[[0-9]+\]\}", "{bid}", name) == router
+        if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or is_router:
             return Q.F32
         if outtype is None:
             outtype = self.auto_outtype if source.dtype in FP8_DTYPES else FLOAT_DTYPES.get(source.dtype) or Q.F32
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.
-            note = (f"{name.format(bid='N')}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
+            note = (f"{shown_name(name)}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
                     f"{block_size}; written as F16")
             if note not in self.notes:
                 self.notes.append(note)
@@ -916,8 +960,8 @@ class HeadModel:
                 )
 
     def layer_arrays(self, block: int, target: ShardSet | None) -> dict[str, tuple[GGUFValueType, list[Any]]]:
-        """The per-layer arrays of a draft whose NextN block is ``block``: ``{arch}.`` suffix ->
-        (element type, ``block + 1`` entries), the NextN entry last.
+        """The per-layer arrays of a draft whose (first) NextN block is ``block``: ``{arch}.`` suffix ->
+        (element type, ``block + n_nextn`` entries), the NextN entries last.
 
         Trunk entries come from the target's own arrays when given (element types kept), else from
         config.json's layer pattern when it describes ``block`` blocks, else zeros (compose only reads
@@ -930,7 +974,7 @@ class HeadModel:
         arrays: dict[str, tuple[GGUFValueType, list[Any]]] = {}
         trunk = self.trunk_layer_values(block) or {}
         for suffix in self.own_layer_arrays():
-            arrays[suffix] = (GGUFValueType.INT32, [*trunk.get(suffix, [0] * block), nextn[suffix]])
+            arrays[suffix] = (GGUFValueType.INT32, [*trunk.get(suffix, [0] * block), *[nextn[suffix]] * self.n_nextn])
         if target is not None:
             for kv in per_layer_keys(target.first, self.arch, target.block_count):
                 suffix = kv.key[len(self.arch) + 1 :]
@@ -941,13 +985,14 @@ class HeadModel:
                         target.name,
                     )
                 etype, entries = layer_array(kv, target.name)
-                arrays[suffix] = (etype, [*entries, nextn[suffix]])
+                arrays[suffix] = (etype, [*entries, *[nextn[suffix]] * self.n_nextn])
         return arrays
 
     def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:
-        """:meth:`map_tensors` with the block index filled in and the output types chosen."""
+        """:meth:`map_tensors` with the first block's index filled in (``block``, ``block + 1``... for a head of
+        several NextN blocks) and the output types chosen."""
         return [
-            MappedTensor(name.format(bid=block), source, self.output_type(name, source, outtype))
+            MappedTensor(name.format(bid=BlockIndex(block)), source, self.output_type(name, source, outtype))
             for name, source in self.map_tensors()
         ]
 

@@ -23,13 +23,10 @@ the head, and :meth:`DeepseekV2MTPModel.check_target` says so.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter, RopeScalingType
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
@@ -45,10 +42,11 @@ from .base import (
     config_float,
     config_int,
 )
+from .mla import split_kv_b
 from .nextn_layer import NextNLayerModel
 from .safetensors_io import SafetensorsTensor
 
-__all__ = ["DeepseekV2MTPModel", "TransposedTensor"]
+__all__ = ["DeepseekV2MTPModel"]
 
 T = MODEL_TENSOR
 
@@ -59,40 +57,6 @@ _KV_B = "self_attn.kv_b_proj.weight"
 _MLA_REASON = ("llama.cpp's deepseek2 MTP graph runs only on an MLA-format model (attention.key_length_mla and "
                "attn_k_b/attn_v_b: src/models/deepseek2.cpp:174 asserts is_mla()); reconvert the trunk with a current "
                "llama.cpp")
-
-
-@dataclass(frozen=True)
-class TransposedTensor(SafetensorsTensor):
-    """A matrix read transposed (``source`` ``[r, c]`` -> ``[c, r]``), as float32: one head of ``attn_k_b``. The
-    source is small (``nope x kv_lora``) and is read whole for each run of rows."""
-
-    source: SafetensorsTensor | None = None
-    transformed: ClassVar[bool] = True
-
-    @classmethod
-    def of(cls, source: SafetensorsTensor, name: str) -> TransposedTensor:
-        rows, cols = source.shape
-        return cls(name, source.dtype, (cols, rows), source.path, source.offset, source.nbytes, source=source)
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        assert self.source is not None
-        return self.source.numpy_dtype
-
-    def numpy(self) -> np.ndarray:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            return self.read_rows(fd, 0, self.n_rows).reshape(self.shape)
-        finally:
-            os.close(fd)
-
-    def read_rows(self, fd: int, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
-        assert self.source is not None
-        raw = self.source.read_rows(fd, 0, self.source.n_rows).reshape(self.source.shape)
-        if raw.dtype == np.uint16 and self.source.dtype == "BF16":
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        values = raw.astype(np.float32, copy=False)
-        return np.ascontiguousarray(values.T[start : start + count])
 
 
 @HeadModel.register("Glm4MoeLiteForCausalLM", "DeepseekV3ForCausalLM")
@@ -160,16 +124,10 @@ class DeepseekV2MTPModel(NextNLayerModel):
         if tensor.name != self.tensor_prefix + _KV_B:
             yield from super().modify_tensors(tensor)
             return
-        heads, per_head = self.n_head_kv, self.nope + self.v_dim
-        if len(tensor.shape) != 2 or tensor.shape[0] != heads * per_head:
-            raise CheckpointError(
-                f"{tensor.name} has shape {list(tensor.shape)}, config.json implies [{heads * per_head}, "
-                f"{self.kv_lora}] (num_key_value_heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank)", tensor.path)
-        k_parts = [TransposedTensor.of(tensor.rows(h * per_head, self.nope, f"{tensor.name}[{h}].k"),
-                                       f"{tensor.name}[{h}].k^T") for h in range(heads)]
-        v_parts = [tensor.rows(h * per_head + self.nope, self.v_dim, f"{tensor.name}[{h}].v") for h in range(heads)]
-        yield self.format_tensor_name(T.ATTN_K_B), TensorSource.stack(k_parts)
-        yield self.format_tensor_name(T.ATTN_V_B), TensorSource.stack(v_parts)
+        k_b, v_b = split_kv_b(tensor, self.n_head_kv, self.nope, self.v_dim,
+                              "(num_key_value_heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank)")
+        yield self.format_tensor_name(T.ATTN_K_B), k_b
+        yield self.format_tensor_name(T.ATTN_V_B), v_b
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, nh, hk = self.n_embd, self.n_head, self.n_head_kv

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from gguf import MODEL_TENSOR, get_tensor_name_map
+from gguf import MODEL_ARCH, MODEL_TENSOR, get_tensor_name_map
 
 from gguf_mtp.errors import CheckpointError
 
@@ -76,6 +76,8 @@ class NextNLayerModel(HeadModel):
         self._present = {name for name in checkpoint.tensors if name.startswith(self.tensor_prefix)}
         self.read_layer_hparams()
         # gguf-py's name table for a model of N + 1 blocks maps model.layers.N.* to blk.N.*.
+        if not isinstance(self.model_arch, MODEL_ARCH):  # a family gguf-py does not know has no name table there
+            raise TypeError(f"{type(self).__name__}: NextNLayerModel needs an architecture in gguf-py's MODEL_ARCH")
         self._tensor_map = get_tensor_name_map(self.model_arch, self.n_layer + 1)
 
     def read_layer_hparams(self) -> None:

@@ -46,8 +46,8 @@ def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextM
     return hub_errors(f"download {what} from {repo_id}{at}", repo_id, revision=revision, file=what)
 
 
-def head_files(weight_map: dict[str, str], prefix: str = "mtp.") -> list[str]:
-    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix``."""
+def head_files(weight_map: dict[str, str], prefix: str | tuple[str, ...] = "mtp.") -> list[str]:
+    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix`` (or one of them)."""
     return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
 
 
@@ -55,8 +55,8 @@ def download_head(
     repo_id: str,
     *,
     revision: str | None = None,
-    prefix: str = "mtp.",
-    head_prefix: Callable[[dict[str, Any]], str] | None = None,
+    prefix: str | tuple[str, ...] = "mtp.",
+    head_prefix: Callable[[dict[str, Any]], str | tuple[str, ...]] | None = None,
 ) -> HubCheckpoint:
     """Download ``config.json``, the index and only the shards that hold the MTP head of ``repo_id``.
 
@@ -85,7 +85,8 @@ def download_head(
         files = head_files(read_index(index_path), prefix)
         if not files:
             raise CheckpointError(
-                f"{INDEX_NAME} lists no {prefix}* tensor: this checkpoint has no MTP head", f"hf://{repo_id}"
+                f"{INDEX_NAME} lists no {'*, '.join((prefix,) if isinstance(prefix, str) else prefix)}* tensor: "
+                "this checkpoint has no MTP head", f"hf://{repo_id}"
             )
         patterns = (CONFIG_NAME, INDEX_NAME, *files)
     else:

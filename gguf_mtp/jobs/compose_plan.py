@@ -42,7 +42,7 @@ from gguf_mtp.format.kv_edit import (
 )
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.jobs.head_type import HeadSummary, parse_outtype, retype_head_tensor, summarize_head
-from gguf_mtp.model.arch_rules import SPLICE_REFUSED, LayerKeyRule, NextNValue, extended_arrays, is_known_arch
+from gguf_mtp.model.arch_rules import LayerKeyRule, NextNValue, extended_arrays, is_known_arch, splice_refusal
 from gguf_mtp.model.blocks import (
     block_layout_problem,
     block_tensor_problems,
@@ -295,7 +295,7 @@ def _per_layer_edits(target: ShardSet, draft: ShardSet, draft_first: int, n_bloc
         BadGGUFError: an array of items that cannot be extended.
     """
     arch = target.arch
-    refusal = SPLICE_REFUSED.get(arch)
+    refusal = splice_refusal(arch)
     if refusal:
         raise IncompatibleDraftError(f"cannot compose {arch}: {refusal}", draft.name)
     arrays = extended_arrays(target.first, arch, target.trunk_block_count)

@@ -9,10 +9,11 @@ converted ones streamed a bounded chunk at a time, experts one after the other).
 
 Two outputs are possible:
 
-* a *draft* (default): the head as one block ``blk.N`` plus the hyperparameters it implies and
-  per-layer arrays of ``N + 1`` entries, for :func:`gguf_mtp.jobs.compose.compose`;
+* a *draft* (default): the head as its block ``blk.N`` (a head of ``k`` NextN blocks: ``blk.N .. N+k-1``) plus
+  the hyperparameters it implies and per-layer arrays of ``N + k`` entries, for
+  :func:`gguf_mtp.jobs.compose.compose`;
 * a *standalone* MTP-only model (``standalone=True``, for ``llama-server --spec-draft-model``): the
-  same block plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
+  same block(s) plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
   and the target's metadata (tokenizer included) with ``block_count``, ``nextn_predict_layers`` and
   the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only.
 """
@@ -31,7 +32,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
-from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS
+from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
 from gguf_mtp.errors import (
@@ -95,7 +96,7 @@ class ConversionPlan:
     checkpoint: Checkpoint
     hf_architecture: str
     arch: str
-    block: int
+    block: int  # the (first) NextN block
     standalone: bool
     outtype: str  # "bf16", "q8_0", ... or "source"
     output: OutputFile
@@ -103,6 +104,12 @@ class ConversionPlan:
     kvs: tuple[KeyValue, ...]
     target: ShardSet | None = None
     notes: tuple[str, ...] = ()
+    n_nextn: int = 1  # NextN blocks: blk.{block} .. blk.{block + n_nextn - 1}
+
+    @property
+    def blocks(self) -> str:
+        """``blk.46``, or ``blk.45..47`` for a head of several NextN blocks."""
+        return f"blk.{self.block}" + (f"..{self.block + self.n_nextn - 1}" if self.n_nextn > 1 else "")
 
     @property
     def path(self) -> Path:
@@ -204,7 +211,7 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
     """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
     writer.add_name(name)
     with model.writing_config_values():
-        model.set_gguf_parameters(writer, block + 1)
+        model.set_gguf_parameters(writer, block + model.n_nextn)
         for suffix, (etype, values) in model.layer_arrays(block, target).items():
             writer.add_key_value(f"{model.arch}.{suffix}", values, GGUFValueType.ARRAY, etype)
     if wanted is not None and wanted not in CONVERTER_TYPES:  # llama-quantize's ftype (Q4_K -> Q4_K_M)
@@ -214,7 +221,7 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
 
 
 def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet) -> None:
-    """The target's metadata in its own order and encodings, grown by one NextN block."""
+    """The target's metadata in its own order and encodings, grown by the head's NextN block(s)."""
     arch = model.arch
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     arrays = model.layer_arrays(block, target)
@@ -225,7 +232,7 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
         if key == count_key:
             if kv.vtype not in INT_RANGES:
                 raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", target.name)
-            kv = encode_kv(key, kv.vtype, check_int(block + 1, kv.vtype, f"{target.name}: {key}"))
+            kv = encode_kv(key, kv.vtype, check_int(block + model.n_nextn, kv.vtype, f"{target.name}: {key}"))
         elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
             etype, values = arrays[key[len(arch) + 1 :]]
             with model.writing_config_values():
@@ -233,10 +240,11 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
             continue
         writer.add_copied_kv(kv)
     if nextn_key not in target.first.kvs:
-        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, 1))
+        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, model.n_nextn))
     else:
         kv = target.first.kvs[nextn_key]
-        writer.add_copied_kv(encode_kv(nextn_key, kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32, 1))
+        vtype = kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32
+        writer.add_copied_kv(encode_kv(nextn_key, vtype, model.n_nextn))
 
 
 @dataclass(frozen=True)
@@ -331,12 +339,15 @@ def plan_conversion(
     model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
     if drop_nextn_copies:
         if model_class.keep_nextn_copies is None:
-            raise ParameterError(f"drop_nextn_copies: a {model_class.model_arch.name.lower()} head has no "
+            raise ParameterError(f"drop_nextn_copies: a {arch_name(model_class.model_arch)} head has no "
                                  "embedding/LM head copies to drop")
         model = model_class(checkpoint, keep_nextn_copies=False)  # type: ignore[call-arg]
     else:
         model = model_class(checkpoint)
     index = _block_index(target, block, standalone, model.default_block())
+    if index + model.n_nextn > LLAMA_MAX_LAYERS:
+        raise ParameterError(f"block {index}: a head of {model.n_nextn} NextN blocks after it makes "
+                             f"{index + model.n_nextn} layers; llama.cpp loads at most {LLAMA_MAX_LAYERS}")
     wanted_type = _outtype(outtype)
     if target is not None:
         model.check_target(target)
@@ -380,6 +391,7 @@ def plan_conversion(
         kvs=tuple(kvs),
         target=target,
         notes=(*model.notes, *_head_notes(planned, target, wanted_type, model.arch)),
+        n_nextn=model.n_nextn,
     )
     _log_plan(plan, len(header))
     return plan
@@ -401,8 +413,8 @@ def _head_notes(planned: Sequence[PlannedTensor], target: ShardSet | None, wante
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:
     """The plan at INFO (one summary line, the tensors), the KVs at DEBUG."""
     kind = "standalone MTP-only model" if plan.standalone else "draft"
-    logger.info("convert plan: %s -> %s, %s %s NextN block blk.%d, %d tensors, %d KVs, header %s bytes, "
-                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.block,
+    logger.info("convert plan: %s -> %s, %s %s NextN block %s, %d tensors, %d KVs, header %s bytes, "
+                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.blocks,
                 len(plan.tensors), len(plan.kvs), f"{header_size:,}", f"{plan.bytes_to_write:,}", plan.outtype)
     for t in plan.tensors:
         logger.info("convert plan: %s %s %s at data offset %s (%s bytes): %s", t.name, t.type_name, list(t.shape),
@@ -439,7 +451,7 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
     raise CheckpointNotFoundError("no such folder, and not a Hub repo id (owner/name)", text)
 
 
-def _head_prefix(config: dict[str, Any]) -> str:
+def _head_prefix(config: dict[str, Any]) -> str | tuple[str, ...]:
     """The tensor-name prefix of the head a ``config.json`` describes (``mtp.``, ``model.layers.92.``)."""
     return model_class_for_config(config).head_prefix(config)
 
@@ -477,6 +489,7 @@ class ConvertReport(WriteReport):
             "hf_architecture": plan.hf_architecture,
             "architecture": plan.arch,
             "block": plan.block,
+            "nextn_blocks": plan.n_nextn,
             "standalone": plan.standalone,
             "outtype": plan.outtype,
             "head": summarize_head(t for t in plan.tensors if t.name.startswith("blk.")).to_dict(),
@@ -502,7 +515,7 @@ class ConvertReport(WriteReport):
         kind = "standalone MTP-only model" if plan.standalone else "draft"
         from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
         lines.append(
-            f"{kind}: {plan.arch} NextN block blk.{plan.block}, {len(plan.tensors) - from_target} head tensors"
+            f"{kind}: {plan.arch} NextN block {plan.blocks}, {len(plan.tensors) - from_target} head tensors"
             + (f" + {from_target} copied from the target" if from_target else "")
             + f", matrices: {plan.outtype}"
         )

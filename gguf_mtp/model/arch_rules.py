@@ -31,14 +31,17 @@ __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
     "GRAPH_NEXTN_BLOCKS",
-    "SPLICE_REFUSED",
+    "HEADS_REFUSED",
+    "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
     "exact_length_arrays",
     "extended_arrays",
     "is_known_arch",
     "layer_rules",
+    "refusal_for_hf",
     "rule_for",
+    "splice_refusal",
     "trunk_only_arrays",
     "unrun_nextn_note",
 ]
@@ -121,14 +124,20 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "mimo2": {
         "attention.sliding_window_pattern": _draft("mimo2.cpp:12 (get_arr); conversion/mimo.py:155", exact=False)
     },
-    # Tencent Hy3: only scalars (conversion/hunyuan.py).
-    "hy_v3": {},
+    # Tencent Hy3: the converter writes scalars (conversion/hunyuan.py:390-403); the loader also takes the expert
+    # width per layer (src/models/hy-v3.cpp:5, get_key_or_arr with length n_layer_all).
+    "hy_v3": {"expert_feed_forward_length": _draft("src/models/hy-v3.cpp:5 (get_key_or_arr, length n_layer_all)")},
     # Cohere2 MoE: the SWA pattern comes from HF layer_types (conversion/command_r.py:103).
     "cohere2moe": {
         "attention.sliding_window_pattern": _draft("conversion/command_r.py:103 (HF layer_types)", exact=False)
     },
-    # Ling-3.0: head_count_kv (common) is 1 for the MTP block; clamps padded (conversion/bailingmoe3.py:57-94).
-    "bailingmoe3": {"swiglu_clamp_exp": _draft(_SWIGLU), "swiglu_clamp_shexp": _draft(_SWIGLU)},
+    # Ling-3.0: head_count_kv (common) is 1 for the MTP block, 0 marking a KDA layer (conversion/bailingmoe3.py:57-58,
+    # src/models/bailingmoe3.cpp:35-37); clamps padded with 0.0 (conversion/bailingmoe3.py:82-94).
+    "bailingmoe3": {
+        "swiglu_clamp_exp": _draft("src/models/bailingmoe3.cpp:26 (get_key_or_arr, length n_layer_all)"),
+        "swiglu_clamp_shexp": _draft("src/models/bailingmoe3.cpp:27 (get_key_or_arr, length n_layer_all)"),
+        "expert_feed_forward_length": _draft("src/models/bailingmoe3.cpp:19 (get_key_or_arr, length n_layer_all)"),
+    },
     # DeepSeek-V4: compress_ratios is read with get_arr, at least block_count long (deepseek4.cpp:57-61).
     "deepseek4": {
         "attention.compress_ratios": _draft("src/models/deepseek4.cpp:57-61 (at least block_count)", exact=False),
@@ -167,13 +176,53 @@ def unrun_nextn_note(arch: str, nextn_blocks: int) -> str | None:
             f"the other {nextn_blocks - runs[0]} are loaded and never run")
 
 
-#: Architectures whose NextN head cannot be spliced into a trunk at all, and why.
-SPLICE_REFUSED: Mapping[str, str] = {
-    "deepseek4": (
-        "a DeepSeek-V4 MTP head carries its own hyper-connection head (hc_head_*) and runs only as a sidecar "
-        "(llama.cpp's --mtp export): use it with llama-server --spec-draft-model instead of composing it"
+@dataclass(frozen=True)
+class HeadRefusal:
+    """Why gguf-mtp makes no MTP head for an architecture llama.cpp knows."""
+
+    #: The Hugging Face ``architectures`` names of its checkpoints (what ``convert`` sees).
+    hf_architectures: tuple[str, ...]
+    #: One clause, with the llama.cpp source that says so.
+    reason: str
+    #: ``compose`` / ``graft`` refuse a draft of it too (its head cannot sit in a trunk at all).
+    splice: bool = False
+
+
+#: Architectures whose MTP head gguf-mtp does not make (``convert``) or splice (``compose``/``graft``, where
+#: :attr:`HeadRefusal.splice`), and why: the one place these reasons are written.
+HEADS_REFUSED: Mapping[str, HeadRefusal] = {
+    "cohere2moe": HeadRefusal(
+        ("Cohere2MoeForCausalLM",),
+        "no official MTP weights exist, and llama.cpp's converter has no --mtp for it "
+        "(conversion/command_r.py:65-68: no supports_mtp_export)",
+    ),
+    "glm5-next": HeadRefusal(
+        ("Glm5NextForConditionalGeneration",),
+        "this llama.cpp has no NextN graph for it (src/models/glm5-next.cpp:188-190: \"not implemented yet\")",
+    ),
+    "qwen4exp": HeadRefusal(
+        ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
+        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30)",
+    ),
+    "deepseek4": HeadRefusal(
+        ("DeepseekV4ForCausalLM",),
+        "a DeepSeek-V4 MTP head carries its own hyper-connection head (hc_head_*, conversion/deepseek.py:599-606) "
+        "and runs only as a sidecar: make it with llama.cpp's convert_hf_to_gguf.py --mtp and use it with "
+        "llama-server --spec-draft-model, never spliced into a trunk",
+        splice=True,
     ),
 }
+
+
+def refusal_for_hf(hf_architecture: str) -> tuple[str, HeadRefusal] | None:
+    """(GGUF architecture, refusal) of a Hugging Face architecture name whose head gguf-mtp does not make."""
+    return next(((arch, r) for arch, r in HEADS_REFUSED.items() if hf_architecture in r.hf_architectures), None)
+
+
+def splice_refusal(arch: str) -> str | None:
+    """Why a NextN head of GGUF architecture ``arch`` cannot be spliced into a trunk; ``None`` when it can."""
+    refusal = HEADS_REFUSED.get(arch)
+    return refusal.reason if refusal is not None and refusal.splice else None
 
 
 def is_known_arch(arch: str) -> bool:

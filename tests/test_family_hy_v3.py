@@ -1,0 +1,313 @@
+"""Tencent Hy3 (hy_v3): ``convert`` of the MTP layer, checked by value, by llama.cpp, and against llama.cpp's own
+convert_hf_to_gguf.py tensor for tensor.
+
+The upstream part converts one tiny full checkpoint (tencent/Hy3's keys and names, 2 shards + index with the MTP
+layer alone in the last, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences:
+:data:`ALLOWED` (tensors: none) and :data:`ALLOWED_KVS` (metadata of the composite against upstream's full file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from helpers import reader_kvs, reader_tensors
+from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
+
+from gguf_mtp.conversion import model_class_for_arch
+from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, SafetensorsFile
+from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.jobs.strip import strip
+from gguf_mtp.testing.tiny_checkpoints import write_safetensors
+from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
+
+Q = GGMLQuantizationType
+N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
+HEAD = f"model.layers.{N}."
+#: tensor -> why gguf-mtp's NextN block may differ from upstream's --mtp export: none (same names, types, bytes).
+ALLOWED: dict[str, str] = {}
+#: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion: none
+#: (upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
+ALLOWED_KVS: dict[str, str] = {}
+
+
+def _raw(folder: Path, name: str) -> bytes:
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors = SafetensorsFile(path).tensors
+        if name in tensors:
+            t = tensors[name]
+            with open(path, "rb") as f:
+                f.seek(t.offset)
+                return f.read(t.nbytes)
+    raise KeyError(name)
+
+
+def _widened(raw_bf16: bytes) -> bytes:
+    return ((np.frombuffer(raw_bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
+
+
+def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+    kwargs.setdefault("block", N)
+    return reader_tensors(convert(folder, out, progress=False, **kwargs).output)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def hy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_hy_checkpoint(tmp_path_factory.mktemp("hy") / "Hy3-tiny")
+
+
+def test_names_shapes_types_and_bytes(hy: Path, tmp_path: Path) -> None:
+    ours = _draft(hy, tmp_path / "d.gguf")
+    h, q, kv, d, e, f = 128, 128, 64, 32, 4, 64
+    expected = {
+        "nextn.eh_proj.weight": (Q.BF16, (2 * h, h)), "nextn.enorm.weight": (Q.F32, (h,)),
+        "nextn.hnorm.weight": (Q.F32, (h,)), "nextn.shared_head_norm.weight": (Q.F32, (h,)),
+        "attn_norm.weight": (Q.F32, (h,)), "attn_q.weight": (Q.BF16, (h, q)), "attn_k.weight": (Q.BF16, (h, kv)),
+        "attn_v.weight": (Q.BF16, (h, kv)), "attn_output.weight": (Q.BF16, (q, h)),
+        "attn_q_norm.weight": (Q.F32, (d,)), "attn_k_norm.weight": (Q.F32, (d,)), "ffn_norm.weight": (Q.F32, (h,)),
+        "ffn_gate_inp.weight": (Q.F32, (h, e)), "exp_probs_b": (Q.F32, (e,)),
+        "ffn_gate_exps.weight": (Q.BF16, (h, f, e)), "ffn_up_exps.weight": (Q.BF16, (h, f, e)),
+        "ffn_down_exps.weight": (Q.BF16, (f, h, e)), "ffn_gate_shexp.weight": (Q.BF16, (h, f)),
+        "ffn_up_shexp.weight": (Q.BF16, (h, f)), "ffn_down_shexp.weight": (Q.BF16, (f, h)),
+    }
+    assert {n: (t, s) for n, (t, s, _) in ours.items()} == {f"blk.{N}.{k}": v for k, v in expected.items()}
+    assert ours[f"blk.{N}.attn_q.weight"][2] == _raw(hy, HEAD + "self_attn.q_proj.weight")
+    assert ours[f"blk.{N}.nextn.shared_head_norm.weight"][2] == _widened(_raw(hy, HEAD + "final_layernorm.weight"))
+    assert ours[f"blk.{N}.ffn_norm.weight"][2] == _widened(_raw(hy, HEAD + "post_attention_layernorm.weight"))
+    assert ours[f"blk.{N}.ffn_gate_inp.weight"][2] == _raw(hy, HEAD + "mlp.router.gate.weight")  # F32 as it is
+    assert ours[f"blk.{N}.exp_probs_b"][2] == _raw(hy, HEAD + "mlp.expert_bias")
+    assert ours[f"blk.{N}.ffn_up_shexp.weight"][2] == _raw(hy, HEAD + "mlp.shared_mlp.up_proj.weight")
+    assert ours[f"blk.{N}.ffn_down_exps.weight"][2] == b"".join(
+        _raw(hy, f"{HEAD}mlp.experts.{i}.down_proj.weight") for i in range(e))
+    # the trunk is not the head: layer 1's q_proj is nowhere in the draft
+    assert _raw(hy, "model.layers.1.self_attn.q_proj.weight") not in {raw for _, _, raw in ours.values()}
+
+
+def test_registered_under_its_gguf_architecture() -> None:
+    assert model_class_for_arch("hy_v3") is HYV3MTPModel
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80}) == ("model.layers.80.",)
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80, "num_nextn_predict_layers": 2}) == (
+        "model.layers.80.", "model.layers.81.")
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": "80"}) == "model.layers."
+
+
+def test_draft_metadata_is_upstreams_for_hy_v3(hy: Path, tmp_path: Path) -> None:
+    kvs = reader_kvs(convert(hy, tmp_path / "d.gguf", block=N, progress=False).output)
+    values = {k[len("hy_v3."):]: v for k, (_, v) in kvs.items() if k.startswith("hy_v3.")}
+    assert values["block_count"] == N + 1 and values["nextn_predict_layers"] == 1
+    assert (values["expert_feed_forward_length"], values["expert_shared_feed_forward_length"]) == (64, 64)
+    assert values["expert_weights_norm"] is True and values["expert_gating_func"] == 2  # sigmoid
+    assert values["expert_weights_scale"] == pytest.approx(2.826)
+
+
+def test_no_mtp_layer_is_named(tmp_path: Path) -> None:
+    folder = write_hy_checkpoint(tmp_path / "hy")
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=0)))
+    with pytest.raises(CheckpointError, match="num_nextn_predict_layers = 0: the checkpoint has no MTP layer"):
+        convert(folder, tmp_path / "d.gguf", block=N, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
+
+
+def test_two_mtp_layers_become_two_blocks_renumbered_together(tmp_path: Path) -> None:
+    two = write_hy_checkpoint(tmp_path / "two", n_nextn=2)
+    report = convert(two, tmp_path / "d.gguf", block=5, progress=False)  # blk.5 and blk.6 whatever N is
+    assert report.plan.blocks == "blk.5..6" and "NextN block blk.5..6" in report.describe()[1]
+    ours = reader_tensors(report.output)
+    assert len(ours) == 40 and {n.split(".")[1] for n in ours} == {"5", "6"}
+    for layer, block in ((2, 5), (3, 6)):  # each layer's own bytes, experts stacked per layer
+        assert ours[f"blk.{block}.attn_q.weight"][2] == _raw(two, f"model.layers.{layer}.self_attn.q_proj.weight")
+        assert ours[f"blk.{block}.ffn_up_exps.weight"][2] == b"".join(
+            _raw(two, f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight") for e in range(4))
+        assert ours[f"blk.{block}.ffn_gate_inp.weight"][0] == Q.F32
+    kvs = reader_kvs(report.output)
+    assert (kvs["hy_v3.block_count"][1], kvs["hy_v3.nextn_predict_layers"][1]) == (7, 2)
+    # a missing expert of the second layer is named with its block
+    folder = tmp_path / "gap"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=2)))
+    tensors = [t for t in hy_tensors(n_nextn=2) if not t.name.startswith("model.layers.3.mlp.experts.1.")]
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=r"NextN block 1\) has 3 of 4 experts' \w+_proj .*missing experts 1"):
+        convert(folder, tmp_path / "gap.gguf", block=N, progress=False)
+
+
+def test_missing_expert_and_unknown_tensor_are_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "Hy"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config()))
+    tensors = [t for t in hy_tensors() if not t.name.startswith(HEAD + "mlp.experts.3.")]
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match=r"tensors for 3 experts \(none for experts 3\)"):
+        convert(folder, tmp_path / "d.gguf", block=N, progress=False)
+    odd = [t if t.name != HEAD + "enorm.weight" else type(t)(HEAD + "e_norm.weight", t.shape, t.dtype, t.fill)
+           for t in hy_tensors()]
+    write_safetensors(folder / "model.safetensors", odd)
+    with pytest.raises(CheckpointError, match=r"cannot map tensor 'model\.layers\.2\.e_norm\.weight'"):
+        convert(folder, tmp_path / "d.gguf", block=N, progress=False)
+
+
+def test_target_of_another_model_is_refused(hy: Path, tmp_path: Path) -> None:
+    # a trunk of another model relabelled hy_v3: 2 trunk blocks like the head's, experts of another width
+    glm = write_target(tmp_path / "glm", family=GLM4MOE, hparams=replace(HY_HPARAMS, n_ff_exp=32), quant="BF16",
+                       pattern="DE")
+    target = relabel_arch(glm, tmp_path / "t" / "hy.gguf", "hy_v3")
+    with pytest.raises(IncompatibleDraftError, match=r"expert_feed_forward_length = 64 \(config.json "
+                                                     r"moe_intermediate_size\), the target 32"):
+        convert(hy, tmp_path / "d.gguf", target=target, progress=False)
+    with pytest.raises(IncompatibleDraftError, match="target architecture is 'glm4moe'"):
+        convert(hy, tmp_path / "d.gguf", target=glm, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
+
+
+# --------------------------------------------------------------------------------------- upstream parity
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("hy-parity")
+    checkpoint = write_hy_checkpoint(work / "hf")
+    write_gpt2_tokenizer(checkpoint)
+    out = {
+        "checkpoint": checkpoint,
+        "full": upstream_convert(checkpoint, work / "full.gguf"),
+        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
+        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
+    }
+    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
+    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
+                                progress=False).output
+    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
+    return out
+
+
+def _assert_same_tensors(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        if name not in ALLOWED:
+            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+class TestUpstreamParity:
+    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
+        prefix = f"blk.{N}."
+        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(prefix)}
+        assert len(theirs) == 20  # NextN 4, attention 7 (QK norm), ffn_norm, MoE 5 + shared 3
+        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+
+    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
+        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
+        stripped = strip(upstream["full"], tmp_path / "stripped", progress=False).output_paths[0]
+        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
+        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
+        ours, theirs = reader_kvs(upstream["composite"]), reader_kvs(upstream["full"])
+        assert sorted(ours) == sorted(theirs)
+        assert [k for k in theirs if ours[k] != theirs[k] and k not in ALLOWED_KVS] == []
+
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.llama_check import check_with_llama
+
+        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
+        for check in (ours, theirs):
+            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
+        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
+        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
+        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
+
+    def test_standalone_loads_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.llama_check import check_with_llama
+
+        check = check_with_llama(upstream["standalone"], trunk=False)
+        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+
+
+@pytest.fixture(scope="module")
+def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two MTP layers (llama.cpp's converter and graph take several): upstream's full and ``--no-mtp`` files."""
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("hy2-parity")
+    checkpoint = write_hy_checkpoint(work / "hf", n_nextn=2)
+    write_gpt2_tokenizer(checkpoint)
+    out = {"full": upstream_convert(checkpoint, work / "full.gguf"),
+           "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")}
+    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
+    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
+                                progress=False).output
+    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
+    return out
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: dict[str, Path]) -> None:
+    from gguf_mtp.check.llama_check import check_with_llama
+
+    full = reader_tensors(upstream_two["full"])
+    theirs = {n: t for n, t in full.items() if n.startswith((f"blk.{N}.", f"blk.{N + 1}."))}
+    assert len(theirs) == 40
+    _assert_same_tensors(reader_tensors(upstream_two["draft"]), theirs)
+    _assert_same_tensors(reader_tensors(upstream_two["composite"]), full)
+    ours_kvs, their_kvs = reader_kvs(upstream_two["composite"]), reader_kvs(upstream_two["full"])
+    assert [k for k in their_kvs if ours_kvs.get(k) != their_kvs[k] and k not in ALLOWED_KVS] == []
+    ours, theirs_check = check_with_llama(upstream_two["composite"]), check_with_llama(upstream_two["full"])
+    assert ours.ok and ours.mtp_decode_ok, ours.summary() + ours.log_tail
+    assert (ours.n_layer, ours.n_layer_nextn) == (N, 2)
+    assert ours.mtp_logits_sha256 == theirs_check.mtp_logits_sha256
+    standalone = check_with_llama(upstream_two["standalone"], trunk=False)
+    assert standalone.ok and standalone.mtp_decode_ok and standalone.n_layer_nextn == 2, standalone.summary()
+
+
+def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 4 shards: the trunk, MTP layer 2, a shard holding only layer 20's stand-in (a prefix-alike), MTP layer 3
+    import huggingface_hub
+    from convert_support import fill_hub_cache
+    from huggingface_hub import constants as hf_constants
+
+    from gguf_mtp.conversion.safetensors_io import INDEX_NAME
+
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / CONFIG_NAME).write_text(json.dumps(hy_config(n_nextn=2)))
+    tensors = hy_tensors(n_nextn=2)
+    decoy = [type(t)("model.layers.20.enorm.weight", t.shape, t.dtype, t.fill)
+             for t in tensors if t.name == "model.layers.2.enorm.weight"]
+    parts = {"model-00001-of-00004.safetensors": [t for t in tensors if not t.name.startswith(("model.layers.2.",
+                                                                                                "model.layers.3."))],
+             "model-00002-of-00004.safetensors": [t for t in tensors if t.name.startswith("model.layers.2.")],
+             "model-00003-of-00004.safetensors": decoy,
+             "model-00004-of-00004.safetensors": [t for t in tensors if t.name.startswith("model.layers.3.")]}
+    weight_map = {}
+    for name, part in parts.items():
+        write_safetensors(folder / name, part)
+        weight_map |= {t.name: name for t in part}
+    (folder / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    calls: list[object] = []
+    real = huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda *a, **k: calls.append(k["allow_patterns"]) or real(*a, **k))
+    fill_hub_cache(cache, "tencent/Hy3-tiny", folder,
+                   leave_out=("model-00001-of-00004.safetensors", "model-00003-of-00004.safetensors"))
+    report = convert("tencent/Hy3-tiny", tmp_path / "d.gguf", block=N, progress=False)
+    assert calls == [[CONFIG_NAME, INDEX_NAME, "model-00002-of-00004.safetensors", "model-00004-of-00004.safetensors"]]
+    local = convert(folder, tmp_path / "local.gguf", block=N, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local) and len(reader_tensors(local)) == 40
