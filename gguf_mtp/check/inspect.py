@@ -21,6 +21,7 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
     block_indices,
     block_layout_problem,
@@ -107,6 +108,8 @@ class ModelSummary:
     http_requests: int | None = None
     mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
     standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
+    #: more NextN blocks than llama.cpp's MTP graph of the architecture runs (arch_rules.nextn_graph_note)
+    graph_note: str | None = None
 
     @property
     def trunk_blocks(self) -> int | None:
@@ -160,6 +163,7 @@ class ModelSummary:
             "mtp_only": self.mtp_only,
             "standalone": self.standalone,
             "mtp_verdict": self.mtp_verdict,
+            "nextn_graph_note": self.graph_note,
             "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds)
             if self.layer_kinds
             else None,
@@ -192,6 +196,8 @@ class ModelSummary:
         if self.mtp_only:
             extra = f", with {', '.join(DRAFT_GLOBAL_TENSORS)}" if self.standalone else ""
             lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
+        if self.graph_note:
+            lines.append(f"  note: {self.graph_note}")
         for block, names in self.nextn_missing.items():
             lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
         if self.stray_blocks:
@@ -356,6 +362,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         http_requests=model.http_requests if model.remote else None,
         mtp_only=mtp_only,
         standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
+        graph_note=nextn_graph_note(arch, nextn),
     )
 
 

@@ -36,6 +36,7 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.formatting import human_bytes, short, short_change
 from gguf_mtp.hub.remote import is_hub_path
+from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
     BlockLayout,
     block_indices,
@@ -255,6 +256,9 @@ def _nextn_check(
         {int(m["block"]) for n in names if (m := BLOCK_TENSOR.match(n)) and int(m["block"]) >= layout.block_count}
     )
     problems += [f"tensors of blk.{b}, beyond block_count {layout.block_count}" for b in stray]
+    graph_note = nextn_graph_note(layout.arch, layout.nextn)
+    if graph_note:
+        problems.append(graph_note)
     blocks = ", ".join(f"blk.{b}" for b in range(layout.trunk, layout.block_count))
     per_block = sum(1 for n in names if n.startswith(f"blk.{layout.trunk}."))
     return _check("NextN tensors", problems, f"{blocks} declared; {per_block} tensors incl. nextn.eh_proj/enorm/hnorm")

@@ -30,6 +30,7 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue
 __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
+    "MTP_GRAPH_BLOCKS",
     "SPLICE_REFUSED",
     "LayerKeyRule",
     "NextNValue",
@@ -37,6 +38,7 @@ __all__ = [
     "extended_arrays",
     "is_known_arch",
     "layer_rules",
+    "nextn_graph_note",
     "rule_for",
     "trunk_only_arrays",
 ]
@@ -144,6 +146,40 @@ SPLICE_REFUSED: Mapping[str, str] = {
         "(llama.cpp's --mtp export): use it with llama-server --spec-draft-model instead of composing it"
     ),
 }
+
+
+#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs, and where it says so:
+#: ``None`` for every block the file has (the speculative driver chains them, block k at
+#: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp:1543, 1630), else the one count its graph
+#: accepts (``GGML_ASSERT(hparams.n_layer_nextn == 1 ...)`` in the graph's constructor: any other count aborts the
+#: MTP decode).
+MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {
+    "glm4moe": (1, "src/models/glm4-moe.cpp:135"),
+    "deepseek2": (1, "src/models/deepseek2.cpp:173"),
+    "deepseek32": (1, "src/models/deepseek32.cpp:498"),
+    "glm-dsa": (1, "src/models/glm-dsa.cpp:542"),
+    "qwen35": (1, "src/models/qwen35.cpp:489"),
+    "qwen35moe": (1, "src/models/qwen35moe.cpp:554"),
+    "qwen3next": (1, "src/models/qwen3next.cpp:631"),
+    "nemotron_h_moe": (1, "src/models/nemotron-h-moe.cpp:13"),
+    "bailingmoe3": (1, "src/models/bailingmoe3.cpp:426"),
+    "cohere2moe": (1, "src/models/cohere2moe.cpp:293"),
+    "deepseek4": (1, "src/models/deepseek4.cpp:1365"),
+    "step35": (None, "src/models/step35.cpp:174-179, 376-379 (block nextn_layer_offset)"),
+    "mimo2": (None, "src/models/mimo2.cpp:276-279 (block nextn_layer_offset)"),
+    "hy_v3": (None, "src/models/hy-v3.cpp:247-250 (block nextn_layer_offset)"),
+}
+
+
+def nextn_graph_note(arch: str | None, nextn: int) -> str | None:
+    """One line when a file has more NextN blocks than llama.cpp's MTP graph of ``arch`` runs (the graph then
+    refuses the file's MTP decode), ``None`` otherwise (also for an architecture without an MTP graph)."""
+    graph = MTP_GRAPH_BLOCKS.get(arch or "")
+    if graph is None or graph[0] is None or nextn <= graph[0]:
+        return None
+    runs, source = graph
+    return (f"{nextn} NextN blocks, but llama.cpp's {arch} MTP graph runs exactly {runs} ({source}: "
+            f"GGML_ASSERT n_layer_nextn == {runs}): its MTP decode aborts on this file")
 
 
 def is_known_arch(arch: str) -> bool:
