@@ -65,6 +65,7 @@ __all__ = [
     "MAX_WIDTH",
     "OUTTYPES",
     "U32_MAX",
+    "BlockIndex",
     "ExpertStack",
     "HeadGGUFWriter",
     "HeadModel",
@@ -75,6 +76,7 @@ __all__ = [
     "config_bool",
     "config_float",
     "config_int",
+    "shown_name",
     "tensor_segments",
 ]
 
@@ -212,6 +214,32 @@ def config_bool(config: dict[str, Any], key: str, *, where: str | os.PathLike[st
 
 
 # ------------------------------------------------------------------------------------------ tensors
+
+
+class BlockIndex(int):
+    """The first NextN block's index, as GGUF name templates are formatted with it: ``{bid}`` is the block
+    itself, ``{bid[k]}`` the k-th block after it (a head of several NextN blocks, renumbered together)."""
+
+    def __getitem__(self, offset: int) -> int:
+        return int(self) + offset
+
+
+class _ShownBlock:
+    """``{bid}`` shown as ``N`` and ``{bid[k]}`` as ``N+k`` in messages about a name template."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+
+    def __format__(self, spec: str) -> str:
+        return f"N+{self.offset}" if self.offset else "N"
+
+    def __getitem__(self, offset: int) -> _ShownBlock:
+        return _ShownBlock(offset)
+
+
+def shown_name(template: str) -> str:
+    """A GGUF name template for messages: ``blk.{bid[1]}.attn_q.weight`` -> ``blk.N+1.attn_q.weight``."""
+    return template.format(bid=_ShownBlock())
 
 
 @dataclass(frozen=True)
@@ -525,6 +553,9 @@ class HeadModel:
         #: (config key or derivation, value) for every hyperparameter read, in reading order (for messages).
         self._origins: list[tuple[str, Any]] = []
         self._experts: dict[str, ExpertStack] = {}
+        #: How many NextN blocks the head has (``blk.{N}`` .. ``blk.{N + n_nextn - 1}``); a family with several
+        #: sets it from config.json.
+        self.n_nextn = 1
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -542,7 +573,7 @@ class HeadModel:
         :meth:`nextn_layer_values` / :meth:`trunk_layer_values`). The base writes the common ones, as
         llama.cpp's ``TextModel.set_gguf_parameters`` does; a family calls it first, then adds its own."""
         writer.add_block_count(n_layers)
-        writer.add_nextn_predict_layers(1)
+        writer.add_nextn_predict_layers(self.n_nextn)
         if self.context_length is not None:
             writer.add_context_length(self.context_length)
         writer.add_embedding_length(self.n_embd)
@@ -563,6 +594,11 @@ class HeadModel:
     def nextn_layer_values(self) -> dict[str, int]:
         """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
         raise NotImplementedError
+
+    def nextn_block_values(self, offset: int) -> dict[str, Any]:
+        """Per-layer array -> the entry of the ``offset``-th NextN block (a family whose blocks differ overrides
+        it; by default every block takes :meth:`nextn_layer_values`)."""
+        return dict(self.nextn_layer_values())
 
     def own_layer_arrays(self) -> tuple[str, ...]:
         """The per-layer arrays this family writes, like llama.cpp's converter does for the model."""
@@ -768,9 +804,11 @@ class HeadModel:
                 message = f"{origin} = {_shown(value)} cannot be written as {e.key} ({entry}{e.reason})"
             raise CheckpointError(message, self.config_path) from None
 
-    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight") -> str:
-        """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``)."""
-        return TENSOR_NAMES[key] + suffix
+    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", offset: int = 0) -> str:
+        """gguf-py's name for ``key`` with ``{bid}`` left in (``blk.{bid}.nextn.eh_proj.weight``); for the
+        ``offset``-th NextN block after the first, ``{bid[offset]}`` (see :class:`BlockIndex`)."""
+        name = TENSOR_NAMES[key] + suffix
+        return name.replace("{bid}", f"{{bid[{offset}]}}") if offset else name
 
     def head_tensors(self) -> list[SafetensorsTensor]:
         """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights
@@ -825,19 +863,19 @@ class HeadModel:
             for name, source in self.modify_tensors(tensor):
                 if name in mapped:
                     raise CheckpointError(
-                        f"{', '.join(source.names[:1])} and {mapped[name].names[0]} both map to {name.format(bid='N')}",
+                        f"{', '.join(source.names[:1])} and {mapped[name].names[0]} both map to {shown_name(name)}",
                         tensor.path,
                     )
                 mapped[name] = source
         self.finish_tensors()
         unknown = [n for n in mapped if n not in expected]
         if unknown:
-            raise CheckpointError(f"{self.arch}: no NextN tensor {unknown[0].format(bid='N')} is expected",
+            raise CheckpointError(f"{self.arch}: no NextN tensor {shown_name(unknown[0])} is expected",
                                   mapped[unknown[0]].parts[0].path)
         missing = [n for n in expected if n not in mapped]
         if missing:
             raise CheckpointError(
-                f"the MTP head lacks {len(missing)} tensor(s) llama.cpp needs, e.g. {missing[0].format(bid='N')}",
+                f"the MTP head lacks {len(missing)} tensor(s) llama.cpp needs, e.g. {shown_name(missing[0])}",
                 self.checkpoint.folder,
             )
         for name, shape in expected.items():
@@ -848,7 +886,7 @@ class HeadModel:
                     what = f"{len(source.parts)} stacked tensors like {what}"
                 raise CheckpointError(
                     f"{what} has shape {list(source.shape)}, config.json implies {list(shape)} "
-                    f"(for {name.format(bid='N')})",
+                    f"(for {shown_name(name)})",
                     source.parts[0].path,
                 )
         return [(name, mapped[name]) for name in expected]
@@ -859,15 +897,16 @@ class HeadModel:
         """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
         ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32; FP8
         becomes :attr:`auto_outtype`)."""
-        router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
-        if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or name == router:
+        router = TENSOR_NAMES[MODEL_TENSOR.FFN_GATE_INP].split(".", 2)[-1] + ".weight"
+        if (len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+                or name.split(".", 2)[-1] == router):
             return Q.F32
         if outtype is None:
             outtype = self.auto_outtype if source.dtype in FP8_DTYPES else FLOAT_DTYPES.get(source.dtype) or Q.F32
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.
-            note = (f"{name.format(bid='N')}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
+            note = (f"{shown_name(name)}: rows of {source.shape[-1]} do not split into {outtype.name} blocks of "
                     f"{block_size}; written as F16")
             if note not in self.notes:
                 self.notes.append(note)
@@ -906,8 +945,8 @@ class HeadModel:
                 )
 
     def layer_arrays(self, block: int, target: ShardSet | None) -> dict[str, tuple[GGUFValueType, list[Any]]]:
-        """The per-layer arrays of a draft whose NextN block is ``block``: ``{arch}.`` suffix ->
-        (element type, ``block + 1`` entries), the NextN entry last.
+        """The per-layer arrays of a draft whose first NextN block is ``block``: ``{arch}.`` suffix ->
+        (element type, ``block + n_nextn`` entries), the NextN blocks' entries last.
 
         Trunk entries come from the target's own arrays when given (element types kept), else from
         config.json's layer pattern when it describes ``block`` blocks, else zeros (compose only reads
@@ -916,11 +955,15 @@ class HeadModel:
         Raises:
             IncompatibleDraftError: the target has a per-layer array whose NextN value is unknown here.
         """
-        nextn = self.nextn_layer_values()
+        per_block = [self.nextn_block_values(offset) for offset in range(self.n_nextn)]
+        nextn = per_block[0]
         arrays: dict[str, tuple[GGUFValueType, list[Any]]] = {}
         trunk = self.trunk_layer_values(block) or {}
         for suffix in self.own_layer_arrays():
-            arrays[suffix] = (GGUFValueType.INT32, [*trunk.get(suffix, [0] * block), nextn[suffix]])
+            entries = [values[suffix] for values in per_block]
+            etype = GGUFValueType.get_type(entries[0])
+            zero = type(entries[0])()  # 0, 0.0 or False where config.json gives no trunk entries
+            arrays[suffix] = (etype, [*trunk.get(suffix, [zero] * block), *entries])
         if target is not None:
             for kv in per_layer_keys(target.first, self.arch, target.block_count):
                 suffix = kv.key[len(self.arch) + 1 :]
@@ -931,13 +974,15 @@ class HeadModel:
                         target.name,
                     )
                 etype, entries = layer_array(kv, target.name)
-                arrays[suffix] = (etype, [*entries, nextn[suffix]])
+                arrays[suffix] = (etype, [*entries, *(values[suffix] for values in per_block)])
         return arrays
 
     def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:
-        """:meth:`map_tensors` with the block index filled in and the output types chosen."""
+        """:meth:`map_tensors` with the block indices filled in (``block`` the first NextN block's) and the output
+        types chosen."""
+        first = BlockIndex(block)
         return [
-            MappedTensor(name.format(bid=block), source, self.output_type(name, source, outtype))
+            MappedTensor(name.format(bid=first), source, self.output_type(name, source, outtype))
             for name, source in self.map_tensors()
         ]
 

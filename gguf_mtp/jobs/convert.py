@@ -93,7 +93,7 @@ class ConversionPlan:
     checkpoint: Checkpoint
     hf_architecture: str
     arch: str
-    block: int
+    block: int  # the first NextN block's index
     standalone: bool
     outtype: str  # "bf16", "q8_0", ... or "source"
     output: OutputFile
@@ -101,10 +101,18 @@ class ConversionPlan:
     kvs: tuple[KeyValue, ...]
     target: ShardSet | None = None
     notes: tuple[str, ...] = ()
+    nextn_blocks: int = 1  # how many NextN blocks, blk.{block} .. blk.{block + nextn_blocks - 1}
 
     @property
     def path(self) -> Path:
         return self.output.path
+
+    @property
+    def blocks_text(self) -> str:
+        """``NextN block blk.45`` or ``3 NextN blocks blk.45-47``."""
+        if self.nextn_blocks == 1:
+            return f"NextN block blk.{self.block}"
+        return f"{self.nextn_blocks} NextN blocks blk.{self.block}-{self.block + self.nextn_blocks - 1}"
 
     @property
     def bytes_to_write(self) -> int:
@@ -197,7 +205,7 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
     """The metadata of a draft: what the head implies, its per-layer arrays, the file type."""
     writer.add_name(name)
     with model.writing_config_values():
-        model.set_gguf_parameters(writer, block + 1)
+        model.set_gguf_parameters(writer, block + model.n_nextn)
         for suffix, (etype, values) in model.layer_arrays(block, target).items():
             writer.add_key_value(f"{model.arch}.{suffix}", values, GGUFValueType.ARRAY, etype)
     if len(matrix_types) == 1:
@@ -205,7 +213,7 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
 
 
 def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet) -> None:
-    """The target's metadata in its own order and encodings, grown by one NextN block."""
+    """The target's metadata in its own order and encodings, grown by the head's NextN blocks."""
     arch = model.arch
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     arrays = model.layer_arrays(block, target)
@@ -216,7 +224,7 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
         if key == count_key:
             if kv.vtype not in INT_RANGES:
                 raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", target.name)
-            kv = encode_kv(key, kv.vtype, check_int(block + 1, kv.vtype, f"{target.name}: {key}"))
+            kv = encode_kv(key, kv.vtype, check_int(block + model.n_nextn, kv.vtype, f"{target.name}: {key}"))
         elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
             etype, values = arrays[key[len(arch) + 1 :]]
             with model.writing_config_values():
@@ -224,10 +232,11 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
             continue
         writer.add_copied_kv(kv)
     if nextn_key not in target.first.kvs:
-        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, 1))
+        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, model.n_nextn))
     else:
         kv = target.first.kvs[nextn_key]
-        writer.add_copied_kv(encode_kv(nextn_key, kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32, 1))
+        vtype = kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32
+        writer.add_copied_kv(encode_kv(nextn_key, vtype, model.n_nextn))
 
 
 @dataclass(frozen=True)
@@ -326,6 +335,9 @@ def plan_conversion(
     else:
         model = model_class(checkpoint)
     index = _block_index(target, block, standalone, model.default_block())
+    if index + model.n_nextn > LLAMA_MAX_LAYERS:
+        raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
+                             f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
     wanted_type = _outtype(outtype)
     if target is not None:
         model.check_target(target)
@@ -369,6 +381,7 @@ def plan_conversion(
         kvs=tuple(kvs),
         target=target,
         notes=tuple(model.notes),
+        nextn_blocks=model.n_nextn,
     )
     _log_plan(plan, len(header))
     return plan
@@ -377,8 +390,8 @@ def plan_conversion(
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:
     """The plan at INFO (one summary line, the tensors), the KVs at DEBUG."""
     kind = "standalone MTP-only model" if plan.standalone else "draft"
-    logger.info("convert plan: %s -> %s, %s %s NextN block blk.%d, %d tensors, %d KVs, header %s bytes, "
-                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.block,
+    logger.info("convert plan: %s -> %s, %s %s %s, %d tensors, %d KVs, header %s bytes, "
+                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.blocks_text,
                 len(plan.tensors), len(plan.kvs), f"{header_size:,}", f"{plan.bytes_to_write:,}", plan.outtype)
     for t in plan.tensors:
         logger.info("convert plan: %s %s %s at data offset %s (%s bytes): %s", t.name, t.type_name, list(t.shape),
@@ -453,6 +466,7 @@ class ConvertReport(WriteReport):
             "hf_architecture": plan.hf_architecture,
             "architecture": plan.arch,
             "block": plan.block,
+            "nextn_blocks": plan.nextn_blocks,
             "standalone": plan.standalone,
             "outtype": plan.outtype,
             "target": [str(p) for p in plan.target.paths] if plan.target is not None else None,
@@ -477,7 +491,7 @@ class ConvertReport(WriteReport):
         kind = "standalone MTP-only model" if plan.standalone else "draft"
         from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
         lines.append(
-            f"{kind}: {plan.arch} NextN block blk.{plan.block}, {len(plan.tensors) - from_target} head tensors"
+            f"{kind}: {plan.arch} {plan.blocks_text}, {len(plan.tensors) - from_target} head tensors"
             + (f" + {from_target} copied from the target" if from_target else "")
             + f", matrices: {plan.outtype}"
         )
