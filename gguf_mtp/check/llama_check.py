@@ -3,7 +3,9 @@
 A load alone proves little: llama.cpp quietly treats a file whose NextN block lacks e.g.
 ``nextn.eh_proj`` as trunk-only, and without ``load_mtp`` it never reads NextN data. So the probe
 loads with ``load_mtp`` and ``check_tensors``, runs one trunk decode and one decode step of an
-MTP-type context through the NextN block, and checks the logits are finite. It runs in a subprocess
+MTP-type context through each NextN block (``llama_set_nextn_layer_offset`` selects the block when there
+are several), and checks the logits are finite. An MTP-only file (a draft) gets no trunk decode: it has
+no trunk graph, and llama.cpp crashes trying one. It runs in a subprocess
 because a failed GGML assert aborts the whole process; llama.cpp's own messages (stderr) are kept.
 
 The check is about the file, not about fast kernels, so its result must not depend on the CPU the build
@@ -76,13 +78,14 @@ class LlamaCheck:
     n_layer: int | None = None
     n_layer_nextn: int | None = None
     trunk_decode_ok: bool | None = None  # None: not attempted
-    mtp_decode_ok: bool | None = None
+    mtp_decode_ok: bool | None = None  # every NextN block's MTP decode step succeeded
     mtp_logits_finite: bool | None = None
+    mtp_blocks_decoded: int | None = None  # NextN blocks an MTP decode step ran through
     error: str | None = None  # llama.cpp's reason, when it refused
     crashed: str | None = None  # signal name, when llama.cpp died by a signal (a llama.cpp/build problem)
     log_tail: str = ""
-    #: sha256 of the last token's logits (float32) of the trunk and the MTP step: equal digests of two files
-    #: mean llama.cpp computes bit-identical logits from them (same build, same inputs).
+    #: sha256 of the last token's logits (float32) of the trunk and the MTP step (the first NextN block's):
+    #: equal digests of two files mean llama.cpp computes bit-identical logits from them (same build, inputs).
     trunk_logits_sha256: str | None = None
     mtp_logits_sha256: str | None = None
 
@@ -106,7 +109,8 @@ class LlamaCheck:
             parts.append("trunk decode " + ("ok" if self.trunk_decode_ok else "FAILED"))
         if self.mtp_decode_ok is not None:
             finite = "" if self.mtp_logits_finite in (None, True) else " (non-finite logits)"
-            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + finite)
+            blocks = f" through {self.mtp_blocks_decoded} NextN blocks" if (self.mtp_blocks_decoded or 0) > 1 else ""
+            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + blocks + finite)
         if self.error:
             parts.append(self.error)
         return "llama.cpp loaded it: " + ", ".join(parts)
@@ -325,17 +329,30 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
             out["trunk_decode_ok"] = rc == 0 and finite
             llama.llama_free(ctx)
     if mtp and out["n_layer_nextn"] > 0:
-        _emit(out, "mtp")
-        ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
-        if not ctx:
-            out["mtp_decode_ok"] = False
-            out["error"] = "could not create an MTP context"
-        else:
-            hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
-            rc, finite, out["mtp_logits_sha256"] = _decode(llama, ctx, tokens, hidden, n_vocab)
-            out["mtp_decode_ok"] = rc == 0
-            out["mtp_logits_finite"] = finite
+        out["mtp_blocks_decoded"] = 0
+        hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
+        for offset in range(out["n_layer_nextn"]):  # one MTP decode step through each NextN block
+            _emit(out, "mtp")
+            ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
+            if not ctx:
+                out["mtp_decode_ok"] = False
+                out["error"] = "could not create an MTP context"
+                break
+            if offset:
+                from llama_cpp import llama_cpp_ext  # the selector of the NextN block (llama-ext.h)
+
+                llama_cpp_ext.llama_set_nextn_layer_offset(ctx, offset)
+            rc, finite, digest = _decode(llama, ctx, tokens, hidden, n_vocab)
             llama.llama_free(ctx)
+            if offset == 0:
+                out["mtp_logits_sha256"] = digest
+            out["mtp_decode_ok"] = rc == 0 and out.get("mtp_decode_ok", True)
+            out["mtp_logits_finite"] = finite and out.get("mtp_logits_finite", True)
+            if rc != 0:
+                if out["n_layer_nextn"] > 1:
+                    out["error"] = f"the MTP decode step through NextN block {offset} failed (llama_decode: {rc})"
+                break
+            out["mtp_blocks_decoded"] += 1
     elif mtp:
         out["mtp_decode_ok"] = None
     llama.llama_model_free(model)

@@ -53,6 +53,7 @@ FAMILY_MODULES: dict[str, str] = {
     "Qwen3_5ForCausalLM": "qwen35",
     "Qwen3_5ForConditionalGeneration": "qwen35",
     "Qwen3NextForCausalLM": "qwen35",
+    "Step3p5ForCausalLM": "step35",
 }
 
 

@@ -53,7 +53,7 @@ from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
 from .fp8 import FP8_DTYPES, BlockScaledTensor, dequantized_head, quantization_of
-from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
+from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = [
     "EXPERT_LIMIT",
@@ -480,6 +480,11 @@ def _typed_array(val: Any, sub_type: GGUFValueType | None, key: str) -> GGUFArra
 # -------------------------------------------------------------------------------------------- model
 
 
+def _either(prefix: NamePrefix) -> str:
+    """``'mtp.'`` or ``'model.layers.45.' or 'model.layers.46.'`` for messages."""
+    return " or ".join(repr(p) for p in ((prefix,) if isinstance(prefix, str) else prefix))
+
+
 def _gave(read: Any, written: Any) -> bool:
     """Whether a value read from config.json is (or, for a list, holds) a value being written."""
     if isinstance(read, (list, tuple)):
@@ -502,7 +507,7 @@ class HeadModel:
     #: The GGUF architecture the head belongs to.
     model_arch: ClassVar[MODEL_ARCH]
     #: Checkpoint tensors of the MTP head start with this.
-    tensor_prefix: ClassVar[str] = "mtp."
+    tensor_prefix: ClassVar[NamePrefix] = "mtp."
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
@@ -517,6 +522,10 @@ class HeadModel:
     has_rope: ClassVar[bool] = True
     #: config.json spellings of the norm epsilon, and the value written when none is set.
     norm_eps_keys: ClassVar[tuple[str, ...]] = ("rms_norm_eps",)
+    #: config.json spellings of the KV head count and of the expert counts (routed, used per token).
+    n_head_kv_keys: ClassVar[tuple[str, ...]] = ("num_key_value_heads", "n_head_kv")
+    expert_count_keys: ClassVar[tuple[str, ...]] = ("n_routed_experts", "num_experts")
+    expert_used_keys: ClassVar[tuple[str, ...]] = ("num_experts_per_tok",)
     default_norm_eps: ClassVar[float] = 1e-5
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
@@ -538,7 +547,7 @@ class HeadModel:
         return decorate
 
     @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> str:
+    def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
         """The name prefix of the head's tensors for a ``config.json`` (what is downloaded and opened)."""
         return cls.tensor_prefix
 
@@ -614,12 +623,12 @@ class HeadModel:
         checks = [
             TargetCheck("embedding_length", self.n_embd, self._origin_of("hidden_size")),
             TargetCheck("attention.head_count", self.n_head, self._origin_of("num_attention_heads")),
-            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of("num_key_value_heads")),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of(*self.n_head_kv_keys)),
             TargetCheck("attention.key_length", self.head_dim, "head_dim"),
         ]
         if self.has_experts:
             checks += [TargetCheck("expert_count", self.n_expert, self.expert_count_key),
-                       TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok")]
+                       TargetCheck("expert_used_count", self.n_expert_used, self._origin_of(*self.expert_used_keys))]
         if self.vocab_size is not None:
             checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
         return checks
@@ -679,7 +688,7 @@ class HeadModel:
         need, may = self.hparam_int, self.optional_hparam_int
         self.n_embd = need(["hidden_size", "d_model"])
         self.n_head = need(["num_attention_heads", "n_head"])
-        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        self.n_head_kv = need(list(self.n_head_kv_keys), maximum=self.n_head)
         head_dim = may(["head_dim", "attention_head_dim"])
         if head_dim is None:
             if self.n_embd % self.n_head:
@@ -692,9 +701,9 @@ class HeadModel:
         self.norm_eps = self.optional_hparam_float(list(self.norm_eps_keys), maximum=1.0)
         self.rope_theta = self._read_rope_theta() if self.has_rope else None
         if self.has_experts:
-            self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
-            self.expert_count_key = self._origin_of("n_routed_experts", "num_experts")
-            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+            self.n_expert = need(list(self.expert_count_keys), maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
+            self.expert_count_key = self._origin_of(*self.expert_count_keys)
+            self.n_expert_used = need(list(self.expert_used_keys), maximum=self.n_expert)
             self._check_expert_count()
 
     def _read_rope_theta(self) -> float | None:
@@ -821,7 +830,7 @@ class HeadModel:
         head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
         if not head:
             raise CheckpointError(
-                f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
+                f"no MTP head: no tensor name starts with {_either(self.tensor_prefix)} (no MTP layers in it?)",
                 self.checkpoint.folder,
             )
         quant = quantization_of(self.hparams, self.config_path)

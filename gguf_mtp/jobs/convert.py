@@ -32,7 +32,7 @@ from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, OUTTYPES
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
-from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
+from gguf_mtp.conversion.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
@@ -428,7 +428,7 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
     raise CheckpointNotFoundError("no such folder, and not a Hub repo id (owner/name)", text)
 
 
-def _head_prefix(config: dict[str, Any]) -> str:
+def _head_prefix(config: dict[str, Any]) -> NamePrefix:
     """The tensor-name prefix of the head a ``config.json`` describes (``mtp.``, ``model.layers.92.``)."""
     return model_class_for_config(config).head_prefix(config)
 
