@@ -52,7 +52,7 @@ from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
-from .fp8 import FP8_DTYPES, BlockScaledTensor, dequantized_head, quantization_of
+from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, dequantized_head, quantization_of
 from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = [
@@ -835,7 +835,7 @@ class HeadModel:
             )
         quant = quantization_of(self.hparams, self.config_path)
         if quant is not None:
-            head = dequantized_head(head, quant, self.checkpoint.tensors)
+            head = self.dequantize(head, quant)
         for tensor in head:
             if isinstance(tensor, BlockScaledTensor):
                 continue
@@ -847,6 +847,11 @@ class HeadModel:
                 raise CheckpointError(f"tensor {tensor.name!r} is {tensor.dtype}: {why}; use the BF16 checkpoint",
                                       tensor.path)
         return head
+
+    def dequantize(self, head: list[SafetensorsTensor], quant: BlockFP8) -> list[SafetensorsTensor]:
+        """The head's tensors of a block-scaled FP8 checkpoint, FP8 weights paired with their scales
+        (:func:`.fp8.dequantized_head`); a family whose checkpoints lay some scales out otherwise overrides it."""
+        return dequantized_head(head, quant, self.checkpoint.tensors)
 
     @functools.cached_property
     def auto_outtype(self) -> GGMLQuantizationType:
