@@ -100,8 +100,9 @@ def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architectur
     assert model_class_for_arch(ARCH) is by_hf
     assert by_hf.hf_architectures == ("NemotronHForCausalLM",)
     assert supported_architectures() == sorted([
-        "Glm4MoeForCausalLM", "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
-        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+        "Glm4MoeForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "NemotronHForCausalLM",
+        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration", "Step3p5ForCausalLM",
     ])
     assert model_class_for_arch("glm4moe") is get_model_class("Glm4MoeForCausalLM")
     assert get_model_class("Qwen3_5MoeForCausalLM") is get_model_class("Qwen3_5MoeForConditionalGeneration")

@@ -84,11 +84,11 @@ def test_expert_of_the_wrong_shape_is_refused(head: Path, tmp_path: Path) -> Non
 
 def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Path) -> None:
     config = json.loads((head / "config.json").read_text())
-    config["architectures"] = ["MiMoV2FlashForCausalLM"]
+    config["architectures"] = ["LlamaForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
-    supported = "Glm4MoeForCausalLM, NemotronHForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM"
-    assert f"'MiMoV2FlashForCausalLM' is not supported; supported: {supported}, " in str(error)
+    supported = "Glm4MoeForCausalLM, MiMoV2FlashForCausalLM, MiMoV2ForCausalLM, NemotronHForCausalLM"
+    assert f"'LlamaForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 
 def test_config_that_is_not_json_is_refused(head: Path, tmp_path: Path) -> None:
