@@ -21,6 +21,7 @@ from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.conversion.step35 import Step35MTPModel
+from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 
@@ -84,6 +85,10 @@ def test_head_prefix_names_only_the_mtp_layers(step: Path, tmp_path: Path) -> No
     config = {"num_hidden_layers": 45, "num_nextn_predict_layers": 3}
     assert Step35MTPModel.head_prefix(config) == ("model.layers.45.", "model.layers.46.", "model.layers.47.")
     assert Step35MTPModel.head_prefix({"num_hidden_layers": "45"}) == "model.layers."
+    # what a Hub download fetches: the shards holding model.layers.45-47 only (not model.layers.4*)
+    weight_map = {"model.layers.4.mlp.gate_proj.weight": "a", "model.layers.44.eh_proj.weight": "b",
+                  "model.layers.45.eh_proj.weight": "c", "model.layers.47.enorm.weight": "d"}
+    assert head_files(weight_map, Step35MTPModel.head_prefix(config)) == ["c", "d"]
     # with the index, only the shard of the MTP layers is needed
     folder = tmp_path / "selective" / step.name
     folder.mkdir(parents=True)
