@@ -240,3 +240,37 @@ def test_unsharded_fp8_head_runs_in_llama_through_every_block(
         check = check_with_llama(path, trunk=with_trunk)
         assert check.ok and check.mtp_logits_finite, check.summary() + check.log_tail
         assert (check.n_layer_nextn, check.mtp_blocks_decoded) == (3, 3)
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """upstream/05-mimo-unsharded-fp8-qkv: with the patch, llama.cpp's converter takes the unsharded layout as one
+    rank; its output then equals gguf-mtp's (the patch's proof)."""
+    import subprocess
+
+    from gguf_mtp.check.llama_check import check_with_llama
+    from upstream import ROOT, llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
+
+    tree = tmp_path / "llama.cpp"
+    shutil.copytree(llama_cpp_tree(), tree, ignore=shutil.ignore_patterns(".complete"))
+    patch = ROOT / "upstream/05-mimo-unsharded-fp8-qkv/mimo-unsharded-fp8-qkv.patch"
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
+    checkpoint = tmp_path / "hf"
+    shutil.copytree(checkpoints["unsharded"], checkpoint)
+    write_gpt2_tokenizer(checkpoint)
+    full = upstream_convert(checkpoint, tmp_path / "full.gguf", tree=tree)
+    trunk = upstream_convert(checkpoint, tmp_path / "no-mtp.gguf", "--no-mtp", tree=tree)
+    mtp = upstream_convert(checkpoint, tmp_path / "mtp.gguf", "--mtp", tree=tree)
+    draft = convert(checkpoint, tmp_path / "draft.gguf", target=trunk, progress=False).output
+    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith("blk.")}
+    assert len(theirs) == 36
+    _assert_same_tensors(reader_tensors(draft), theirs)
+    composite = compose(trunk, draft, tmp_path / "c", progress=False).output_paths[0]
+    _assert_same_tensors(reader_tensors(composite), reader_tensors(full))
+    ours, upstream_full = check_with_llama(composite), check_with_llama(full)
+    assert ours.ok and ours.mtp_blocks_decoded == 3, ours.summary() + ours.log_tail
+    assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == upstream_full.mtp_logits_sha256
