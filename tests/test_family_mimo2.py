@@ -162,6 +162,7 @@ def upstream(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFact
         shutil.copytree(checkpoints[variant], checkpoint)
         write_gpt2_tokenizer(checkpoint)
         out = {
+            "checkpoint": checkpoint,
             "full": upstream_convert(checkpoint, work / "full.gguf"),
             "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
             "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
@@ -219,6 +220,18 @@ class TestUpstreamParity:
         assert ours.trunk_logits_sha256 is not None and ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
         standalone = check_with_llama(files["standalone"], trunk=False)
         assert standalone.ok and standalone.mtp_blocks_decoded == 3, standalone.summary() + standalone.log_tail
+
+
+@pytest.mark.upstream
+def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    from upstream import upstream_convert
+
+    checkpoint = upstream["tp4"]["checkpoint"]
+    theirs = reader_tensors(upstream_convert(checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0"))
+    draft = convert(checkpoint, tmp_path / "d.gguf", block=N_LAYER, outtype="q8_0", progress=False).output
+    ours = reader_tensors(draft)
+    assert ours["blk.2.attn_qkv.weight"][0] == Q.Q8_0
+    _assert_same_tensors(ours, {n: t for n, t in theirs.items() if n.startswith("blk.")})
 
 
 @pytest.mark.upstream
