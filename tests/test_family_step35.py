@@ -157,6 +157,15 @@ class TestUpstreamParity:
         differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
         assert differ == {"general.size_label"}  # compose keeps the trunk's; upstream recounts
 
+    def test_verify_passes_naming_every_block(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.verify import verify
+
+        report = verify(upstream["composite"], target=upstream["trunk"], draft=upstream["draft"], llama=False,
+                        progress=False)
+        assert report.ok, "\n".join(report.describe())
+        draft = next(c for c in report.checks if c.name == "draft tensors")
+        assert "all 51 draft block tensors" in draft.detail and "identical as blk.3-5" in draft.detail
+
     def test_inspect_sees_three_chained_blocks(self, upstream: dict[str, Path]) -> None:
         summary = inspect(upstream["composite"])
         assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None

@@ -722,9 +722,8 @@ def _byte_checks(
             report.bytes_compared += result.nbytes
             report.bytes_shared += result.shared
             left_out = f"; left out {', '.join(dropped)} (the composite uses the target's)" if dropped else ""
-            first = next(iter(renames.values()), "")
-            block = BLOCK_TENSOR.match(first)
-            where = f" as blk.{block['block']}" if block else ""
+            blocks = sorted({int(m["block"]) for name in renames.values() if (m := BLOCK_TENSOR.match(name))})
+            where = (f" as blk.{blocks[0]}" + (f"-{blocks[-1]}" if len(blocks) > 1 else "")) if blocks else ""
             checks.append(
                 _check(
                     "draft tensors",
