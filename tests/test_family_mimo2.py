@@ -287,3 +287,20 @@ def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does
     ours, upstream_full = check_with_llama(composite), check_with_llama(full)
     assert ours.ok and ours.mtp_blocks_decoded == 3, ours.summary() + ours.log_tail
     assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == upstream_full.mtp_logits_sha256
+
+
+def test_bad_config_or_layers_are_one_line(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    from convert_support import rewrite_checkpoint_tensor
+
+    folder = tmp_path / "bad"
+    shutil.copytree(checkpoints["bf16"], folder)
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    (folder / CONFIG_NAME).write_text(json.dumps(config | {"hybrid_layer_pattern": [0, 1, 1]}))
+    with pytest.raises(CheckpointError, match=r"hybrid_layer_pattern is not a list of 2 entries 0 or 1"):
+        convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
+    (folder / CONFIG_NAME).write_text(json.dumps(config))
+    rewrite_checkpoint_tensor(folder, "model.mtp.layers.1.enorm.weight", new_name="model.mtp.layers.7.enorm.weight")
+    layers = r"the MTP layers are model\.mtp\.layers\.\{0, 1, 2, 7\}: expected 0\.\.k-1"
+    with pytest.raises(CheckpointError, match=layers):
+        convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
+    assert not (tmp_path / "d.gguf").exists()

@@ -187,3 +187,23 @@ class TestUpstreamParity:
         check = check_with_llama(upstream["standalone"], trunk=False)
         assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
         assert check.mtp_blocks_decoded == 3
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_nextn_predict_layers": 0}, "num_nextn_predict_layers = 0: the checkpoint has no MTP layer"),
+    ({"layer_types": ["full_attention"] * 5 + ["chunked_attention"]}, "layer_types has 'chunked_attention'"),
+    ({"swiglu_limits": [None, "7"]}, "swiglu_limits has '7': not a float"),
+    ({"attention_other_setting": {"num_attention_heads": 0}}, "attention_other_setting.num_attention_heads = 0"),
+])
+def test_bad_config_is_one_line(step: Path, tmp_path: Path, change: dict, message: str) -> None:
+    import json
+
+    from gguf_mtp.errors import CheckpointError
+
+    folder = tmp_path / "bad"
+    shutil.copytree(step, folder)
+    config = json.loads((folder / CONFIG_NAME).read_text()) | change
+    (folder / CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
