@@ -20,9 +20,11 @@ from gguf_mtp.jobs.strip import strip
 from gguf_mtp.model.arch_rules import (
     ARCH_RULES,
     COMMON_RULES,
+    MTP_GRAPH_BLOCKS,
     NextNValue,
     extended_arrays,
     is_known_arch,
+    nextn_graph_note,
     rule_for,
     trunk_only_arrays,
 )
@@ -281,3 +283,34 @@ def test_per_layer_keys_keeps_its_signature_and_leaves_out_trunk_length_arrays(d
     assert per_layer_keys(header, "glm-dsa", 2) == [kv for kv, _ in extended_arrays(header, "glm-dsa", 2)] == []
     composite = read_header(dsa["composite"])
     assert [kv.key for kv in trunk_only_arrays(composite, "glm-dsa")] == ["glm-dsa.attention.indexer.types"]
+
+
+# --------------------------------------------------------------------------- NextN blocks the MTP graph runs
+
+
+def test_every_architecture_with_an_mtp_graph_says_how_many_blocks_it_runs() -> None:
+    assert sorted(MTP_GRAPH_BLOCKS) == sorted(MTP_ARCHS)
+    chained = sorted(a for a, (runs, _) in MTP_GRAPH_BLOCKS.items() if runs is None)
+    assert chained == ["hy_v3", "mimo2", "step35"]
+    assert all(runs in (None, 1) and source.startswith("src/models/") for runs, source in MTP_GRAPH_BLOCKS.values())
+    assert nextn_graph_note("glm4moe", 1) is None and nextn_graph_note("step35", 3) is None
+    assert nextn_graph_note("llama", 2) is None and nextn_graph_note(None, 2) is None
+    note = nextn_graph_note("glm4moe", 2)
+    assert note is not None and "runs exactly 1 (src/models/glm4-moe.cpp:135" in note
+
+
+def test_inspect_and_verify_say_when_a_file_has_more_nextn_blocks_than_the_graph_runs(
+    base: dict[str, Path], tmp_path: Path
+) -> None:
+    composite = compose(base["target"], base["draft3"], tmp_path / "c", progress=False).output_paths[0]
+    summary = inspect(composite)
+    assert summary.nextn_predict_layers == 3 and summary.graph_note is not None
+    assert "3 NextN blocks, but llama.cpp's glm4moe MTP graph runs exactly 1" in "\n".join(summary.describe())
+    assert summary.to_dict()["nextn_graph_note"] == summary.graph_note
+    report = verify(composite, llama=False, progress=False)
+    nextn = next(c for c in report.checks if c.name == "NextN tensors")
+    assert nextn.ok is False and "glm4moe MTP graph runs exactly 1" in nextn.detail
+    # the same blocks under an architecture whose graph chains every block: no note
+    step = _as("step35", composite, tmp_path / "s" / "step.gguf")
+    assert inspect(step).graph_note is None
+    assert inspect(base["full"]).graph_note is None

@@ -84,12 +84,12 @@ def test_expert_of_the_wrong_shape_is_refused(head: Path, tmp_path: Path) -> Non
 
 def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Path) -> None:
     config = json.loads((head / "config.json").read_text())
-    config["architectures"] = ["MiMoV2FlashForCausalLM"]
+    config["architectures"] = ["LlamaForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
     supported = ("BailingMoeV3ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, "
-                 "HYV3ForCausalLM, NemotronHForCausalLM")
-    assert f"'MiMoV2FlashForCausalLM' is not supported; supported: {supported}, " in str(error)
+                 "HYV3ForCausalLM, MiMoV2FlashForCausalLM")
+    assert f"'LlamaForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 
 def test_config_that_is_not_json_is_refused(head: Path, tmp_path: Path) -> None:

@@ -250,16 +250,16 @@ def test_a_three_block_draft_written_by_tiny_models_declares_three(tmp_path: Pat
 
 def test_inspect_and_verify_say_when_the_graph_runs_fewer_blocks_than_the_file_has(glm3: Path, work: Path) -> None:
     summary = inspect(glm3)
-    expected = ("3 NextN blocks, but llama.cpp's glm4moe MTP graph runs 1 (src/models/glm4-moe.cpp:135 (single "
-                "block)): the other 2 are loaded and never run")
-    assert summary.unrun_nextn == expected
-    assert f"  note: {expected}" in summary.describe() and summary.to_dict()["unrun_nextn"] == expected
+    expected = ("3 NextN blocks, but llama.cpp's glm4moe MTP graph runs exactly 1 (src/models/glm4-moe.cpp:135: "
+                "GGML_ASSERT n_layer_nextn == 1): its MTP decode aborts on this file")
+    assert summary.graph_note == expected
+    assert f"  note: {expected}" in summary.describe() and summary.to_dict()["nextn_graph_note"] == expected
     assert expected in verify(glm3, llama=False, progress=False).check("NextN tensors").detail
     # a chaining architecture runs every block: nothing to say
     step = relabel_arch(glm3, work / "step35" / "step.gguf", "step35")
-    assert inspect(step).unrun_nextn is None
+    assert inspect(step).graph_note is None
 
 
 def test_one_nextn_block_gets_no_note(glm_target: Path, glm_draft: Path, work: Path) -> None:
     composite = compose(glm_target, glm_draft, work / "glm1", progress=False).output_paths[0]
-    assert inspect(composite).unrun_nextn is None
+    assert inspect(composite).graph_note is None

@@ -22,7 +22,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.formatting import human_bytes
-from gguf_mtp.model.arch_rules import unrun_nextn_note
+from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
     block_indices,
     block_layout_problem,
@@ -110,9 +110,10 @@ class ModelSummary:
     mtp_only: bool = False  # an MTP draft: NextN block tensors only, no trunk block's (blocks.is_mtp_only)
     nextn_types: tuple[TypeUsage, ...] = ()  # the NextN blocks' tensors alone, by bytes
     rest_types: tuple[TypeUsage, ...] = ()  # every other tensor (the trunk and the globals), by bytes
-    unrun_nextn: str | None = None  # more NextN blocks than the architecture's MTP graph runs (arch_rules)
     standalone: bool = False  # an MTP draft that also carries token_embd/output_norm/output (loadable as a drafter)
     uncommitted: str | None = None  # a gguf-mtp journal beside the files names them: the set was never committed
+    #: more NextN blocks than llama.cpp's MTP graph of the architecture runs (arch_rules.nextn_graph_note)
+    graph_note: str | None = None
 
     @property
     def trunk_blocks(self) -> int | None:
@@ -160,13 +161,13 @@ class ModelSummary:
             "nextn_predict_layers": self.nextn_predict_layers,
             "nextn_blocks": list(self.nextn_blocks),
             "nextn_missing": {f"blk.{b}": list(names) for b, names in self.nextn_missing.items()},
-            "unrun_nextn": self.unrun_nextn,
             "stray_blocks": list(self.stray_blocks),
             "has_mtp": self.has_mtp,
             "kind": self.kind,
             "mtp_only": self.mtp_only,
             "standalone": self.standalone,
             "mtp_verdict": self.mtp_verdict,
+            "nextn_graph_note": self.graph_note,
             "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds)
             if self.layer_kinds
             else None,
@@ -204,10 +205,10 @@ class ModelSummary:
         if self.mtp_only:
             extra = f", with {', '.join(DRAFT_GLOBAL_TENSORS)}" if self.standalone else ""
             lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
+        if self.graph_note:
+            lines.append(f"  note: {self.graph_note}")
         for block, names in self.nextn_missing.items():
             lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
-        if self.unrun_nextn:
-            lines.append(f"  note: {self.unrun_nextn}")
         if self.stray_blocks:
             lines.append(f"  tensors of blocks beyond block_count: {', '.join(f'blk.{b}' for b in self.stray_blocks)}")
         if self.layer_kinds:
@@ -365,7 +366,6 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         model_name=general_name if isinstance(general_name, str) else None,
         block_count=block_count,
         nextn_predict_layers=nextn,
-        unrun_nextn=unrun_nextn_note(arch, nextn) if arch else None,
         nextn_blocks=nextn_blocks,
         nextn_missing=missing,
         stray_blocks=stray,
@@ -381,6 +381,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         http_requests=model.http_requests if model.remote else None,
         mtp_only=mtp_only,
         standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
+        graph_note=nextn_graph_note(arch, nextn),
         nextn_types=_by_bytes(nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(rest_usage) if nextn_blocks else (),
     )

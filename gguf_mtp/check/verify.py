@@ -43,7 +43,7 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.formatting import human_bytes, short, short_change
 from gguf_mtp.hub.remote import is_hub_path
-from gguf_mtp.model.arch_rules import unrun_nextn_note
+from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
     BlockLayout,
     block_indices,
@@ -269,10 +269,12 @@ def _nextn_check(
         {int(m["block"]) for n in names if (m := BLOCK_TENSOR.match(n)) and int(m["block"]) >= layout.block_count}
     )
     problems += [f"tensors of blk.{b}, beyond block_count {layout.block_count}" for b in stray]
+    graph_note = nextn_graph_note(layout.arch, layout.nextn)
+    if graph_note:
+        problems.append(graph_note)
     blocks = ", ".join(f"blk.{b}" for b in range(layout.trunk, layout.block_count))
     per_block = sum(1 for n in names if n.startswith(f"blk.{layout.trunk}."))
-    note = unrun_nextn_note(layout.arch, layout.nextn)
-    passed = f"{blocks} declared; {per_block} tensors incl. nextn.eh_proj/enorm/hnorm" + (f"; {note}" if note else "")
+    passed = f"{blocks} declared; {per_block} tensors incl. nextn.eh_proj/enorm/hnorm"
     return _check("NextN tensors", problems, passed)
 
 
@@ -785,9 +787,8 @@ def _byte_checks(
             report.bytes_compared += result.nbytes
             report.bytes_shared += result.shared
             left_out = f"; left out {', '.join(dropped)} (the composite uses the target's)" if dropped else ""
-            first = next(iter(renames.values()), "")
-            block = BLOCK_TENSOR.match(first)
-            where = f" as blk.{block['block']}" if block else ""
+            blocks = sorted({int(m["block"]) for name in renames.values() if (m := BLOCK_TENSOR.match(name))})
+            where = (f" as blk.{blocks[0]}" + (f"-{blocks[-1]}" if len(blocks) > 1 else "")) if blocks else ""
             checks.append(
                 _check(
                     "draft tensors",

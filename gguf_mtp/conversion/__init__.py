@@ -59,6 +59,9 @@ FAMILY_MODULES: dict[str, str] = {
     "Qwen3_5ForCausalLM": "qwen35",
     "Qwen3_5ForConditionalGeneration": "qwen35",
     "Qwen3NextForCausalLM": "qwen35",
+    "Step3p5ForCausalLM": "step35",
+    "MiMoV2FlashForCausalLM": "mimo2",
+    "MiMoV2ForCausalLM": "mimo2",
 }
 
 

@@ -53,8 +53,8 @@ from gguf_mtp.model.shards import ShardSet, vocab_size
 from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
-from .fp8 import FP8_DTYPES, BlockScaledTensor, dequantized_head, quantization_of
-from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, SafetensorsTensor
+from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, dequantized_head, quantization_of
+from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = [
     "EXPERT_LIMIT",
@@ -217,6 +217,32 @@ def config_bool(config: dict[str, Any], key: str, *, where: str | os.PathLike[st
 # ------------------------------------------------------------------------------------------ tensors
 
 
+class BlockIndex(int):
+    """The first NextN block's index, as GGUF name templates are formatted with it: ``{bid}`` is the block
+    itself, ``{bid[k]}`` the k-th block after it (a head of several NextN blocks, renumbered together)."""
+
+    def __getitem__(self, offset: int) -> int:
+        return int(self) + offset
+
+
+class _ShownBlock:
+    """``{bid}`` shown as ``N`` and ``{bid[k]}`` as ``N+k`` in messages about a name template."""
+
+    def __init__(self, offset: int = 0) -> None:
+        self.offset = offset
+
+    def __format__(self, spec: str) -> str:
+        return f"N+{self.offset}" if self.offset else "N"
+
+    def __getitem__(self, offset: int) -> _ShownBlock:
+        return _ShownBlock(offset)
+
+
+def shown_name(template: str) -> str:
+    """A GGUF name template for messages: ``blk.{bid[1]}.attn_q.weight`` -> ``blk.N+1.attn_q.weight``."""
+    return template.format(bid=_ShownBlock())
+
+
 @dataclass(frozen=True)
 class TensorSource:
     """What one output tensor is made of: checkpoint tensors concatenated in order.
@@ -334,29 +360,6 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
             chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes)
             segments.append(Generated(nbytes, chunks))
     return _merge_copies(segments)
-
-
-class BlockIndex(int):
-    """The first NextN block's index in a tensor-name template: ``{bid}`` is that block, ``{bid[i]}`` the ``i``-th
-    block after it (a head of several NextN blocks is renumbered together, ``blk.N .. blk.N+k-1``)."""
-
-    def __getitem__(self, offset: int) -> BlockIndex:
-        return BlockIndex(self + offset)
-
-
-class _ShownBlock:
-    """``N``, ``N+1``... in a tensor-name template shown in a message."""
-
-    def __format__(self, spec: str) -> str:
-        return "N"
-
-    def __getitem__(self, offset: int) -> str:
-        return f"N+{offset}" if offset else "N"
-
-
-def shown_name(template: str) -> str:
-    """A tensor-name template for messages: ``blk.N.nextn.eh_proj.weight``, ``blk.N+1.attn_q.weight``."""
-    return template.format(bid=_ShownBlock())
 
 
 def arch_name(model_arch: MODEL_ARCH | str) -> str:
@@ -486,6 +489,11 @@ def _typed_array(val: Any, sub_type: GGUFValueType | None, key: str) -> GGUFArra
 # -------------------------------------------------------------------------------------------- model
 
 
+def _either(prefix: NamePrefix) -> str:
+    """``'mtp.'`` or ``'model.layers.45.' or 'model.layers.46.'`` for messages."""
+    return " or ".join(repr(p) for p in ((prefix,) if isinstance(prefix, str) else prefix))
+
+
 def _gave(read: Any, written: Any) -> bool:
     """Whether a value read from config.json is (or, for a list, holds) a value being written."""
     if isinstance(read, (list, tuple)):
@@ -509,7 +517,7 @@ class HeadModel:
     #: than the llama.cpp that runs it (PyPI gguf 0.19.0 has no ``hy_v3``, ``bailingmoe3``...).
     model_arch: ClassVar[MODEL_ARCH | str]
     #: Checkpoint tensors of the MTP head start with this.
-    tensor_prefix: ClassVar[str | tuple[str, ...]] = "mtp."
+    tensor_prefix: ClassVar[NamePrefix] = "mtp."
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
@@ -524,6 +532,10 @@ class HeadModel:
     has_rope: ClassVar[bool] = True
     #: config.json spellings of the norm epsilon, and the value written when none is set.
     norm_eps_keys: ClassVar[tuple[str, ...]] = ("rms_norm_eps",)
+    #: config.json spellings of the KV head count and of the expert counts (routed, used per token).
+    n_head_kv_keys: ClassVar[tuple[str, ...]] = ("num_key_value_heads", "n_head_kv")
+    expert_count_keys: ClassVar[tuple[str, ...]] = ("n_routed_experts", "num_experts")
+    expert_used_keys: ClassVar[tuple[str, ...]] = ("num_experts_per_tok",)
     default_norm_eps: ClassVar[float] = 1e-5
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
@@ -545,9 +557,8 @@ class HeadModel:
         return decorate
 
     @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> str | tuple[str, ...]:
-        """The name prefix (or prefixes, one per NextN layer) of the head's tensors for a ``config.json`` (what is
-        downloaded and opened)."""
+    def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
+        """The name prefix of the head's tensors for a ``config.json`` (what is downloaded and opened)."""
         return cls.tensor_prefix
 
     def default_block(self) -> int | None:
@@ -602,6 +613,11 @@ class HeadModel:
         """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
         raise NotImplementedError
 
+    def nextn_block_values(self, offset: int) -> dict[str, Any]:
+        """Per-layer array -> the entry of the ``offset``-th NextN block (a family whose blocks differ overrides
+        it; by default every block takes :meth:`nextn_layer_values`)."""
+        return dict(self.nextn_layer_values())
+
     def own_layer_arrays(self) -> tuple[str, ...]:
         """The per-layer arrays this family writes, like llama.cpp's converter does for the model."""
         raise NotImplementedError
@@ -616,12 +632,12 @@ class HeadModel:
         checks = [
             TargetCheck("embedding_length", self.n_embd, self._origin_of("hidden_size")),
             TargetCheck("attention.head_count", self.n_head, self._origin_of("num_attention_heads")),
-            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of("num_key_value_heads")),
+            TargetCheck("attention.head_count_kv", self.n_head_kv, self._origin_of(*self.n_head_kv_keys)),
             TargetCheck("attention.key_length", self.head_dim, "head_dim"),
         ]
         if self.has_experts:
             checks += [TargetCheck("expert_count", self.n_expert, self.expert_count_key),
-                       TargetCheck("expert_used_count", self.n_expert_used, "num_experts_per_tok")]
+                       TargetCheck("expert_used_count", self.n_expert_used, self._origin_of(*self.expert_used_keys))]
         if self.vocab_size is not None:
             checks.append(TargetCheck("vocab_size", self.vocab_size, "vocab_size"))
         return checks
@@ -687,7 +703,7 @@ class HeadModel:
         need, may = self.hparam_int, self.optional_hparam_int
         self.n_embd = need(["hidden_size", "d_model"])
         self.n_head = need(["num_attention_heads", "n_head"])
-        self.n_head_kv = need(["num_key_value_heads", "n_head_kv"], maximum=self.n_head)
+        self.n_head_kv = need(list(self.n_head_kv_keys), maximum=self.n_head)
         head_dim = may(["head_dim", "attention_head_dim"])
         if head_dim is None:
             if self.n_embd % self.n_head:
@@ -700,9 +716,9 @@ class HeadModel:
         self.norm_eps = self.optional_hparam_float(list(self.norm_eps_keys), maximum=1.0)
         self.rope_theta = self._read_rope_theta() if self.has_rope else None
         if self.has_experts:
-            self.n_expert = need(["n_routed_experts", "num_experts"], maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
-            self.expert_count_key = self._origin_of("n_routed_experts", "num_experts")
-            self.n_expert_used = need("num_experts_per_tok", maximum=self.n_expert)
+            self.n_expert = need(list(self.expert_count_keys), maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
+            self.expert_count_key = self._origin_of(*self.expert_count_keys)
+            self.n_expert_used = need(list(self.expert_used_keys), maximum=self.n_expert)
             self._check_expert_count()
 
     def _read_rope_theta(self) -> float | None:
@@ -812,9 +828,9 @@ class HeadModel:
                 message = f"{origin} = {_shown(value)} cannot be written as {e.key} ({entry}{e.reason})"
             raise CheckpointError(message, self.config_path) from None
 
-    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", *, block: int = 0) -> str:
+    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", block: int = 0) -> str:
         """gguf-py's name for ``key`` with the block index left in: ``blk.{bid}.nextn.eh_proj.weight`` for the
-        first NextN block, ``blk.{bid[1]}...`` for the next (see :class:`BlockIndex`)."""
+        first NextN block, ``blk.{bid[k]}...`` for the ``block`` = k-th after it (see :class:`BlockIndex`)."""
         name = TENSOR_NAMES[key] + suffix
         return name.replace("{bid}", f"{{bid[{block}]}}") if block else name
 
@@ -829,12 +845,12 @@ class HeadModel:
         head = [t for t in self.checkpoint if t.name.startswith(self.tensor_prefix)]
         if not head:
             raise CheckpointError(
-                f"no MTP head: no tensor name starts with {self.tensor_prefix!r} (no MTP layers in it?)",
+                f"no MTP head: no tensor name starts with {_either(self.tensor_prefix)} (no MTP layers in it?)",
                 self.checkpoint.folder,
             )
         quant = quantization_of(self.hparams, self.config_path)
         if quant is not None:
-            head = dequantized_head(head, quant, self.checkpoint.tensors)
+            head = self.dequantize(head, quant)
         for tensor in head:
             if isinstance(tensor, BlockScaledTensor):
                 continue
@@ -846,6 +862,11 @@ class HeadModel:
                 raise CheckpointError(f"tensor {tensor.name!r} is {tensor.dtype}: {why}; use the BF16 checkpoint",
                                       tensor.path)
         return head
+
+    def dequantize(self, head: list[SafetensorsTensor], quant: BlockFP8) -> list[SafetensorsTensor]:
+        """The head's tensors of a block-scaled FP8 checkpoint, FP8 weights paired with their scales
+        (:func:`.fp8.dequantized_head`); a family whose checkpoints lay some scales out otherwise overrides it."""
+        return dequantized_head(head, quant, self.checkpoint.tensors)
 
     @functools.cached_property
     def auto_outtype(self) -> GGMLQuantizationType:
@@ -960,8 +981,8 @@ class HeadModel:
                 )
 
     def layer_arrays(self, block: int, target: ShardSet | None) -> dict[str, tuple[GGUFValueType, list[Any]]]:
-        """The per-layer arrays of a draft whose (first) NextN block is ``block``: ``{arch}.`` suffix ->
-        (element type, ``block + n_nextn`` entries), the NextN entries last.
+        """The per-layer arrays of a draft whose first NextN block is ``block``: ``{arch}.`` suffix ->
+        (element type, ``block + n_nextn`` entries), the NextN blocks' entries last.
 
         Trunk entries come from the target's own arrays when given (element types kept), else from
         config.json's layer pattern when it describes ``block`` blocks, else zeros (compose only reads
@@ -970,11 +991,15 @@ class HeadModel:
         Raises:
             IncompatibleDraftError: the target has a per-layer array whose NextN value is unknown here.
         """
-        nextn = self.nextn_layer_values()
+        per_block = [self.nextn_block_values(offset) for offset in range(self.n_nextn)]
+        nextn = per_block[0]
         arrays: dict[str, tuple[GGUFValueType, list[Any]]] = {}
         trunk = self.trunk_layer_values(block) or {}
         for suffix in self.own_layer_arrays():
-            arrays[suffix] = (GGUFValueType.INT32, [*trunk.get(suffix, [0] * block), *[nextn[suffix]] * self.n_nextn])
+            entries = [values[suffix] for values in per_block]
+            etype = GGUFValueType.get_type(entries[0])
+            zero = type(entries[0])()  # 0, 0.0 or False where config.json gives no trunk entries
+            arrays[suffix] = (etype, [*trunk.get(suffix, [zero] * block), *entries])
         if target is not None:
             for kv in per_layer_keys(target.first, self.arch, target.block_count):
                 suffix = kv.key[len(self.arch) + 1 :]
@@ -985,14 +1010,15 @@ class HeadModel:
                         target.name,
                     )
                 etype, entries = layer_array(kv, target.name)
-                arrays[suffix] = (etype, [*entries, *[nextn[suffix]] * self.n_nextn])
+                arrays[suffix] = (etype, [*entries, *(values[suffix] for values in per_block)])
         return arrays
 
     def mapped_tensors(self, block: int, outtype: GGMLQuantizationType | None) -> list[MappedTensor]:
-        """:meth:`map_tensors` with the first block's index filled in (``block``, ``block + 1``... for a head of
-        several NextN blocks) and the output types chosen."""
+        """:meth:`map_tensors` with the block indices filled in (``block`` the first NextN block's) and the output
+        types chosen."""
+        first = BlockIndex(block)
         return [
-            MappedTensor(name.format(bid=BlockIndex(block)), source, self.output_type(name, source, outtype))
+            MappedTensor(name.format(bid=first), source, self.output_type(name, source, outtype))
             for name, source in self.map_tensors()
         ]
 

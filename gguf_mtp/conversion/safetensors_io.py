@@ -364,13 +364,18 @@ def _files_of(folder: Path) -> tuple[dict[str, str] | None, list[str], Path | No
     return None, names, None
 
 
-def open_checkpoint(folder: str | os.PathLike[str], *, prefix: str | tuple[str, ...] | None = None) -> Checkpoint:
+#: The start of a head's tensor names: one prefix (``"mtp."``), or several (one per NextN layer,
+#: ``model.layers.{N+i}.``).
+NamePrefix = str | tuple[str, ...]
+
+
+def open_checkpoint(folder: str | os.PathLike[str], *, prefix: NamePrefix | None = None) -> Checkpoint:
     """Read the config and safetensors headers of a checkpoint folder.
 
     Args:
         folder: holds ``config.json`` and ``*.safetensors`` (with ``model.safetensors.index.json`` when
             there are several).
-        prefix: only keep tensors whose name starts with this (``"mtp."``) or one of these; with an index, only the
+        prefix: only keep tensors whose name starts with this (``"mtp."``, or one of several); with an index, only the
             files holding such tensors are opened.
 
     Raises:

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME, natural_key, read_config, read_index
+from gguf_mtp.conversion.safetensors_io import (
+    CONFIG_NAME,
+    INDEX_NAME,
+    NamePrefix,
+    natural_key,
+    read_config,
+    read_index,
+)
 from gguf_mtp.errors import CheckpointError
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
@@ -46,8 +53,12 @@ def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextM
     return hub_errors(f"download {what} from {repo_id}{at}", repo_id, revision=revision, file=what)
 
 
-def head_files(weight_map: dict[str, str], prefix: str | tuple[str, ...] = "mtp.") -> list[str]:
-    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix`` (or one of them)."""
+def _prefixes(prefix: NamePrefix) -> tuple[str, ...]:
+    return (prefix,) if isinstance(prefix, str) else prefix
+
+
+def head_files(weight_map: dict[str, str], prefix: NamePrefix = "mtp.") -> list[str]:
+    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix``."""
     return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
 
 
@@ -55,8 +66,8 @@ def download_head(
     repo_id: str,
     *,
     revision: str | None = None,
-    prefix: str | tuple[str, ...] = "mtp.",
-    head_prefix: Callable[[dict[str, Any]], str | tuple[str, ...]] | None = None,
+    prefix: NamePrefix = "mtp.",
+    head_prefix: Callable[[dict[str, Any]], NamePrefix] | None = None,
 ) -> HubCheckpoint:
     """Download ``config.json``, the index and only the shards that hold the MTP head of ``repo_id``.
 
@@ -84,9 +95,9 @@ def download_head(
     if index_path is not None:
         files = head_files(read_index(index_path), prefix)
         if not files:
+            wanted = " or ".join(p + "*" for p in _prefixes(prefix))
             raise CheckpointError(
-                f"{INDEX_NAME} lists no {'*, '.join((prefix,) if isinstance(prefix, str) else prefix)}* tensor: "
-                "this checkpoint has no MTP head", f"hf://{repo_id}"
+                f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head", f"hf://{repo_id}"
             )
         patterns = (CONFIG_NAME, INDEX_NAME, *files)
     else:

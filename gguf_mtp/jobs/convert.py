@@ -34,7 +34,7 @@ from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
-from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
+from gguf_mtp.conversion.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
@@ -96,7 +96,7 @@ class ConversionPlan:
     checkpoint: Checkpoint
     hf_architecture: str
     arch: str
-    block: int  # the (first) NextN block
+    block: int  # the first NextN block's index
     standalone: bool
     outtype: str  # "bf16", "q8_0", ... or "source"
     output: OutputFile
@@ -104,16 +104,18 @@ class ConversionPlan:
     kvs: tuple[KeyValue, ...]
     target: ShardSet | None = None
     notes: tuple[str, ...] = ()
-    n_nextn: int = 1  # NextN blocks: blk.{block} .. blk.{block + n_nextn - 1}
-
-    @property
-    def blocks(self) -> str:
-        """``blk.46``, or ``blk.45..47`` for a head of several NextN blocks."""
-        return f"blk.{self.block}" + (f"..{self.block + self.n_nextn - 1}" if self.n_nextn > 1 else "")
+    nextn_blocks: int = 1  # how many NextN blocks, blk.{block} .. blk.{block + nextn_blocks - 1}
 
     @property
     def path(self) -> Path:
         return self.output.path
+
+    @property
+    def blocks_text(self) -> str:
+        """``NextN block blk.45`` or ``3 NextN blocks blk.45-47``."""
+        if self.nextn_blocks == 1:
+            return f"NextN block blk.{self.block}"
+        return f"{self.nextn_blocks} NextN blocks blk.{self.block}-{self.block + self.nextn_blocks - 1}"
 
     @property
     def bytes_to_write(self) -> int:
@@ -221,7 +223,7 @@ def _draft_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: Sha
 
 
 def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target: ShardSet) -> None:
-    """The target's metadata in its own order and encodings, grown by the head's NextN block(s)."""
+    """The target's metadata in its own order and encodings, grown by the head's NextN blocks."""
     arch = model.arch
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     arrays = model.layer_arrays(block, target)
@@ -346,8 +348,8 @@ def plan_conversion(
         model = model_class(checkpoint)
     index = _block_index(target, block, standalone, model.default_block())
     if index + model.n_nextn > LLAMA_MAX_LAYERS:
-        raise ParameterError(f"block {index}: a head of {model.n_nextn} NextN blocks after it makes "
-                             f"{index + model.n_nextn} layers; llama.cpp loads at most {LLAMA_MAX_LAYERS}")
+        raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
+                             f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
     wanted_type = _outtype(outtype)
     if target is not None:
         model.check_target(target)
@@ -391,7 +393,7 @@ def plan_conversion(
         kvs=tuple(kvs),
         target=target,
         notes=(*model.notes, *_head_notes(planned, target, wanted_type, model.arch)),
-        n_nextn=model.n_nextn,
+        nextn_blocks=model.n_nextn,
     )
     _log_plan(plan, len(header))
     return plan
@@ -413,8 +415,8 @@ def _head_notes(planned: Sequence[PlannedTensor], target: ShardSet | None, wante
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:
     """The plan at INFO (one summary line, the tensors), the KVs at DEBUG."""
     kind = "standalone MTP-only model" if plan.standalone else "draft"
-    logger.info("convert plan: %s -> %s, %s %s NextN block %s, %d tensors, %d KVs, header %s bytes, "
-                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.blocks,
+    logger.info("convert plan: %s -> %s, %s %s %s, %d tensors, %d KVs, header %s bytes, "
+                "%s bytes in all, matrices: %s", plan.source, plan.path, kind, plan.arch, plan.blocks_text,
                 len(plan.tensors), len(plan.kvs), f"{header_size:,}", f"{plan.bytes_to_write:,}", plan.outtype)
     for t in plan.tensors:
         logger.info("convert plan: %s %s %s at data offset %s (%s bytes): %s", t.name, t.type_name, list(t.shape),
@@ -451,7 +453,7 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
     raise CheckpointNotFoundError("no such folder, and not a Hub repo id (owner/name)", text)
 
 
-def _head_prefix(config: dict[str, Any]) -> str | tuple[str, ...]:
+def _head_prefix(config: dict[str, Any]) -> NamePrefix:
     """The tensor-name prefix of the head a ``config.json`` describes (``mtp.``, ``model.layers.92.``)."""
     return model_class_for_config(config).head_prefix(config)
 
@@ -489,7 +491,7 @@ class ConvertReport(WriteReport):
             "hf_architecture": plan.hf_architecture,
             "architecture": plan.arch,
             "block": plan.block,
-            "nextn_blocks": plan.n_nextn,
+            "nextn_blocks": plan.nextn_blocks,
             "standalone": plan.standalone,
             "outtype": plan.outtype,
             "head": summarize_head(t for t in plan.tensors if t.name.startswith("blk.")).to_dict(),
@@ -515,7 +517,7 @@ class ConvertReport(WriteReport):
         kind = "standalone MTP-only model" if plan.standalone else "draft"
         from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
         lines.append(
-            f"{kind}: {plan.arch} NextN block {plan.blocks}, {len(plan.tensors) - from_target} head tensors"
+            f"{kind}: {plan.arch} {plan.blocks_text}, {len(plan.tensors) - from_target} head tensors"
             + (f" + {from_target} copied from the target" if from_target else "")
             + f", matrices: {plan.outtype}"
         )

@@ -30,8 +30,8 @@ from gguf_mtp.format.header import GGUFHeader, KeyValue
 __all__ = [
     "ARCH_RULES",
     "COMMON_RULES",
-    "GRAPH_NEXTN_BLOCKS",
     "HEADS_REFUSED",
+    "MTP_GRAPH_BLOCKS",
     "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
@@ -39,11 +39,11 @@ __all__ = [
     "extended_arrays",
     "is_known_arch",
     "layer_rules",
+    "nextn_graph_note",
     "refusal_for_hf",
     "rule_for",
     "splice_refusal",
     "trunk_only_arrays",
-    "unrun_nextn_note",
 ]
 
 
@@ -149,33 +149,6 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     "hy_v4": {"attention.indexer.types": _INDEXER_TRUNK},
 }
 
-#: How many NextN blocks each architecture's MTP graph runs (llama.cpp 0c1e570), with the source line: a file
-#: with more loads them but never runs the rest (or, for deepseek2, fails the graph's assert). Architectures that
-#: chain every block (``llama_set_nextn_layer_offset``: step35, mimo2, hy_v3) are not listed.
-GRAPH_NEXTN_BLOCKS: Mapping[str, tuple[int, str]] = {
-    "nemotron_h_moe": (1, "src/models/nemotron-h-moe.cpp graph_mtp (one folded block)"),
-    "glm4moe": (1, "src/models/glm4-moe.cpp:135 (single block)"),
-    "deepseek2": (1, "src/models/deepseek2.cpp:173 (asserts n_layer_nextn == 1)"),
-    "deepseek32": (1, "src/models/deepseek32.cpp:498 (single block)"),
-    "glm-dsa": (1, "src/models/glm-dsa.cpp:542 (single block)"),
-    "qwen35": (1, "src/models/qwen35.cpp:485-489 (single block)"),
-    "qwen35moe": (1, "src/models/qwen35moe.cpp:550-554 (single block)"),
-    "qwen3next": (1, "src/models/qwen3next.cpp:627-631 (single block)"),
-    "cohere2moe": (1, "src/models/cohere2moe.cpp:146 (single block)"),
-    "bailingmoe3": (1, "src/models/bailingmoe3.cpp:163 (single block)"),
-    "deepseek4": (1, "src/models/deepseek4.cpp:1362-1480 (single block)"),
-}
-
-
-def unrun_nextn_note(arch: str, nextn_blocks: int) -> str | None:
-    """What to say when a file declares more NextN blocks than ``arch``'s MTP graph runs (``None``: it runs all)."""
-    runs = GRAPH_NEXTN_BLOCKS.get(arch)
-    if runs is None or nextn_blocks <= runs[0]:
-        return None
-    return (f"{nextn_blocks} NextN blocks, but llama.cpp's {arch} MTP graph runs {runs[0]} ({runs[1]}): "
-            f"the other {nextn_blocks - runs[0]} are loaded and never run")
-
-
 @dataclass(frozen=True)
 class HeadRefusal:
     """Why gguf-mtp makes no MTP head for an architecture llama.cpp knows."""
@@ -212,6 +185,40 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
         splice=True,
     ),
 }
+
+
+#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs, and where it says so:
+#: ``None`` for every block the file has (the speculative driver chains them, block k at
+#: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp:1543, 1630), else the one count its graph
+#: accepts (``GGML_ASSERT(hparams.n_layer_nextn == 1 ...)`` in the graph's constructor: any other count aborts the
+#: MTP decode).
+MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {
+    "glm4moe": (1, "src/models/glm4-moe.cpp:135"),
+    "deepseek2": (1, "src/models/deepseek2.cpp:173"),
+    "deepseek32": (1, "src/models/deepseek32.cpp:498"),
+    "glm-dsa": (1, "src/models/glm-dsa.cpp:542"),
+    "qwen35": (1, "src/models/qwen35.cpp:489"),
+    "qwen35moe": (1, "src/models/qwen35moe.cpp:554"),
+    "qwen3next": (1, "src/models/qwen3next.cpp:631"),
+    "nemotron_h_moe": (1, "src/models/nemotron-h-moe.cpp:13"),
+    "bailingmoe3": (1, "src/models/bailingmoe3.cpp:426"),
+    "cohere2moe": (1, "src/models/cohere2moe.cpp:293"),
+    "deepseek4": (1, "src/models/deepseek4.cpp:1365"),
+    "step35": (None, "src/models/step35.cpp:174-179, 376-379 (block nextn_layer_offset)"),
+    "mimo2": (None, "src/models/mimo2.cpp:276-279 (block nextn_layer_offset)"),
+    "hy_v3": (None, "src/models/hy-v3.cpp:247-250 (block nextn_layer_offset)"),
+}
+
+
+def nextn_graph_note(arch: str | None, nextn: int) -> str | None:
+    """One line when a file has more NextN blocks than llama.cpp's MTP graph of ``arch`` runs (the graph then
+    refuses the file's MTP decode), ``None`` otherwise (also for an architecture without an MTP graph)."""
+    graph = MTP_GRAPH_BLOCKS.get(arch or "")
+    if graph is None or graph[0] is None or nextn <= graph[0]:
+        return None
+    runs, source = graph
+    return (f"{nextn} NextN blocks, but llama.cpp's {arch} MTP graph runs exactly {runs} ({source}: "
+            f"GGML_ASSERT n_layer_nextn == {runs}): its MTP decode aborts on this file")
 
 
 def refusal_for_hf(hf_architecture: str) -> tuple[str, HeadRefusal] | None:

@@ -1,0 +1,320 @@
+"""Step-3.5-Flash (``Step3p5ForCausalLM``): the three MTP layers -> three NextN blocks of ``step35``.
+
+The head is the checkpoint's extra decoder layers ``model.layers.{N+i}.*``, ``N = num_hidden_layers`` (45) and
+``i < num_nextn_predict_layers`` (3), renumbered together as ``blk.{N+i}``; llama.cpp chains all of them, block k
+at ``llama_set_nextn_layer_offset(ctx, k)`` (src/models/step35.cpp:174-179, 366-379). Each is a Step-3.5 decoder
+layer (attention with per-head QK norm and a head-wise gate ``g_proj``, a dense MLP in the released checkpoints, or a
+MoE with packed 3-D experts) plus the NextN fusion (``enorm``, ``hnorm``, ``eh_proj``) and a head nested as
+``transformer.shared_head.{norm,output}``, which llama.cpp's converter renames to ``shared_head.{norm,head}``
+(conversion/step3.py:253-259).
+
+Transforms, as llama.cpp's converter (conversion/step3.py:261-266) does them: every ``*norm.weight`` gets ``+ 1``
+(``float32(stored) + 1``, written F32 like every 1-D tensor: equal to upstream's bytes); the router bias
+``moe.router_bias`` becomes ``exp_probs_b.bias``. The per-layer arrays ``attention.head_count``,
+``attention.head_count_kv``, ``attention.sliding_window_pattern`` and, when config.json has them,
+``swiglu_clamp_exp`` / ``swiglu_clamp_shexp`` get one entry per NextN block, from config.json's ``layer_types``
+(padded with ``full_attention``) and ``swiglu_limits`` (padded with 0.0), as conversion/step3.py:161-223 writes them.
+
+Names come from this module's own table: PyPI gguf 0.19.0 has no NextN entries for ``step35``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
+
+from gguf_mtp.errors import CheckpointError
+
+from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
+from .qwen35 import PlusOneTensor
+from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
+
+__all__ = ["Step35MTPModel"]
+
+T = MODEL_TENSOR
+
+#: HF name inside an MTP layer (after llama.cpp's ``transformer.`` strip and ``output`` -> ``head``) -> GGUF tensor
+#: and suffix (gguf-py's tensor_mapping.py entries for step3.5 and its six generic NextN sources).
+NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
+    "enorm.weight": (T.NEXTN_ENORM, ".weight"),
+    "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
+    "embed_tokens.weight": (T.NEXTN_EMBED_TOKENS, ".weight"),
+    "shared_head.norm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
+    "shared_head.head.weight": (T.NEXTN_SHARED_HEAD_HEAD, ".weight"),
+    "input_layernorm.weight": (T.ATTN_NORM, ".weight"),
+    "self_attn.q_proj.weight": (T.ATTN_Q, ".weight"),
+    "self_attn.k_proj.weight": (T.ATTN_K, ".weight"),
+    "self_attn.v_proj.weight": (T.ATTN_V, ".weight"),
+    "self_attn.o_proj.weight": (T.ATTN_OUT, ".weight"),
+    "self_attn.q_norm.weight": (T.ATTN_Q_NORM, ".weight"),
+    "self_attn.k_norm.weight": (T.ATTN_K_NORM, ".weight"),
+    "self_attn.g_proj.weight": (T.ATTN_GATE, ".weight"),
+    "post_attention_layernorm.weight": (T.FFN_NORM, ".weight"),
+    "mlp.gate_proj.weight": (T.FFN_GATE, ".weight"),
+    "mlp.up_proj.weight": (T.FFN_UP, ".weight"),
+    "mlp.down_proj.weight": (T.FFN_DOWN, ".weight"),
+    "moe.gate.weight": (T.FFN_GATE_INP, ".weight"),
+    "moe.router_bias": (T.FFN_EXP_PROBS_B, ".bias"),
+    "moe.gate_proj.weight": (T.FFN_GATE_EXP, ".weight"),
+    "moe.up_proj.weight": (T.FFN_UP_EXP, ".weight"),
+    "moe.down_proj.weight": (T.FFN_DOWN_EXP, ".weight"),
+    "share_expert.gate_proj.weight": (T.FFN_GATE_SHEXP, ".weight"),
+    "share_expert.up_proj.weight": (T.FFN_UP_SHEXP, ".weight"),
+    "share_expert.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
+}
+_LAYER = re.compile(r"^model\.layers\.(?P<layer>[0-9]{1,4})\.(?P<rest>.+)$")
+_SWA, _FULL = "sliding_attention", "full_attention"
+HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN = "attention.head_count", "attention.head_count_kv", \
+    "attention.sliding_window_pattern"
+#: per-layer clamp arrays -> the config.json list they come from
+CLAMPS = {"swiglu_clamp_exp": "swiglu_limits", "swiglu_clamp_shexp": "swiglu_limits_shared"}
+
+
+def _renamed(rest: str) -> str:
+    """The name llama.cpp's converter maps: ``transformer.`` stripped, ``shared_head.output`` -> ``.head``."""
+    return rest.replace("transformer.", "", 1).replace("shared_head.output", "shared_head.head")
+
+
+@HeadModel.register("Step3p5ForCausalLM")
+class Step35MTPModel(HeadModel):
+    """Step-3.5-Flash with its MTP layers (``num_nextn_predict_layers: 3``)."""
+
+    model_arch = MODEL_ARCH.STEP35
+    tensor_prefix: ClassVar[NamePrefix] = "model.layers."
+    n_head_kv_keys = ("num_attention_groups",)
+    expert_count_keys = ("moe_num_experts",)
+    expert_used_keys = ("moe_top_k",)
+
+    @classmethod
+    def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
+        """``model.layers.{N+i}.`` for each MTP layer (what to download and open: the shards of those layers)."""
+        n_layer, n_nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers")
+        counts = (n_layer, n_nextn)
+        if any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
+            return cls.tensor_prefix  # refused with a proper message once the model reads its config
+        assert isinstance(n_layer, int) and isinstance(n_nextn, int)
+        if min(n_layer, n_nextn) < 1 or n_layer + n_nextn > LLAMA_MAX_LAYERS:
+            return cls.tensor_prefix
+        return tuple(f"model.layers.{n_layer + i}." for i in range(n_nextn))
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        super().__init__(checkpoint)
+        self._read_hparams()
+        #: (block offset, name inside the layer as llama.cpp's converter renames it) of every head tensor
+        self._present = {(int(m["layer"]) - self.n_layer, _renamed(m["rest"])) for name in checkpoint.tensors
+                         if name.startswith(self.tensor_prefix) and (m := _LAYER.match(name)) is not None}
+
+    def _read_hparams(self) -> None:
+        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+        need, may = self.hparam_int, self.optional_hparam_int
+        self.n_layer = need("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
+                            limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
+        self.n_nextn = need("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS - self.n_layer)
+        if self.n_nextn == 0:
+            raise CheckpointError("num_nextn_predict_layers = 0: the checkpoint has no MTP layer", self.config_path)
+        self.tensor_prefix = self.head_prefix(self.hparams)  # type: ignore[misc]  # per instance
+        self.read_common_hparams()
+        self.n_blocks = self.n_layer + self.n_nextn
+        other = self.hparams.get("attention_other_setting") or {}
+        if not isinstance(other, dict):
+            raise CheckpointError("attention_other_setting is not a JSON object", self.config_path)
+        self.n_head_swa = self._nested_int(other, "num_attention_heads", self.n_head)
+        self.n_head_kv_swa = self._nested_int(other, "num_attention_groups", self.n_head_kv)
+        self.layer_types = self._padded("layer_types", _FULL, str)
+        unknown = sorted({t for t in self.layer_types if t not in (_SWA, _FULL)})
+        if unknown:
+            raise CheckpointError(f"layer_types has {unknown[0]!r}: expected {_FULL!r} or {_SWA!r}", self.config_path)
+        self.clamps = {suffix: self._padded(key, 0.0, float) for suffix, key in CLAMPS.items()
+                       if self.hparams.get(key) is not None}
+        self.sliding_window = need("sliding_window", maximum=2**32 - 1)
+        self.n_ff = may("intermediate_size")
+        self.n_ff_exp = may("moe_intermediate_size")
+        self.n_ff_shexp = may("share_expert_dim")
+        self.router_scale = self.optional_hparam_float("moe_router_scaling_factor")
+        self.norm_expert_weight = self.optional_hparam_bool("norm_expert_weight")
+        self.moe_every_n = may("moe_every_n_layer") or 1
+        self.leading_dense = self._leading_dense()
+
+    def _leading_dense(self) -> int:
+        """The dense layers before the first MoE layer: the smallest index of ``moe_layers_enum`` ("1,2,...")."""
+        enum = self.hparams.get("moe_layers_enum")
+        if not isinstance(enum, str) or not enum.strip():
+            return 0
+        try:
+            first = min(int(item) for item in enum.strip().split(",")[:LLAMA_MAX_LAYERS + 1])
+        except ValueError:
+            raise CheckpointError(f"moe_layers_enum = {enum!r:.40} is not a list of layer indices",
+                                  self.config_path) from None
+        return self.hparam_origin("moe_layers_enum", max(0, min(first, LLAMA_MAX_LAYERS)))
+
+    def _nested_int(self, section: dict[str, Any], key: str, default: int) -> int:
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WIDTH:
+            raise CheckpointError(f"attention_other_setting.{key} = {value!r:.40} is not a head count",
+                                  self.config_path)
+        return self.hparam_origin(f"attention_other_setting.{key}", value)
+
+    def _padded(self, key: str, default: Any, kind: type) -> list[Any]:
+        """config.json's per-layer list ``key`` cut or padded with ``default`` to ``N + n_nextn`` entries (as
+        llama.cpp's converter pads it); ``null`` entries become ``default``."""
+        raw = self.hparams.get(key) or []
+        if not isinstance(raw, list) or len(raw) > LLAMA_MAX_LAYERS:
+            raise CheckpointError(f"{key} is not a list of at most {LLAMA_MAX_LAYERS} per-layer entries",
+                                  self.config_path)
+        values = []
+        for item in raw[: self.n_blocks]:
+            if item is None:
+                item = default
+            if kind is float and isinstance(item, int) and not isinstance(item, bool):
+                item = float(item)
+            if not isinstance(item, kind) or isinstance(item, bool):
+                raise CheckpointError(f"{key} has {item!r:.40}: not a {kind.__name__}", self.config_path)
+            values.append(item)
+        return self.hparam_origin(key, values + [default] * (self.n_blocks - len(values)))
+
+    # ------------------------------------------------------------------------------------ tensors
+
+    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        match = _LAYER.match(tensor.name)
+        offset = int(match["layer"]) - self.n_layer if match else -1
+        if match is None or not 0 <= offset < self.n_nextn:
+            raise CheckpointError(f"tensor {tensor.name!r} is not in an MTP layer", tensor.path)
+        rest = _renamed(match["rest"])
+        entry = NAMES.get(rest)
+        if entry is None:
+            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
+        key, suffix = entry
+        part = PlusOneTensor.of(tensor) if rest.endswith("norm.weight") else tensor
+        yield self.format_tensor_name(key, suffix, offset), TensorSource.single(part)
+
+    def _has(self, offset: int, rest: str) -> bool:
+        return (offset, rest) in self._present
+
+    def _swa(self, offset: int) -> bool:
+        return self.layer_types[self.n_layer + offset] == _SWA
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {}
+        for offset in range(self.n_nextn):
+            shapes.update(self._block_shapes(offset))
+        return shapes
+
+    def _block_shapes(self, i: int) -> dict[str, tuple[int, ...]]:
+        h, d = self.n_embd, self.head_dim
+        n_head = self.n_head_swa if self._swa(i) else self.n_head
+        q, kv = n_head * d, (self.n_head_kv_swa if self._swa(i) else self.n_head_kv) * d
+
+        def name(key: MODEL_TENSOR, suffix: str = ".weight") -> str:
+            return self.format_tensor_name(key, suffix, i)
+
+        shapes: dict[str, tuple[int, ...]] = {
+            name(T.NEXTN_EH_PROJ): (h, 2 * h), name(T.NEXTN_ENORM): (h,), name(T.NEXTN_HNORM): (h,),
+            name(T.ATTN_NORM): (h,), name(T.ATTN_Q): (q, h), name(T.ATTN_K): (kv, h), name(T.ATTN_V): (kv, h),
+            name(T.ATTN_OUT): (h, q),
+        }
+        optional = {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+                    "self_attn.g_proj.weight": (n_head, h), "embed_tokens.weight": (self._rows(i, "embed_tokens"), h),
+                    "shared_head.norm.weight": (h,),
+                    "shared_head.head.weight": (self._rows(i, "transformer.shared_head.output"), h)}
+        for rest, shape in optional.items():
+            if self._has(i, rest):
+                key, suffix = NAMES[rest]
+                shapes[name(key, suffix)] = shape
+        shapes[name(T.FFN_NORM)] = (h,)
+        if self._has(i, "moe.gate.weight"):
+            e, f, s = self.n_expert, self._need(self.n_ff_exp, "moe_intermediate_size"), self.n_ff_shexp
+            shapes.update({name(T.FFN_GATE_INP): (e, h), name(T.FFN_EXP_PROBS_B, ".bias"): (e,),
+                           name(T.FFN_GATE_EXP): (e, f, h), name(T.FFN_UP_EXP): (e, f, h),
+                           name(T.FFN_DOWN_EXP): (e, h, f)})
+            if s:
+                shapes.update({name(T.FFN_GATE_SHEXP): (s, h), name(T.FFN_UP_SHEXP): (s, h),
+                               name(T.FFN_DOWN_SHEXP): (h, s)})
+        else:
+            f = self._need(self.n_ff, "intermediate_size")
+            shapes.update({name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h), name(T.FFN_DOWN): (h, f)})
+        return shapes
+
+    def _rows(self, i: int, hf_name: str) -> int:
+        """The vocabulary rows of a layer's embedding/head copy: vocab_size, else the tensor's own."""
+        if self.vocab_size is not None:
+            return self.vocab_size
+        tensor = self.checkpoint.tensors.get(f"model.layers.{self.n_layer + i}.{hf_name}.weight")
+        return tensor.shape[0] if tensor is not None and tensor.shape else 0
+
+    def _need(self, value: int | None, key: str) -> int:
+        if value is None:
+            raise CheckpointError(f"config.json has no {key}, which the MTP layers need", self.config_path)
+        return value
+
+    # --------------------------------------------------------------------------------- metadata
+
+    def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
+        # The scalars llama.cpp's converter writes for step35 (conversion/step3.py:134-225), each checked already.
+        super().set_gguf_parameters(writer, n_layers)
+        if self.n_ff is not None:
+            writer.add_feed_forward_length(self.n_ff)
+        writer.add_sliding_window(self.sliding_window)
+        if self.n_ff_exp is not None:
+            writer.add_expert_feed_forward_length(self.n_ff_exp)
+        if self.n_ff_shexp is not None:
+            writer.add_expert_shared_feed_forward_length(self.n_ff_shexp)
+        if self.router_scale is not None:
+            writer.add_expert_weights_scale(self.router_scale)
+        if self.norm_expert_weight is not None:
+            writer.add_expert_weights_norm(self.norm_expert_weight)
+        writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        writer.add_leading_dense_block_count(self.leading_dense)
+        writer.add_moe_every_n_layers(self.moe_every_n)
+        if self.rope_theta_swa is not None:
+            writer.add_rope_freq_base_swa(self.rope_theta_swa)
+
+    def _read_rope_theta(self) -> float | None:
+        """``rope_theta`` may be a list: its first entry is the base, its second the sliding-window layers' base
+        (what llama.cpp's converter takes, conversion/step3.py:135-140)."""
+        self.rope_theta_swa: float | None = None
+        theta = self.hparams.get("rope_theta")
+        if not isinstance(theta, list):
+            return super()._read_rope_theta()
+        values = [config_float({"rope_theta": v}, "rope_theta", where=self.config_path, maximum=3.4e38)
+                  for v in theta[:2]]
+        if not values:
+            raise CheckpointError("rope_theta is an empty list", self.config_path)
+        if len(values) > 1:
+            self.rope_theta_swa = self.hparam_origin("rope_theta[1]", values[1])
+        return self.hparam_origin("rope_theta[0]", values[0])
+
+    def own_layer_arrays(self) -> tuple[str, ...]:
+        return (HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN, *self.clamps)
+
+    def _layer_values(self, layer: int) -> dict[str, Any]:
+        swa = self.layer_types[layer] == _SWA
+        return {
+            HEAD_COUNT: self.n_head_swa if swa else self.n_head,
+            HEAD_COUNT_KV: self.n_head_kv_swa if swa else self.n_head_kv,
+            SWA_PATTERN: swa,
+            **{suffix: values[layer] for suffix, values in self.clamps.items()},
+            "feed_forward_length": self.n_ff or 0,
+            "expert_used_count": self.n_expert_used,
+        }
+
+    def nextn_layer_values(self) -> dict[str, Any]:
+        return self._layer_values(self.n_layer)
+
+    def nextn_block_values(self, offset: int) -> dict[str, Any]:
+        return self._layer_values(self.n_layer + offset)
+
+    def trunk_layer_values(self, n_trunk: int) -> dict[str, list[Any]] | None:
+        if n_trunk != self.n_layer:
+            return None
+        rows = [self._layer_values(layer) for layer in range(n_trunk)]
+        return {suffix: [row[suffix] for row in rows] for suffix in self.own_layer_arrays()}
+
+    def target_checks(self) -> list[TargetCheck]:
+        # Heads differ per layer (full vs sliding attention): compared through the per-layer arrays at compose time.
+        skip = {HEAD_COUNT, HEAD_COUNT_KV}
+        return [TargetCheck("block_count", self.n_layer, "num_hidden_layers"),
+                *(c for c in super().target_checks() if c.key not in skip)]

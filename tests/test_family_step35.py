@@ -1,0 +1,209 @@
+"""Step-3.5-Flash (step35): ``convert`` of the three MTP layers into three NextN blocks, checked by value, by llama.cpp
+(an MTP decode through every block), and against llama.cpp's own convert_hf_to_gguf.py tensor for tensor.
+
+The upstream part converts one tiny full checkpoint (tests/step_checkpoints.py: 3 trunk layers + 3 MTP layers,
+2 shards + index, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences are listed
+in :data:`ALLOWED` (none: every tensor of the three NextN blocks is byte-identical, the ``+ 1`` norms included).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from convert_support import as_f32, raw_tensor
+from gguf import GGMLQuantizationType
+from helpers import reader_kvs, reader_tensors
+from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_LAYER, VOCAB, H, write_step_checkpoint
+
+from gguf_mtp.check.inspect import inspect
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+from gguf_mtp.conversion.step35 import Step35MTPModel
+from gguf_mtp.hub.checkpoint import head_files
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+
+Q = GGMLQuantizationType
+BLOCKS = (3, 4, 5)  # model.layers.{3,4,5} -> blk.{3,4,5}
+#: tensor -> (how, why) gguf-mtp's NextN blocks may differ from upstream's --mtp export: none for step35.
+ALLOWED: dict[str, tuple[str, str]] = {}
+#: The per-layer arrays llama.cpp's converter writes for step35 (conversion/step3.py:161-223).
+ARRAYS = ("attention.head_count", "attention.head_count_kv", "attention.sliding_window_pattern",
+          "swiglu_clamp_exp", "swiglu_clamp_shexp")
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_step_checkpoint(tmp_path_factory.mktemp("step") / "Step-tiny")
+
+
+def _draft(folder: Path, out: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+    return reader_tensors(convert(folder, out, block=N_LAYER, progress=False).output)
+
+
+# ------------------------------------------------------------------------------------------------ convert
+
+
+def test_three_blocks_renumbered_together_with_their_own_shapes(step: Path, tmp_path: Path) -> None:
+    ours = _draft(step, tmp_path / "d.gguf")
+    assert len(ours) == 3 * 17
+    for offset, block in enumerate(BLOCKS):
+        layer = N_LAYER + offset
+        heads = N_HEAD_SWA if LAYER_TYPES[layer] == "sliding_attention" else N_HEAD
+        assert ours[f"blk.{block}.attn_q.weight"][:2] == (Q.BF16, (H, heads * HEAD_DIM))
+        assert ours[f"blk.{block}.attn_k.weight"][:2] == (Q.BF16, (H, N_KV * HEAD_DIM))
+        assert ours[f"blk.{block}.attn_gate.weight"][:2] == (Q.BF16, (H, heads))
+        assert ours[f"blk.{block}.nextn.shared_head_head.weight"][:2] == (Q.BF16, (H, VOCAB))
+        p = f"model.layers.{layer}."
+        # matrices byte for byte, from their own layer; the nested shared head found under transformer.
+        assert ours[f"blk.{block}.nextn.eh_proj.weight"][2] == raw_tensor(step, p + "eh_proj.weight")[2]
+        assert ours[f"blk.{block}.nextn.shared_head_head.weight"][2] == \
+            raw_tensor(step, p + "transformer.shared_head.output.weight")[2]
+        # norms + 1, in float32
+        for gguf_name, hf_name in (("nextn.enorm", "enorm"), ("attn_q_norm", "self_attn.q_norm"),
+                                   ("nextn.shared_head_norm", "transformer.shared_head.norm")):
+            assert ours[f"blk.{block}.{gguf_name}.weight"][0] == Q.F32
+            expected = as_f32(step, f"{p}{hf_name}.weight") + np.float32(1)
+            assert ours[f"blk.{block}.{gguf_name}.weight"][2] == expected.tobytes()
+    assert not [n for n in ours if not n.startswith(tuple(f"blk.{b}." for b in BLOCKS))]
+
+
+def test_per_layer_arrays_carry_one_entry_per_block(step: Path, tmp_path: Path) -> None:
+    kvs = reader_kvs(convert(step, tmp_path / "d.gguf", block=N_LAYER, progress=False).output)
+    assert kvs["step35.block_count"][1] == 6 and kvs["step35.nextn_predict_layers"][1] == 3
+    swa = [t == "sliding_attention" for t in LAYER_TYPES]
+    assert kvs["step35.attention.sliding_window_pattern"][1] == swa
+    assert kvs["step35.attention.head_count"][1] == [N_HEAD_SWA if s else N_HEAD for s in swa]
+    assert kvs["step35.attention.head_count_kv"][1] == [N_KV] * 6
+    assert kvs["step35.swiglu_clamp_exp"][1] == [0.0, 0.0, 7.0, 7.0, 0.0, 0.0]
+    assert kvs["step35.swiglu_clamp_shexp"][1] == [0.0, 0.0, 16.0, 0.0, 0.0, 0.0]  # padded for the MTP layers
+
+
+def test_head_prefix_names_only_the_mtp_layers(step: Path, tmp_path: Path) -> None:
+    config = {"num_hidden_layers": 45, "num_nextn_predict_layers": 3}
+    assert Step35MTPModel.head_prefix(config) == ("model.layers.45.", "model.layers.46.", "model.layers.47.")
+    assert Step35MTPModel.head_prefix({"num_hidden_layers": "45"}) == "model.layers."
+    # what a Hub download fetches: the shards holding model.layers.45-47 only (not model.layers.4*)
+    weight_map = {"model.layers.4.mlp.gate_proj.weight": "a", "model.layers.44.eh_proj.weight": "b",
+                  "model.layers.45.eh_proj.weight": "c", "model.layers.47.enorm.weight": "d"}
+    assert head_files(weight_map, Step35MTPModel.head_prefix(config)) == ["c", "d"]
+    # with the index, only the shard of the MTP layers is needed
+    folder = tmp_path / "selective" / step.name
+    folder.mkdir(parents=True)
+    for name in (CONFIG_NAME, INDEX_NAME, "model-00002-of-00002.safetensors"):
+        shutil.copy2(step / name, folder / name)
+    assert _draft(folder, tmp_path / "d.gguf") == _draft(step, tmp_path / "ref.gguf")
+
+
+def test_the_plan_names_every_block(step: Path, tmp_path: Path) -> None:
+    report = convert(step, tmp_path / "d.gguf", block=N_LAYER, progress=False, dry_run=True)
+    assert "step35 3 NextN blocks blk.3-5, 51 head tensors" in "\n".join(report.describe())
+    assert report.to_dict()["nextn_blocks"] == 3
+    assert not (tmp_path / "d.gguf").exists()
+
+
+# --------------------------------------------------------------------------------------- upstream parity
+
+
+@pytest.fixture(scope="module")
+def upstream(step: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("step-parity")
+    checkpoint = work / "hf"
+    shutil.copytree(step, checkpoint)
+    write_gpt2_tokenizer(checkpoint)
+    out = {
+        "checkpoint": checkpoint,
+        "full": upstream_convert(checkpoint, work / "full.gguf"),
+        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
+        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
+    }
+    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
+    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
+                                progress=False).output
+    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
+    return out
+
+
+def _assert_same_tensors(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        if name not in ALLOWED:
+            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+class TestUpstreamParity:
+    def test_convert_equals_upstream_mtp_blocks(self, upstream: dict[str, Path]) -> None:
+        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith("blk.")}
+        assert len(theirs) == 51 and {n.split(".")[1] for n in theirs} == {"3", "4", "5"}
+        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+
+    def test_draft_arrays_equal_upstreams(self, upstream: dict[str, Path]) -> None:
+        ours, theirs = reader_kvs(upstream["draft"]), reader_kvs(upstream["mtp"])
+        for suffix in ARRAYS:
+            assert ours[f"step35.{suffix}"] == theirs[f"step35.{suffix}"], suffix
+
+    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
+        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
+        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
+        ours, theirs = reader_kvs(upstream["composite"]), reader_kvs(upstream["full"])
+        differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
+        assert differ == {"general.size_label"}  # compose keeps the trunk's; upstream recounts
+
+    def test_verify_passes_naming_every_block(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.verify import verify
+
+        report = verify(upstream["composite"], target=upstream["trunk"], draft=upstream["draft"], llama=False,
+                        progress=False)
+        assert report.ok, "\n".join(report.describe())
+        draft = next(c for c in report.checks if c.name == "draft tensors")
+        assert "all 51 draft block tensors" in draft.detail and "identical as blk.3-5" in draft.detail
+
+    def test_inspect_sees_three_chained_blocks(self, upstream: dict[str, Path]) -> None:
+        summary = inspect(upstream["composite"])
+        assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None
+
+    def test_llama_runs_every_block_of_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.llama_check import check_with_llama
+
+        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
+        for check in (ours, theirs):
+            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
+        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
+        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
+        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
+
+    def test_standalone_runs_every_block_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
+        from gguf_mtp.check.llama_check import check_with_llama
+
+        check = check_with_llama(upstream["standalone"], trunk=False)
+        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        assert check.mtp_blocks_decoded == 3
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_nextn_predict_layers": 0}, "num_nextn_predict_layers = 0: the checkpoint has no MTP layer"),
+    ({"layer_types": ["full_attention"] * 5 + ["chunked_attention"]}, "layer_types has 'chunked_attention'"),
+    ({"swiglu_limits": [None, "7"]}, "swiglu_limits has '7': not a float"),
+    ({"attention_other_setting": {"num_attention_heads": 0}}, "attention_other_setting.num_attention_heads = 0"),
+])
+def test_bad_config_is_one_line(step: Path, tmp_path: Path, change: dict, message: str) -> None:
+    import json
+
+    from gguf_mtp.errors import CheckpointError
+
+    folder = tmp_path / "bad"
+    shutil.copytree(step, folder)
+    config = json.loads((folder / CONFIG_NAME).read_text()) | change
+    (folder / CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
