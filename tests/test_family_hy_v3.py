@@ -118,7 +118,7 @@ def test_no_mtp_layer_is_named(tmp_path: Path) -> None:
 def test_two_mtp_layers_become_two_blocks_renumbered_together(tmp_path: Path) -> None:
     two = write_hy_checkpoint(tmp_path / "two", n_nextn=2)
     report = convert(two, tmp_path / "d.gguf", block=5, progress=False)  # blk.5 and blk.6 whatever N is
-    assert report.plan.blocks == "blk.5..6" and "NextN block blk.5..6" in report.describe()[1]
+    assert report.plan.blocks_text == "2 NextN blocks blk.5-6" and "2 NextN blocks blk.5-6" in report.describe()[1]
     ours = reader_tensors(report.output)
     assert len(ours) == 40 and {n.split(".")[1] for n in ours} == {"5", "6"}
     for layer, block in ((2, 5), (3, 6)):  # each layer's own bytes, experts stacked per layer

@@ -150,8 +150,11 @@ def test_standalone_extract_of_three_blocks_carries_the_globals(glm_converted3: 
 def test_graft_moves_three_blocks_and_equals_extract_then_compose(glm_converted3: Path, tmp_path: Path) -> None:
     receiver = write_target(tmp_path / "ud", family=GLM4MOE, quant="mixed", shards=2, name="glm-UD", seed=4)
     report = graft(glm_converted3, receiver, tmp_path / "grafted", llama=False, progress=False)
-    assert report.ok and report.plan.composition.nextn_blocks == 3
-    assert report.verification is not None and report.verification.ok
+    assert report.plan.composition.nextn_blocks == 3
+    # Every check passes but the one that says llama.cpp's glm4moe MTP graph takes exactly one NextN block.
+    assert report.verification is not None
+    assert [c.name for c in report.verification.failures] == ["NextN tensors"]
+    assert "MTP graph runs exactly 1" in report.verification.check("NextN tensors").detail
     draft = extract(glm_converted3, tmp_path / "mtp.gguf", progress=False).output
     compose(receiver, draft, tmp_path / "composed", progress=False)
     assert file_hashes(tmp_path / "grafted") == file_hashes(tmp_path / "composed")
@@ -188,19 +191,19 @@ def test_inspect_names_the_one_incomplete_block_of_three(glm_converted3: Path, t
 
 
 @pytest.mark.parametrize("name", ["glm3", "nemotron3"])
-def test_verify_passes_a_three_block_composite_against_target_and_draft(
+def test_verify_checks_a_three_block_composite_against_target_and_draft(
     name: str, request: pytest.FixtureRequest
 ) -> None:
     composite = request.getfixturevalue(name)
     target = request.getfixturevalue("glm_target" if name == "glm3" else "nemotron_split")
     draft = request.getfixturevalue("glm_draft3" if name == "glm3" else "nemotron_draft3_distinct")
     report = verify(composite, target=target, draft=draft, llama=False, progress=False)
-    assert report.ok, report.describe()
+    # The blocks, bytes and metadata are right; only the architecture's MTP graph takes exactly one NextN block.
+    assert [c.name for c in report.failures] == ["NextN tensors"], report.describe()
     n_draft = len(read_header(draft).tensors)
     assert report.check("draft tensors").detail.startswith(f"all {n_draft} draft block tensors")
     nextn = report.check("NextN tensors").detail
-    blocks = "blk.2, blk.3, blk.4" if name == "glm3" else "blk.3, blk.4, blk.5"
-    assert nextn.startswith(f"{blocks} declared")
+    assert "MTP graph runs exactly 1" in nextn and "its MTP decode aborts on this file" in nextn
 
 
 def test_verify_fails_a_composite_whose_arrays_have_one_nextn_entry_for_three_blocks(
