@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants
 import pytest
 from helpers import flip_byte
 from hub_standin import RecordingHub

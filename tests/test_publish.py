@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants
 import pytest
 from helpers import copy_model, shard_files
 from hub_standin import LargeFolderHub, RecordingHub, http_error
