@@ -368,6 +368,19 @@ def test_no_write_access_to_out_repo_stops_before_downloading(
     assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
 
 
+def test_a_readme_gguf_mtp_did_not_write_in_out_repo_stops_before_downloading(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = RecordingHub(source=target_repo)
+    hub.put("README.md", b"# Tiny MTP\n\nMy own words.\n")
+    with pytest.raises(HubError, match="me/Tiny-MTP: README.md exists and was not written by gguf-mtp") as caught:
+        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
+    assert caught.value.parameters == ("replace_readme",)
+    assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
+    report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", replace_readme=True)
+    assert hub.files["README.md"]["data"] == report.published.card.encode()
+
+
 def test_second_pipeline_in_the_same_work_folder_is_refused(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
