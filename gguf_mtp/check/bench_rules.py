@@ -401,8 +401,7 @@ class BenchSummary:
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     value = data.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ParameterError(f"bench_json: {key} = {value!r} is not what gguf-mtp bench --json writes", where,
-                             "bench_json")
+        raise ParameterError(f"{key} = {value!r} is not what gguf-mtp bench --json writes", where)
     return value
 
 
@@ -413,14 +412,14 @@ def parse_bench_json(document: Any, where: str) -> BenchSummary:
         ParameterError: not such a report (one line naming ``where``).
     """
     if not isinstance(document, Mapping) or document.get("command") != "bench":
-        raise ParameterError("bench_json: not a gguf-mtp bench --json report", where, "bench_json")
+        raise ParameterError("not a gguf-mtp bench --json report", where)
     runs = _field(document, "runs", list, where)
     if not 2 <= len(runs) <= 1 + MAX_N_MAX:
-        raise ParameterError(f"bench_json: {len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where, "bench_json")
+        raise ParameterError(f"{len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where)
     rows = []
     for run in runs:
         if not isinstance(run, Mapping):
-            raise ParameterError("bench_json: a run is not an object", where, "bench_json")
+            raise ParameterError("a run is not an object", where)
         rate = _field(run, "predicted_per_second", (int, float), where)
         row = BenchRow(
             n_max=_field(run, "n_max", int, where),
@@ -431,23 +430,20 @@ def parse_bench_json(document: Any, where: str) -> BenchSummary:
         )
         if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
                 or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
-            raise ParameterError(f"bench_json: the run with n_max {row.n_max} has impossible counts", where,
-                                 "bench_json")
+            raise ParameterError(f"the run with n_max {row.n_max} has impossible counts", where)
         rows.append(row)
     if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
-        raise ParameterError("bench_json: runs are not n_max 0 (without MTP) then increasing n-max", where,
-                             "bench_json")
+        raise ParameterError("runs are not n_max 0 (without MTP) then increasing n-max", where)
     recommended = document.get("recommended_n_max")
     if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
                                     or recommended not in {r.n_max for r in rows}):
-        raise ParameterError(f"bench_json: recommended_n_max = {recommended!r} is not a measured n-max", where,
-                             "bench_json")
+        raise ParameterError(f"recommended_n_max = {recommended!r} is not a measured n-max", where)
     model = _field(document, "model", str, where)
     draft = document.get("draft")
     server_args = document.get("server_args", [])
     if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
             or len(server_args) > 256:
-        raise ParameterError("bench_json: server_args is not a list of strings", where, "bench_json")
+        raise ParameterError("server_args is not a list of strings", where)
     return BenchSummary(
         model=model,
         draft=draft if isinstance(draft, str) else None,

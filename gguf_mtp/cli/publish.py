@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="upload into this folder of the repo (e.g. the folder of a quant, so that a --standalone "
                         "sidecar lies next to it for llama-server -hf); default the repo root. The card is "
                         "always the repo's root README.md, the one the Hub shows")
-    p.add_argument("--bench-json", dest="bench_json", metavar="FILE",
+    p.add_argument("--bench-json", dest="bench", metavar="FILE",
                    help="a `gguf-mtp bench --json` report of these files: the card shows its table (acceptance, "
                         "tokens/s, speed-up per n-max)")
     p.add_argument("--force", dest="replace_readme", action="store_true",
@@ -84,13 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_repo_id(args.repo, "--repo")
     bench = None
-    if args.bench_json:
+    if args.bench:
         from gguf_mtp.check.bench_rules import parse_bench_json
         from gguf_mtp.errors import ParameterError
         from gguf_mtp.files.json_io import load_json_file
 
-        bench = parse_bench_json(load_json_file(args.bench_json, max_bytes=1 << 20, error=ParameterError),
-                                 args.bench_json)
+        bench = parse_bench_json(load_json_file(args.bench, max_bytes=1 << 20, error=ParameterError), args.bench)
     report = publish(
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),

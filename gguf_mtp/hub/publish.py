@@ -538,7 +538,7 @@ def _check_bench_is_of(bench: BenchSummary, first_file: str) -> None:
     measured = {os.path.basename(bench.model)} | ({os.path.basename(bench.draft)} if bench.draft else set())
     if first_file not in measured:
         raise ParameterError(
-            f"bench_json measured {', '.join(sorted(measured))}, not the published {first_file}", parameter="bench_json"
+            f"bench measured {', '.join(sorted(measured))}, not the published {first_file}", parameter="bench"
         )
 
 
