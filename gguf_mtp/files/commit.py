@@ -46,7 +46,7 @@ from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
 from gguf_mtp.formatting import human_bytes
 
-from .create import create_exclusive, fsync_dir, temporary_name, write_all
+from .create import fsync_dir, write_then_rename
 from .journal import (
     BACKUP_SUFFIX,
     JOURNAL_NAME,
@@ -171,21 +171,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
-    data = encode_journal(os.getpid(), entries)
-    temporary = temporary_name(folder / JOURNAL_NAME)
-    fd = create_exclusive(temporary)  # never through a link planted at that name
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        rename_noreplace(temporary, folder / JOURNAL_NAME)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(temporary)
-        raise
-    fsync_dir(folder)  # the journal is on disk before any final name changes
+    # Created exclusively (never through a link planted at its temporary name), renamed only to a free
+    # name, and on disk (folder fsynced) before any final name changes.
+    write_then_rename(folder / JOURNAL_NAME, encode_journal(os.getpid(), entries), rename_noreplace)
 
 
 def remove_journal(folder: Path) -> None:
