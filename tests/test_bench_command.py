@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import pid_alive
 
 from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
 from gguf_mtp.check.bench_rules import (
@@ -308,15 +309,6 @@ def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path
     assert "--n-max" in one_error_line(gguf_mtp("bench", *common, "--n-max", "0,1"))
     assert "--tokens" in one_error_line(gguf_mtp("bench", *common, "--tokens", "0"))
     assert "--port is set by bench" in one_error_line(gguf_mtp("bench", *common, "--", "--port", "1"))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
