@@ -30,6 +30,7 @@ __all__ = [
     "BenchSummary",
     "Completion",
     "Difference",
+    "acceptance_rate",
     "completion_request",
     "first_difference",
     "parse_bench_json",
@@ -37,6 +38,7 @@ __all__ = [
     "parse_n_max_list",
     "recommend_n_max",
     "server_arguments",
+    "speedup",
 ]
 
 #: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
@@ -171,6 +173,16 @@ def parse_completion(answer: object) -> Completion:
     )
 
 
+def acceptance_rate(accepted: int, drafted: int) -> float | None:
+    """The share of drafted tokens the trunk accepted; ``None`` when nothing was drafted (the run without MTP)."""
+    return accepted / drafted if drafted else None
+
+
+def speedup(tokens_per_second: float, baseline: float) -> float | None:
+    """How many times faster than the run without MTP (``baseline`` tokens/s); ``None`` without a baseline."""
+    return tokens_per_second / baseline if baseline > 0 else None
+
+
 @dataclass(frozen=True)
 class BenchRun:
     """One server configuration (``n_max`` 0: without MTP) and its answers to every prompt, summed."""
@@ -201,8 +213,8 @@ class BenchRun:
 
     @property
     def acceptance(self) -> float | None:
-        """``draft_n_accepted / draft_n``; ``None`` when nothing was drafted (the run without MTP)."""
-        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+        """:func:`acceptance_rate` of the run."""
+        return acceptance_rate(self.draft_n_accepted, self.draft_n)
 
     @property
     def text_sha256(self) -> str:
@@ -221,6 +233,7 @@ class Difference:
     unit: str  # "token" or "character"
 
     def describe(self) -> str:
+        """One line: which run, which prompt, and where."""
         return (
             f"with MTP (n-max {self.n_max}) prompt {self.prompt + 1} differs from the run without MTP "
             f"at {self.unit} {self.position}"
@@ -283,6 +296,7 @@ class BenchReport:
 
     @property
     def baseline(self) -> BenchRun:
+        """The run without MTP (``n_max`` 0)."""
         return next(r for r in self.runs if r.n_max == 0)
 
     @property
@@ -296,8 +310,8 @@ class BenchReport:
         return recommend_n_max(self.runs) if self.lossless else None
 
     def speedup(self, run: BenchRun) -> float | None:
-        base = self.baseline.predicted_per_second
-        return run.predicted_per_second / base if base > 0 else None
+        """:func:`speedup` of ``run`` over the run without MTP."""
+        return speedup(run.predicted_per_second, self.baseline.predicted_per_second)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` report (``n_max`` 0 is the run without MTP)."""
@@ -377,7 +391,8 @@ class BenchRow:
 
     @property
     def acceptance(self) -> float | None:
-        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+        """:func:`acceptance_rate` of the run."""
+        return acceptance_rate(self.draft_n_accepted, self.draft_n)
 
 
 @dataclass(frozen=True)
@@ -394,8 +409,8 @@ class BenchSummary:
     server_args: tuple[str, ...]
 
     def speedup(self, row: BenchRow) -> float | None:
-        base = next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0)
-        return row.predicted_per_second / base if base > 0 else None
+        """:func:`speedup` of ``row`` over the run without MTP."""
+        return speedup(row.predicted_per_second, next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0))
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
