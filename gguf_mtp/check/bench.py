@@ -48,6 +48,8 @@ _NO_TOKENIZER = ("no_vocab", "none")
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt bench sends, and the name its report gives it (``prompt 2``, or the name in a JSON file)."""
+
     name: str
     text: str
 

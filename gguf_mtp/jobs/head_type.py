@@ -90,6 +90,7 @@ class HeadSummary:
     main_type: str  # the type holding most of the bytes
 
     def describe(self) -> str:
+        """``Q8_0 head, 3.1 MiB (12 Q8_0, 4 F32)``: the main type, the size and the tensors of each type."""
         kinds = ", ".join(f"{n} {t}" for t, n in self.types.items())
         return f"{self.main_type} head, {human_bytes(self.nbytes)} ({kinds})"
 
