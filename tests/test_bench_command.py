@@ -340,7 +340,8 @@ def test_plot_needs_matplotlib_and_a_new_file(tmp_path: Path, glm_trunk: Path, g
     line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true",
                                    "--plot", str(existing)))
     if importlib.util.find_spec("matplotlib") is None:  # the dependency floors: no bench extra
-        assert line.endswith("--plot needs matplotlib: pip install 'gguf-mtp[bench]' (matplotlib)")
+        assert line.endswith("--plot needs matplotlib: in your gguf-mtp clone run `make install` or "
+                             "`pip install '.[bench]'` (matplotlib)")
     else:
         assert "exists" in line and "--force" in line
     assert existing.read_bytes() == b"keep"

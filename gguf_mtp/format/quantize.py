@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from gguf_mtp.constants import install_hint
 from gguf_mtp.files.regular_file import open_regular
 from gguf_mtp.write import CopyRange, Generated, Segment
 
@@ -55,7 +56,7 @@ FLOAT_SOURCES = frozenset({Q.F32, Q.F16, Q.BF16})
 #: The types gguf-py's numpy code quantizes (byte-identical to ggml's reference quantizers).
 NUMPY_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_1, Q.Q5_0, Q.Q4_1, Q.Q4_0})
 
-INSTALL_HINT = "pip install 'gguf-mtp[llama]' (llama.cpp's own quantizer, from llama-cpp-python)"
+INSTALL_HINT = install_hint("llama", "llama.cpp's own quantizer, from llama-cpp-python")
 
 
 class QuantizerUnavailableError(RuntimeError):
