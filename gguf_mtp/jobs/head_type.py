@@ -28,6 +28,7 @@ from gguf_mtp.format.quantize import (
     type_nbytes,
 )
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.shards import ShardSet
 from gguf_mtp.write import Segment
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "HeadSummary",
     "HeadTensor",
     "bf16_head_hint",
+    "head_notes",
     "low_bit_warning",
     "parse_outtype",
     "retype_head_tensor",
@@ -143,3 +145,18 @@ def bf16_head_hint(head: Iterable[HeadTensor], trunk_types: Iterable[int], arch:
     )
     return (f"the head is {human_bytes(summary.nbytes)} in {summary.main_type} in a quantized target; "
             f"--outtype q8_0 would make it {human_bytes(size)}")
+
+
+def head_notes(
+    head: Iterable[HeadTensor], outtype: GGMLQuantizationType | None, target: ShardSet | None, arch: str | None
+) -> list[str]:
+    """The advisory lines about the head's type (compose and convert show them with the plan): the low-bit
+    warning for an ``outtype`` below Q4_K, or, when the head keeps its type (``outtype`` ``None``) and goes
+    into a quantized ``target``, the size a Q8_0 head would have (:func:`bf16_head_hint`)."""
+    warning = low_bit_warning(outtype)
+    if warning:
+        return [warning]
+    if outtype is None and target is not None:
+        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), arch)
+        return [hint] if hint else []
+    return []
