@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from gguf import GGMLQuantizationType
 
 from gguf_mtp.errors import BadGGUFError, ParameterError
-from gguf_mtp.format.header import TensorInfo
+from gguf_mtp.format.header import TensorInfo, tensor_nbytes
 from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
 from gguf_mtp.format.quantize import (
     INSTALL_HINT,
@@ -25,7 +25,6 @@ from gguf_mtp.format.quantize import (
     QuantizerUnavailableError,
     ggml_available,
     retyped_tensor,
-    type_nbytes,
 )
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.shards import ShardSet
@@ -140,7 +139,7 @@ def bf16_head_hint(head: Iterable[HeadTensor], trunk_types: Iterable[int], arch:
         return None
     q8 = GGMLQuantizationType.Q8_0
     size = sum(
-        type_nbytes(t.shape, head_tensor_type(t.name, t.shape, GGMLQuantizationType[t.type_name], q8, arch))
+        tensor_nbytes(t.shape, head_tensor_type(t.name, t.shape, GGMLQuantizationType[t.type_name], q8, arch))
         for t in tensors
     )
     return (f"the head is {human_bytes(summary.nbytes)} in {summary.main_type} in a quantized target; "
