@@ -87,6 +87,9 @@ _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, er
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<pid>[1-9][0-9]{0,9})(?:" + re.escape(PARTIAL_SUFFIX) + "|"
                        + re.escape(BACKUP_SUFFIX) + r")", re.DOTALL)
 _BUSY = "another gguf-mtp run is writing into this folder (wait for it, or use another folder)"
+#: What a run says where an old file cannot be put back because another file took its name.
+_KEEP_BOTH = ("both files were kept and the journal too: keep the file you want under its name, remove the other, "
+              "then run again")
 
 
 def _load_renameat2() -> Any:
@@ -274,10 +277,7 @@ def _who(pid: int | None) -> str:
 
 
 def _conflict_line(who: str, plan: RecoveryPlan) -> str:
-    return (
-        f"{who} was killed while replacing files here, and since then {'; '.join(plan.conflicts)}; both files "
-        "were kept and the journal too: keep the file you want under its name, remove the other, then run again"
-    )
+    return f"{who} was killed while replacing files here, and since then {'; '.join(plan.conflicts)}; {_KEEP_BOTH}"
 
 
 def recover(folder: Path) -> str | None:
@@ -386,9 +386,7 @@ def _roll_back_here(folder: Path, entries: Sequence[Replacement], failure: BaseE
         plan = plan_recovery(entries, _observe(folder, entries), may_roll_forward=False)
         _carry_out(folder, plan)
         if plan.conflicts:
-            raise OutputWriteError(f"renaming failed ({reason}) and {'; '.join(plan.conflicts)}: both files were "
-                                   "kept and the journal too; keep the file you want under its name, remove the "
-                                   "other, then run again", folder)
+            raise OutputWriteError(f"renaming failed ({reason}) and {'; '.join(plan.conflicts)}: {_KEEP_BOTH}", folder)
         if journal:
             remove_journal(folder)
     except OutputWriteError:
