@@ -822,6 +822,24 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
 
 
+def test_dry_run_refuses_an_out_repo_readme_gguf_mtp_did_not_write_like_a_run(
+    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    hub = RecordingHub(source=target_repo)
+    hub.put("README.md", b"# Out\n\nMy own words.\n")
+    options = dict(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
+                   work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True, progress=False)
+    with pytest.raises(HubError, match="me/Out: README.md exists and was not written by gguf-mtp") as caught:
+        run_pipeline(**options)
+    assert caught.value.parameters == ("replace_readme",)
+    report = run_pipeline(**options, replace_readme=True)
+    assert any("not written by gguf-mtp; it is replaced, as asked" in note for note in report.notes)
+    assert not {"upload_folder", "delete_file", "create_repo"} & set(hub.methods)
+    assert not (tmp_path / "work").exists()
+
+
 def test_dry_run_refuses_what_a_run_refuses(hf_home: Path, tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -383,7 +383,7 @@ def run_pipeline(
         return plan_pipeline(
             hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
             out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
-            cache_dir=cache_dir, keep=keep,
+            cache_dir=cache_dir, keep=keep, out_revision=out_revision, replace_readme=replace_readme,
         )
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
