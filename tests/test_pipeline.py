@@ -368,19 +368,6 @@ def test_no_write_access_to_out_repo_stops_before_downloading(
     assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
 
 
-def test_a_readme_gguf_mtp_did_not_write_in_out_repo_stops_before_downloading(
-    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
-) -> None:
-    hub = RecordingHub(source=target_repo)
-    hub.put("README.md", b"# Tiny MTP\n\nMy own words.\n")
-    with pytest.raises(HubError, match="me/Tiny-MTP: README.md exists and was not written by gguf-mtp") as caught:
-        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP")
-    assert caught.value.parameters == ("replace_readme",)
-    assert "snapshot_download" not in hub.methods and "list_repo_files" not in hub.methods
-    report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", replace_readme=True)
-    assert hub.files["README.md"]["data"] == report.published.card.encode()
-
-
 def test_second_pipeline_in_the_same_work_folder_is_refused(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -822,22 +809,25 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
 
 
-def test_dry_run_refuses_an_out_repo_readme_gguf_mtp_did_not_write_like_a_run(
-    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_readme_gguf_mtp_did_not_write_in_out_repo_is_refused_before_downloading(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path, dry_run: bool
 ) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     hub = RecordingHub(source=target_repo)
-    hub.put("README.md", b"# Out\n\nMy own words.\n")
-    options = dict(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
-                   work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True, progress=False)
-    with pytest.raises(HubError, match="me/Out: README.md exists and was not written by gguf-mtp") as caught:
-        run_pipeline(**options)
+    theirs = b"# Tiny MTP\n\nMy own words.\n"
+    hub.put("README.md", theirs)
+    with pytest.raises(HubError, match="me/Tiny-MTP: README.md exists and was not written by gguf-mtp") as caught:
+        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", dry_run=dry_run)
     assert caught.value.parameters == ("replace_readme",)
-    report = run_pipeline(**options, replace_readme=True)
-    assert any("not written by gguf-mtp; it is replaced, as asked" in note for note in report.notes)
-    assert not {"upload_folder", "delete_file", "create_repo"} & set(hub.methods)
-    assert not (tmp_path / "work").exists()
+    assert "snapshot_download" not in hub.methods and hub.files["README.md"]["data"] == theirs
+    report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", dry_run=dry_run, replace_readme=True)
+    if dry_run:  # said, read, nothing written
+        assert any("not written by gguf-mtp; it is replaced, as asked" in note for note in report.notes)
+        assert not {"upload_folder", "delete_file", "create_repo"} & set(hub.methods)
+        assert hub.files["README.md"]["data"] == theirs and not (tmp_path / "work").exists()
+    else:  # checked before the target's file list was even asked for
+        assert hub.methods.index("hf_hub_download") < hub.methods.index("list_repo_files")
+        assert hub.files["README.md"]["data"] == report.published.card.encode()
 
 
 def test_dry_run_refuses_what_a_run_refuses(hf_home: Path, tmp_path: Path) -> None:
