@@ -2,11 +2,12 @@
 
 The public API, one function per job (each has a ``gguf-mtp`` command of the same name)::
 
-    from gguf_mtp import convert, compose, verify, inspect
+    from gguf_mtp import bench, compose, convert, inspect, verify
 
     convert("nvidia/...-MTPv2", "mtp-draft.gguf", target="Model-00001-of-00003.gguf")
     report = compose("Model-00001-of-00003.gguf", "mtp-draft.gguf", "out/", verify=True)
     print(inspect("out/Model-00001-of-00003.gguf").mtp_verdict)
+    print("\n".join(bench("out/Model-00001-of-00003.gguf", "llama-server", server_args=["-ngl", "99"]).describe()))
 
 Every error a user can cause is a :class:`GGUFMTPError` (see :mod:`gguf_mtp.errors`).
 
@@ -30,7 +31,9 @@ from .errors import (
     GGUFMTPError,
     GGUFNotFoundError,
     HubError,
+    HubUnreachableError,
     IncompatibleDraftError,
+    InputReadError,
     KVEditError,
     LlamaServerError,
     NoNextNBlockError,
@@ -42,6 +45,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .check.bench import bench
+    from .check.bench_rules import BenchReport
     from .check.inspect import ModelSummary, inspect
     from .check.verify import VerifyReport, verify
     from .hub.pipeline import run_pipeline
@@ -67,6 +72,8 @@ _LAZY: dict[str, str] = {
     "inspect": "check.inspect",
     "VerifyReport": "check.verify",
     "verify": "check.verify",
+    "BenchReport": "check.bench_rules",
+    "bench": "check.bench",
     "run_pipeline": "hub.pipeline",
     "publish": "hub.publish",
     "ShardSet": "model.shards",
@@ -89,6 +96,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BadGGUFError",
+    "BenchReport",
     "CheckpointError",
     "CheckpointNotFoundError",
     "ComposeReport",
@@ -96,7 +104,9 @@ __all__ = [
     "GGUFMTPError",
     "GGUFNotFoundError",
     "HubError",
+    "HubUnreachableError",
     "IncompatibleDraftError",
+    "InputReadError",
     "KVEditError",
     "LlamaServerError",
     "ModelSummary",
@@ -109,6 +119,7 @@ __all__ = [
     "VerificationError",
     "VerifyReport",
     "__version__",
+    "bench",
     "compose",
     "convert",
     "extract",

@@ -104,6 +104,12 @@ def split_file_name(prefix: str, number: int, count: int) -> str:
     return f"{prefix}-{number:05d}-of-{count:05d}.gguf"
 
 
+def install_hint(extra: str, what: str) -> str:
+    """How to install the optional ``extra`` (``llama``, ``bench``): from the clone, since gguf-mtp is not on
+    PyPI (``pip install 'gguf-mtp[llama]'`` would fail, or install whoever takes the name)."""
+    return f"in your gguf-mtp clone run `make install` or `pip install '.[{extra}]'` ({what})"
+
+
 def progress_disabled() -> bool:
     """Whether progress bars were turned off globally through :data:`ENV_DISABLE_PROGRESS`."""
     return bool(os.environ.get(ENV_DISABLE_PROGRESS))

@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.quick and config.out_dir != DOCS_DIR.resolve():
         _log(f"smoke run: the report goes to {config.out_dir} (docs/benchmarks/ is left as it is; "
              "--update-docs replaces it)")
-    reflink_written: list[Path] = []
+    case_reports: list[Path] = []
     if args.quantize_only:
         _log("wrote " + ", ".join(str(p) for p in quantize_case(config)))
         return 0
@@ -409,18 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             if args.reflink_only:
-                reflink_written = reflink_case(args, config)
+                case_reports = reflink_case(args, config)
                 results = rerender(config.out_dir)  # README.md again, now linking the reflink figures
             else:
                 results = run_benchmark(config)
                 if not args.no_reflink:
-                    reflink_written = reflink_case(args, config)
+                    case_reports = reflink_case(args, config)
                 if not args.no_quantize:
-                    reflink_written += quantize_case(config)
+                    case_reports += quantize_case(config)
         finally:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)
-    written = reflink_written + write_report(results, config.out_dir)
+    written = case_reports + write_report(results, config.out_dir)
     for target in results["targets"]:
         _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
     _log("wrote " + ", ".join(str(p) for p in written))

@@ -15,7 +15,6 @@ one ``scripts/build_llama_tools.py`` builds from the llama.cpp vendored in the p
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import Command, Sample, load_average, run_alternating
+from bench_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_models import TinyHparams, with_hparams, write_draft, write_target
 
@@ -152,17 +152,10 @@ def render_quantize_markdown(results: dict[str, Any]) -> str:
     for row in results["summary"]:
         lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
                      f"{row['bytes_out'] / 2**20:,.1f} MiB | {row['max_rss'] / 2**20:.0f} MiB |")
-    lines += ["", "## Goals (issue 23)", "", "| goal | measured | met |", "|---|---|---|"]
-    for t in results["targets"]:
-        lines.append(f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
-    lines.append("")
+    lines += ["", *goals_table(results["targets"], "issue 23")]
     return "\n".join(lines)
 
 
 def write_quantize_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write ``quantize.json`` and ``quantize.md`` into ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / QUANTIZE_JSON, out_dir / QUANTIZE_MD
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_quantize_markdown(results))
-    return [md_path, json_path]
+    return write_json_and_markdown(results, out_dir, QUANTIZE_JSON, QUANTIZE_MD, render_quantize_markdown(results))

@@ -18,7 +18,6 @@ the disk counts). Needs root (``mount -o loop``) and ``mkfs.xfs`` (Debian's ``xf
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,7 @@ from typing import Any
 
 from bench_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
 from bench_lib import Command, Sample, load_average, run_alternating
+from bench_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
@@ -276,17 +276,10 @@ def render_reflink_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {row['tool']} | {row['median_seconds']:.3f} s | {_mib(row['median_extra_disk'])} | "
                          f"{row['bytes_out'] / 2**20:,.1f} MiB | {row['max_rss'] / 2**20:.0f} MiB |")
         lines.append("")
-    lines += ["## Goals (issue 13)", "", "| goal | measured | met |", "|---|---|---|"]
-    for t in results["targets"]:
-        lines.append(f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |")
-    lines.append("")
+    lines += goals_table(results["targets"], "issue 13")
     return "\n".join(lines)
 
 
 def write_reflink_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write ``reflink.json`` and ``reflink.md`` into ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / REFLINK_JSON, out_dir / REFLINK_MD
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_reflink_markdown(results))
-    return [md_path, json_path]
+    return write_json_and_markdown(results, out_dir, REFLINK_JSON, REFLINK_MD, render_reflink_markdown(results))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LABELS", "render_markdown", "write_plot", "write_report"]
+__all__ = ["LABELS", "goals_table", "render_markdown", "write_json_and_markdown", "write_plot", "write_report"]
 
 #: (tool, case) -> how tables and the plot name it.
 LABELS = {
@@ -121,13 +121,7 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
         "|---|---|---|",
         *_ratio_rows(results),
         "",
-        "## Goals (issue 6)",
-        "",
-        "| goal | measured | met |",
-        "|---|---|---|",
-        *(f"| {t['goal']} | {t['measured'] if t['measured'] is not None else 'not measured'} | "
-          f"{'yes' if t['met'] else '**no**'} |" for t in results["targets"]),
-        "",
+        *goals_table(results["targets"], "issue 6"),
     ]
     if plot:
         lines += [f"![time and peak RSS vs target size]({plot})", ""]
@@ -246,6 +240,25 @@ def write_plot(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def goals_table(targets: list[dict[str, Any]], source: str) -> list[str]:
+    """The "Goals (SOURCE)" section: each goal, what was measured, and whether it is met; then a blank line."""
+    lines = [f"## Goals ({source})", "", "| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['goal']} | {t['measured'] if t['measured'] is not None else 'not measured'} | "
+              f"{'yes' if t['met'] else '**no**'} |" for t in targets]
+    return [*lines, ""]
+
+
+def write_json_and_markdown(results: dict[str, Any], out_dir: Path, json_name: str, md_name: str,
+                            markdown: str) -> list[Path]:
+    """Write ``results`` as ``json_name`` and ``markdown`` as ``md_name`` into ``out_dir``; returns their paths
+    (the Markdown first)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / json_name, out_dir / md_name
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path.write_text(markdown)
+    return [md_path, json_path]
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:

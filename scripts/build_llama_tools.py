@@ -12,7 +12,8 @@ the first is instant:
     CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools)
 
 CACHE is ``$GGUF_MTP_TOOLS_CACHE``, else ``~/.cache/gguf-mtp-tools``. ``$GGUF_MTP_LLAMA_SDIST`` names an sdist
-already on disk (the repo's ``.cache/upstream/`` copy is used when present). Prints the tool's path.
+already on disk (the repo's ``.cache/upstream/`` copy is used when present).
+Prints the tools' paths (or those of the tools named).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "TOOLS", "BuildError", "build_gguf_split", "build_tool", "cache_dir",
-           "find_sdist"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "TOOLS", "BuildError", "build_tool", "cache_dir", "find_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -155,13 +155,8 @@ def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool =
     return tool
 
 
-def build_gguf_split(*, jobs: int = 2, download: bool = True, quiet: bool = True) -> Path:
-    """Path of a built ``llama-gguf-split`` (see :func:`build_tool`)."""
-    return build_tool("llama-gguf-split", jobs=jobs, download=download, quiet=quiet)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Build (or find) the tool and print its path; one-line error, exit 2."""
+    """Build (or find) the tools and print their paths; one-line error, exit 2."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--no-download", action="store_true", help="never run pip download")

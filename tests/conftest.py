@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import build_llama_tools
 
 from gguf_mtp.check.llama_check import llama_cpp_available
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
@@ -148,11 +149,7 @@ def llama_tool(name: str) -> Path:
         if not os.access(given, os.X_OK):
             pytest.fail(f"{variable}={given} is not an executable file")
         return Path(given)
-    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
-    spec = importlib.util.spec_from_file_location("build_llama_tools", script)
-    assert spec is not None and spec.loader is not None
-    tools = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tools)
+    tools = build_llama_tools()
     try:
         return Path(tools.build_tool(name, quiet=False))
     except (tools.BuildError, OSError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from gguf import GGUFReader, GGUFValueType
@@ -128,3 +130,22 @@ class LoopbackServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def build_llama_tools() -> ModuleType:
+    """``scripts/build_llama_tools.py`` as a module (a script, not part of the package)."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
+    spec = importlib.util.spec_from_file_location("build_llama_tools", script)
+    assert spec is not None and spec.loader is not None
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    return tools

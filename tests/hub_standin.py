@@ -2,6 +2,7 @@
 
 It answers like the Hub where publish and the pipeline look at the answers: ``get_paths_info`` reports
 the size of each stored file, an LFS sha256 for ``.gguf`` files and a git blob id for the others;
+``hf_hub_download`` returns the bytes a stored text file holds (:meth:`RecordingHub.put` stores one);
 ``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder.
 """
 
@@ -65,10 +66,15 @@ class RecordingHub:
             else:
                 entry["sha256"] = None
                 entry["blob_id"] = git_blob_sha1(path.read_bytes())
+                entry["data"] = path.read_bytes()
             entry.update(self.tamper.get(rel, {}))
             self.files[rel] = entry
             names.append(rel)
         return names
+
+    def put(self, name: str, data: bytes) -> None:
+        """Store a (non-LFS) file as if someone had committed it to the repo."""
+        self.files[name] = {"size": len(data), "sha256": None, "blob_id": git_blob_sha1(data), "data": data}
 
     # ------------------------------------------------------------------ HfApi methods
     def whoami(self, token: Any = None) -> dict[str, Any]:
@@ -104,6 +110,14 @@ class RecordingHub:
                 lfs = SimpleNamespace(sha256=f["sha256"], size=f["size"]) if f["sha256"] else None
                 out.append(SimpleNamespace(path=p, size=f["size"], lfs=lfs, blob_id=f["blob_id"]))
         return out
+
+    def hf_hub_download(self, repo_id: str, filename: str, *, cache_dir: str | None = None, **kwargs: Any) -> str:
+        self._record("hf_hub_download", repo_id, filename, cache_dir=cache_dir, **kwargs)
+        assert cache_dir is not None and "data" in self.files[filename]
+        local = Path(cache_dir) / "snapshot" / filename
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(self.files[filename]["data"])
+        return str(local)
 
     def list_repo_files(self, repo_id: str, **kwargs: Any) -> list[str]:
         self._record("list_repo_files", repo_id, **kwargs)

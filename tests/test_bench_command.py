@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import pid_alive
 
 from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
 from gguf_mtp.check.bench_rules import (
@@ -310,15 +311,6 @@ def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path
     assert "--port is set by bench" in one_error_line(gguf_mtp("bench", *common, "--", "--port", "1"))
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
     pidfile = tmp_path / "pid"
     sleeper = fake_server(tmp_path / "sleeper", HELP + f'echo "loading model"\necho $$ > {pidfile}\nexec sleep 600\n')
@@ -348,7 +340,8 @@ def test_plot_needs_matplotlib_and_a_new_file(tmp_path: Path, glm_trunk: Path, g
     line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true",
                                    "--plot", str(existing)))
     if importlib.util.find_spec("matplotlib") is None:  # the dependency floors: no bench extra
-        assert line.endswith("--plot needs matplotlib: pip install 'gguf-mtp[bench]' (matplotlib)")
+        assert line.endswith("--plot needs matplotlib: in your gguf-mtp clone run `make install` or "
+                             "`pip install '.[bench]'` (matplotlib)")
     else:
         assert "exists" in line and "--force" in line
     assert existing.read_bytes() == b"keep"

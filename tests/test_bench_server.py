@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import pid_alive
 
 from gguf_mtp import compose, extract
 from gguf_mtp.check.bench import builtin_prompts
@@ -55,15 +56,6 @@ def run_bench(*args: str, timeout: float = 600, tmpdir: Path | None = None) -> s
 
 def server_pids(stderr: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"llama-server pid (\d+) on 127\.0\.0\.1", stderr)]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process still exists (a zombie counts as gone: it holds no port and no memory)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def servers_running(binary: Path) -> list[int]:

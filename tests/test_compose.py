@@ -253,6 +253,7 @@ def test_set_kv_changes_are_typed_and_reported(nemotron_split: Path, nemotron_dr
         (f"{ARCH}.expert_used_count:f32=2", "its type cannot change"),
         ("brand.new.key=1", "give its type"),
         ("brand.new.key:u7=1", "unknown type"),
+        ("brand.new.key:f32=1e39", r"does not fit f32 \(f32 holds at most 3.403e\+38\)"),
         (f"{ARCH}.attention.head_count_kv=2", "arrays cannot be set"),
         ("split.count=4", "managed by compose"),
         (f"{ARCH}.block_count=9", "managed by compose"),

@@ -269,7 +269,7 @@ def test_the_report_of_a_library_call_reads_in_the_past_once_written(inputs: Inp
     report = compose(inputs.target, inputs.draft, tmp_path / "out", progress=False,
                      on_plan=lambda r: seen.append(r.plan_lines()))
     assert len(seen) == 1 and sum(line.startswith("writing ") for line in seen[0]) == 2
-    plan_heads = ("    ", "target:", "draft:", "head:", "note:")
+    plan_heads = ("    ", "target:", "draft:", "head:", "note:")  # a note (head-type advice) is part of the plan
     assert [line.split(" ")[0] for line in report.describe() if not line.startswith(plan_heads)] \
         == ["wrote", "wrote", "done:"]
     assert report.describe() == [*report.plan_lines(), *report.outcome_lines()]

@@ -198,3 +198,19 @@ def test_only_the_named_parameter_becomes_a_flag(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "set_kv" not in err
+
+
+def test_every_error_and_job_is_exported_from_the_package_without_loading_numpy() -> None:
+    import subprocess
+    import sys
+
+    import gguf_mtp
+
+    assert set(errors.__all__) <= set(gguf_mtp.__all__)
+    assert {"bench", "BenchReport", "publish", "run_pipeline"} <= set(gguf_mtp.__all__)
+    assert all(getattr(gguf_mtp, name) is not None for name in gguf_mtp.__all__)
+    from gguf_mtp.check.bench import bench
+
+    assert gguf_mtp.bench is bench
+    code = "import sys, gguf_mtp; gguf_mtp.HubUnreachableError; print('numpy' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

@@ -95,8 +95,8 @@ def test_without_llama_cpp_the_numpy_quantizers_serve_and_other_types_say_what_t
     for q, data in with_ggml.items():
         assert quantize.from_f32(values, q).tobytes() == data
     assert parse_outtype("q5_1") == Q.Q5_1
-    with pytest.raises(ParameterError, match=r"^outtype q4_k needs llama.cpp's quantizer: pip install "
-                                             r"'gguf-mtp\[llama\]'"):
+    with pytest.raises(ParameterError, match=r"^outtype q4_k needs llama.cpp's quantizer: in your gguf-mtp clone "
+                                             r"run `make install` or `pip install '\.\[llama\]'`"):
         parse_outtype("q4_k")
     with pytest.raises(quantize.QuantizerUnavailableError, match="pip install"):
         quantize.from_f32(values, Q.Q6_K)

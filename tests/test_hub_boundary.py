@@ -21,7 +21,7 @@ from huggingface_hub import errors as hf_errors
 from gguf_mtp.cli import main
 from gguf_mtp.errors import HubError
 from gguf_mtp.hub import client
-from gguf_mtp.hub.card import Provenance
+from gguf_mtp.hub.card import CARD_MARKER, Provenance
 from gguf_mtp.hub.publish import publish, sidecar_name
 from gguf_mtp.testing.tiny_models import write_draft
 
@@ -217,7 +217,7 @@ def test_a_sidecar_goes_into_the_quants_folder_under_an_mtp_name(draft: Path, on
 def test_a_sidecar_in_a_folder_resumably_puts_its_card_at_the_root_last(draft: Path, online: None) -> None:
     """Issue 21 item 18: the Hub shows only the root README.md; the card goes there, after the files."""
     hub = LargeFolderHub()
-    hub.files["README.md"] = {"size": 5, "sha256": None, "blob_id": "0" * 40}  # an earlier card
+    hub.put("README.md", f"---\n---\n{CARD_MARKER}\n# an earlier card\n".encode())
     provenance = Provenance(target_repo=REPO, target_files=(f"{QUANT}/Tiny-{QUANT}-00001-of-00002.gguf",))
     report = publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
                      upload_mode="resumable", progress=False)
@@ -226,6 +226,23 @@ def test_a_sidecar_in_a_folder_resumably_puts_its_card_at_the_root_last(draft: P
     assert sorted(hub.files) == ["README.md", sidecar]
     assert hub.commits == [["-README.md"], [sidecar], ["README.md"]]  # old card out, files, new card last
     assert hub.files["README.md"]["size"] == len(report.card.encode())
+
+
+def test_a_sidecar_never_replaces_the_target_repos_own_readme(draft: Path, online: None) -> None:
+    """The sidecar's card is the root README.md: in a quant repo that README is the quantizer's, kept unless
+    replace_readme (the CLI's --force) says otherwise, in either upload mode."""
+    theirs = b"# Tiny GGUF\n\nQuants by someone else.\n"
+    provenance = Provenance(target_repo=REPO, target_files=(f"{QUANT}/Tiny-{QUANT}-00001-of-00002.gguf",))
+    for mode in ("one-commit", "resumable"):
+        hub = LargeFolderHub()
+        hub.put("README.md", theirs)
+        with pytest.raises(HubError, match=rf"^{REPO}: README.md exists and was not written by gguf-mtp"):
+            publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
+                    upload_mode=mode, progress=False)
+        assert hub.commits == [] and hub.files["README.md"]["data"] == theirs
+        report = publish(draft, REPO, api=hub, standalone=True, path_in_repo=QUANT, provenance=provenance,
+                         upload_mode=mode, replace_readme=True, progress=False)
+        assert report.ok and hub.files["README.md"]["data"] == report.card.encode()
 
 
 def test_a_sidecar_in_its_own_repo_names_the_target_repo_for_hf(draft: Path) -> None:

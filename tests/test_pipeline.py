@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants
 import pytest
 from helpers import flip_byte
 from hub_standin import RecordingHub
@@ -806,6 +807,27 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
     assert report.disk_needed == 2 * sum(10**9 + len(s) for s in SHARDS)  # downloaded, then composed
     assert report.stage("target").summary.startswith(f"download 3 of 3 file(s) of {TARGET_REPO} (")
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_readme_gguf_mtp_did_not_write_in_out_repo_is_refused_before_downloading(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path, dry_run: bool
+) -> None:
+    hub = RecordingHub(source=target_repo)
+    theirs = b"# Tiny MTP\n\nMy own words.\n"
+    hub.put("README.md", theirs)
+    with pytest.raises(HubError, match="me/Tiny-MTP: README.md exists and was not written by gguf-mtp") as caught:
+        _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", dry_run=dry_run)
+    assert caught.value.parameters == ("replace_readme",)
+    assert "snapshot_download" not in hub.methods and hub.files["README.md"]["data"] == theirs
+    report = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", dry_run=dry_run, replace_readme=True)
+    if dry_run:  # said, read, nothing written
+        assert any("not written by gguf-mtp; it is replaced, as asked" in note for note in report.notes)
+        assert not {"upload_folder", "delete_file", "create_repo"} & set(hub.methods)
+        assert hub.files["README.md"]["data"] == theirs and not (tmp_path / "work").exists()
+    else:  # checked before the target's file list was even asked for
+        assert hub.methods.index("hf_hub_download") < hub.methods.index("list_repo_files")
+        assert hub.files["README.md"]["data"] == report.published.card.encode()
 
 
 def test_dry_run_refuses_what_a_run_refuses(hf_home: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants
 import pytest
 from helpers import copy_model, shard_files
 from hub_standin import LargeFolderHub, RecordingHub, http_error
@@ -22,7 +23,8 @@ from gguf_mtp._version import __version__
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.formatting import markdown_text
-from gguf_mtp.hub.card import Provenance
+from gguf_mtp.hub import client as hub_client
+from gguf_mtp.hub.card import CARD_MARKER, Provenance
 from gguf_mtp.hub.publish import CARD_NAME, STAGING_NAME, publish
 
 # the package exports the function `publish`; this is the module it lives in
@@ -109,7 +111,8 @@ def test_small_set_goes_up_as_one_commit_with_every_shard_and_the_card(composite
 def test_checks_token_and_write_access_before_uploading(composite: Path, token: str) -> None:
     hub = RecordingHub()
     publish(composite, REPO, api=hub, progress=False)
-    assert hub.methods[:4] == ["whoami", "create_repo", "auth_check", "upload_folder"]
+    # get_paths_info: is there a README.md gguf-mtp did not write?
+    assert hub.methods[:5] == ["whoami", "create_repo", "auth_check", "get_paths_info", "upload_folder"]
     assert hub.calls[1][2]["exist_ok"] is True
     assert hub.calls[2][2]["write"] is True
     assert all(kwargs.get("token", token) == token for _, _, kwargs in hub.calls)
@@ -207,7 +210,7 @@ def test_large_set_goes_up_resumably_and_the_card_is_committed_last(composite: P
 
 def test_large_set_removes_an_earlier_card_before_uploading_files(composite: Path, token: str) -> None:
     hub = LargeFolderHub()
-    hub.files[CARD_NAME] = {"size": 10, "sha256": None, "blob_id": "0" * 40}
+    hub.put(CARD_NAME, f"---\n---\n{CARD_MARKER}\n# an earlier card\n".encode())
     report = publish(composite, REPO, api=hub, one_commit_max_bytes=1, progress=False)
     assert hub.methods.index("delete_file") < hub.methods.index("upload_large_folder")
     assert hub.files[CARD_NAME]["size"] == len(report.card.encode())
@@ -272,6 +275,70 @@ def test_namespace_without_permission_fails_at_create_repo(composite: Path, toke
     with pytest.raises(HubError, match="403"):
         publish(composite, "someone-else/Model", api=hub, progress=False)
     assert not set(hub.methods) & set(UPLOADS)
+
+
+THEIR_README = b"# My model\n\nWritten by hand; no tool may replace it.\n"
+
+
+@pytest.mark.parametrize("mode", ["one-commit", "resumable"])
+def test_a_readme_gguf_mtp_did_not_write_is_refused_before_anything_is_hashed_or_uploaded(
+    composite: Path, token: str, hashing_forbidden: list[object], mode: str
+) -> None:
+    hub = LargeFolderHub()
+    hub.put(CARD_NAME, THEIR_README)
+    with pytest.raises(HubError, match=rf"^{REPO}: README.md exists and was not written by gguf-mtp; .*"
+                                       r"\(pass replace_readme to replace it\)$") as caught:
+        publish(composite, REPO, api=hub, upload_mode=mode, progress=False)
+    assert caught.value.parameters == ("replace_readme",)
+    assert not set(hub.methods) & set(UPLOADS) and hashing_forbidden == []
+    assert hub.files[CARD_NAME]["data"] == THEIR_README and hub.commits == []
+
+
+def test_a_large_readme_is_not_downloaded_and_is_not_ours(composite: Path, token: str) -> None:
+    hub = RecordingHub()
+    hub.put(CARD_NAME, CARD_MARKER.encode() + b"x" * (publish_module.CARD_MAX_BYTES + 1))
+    with pytest.raises(HubError, match="not written by gguf-mtp"):
+        publish(composite, REPO, api=hub, progress=False)
+    assert "hf_hub_download" not in hub.methods
+
+
+@pytest.mark.parametrize("mode", ["one-commit", "resumable"])
+def test_replace_readme_replaces_a_readme_gguf_mtp_did_not_write_and_says_so(
+    composite: Path, token: str, mode: str
+) -> None:
+    hub = LargeFolderHub()
+    hub.put(CARD_NAME, THEIR_README)
+    report = publish(composite, REPO, api=hub, upload_mode=mode, replace_readme=True, progress=False)
+    assert report.ok and hub.files[CARD_NAME]["data"] == report.card.encode()
+    assert any("not written by gguf-mtp; it is replaced, as asked" in n for n in report.notes)
+
+
+def test_a_card_gguf_mtp_wrote_is_replaced_without_being_asked(composite: Path, token: str) -> None:
+    hub = LargeFolderHub()
+    first = publish(composite, REPO, api=hub, progress=False)
+    after_front_matter = first.card.split("\n---\n", 1)[1]
+    assert after_front_matter.lstrip("\n").splitlines()[0] == CARD_MARKER
+    second = publish(composite, REPO, api=hub, provenance=PROVENANCE, upload_mode="resumable", progress=False)
+    assert second.card != first.card and hub.files[CARD_NAME]["data"] == second.card.encode()
+    assert not any("as asked" in n for n in second.notes)
+    # a card written before the marker existed is recognised by its provenance row
+    hub.put(CARD_NAME, b"# Old\n\n| part | source |\n|---|---|\n| written by | gguf-mtp 0.1.0 (the `gguf-mtp`...) |\n")
+    assert publish(composite, REPO, api=hub, progress=False).ok
+
+
+def test_cli_refuses_a_readme_it_did_not_write_in_one_line_naming_force(
+    composite: Path, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub = RecordingHub()
+    hub.put(CARD_NAME, THEIR_README)
+    monkeypatch.setattr(hub_client, "make_api", lambda api=None, token=None: hub)
+    assert main(["publish", str(composite), "--repo", REPO, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gguf-mtp: error: {REPO}: README.md exists and was not written by gguf-mtp; publishing would "
+                   "replace it with the model card (pass --force to replace it)\n")
+    assert hub.files[CARD_NAME]["data"] == THEIR_README
+    assert main(["publish", str(composite), "--repo", REPO, "-q", "--force"]) == 0
+    assert hub.files[CARD_NAME]["data"] != THEIR_README
 
 
 def test_offline_publish_is_refused_in_one_line(composite: Path) -> None:

@@ -4,14 +4,13 @@ the llama-quant.cpp it cites (the copy vendored in the pinned llama-cpp-python s
 
 from __future__ import annotations
 
-import importlib.util
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
+from helpers import build_llama_tools
 
 from gguf_mtp.conversion import OUTTYPE_NAMES
 from gguf_mtp.errors import ParameterError
@@ -134,11 +133,7 @@ def test_only_types_below_q4_k_warn() -> None:
 
 
 def _llama_quant_source() -> list[str] | None:
-    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
-    spec = importlib.util.spec_from_file_location("build_llama_tools", script)
-    assert spec is not None and spec.loader is not None
-    tools = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tools)
+    tools = build_llama_tools()
     try:
         sdist = tools.find_sdist(tools.cache_dir(), download=IN_CI)
     except (tools.BuildError, OSError):

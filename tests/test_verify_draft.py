@@ -172,3 +172,16 @@ def test_a_draft_llama_cpp_cannot_run_through_every_nextn_block_fails(root: Path
     llama = report.check("llama.cpp")
     assert llama.status == "fail" and "n_layer_nextn=2" in llama.detail
     assert report.llama is not None and report.llama.trunk_decode_ok is None and report.llama.mtp_blocks_decoded == 0
+
+
+def test_the_bench_hint_of_a_sidecar_benches_its_target_with_it_and_a_bare_draft_gets_none(
+    sidecar: Path, target: Path, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["verify", str(sidecar), "--target", str(target), "--no-llama"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"measure what MTP gains on your machine: gguf-mtp bench {target} --draft {sidecar} --server "
+        "PATH/TO/llama-server"
+    )
+    bare = write_draft(root / "bare-hint.gguf")
+    assert main(["verify", str(bare), "--no-llama"]) == 0
+    assert "gguf-mtp bench" not in capsys.readouterr().out

@@ -21,6 +21,9 @@ from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
 from gguf_mtp.model.shards import open_model
 
 from .bench_rules import (
+    DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_N_MAX,
+    DEFAULT_TOKENS,
     MAX_N_MAX,
     BenchReport,
     BenchRun,
@@ -34,8 +37,6 @@ from .llama_server import ServerHandle, free_port, probe_server, running_server
 
 __all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts"]
 
-DEFAULT_N_MAX = (1, 2, 3)
-DEFAULT_TOKENS = 128
 #: The most tokens one request may ask for, and the most prompts a run sends.
 MAX_TOKENS = 1 << 16
 MAX_PROMPTS = 64
@@ -48,6 +49,8 @@ _NO_TOKENIZER = ("no_vocab", "none")
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt bench sends, and the name its report gives it (``prompt 2``, or the name in a JSON file)."""
+
     name: str
     text: str
 
@@ -222,7 +225,7 @@ def bench(
     tokens: int = DEFAULT_TOKENS,
     prompts: Sequence[Prompt] | None = None,
     server_args: Sequence[str] = (),
-    health_timeout: float = 600.0,
+    health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
     progress: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure ``model`` with ``server`` (the user's llama-server): once without MTP, once per ``n_max``.

@@ -1,7 +1,7 @@
 """``gguf-mtp bench --plot FILE.png``: tokens/s and acceptance against n-max (matplotlib, the ``bench`` extra).
 
-The PNG is written under a temporary name created exclusively next to it, then linked into place (never
-over an existing file) or, with ``force``, renamed over it.
+The PNG is written under a temporary name created exclusively next to it (:mod:`gguf_mtp.files.create`),
+then linked into place (never over an existing file) or, with ``force``, renamed over it.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import importlib.util
 import os
 from pathlib import Path
 
+from gguf_mtp.constants import install_hint
 from gguf_mtp.errors import OutputWriteError, ParameterError, UnsafeOutputError
+from gguf_mtp.files.create import create_exclusive, temporary_name
 
 from .bench_rules import BenchReport
 
 __all__ = ["INSTALL_HINT", "check_plot_target", "write_plot"]
 
-INSTALL_HINT = "pip install 'gguf-mtp[bench]' (matplotlib)"
+INSTALL_HINT = install_hint("bench", "matplotlib")
 
 
 def check_plot_target(path: str | os.PathLike[str], *, force: bool) -> None:
@@ -64,9 +66,9 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
     acceptance_axis.set_ylim(0, 1.05)
     speed_axis.set_title(f"gguf-mtp bench: {target.stem}"[:80])
     fig.tight_layout()
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial = temporary_name(target)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = create_exclusive(partial)  # never through a link planted at that name
         try:
             with os.fdopen(fd, "wb") as f:
                 fig.savefig(f, format="png")
@@ -79,6 +81,8 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
                 os.unlink(partial)
     except FileExistsError:
         raise UnsafeOutputError("plot: file exists (use force to replace it)", target, "force") from None
+    except UnsafeOutputError:  # the temporary name is taken (create_exclusive): already one line
+        raise
     except OSError as e:
         raise OutputWriteError(f"plot: cannot write: {e.strerror}", target, "plot") from None
     finally:

@@ -20,6 +20,9 @@ from typing import Any
 from gguf_mtp.errors import LlamaServerError, ParameterError
 
 __all__ = [
+    "DEFAULT_HEALTH_TIMEOUT",
+    "DEFAULT_N_MAX",
+    "DEFAULT_TOKENS",
     "MAX_N_MAX",
     "RESERVED_SERVER_FLAGS",
     "SEED",
@@ -30,6 +33,7 @@ __all__ = [
     "BenchSummary",
     "Completion",
     "Difference",
+    "acceptance_rate",
     "completion_request",
     "first_difference",
     "parse_bench_json",
@@ -37,6 +41,7 @@ __all__ = [
     "parse_n_max_list",
     "recommend_n_max",
     "server_arguments",
+    "speedup",
 ]
 
 #: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
@@ -44,6 +49,11 @@ SEED = 42
 
 #: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
 MAX_N_MAX = 16
+#: What ``bench`` measures unless told otherwise: the draft lengths, the tokens per prompt, and the seconds a
+#: server may take to load the model (the command line's defaults too).
+DEFAULT_N_MAX = (1, 2, 3)
+DEFAULT_TOKENS = 128
+DEFAULT_HEALTH_TIMEOUT = 600.0
 
 #: MTP is recommended only when its best run is at least this much faster than the run without it
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
@@ -171,6 +181,16 @@ def parse_completion(answer: object) -> Completion:
     )
 
 
+def acceptance_rate(accepted: int, drafted: int) -> float | None:
+    """The share of drafted tokens the trunk accepted; ``None`` when nothing was drafted (the run without MTP)."""
+    return accepted / drafted if drafted else None
+
+
+def speedup(tokens_per_second: float, baseline: float) -> float | None:
+    """How many times faster than the run without MTP (``baseline`` tokens/s); ``None`` without a baseline."""
+    return tokens_per_second / baseline if baseline > 0 else None
+
+
 @dataclass(frozen=True)
 class BenchRun:
     """One server configuration (``n_max`` 0: without MTP) and its answers to every prompt, summed."""
@@ -201,8 +221,8 @@ class BenchRun:
 
     @property
     def acceptance(self) -> float | None:
-        """``draft_n_accepted / draft_n``; ``None`` when nothing was drafted (the run without MTP)."""
-        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+        """:func:`acceptance_rate` of the run."""
+        return acceptance_rate(self.draft_n_accepted, self.draft_n)
 
     @property
     def text_sha256(self) -> str:
@@ -221,6 +241,7 @@ class Difference:
     unit: str  # "token" or "character"
 
     def describe(self) -> str:
+        """One line: which run, which prompt, and where."""
         return (
             f"with MTP (n-max {self.n_max}) prompt {self.prompt + 1} differs from the run without MTP "
             f"at {self.unit} {self.position}"
@@ -283,6 +304,7 @@ class BenchReport:
 
     @property
     def baseline(self) -> BenchRun:
+        """The run without MTP (``n_max`` 0)."""
         return next(r for r in self.runs if r.n_max == 0)
 
     @property
@@ -296,8 +318,8 @@ class BenchReport:
         return recommend_n_max(self.runs) if self.lossless else None
 
     def speedup(self, run: BenchRun) -> float | None:
-        base = self.baseline.predicted_per_second
-        return run.predicted_per_second / base if base > 0 else None
+        """:func:`speedup` of ``run`` over the run without MTP."""
+        return speedup(run.predicted_per_second, self.baseline.predicted_per_second)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` report (``n_max`` 0 is the run without MTP)."""
@@ -377,7 +399,8 @@ class BenchRow:
 
     @property
     def acceptance(self) -> float | None:
-        return self.draft_n_accepted / self.draft_n if self.draft_n else None
+        """:func:`acceptance_rate` of the run."""
+        return acceptance_rate(self.draft_n_accepted, self.draft_n)
 
 
 @dataclass(frozen=True)
@@ -394,15 +417,14 @@ class BenchSummary:
     server_args: tuple[str, ...]
 
     def speedup(self, row: BenchRow) -> float | None:
-        base = next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0)
-        return row.predicted_per_second / base if base > 0 else None
+        """:func:`speedup` of ``row`` over the run without MTP."""
+        return speedup(row.predicted_per_second, next((r.predicted_per_second for r in self.rows if r.n_max == 0), 0.0))
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     value = data.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ParameterError(f"bench: {key} = {value!r} is not what gguf-mtp bench --json writes", where,
-                             "bench")
+        raise ParameterError(f"{key} = {value!r} is not what gguf-mtp bench --json writes", where)
     return value
 
 
@@ -413,14 +435,14 @@ def parse_bench_json(document: Any, where: str) -> BenchSummary:
         ParameterError: not such a report (one line naming ``where``).
     """
     if not isinstance(document, Mapping) or document.get("command") != "bench":
-        raise ParameterError("bench: not a gguf-mtp bench --json report", where, "bench")
+        raise ParameterError("not a gguf-mtp bench --json report", where)
     runs = _field(document, "runs", list, where)
     if not 2 <= len(runs) <= 1 + MAX_N_MAX:
-        raise ParameterError(f"bench: {len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where, "bench")
+        raise ParameterError(f"{len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where)
     rows = []
     for run in runs:
         if not isinstance(run, Mapping):
-            raise ParameterError("bench: a run is not an object", where, "bench")
+            raise ParameterError("a run is not an object", where)
         rate = _field(run, "predicted_per_second", (int, float), where)
         row = BenchRow(
             n_max=_field(run, "n_max", int, where),
@@ -431,23 +453,20 @@ def parse_bench_json(document: Any, where: str) -> BenchSummary:
         )
         if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
                 or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
-            raise ParameterError(f"bench: the run with n_max {row.n_max} has impossible counts", where,
-                                 "bench")
+            raise ParameterError(f"the run with n_max {row.n_max} has impossible counts", where)
         rows.append(row)
     if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
-        raise ParameterError("bench: runs are not n_max 0 (without MTP) then increasing n-max", where,
-                             "bench")
+        raise ParameterError("runs are not n_max 0 (without MTP) then increasing n-max", where)
     recommended = document.get("recommended_n_max")
     if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
                                     or recommended not in {r.n_max for r in rows}):
-        raise ParameterError(f"bench: recommended_n_max = {recommended!r} is not a measured n-max", where,
-                             "bench")
+        raise ParameterError(f"recommended_n_max = {recommended!r} is not a measured n-max", where)
     model = _field(document, "model", str, where)
     draft = document.get("draft")
     server_args = document.get("server_args", [])
     if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
             or len(server_args) > 256:
-        raise ParameterError("bench: server_args is not a list of strings", where, "bench")
+        raise ParameterError("server_args is not a list of strings", where)
     return BenchSummary(
         model=model,
         draft=draft if isinstance(draft, str) else None,

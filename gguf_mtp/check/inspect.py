@@ -298,10 +298,6 @@ def _shard_summaries(model: ScannedModel) -> tuple[ShardSummary, ...]:
     return tuple(summaries)
 
 
-def _int_kv(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     """Summarise a scanned model (pure: no I/O).
 

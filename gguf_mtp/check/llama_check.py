@@ -37,12 +37,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gguf_mtp.constants import install_hint
+
 __all__ = ["CONTEXT_PARAMS", "INSTALL_HINT", "MODEL_PARAMS", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
 
-INSTALL_HINT = (
-    "in your gguf-mtp clone run `make install` or `pip install '.[llama]'` "
-    "(builds llama-cpp-python==0.3.36, a few minutes on 2 cores)"
-)
+INSTALL_HINT = install_hint("llama", "builds llama-cpp-python==0.3.36, a few minutes on 2 cores")
 # llama_model_params fields the child sets (names of llama_cpp constants are resolved in the child). Together
 # they keep the check off every CPU-feature-specific path a build may have: extra buffer types are how ggml
 # reaches AMX tiles, repacked (aarch64/x86) layouts and KleidiAI; n_gpu_layers/split_mode keep any GPU out.

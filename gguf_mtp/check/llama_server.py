@@ -116,17 +116,15 @@ class ServerHandle:
 
     def post_json(self, path: str, body: Any, *, timeout: float) -> Any:
         """POST ``body`` to ``path``; the JSON answer of a 200, else :class:`LlamaServerError` with the log tail."""
-        try:
-            status, answer = self.request("POST", path, body, timeout=timeout)
-        except OSError as e:
-            raise self.failure(f"{path} failed: {e}") from None
-        if status != 200:
-            raise self.failure(f"{path} answered HTTP {status}: {_error_text(answer)}")
-        return answer
+        return self._answer("POST", path, body, timeout=timeout)
 
     def get_json(self, path: str, *, timeout: float) -> Any:
+        """GET ``path``; the JSON answer of a 200, else :class:`LlamaServerError` with the log tail."""
+        return self._answer("GET", path, None, timeout=timeout)
+
+    def _answer(self, method: str, path: str, body: Any, *, timeout: float) -> Any:
         try:
-            status, answer = self.request("GET", path, timeout=timeout)
+            status, answer = self.request(method, path, body, timeout=timeout)
         except OSError as e:
             raise self.failure(f"{path} failed: {e}") from None
         if status != 200:

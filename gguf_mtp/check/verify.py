@@ -101,6 +101,7 @@ class VerifyReport:
 
     composite: str
     kind: str = "model"  # or "mtp-draft": an MTP-only file, checked as a draft
+    sidecar: bool = False  # an MTP-only draft llama.cpp loads beside its target (it carries token_embd/output_norm)
     target: str | None = None
     draft: str | None = None
     checks: list[Check] = field(default_factory=list)
@@ -136,6 +137,7 @@ class VerifyReport:
             "command": "verify",
             "composite": self.composite,
             "kind": self.kind,
+            "sidecar": self.sidecar,
             "target": self.target,
             "draft": self.draft,
             "ok": self.ok,
@@ -705,8 +707,8 @@ def verify(
         target_set = open_model(target) if target is not None else None
         report.checks += _structural_checks(model, layout, layout_error)
         report.checks.append(_nextn_check(model, layout, layout_error))
-        sidecar = _draft_checks(report, model, target_set)
-        llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=sidecar)
+        report.sidecar = _draft_checks(report, model, target_set)
+        llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=report.sidecar)
         report.checks.append(llama_check)
         report.seconds = time.perf_counter() - started
         return report

@@ -10,6 +10,8 @@ from .common import print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from gguf_mtp.check.bench_rules import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
+
     p = subparsers.add_parser(
         "bench",
         usage="gguf-mtp bench MODEL [--draft SIDECAR] [--server PATH] [--n-max K,K...] [--tokens N] "
@@ -26,14 +28,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "given to llama-server as --spec-draft-model")
     p.add_argument("--server", metavar="PATH", default=shutil.which("llama-server"),
                    help="your llama-server binary (default: llama-server on PATH)")
-    p.add_argument("--n-max", dest="n_max", default="1,2,3", metavar="K,K...",
-                   help="draft lengths to measure, --spec-draft-n-max (default: 1,2,3)")
-    p.add_argument("--tokens", type=int, default=128, metavar="N", help="tokens generated per prompt (default: 128)")
+    n_max = ",".join(str(k) for k in DEFAULT_N_MAX)
+    p.add_argument("--n-max", dest="n_max", default=n_max, metavar="K,K...",
+                   help=f"draft lengths to measure, --spec-draft-n-max (default: {n_max})")
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N",
+                   help=f"tokens generated per prompt (default: {DEFAULT_TOKENS})")
     p.add_argument("--prompts", metavar="FILE",
                    help="prompts: a JSON list of strings, or text with prompts separated by '---' lines "
                         "(default: built-in code, prose and chat prompts)")
-    p.add_argument("--health-timeout", dest="health_timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="how long one server may take to load the model (default: 600)")
+    p.add_argument("--health-timeout", dest="health_timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT,
+                   metavar="SECONDS",
+                   help=f"how long one server may take to load the model (default: {DEFAULT_HEALTH_TIMEOUT:g})")
     p.add_argument("--plot", metavar="FILE.png", help="draw tokens/s and acceptance against n-max (needs the "
                    "bench extra: matplotlib)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")

@@ -32,6 +32,9 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-revision", metavar="REV", help="revision of the head repo (default: main)")
     p.add_argument("--out-revision", metavar="BRANCH", help="branch to publish to (default: main)")
     p.add_argument("--private", action="store_true", help="create --out-repo private")
+    p.add_argument("--replace-readme", action="store_true",
+                   help="replace --out-repo's README.md even when gguf-mtp did not write it (checked before the "
+                        "downloads; without this flag such a README.md is refused)")
     p.add_argument("--basename", metavar="NAME", help="composite file prefix (default: the target's + '-MTP')")
     add_outtype_flag(p, "the head's matrices (convert's --outtype)")
     p.add_argument("--cache-dir", metavar="DIR", help="Hub cache for the target (default: huggingface_hub's)")
@@ -61,6 +64,7 @@ def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
         out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, force=getattr(args, "force", False),
         target_revision=args.target_revision,
         head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
+        replace_readme=getattr(args, "replace_readme", False),
         basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
         llama=False if args.no_llama else None, progress=not (getattr(args, "quiet", False) or
                                                              getattr(args, "json", False)),

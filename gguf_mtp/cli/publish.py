@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bench-json", dest="bench", metavar="FILE",
                    help="a `gguf-mtp bench --json` report of these files: the card shows its table (acceptance, "
                         "tokens/s, speed-up per n-max)")
+    p.add_argument("--force", dest="replace_readme", action="store_true",
+                   help="replace the repo's README.md even when gguf-mtp did not write it (without --force such a "
+                        "README.md is refused before anything is uploaded; a card gguf-mtp wrote is always replaced)")
     add_provenance_flags(p)
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
         standalone=args.standalone, path_in_repo=args.path_in_repo, bench=bench,
+        replace_readme=args.replace_readme,
     )
     if args.json:
         print_json(report.to_dict())

@@ -42,6 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _bench_command(args: argparse.Namespace, kind: str) -> str:
+    """The ``gguf-mtp bench`` command for what was verified: the composite, or a sidecar beside its target."""
+    import shlex
+
+    if kind == "mtp-draft":
+        model = f"{shlex.quote(args.target) if args.target else 'TARGET.gguf'} --draft {shlex.quote(args.composite)}"
+    else:
+        model = shlex.quote(args.composite)
+    return f"gguf-mtp bench {model} --server PATH/TO/llama-server"
+
+
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.check.verify import verify
 
@@ -53,15 +64,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         lines = report.describe()
-        if report.ok:  # the verdict stays the last line
-            lines.insert(-1, _bench_hint(args.composite, sidecar=report.kind == "mtp-draft"))
+        if report.ok and (report.kind != "mtp-draft" or report.sidecar):  # a bare draft runs only in a composite
+            # before the verdict, which stays the last line
+            lines.insert(-1, f"measure what MTP gains on your machine: {_bench_command(args, report.kind)}")
         print_report(lines)
     return 0 if report.ok else 2
 
-
-def _bench_hint(path: str, *, sidecar: bool) -> str:
-    """The ``gguf-mtp bench`` command that measures what the verified file gains (a sidecar beside its target)."""
-    import shlex
-
-    model = f"TARGET.gguf --draft {shlex.quote(path)}" if sidecar else shlex.quote(path)
-    return f"measure what MTP gains on your machine: gguf-mtp bench {model} --server PATH/TO/llama-server"

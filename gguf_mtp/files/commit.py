@@ -46,7 +46,7 @@ from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
 from gguf_mtp.formatting import human_bytes
 
-from .create import create_exclusive, fsync_dir, temporary_name, write_all
+from .create import fsync_dir, write_then_rename
 from .journal import (
     BACKUP_SUFFIX,
     JOURNAL_NAME,
@@ -87,6 +87,9 @@ _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, er
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<pid>[1-9][0-9]{0,9})(?:" + re.escape(PARTIAL_SUFFIX) + "|"
                        + re.escape(BACKUP_SUFFIX) + r")", re.DOTALL)
 _BUSY = "another gguf-mtp run is writing into this folder (wait for it, or use another folder)"
+#: What a run says where an old file cannot be put back because another file took its name.
+_KEEP_BOTH = ("both files were kept and the journal too: keep the file you want under its name, remove the other, "
+              "then run again")
 
 
 def _load_renameat2() -> Any:
@@ -171,21 +174,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
-    data = encode_journal(os.getpid(), entries)
-    temporary = temporary_name(folder / JOURNAL_NAME)
-    fd = create_exclusive(temporary)  # never through a link planted at that name
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        rename_noreplace(temporary, folder / JOURNAL_NAME)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(temporary)
-        raise
-    fsync_dir(folder)  # the journal is on disk before any final name changes
+    # Created exclusively (never through a link planted at its temporary name), renamed only to a free
+    # name, and on disk (folder fsynced) before any final name changes.
+    write_then_rename(folder / JOURNAL_NAME, encode_journal(os.getpid(), entries), rename_noreplace)
 
 
 def remove_journal(folder: Path) -> None:
@@ -286,10 +277,7 @@ def _who(pid: int | None) -> str:
 
 
 def _conflict_line(who: str, plan: RecoveryPlan) -> str:
-    return (
-        f"{who} was killed while replacing files here, and since then {'; '.join(plan.conflicts)}; both files "
-        "were kept and the journal too: keep the file you want under its name, remove the other, then run again"
-    )
+    return f"{who} was killed while replacing files here, and since then {'; '.join(plan.conflicts)}; {_KEEP_BOTH}"
 
 
 def recover(folder: Path) -> str | None:
@@ -398,9 +386,7 @@ def _roll_back_here(folder: Path, entries: Sequence[Replacement], failure: BaseE
         plan = plan_recovery(entries, _observe(folder, entries), may_roll_forward=False)
         _carry_out(folder, plan)
         if plan.conflicts:
-            raise OutputWriteError(f"renaming failed ({reason}) and {'; '.join(plan.conflicts)}: both files were "
-                                   "kept and the journal too; keep the file you want under its name, remove the "
-                                   "other, then run again", folder)
+            raise OutputWriteError(f"renaming failed ({reason}) and {'; '.join(plan.conflicts)}: {_KEEP_BOTH}", folder)
         if journal:
             remove_journal(folder)
     except OutputWriteError:

@@ -7,21 +7,23 @@ fails if anything already has the name (a file, a link, even a dangling one), an
 the last component from being followed, so a symlink planted in a shared output folder can never make
 a run write somewhere else (or truncate another file): the run fails with one line instead.
 
-:func:`replace_atomically` builds the usual "write a temporary file, fsync it, rename it over the old
-name" on top of it, for the small files gguf-mtp rewrites in a folder it owns (marker, state, card).
+:func:`write_then_rename` builds "write a temporary file, fsync it, rename it" on top of it: with
+:func:`replace_atomically` the rename goes over the old name, for the small files gguf-mtp rewrites in a
+folder it owns (marker, state, card); the commit journal is renamed only to a free name.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
 from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import UnsafeOutputError
 
-__all__ = ["create_exclusive", "fsync_dir", "replace_atomically", "temporary_name", "write_all"]
+__all__ = ["create_exclusive", "fsync_dir", "replace_atomically", "temporary_name", "write_all", "write_then_rename"]
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -72,6 +74,19 @@ def replace_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
         UnsafeOutputError: the temporary name is taken (see :func:`create_exclusive`).
         OSError: writing or renaming failed (the temporary file is removed).
     """
+    write_then_rename(path, data, os.replace, mode)
+
+
+def write_then_rename(
+    path: Path, data: bytes, rename: Callable[[Path, Path], object], mode: int = 0o644
+) -> None:
+    """Write ``data`` to a new temporary file beside ``path`` (:func:`create_exclusive`), fsync it,
+    ``rename(temporary, path)`` and fsync the folder: ``path`` holds all of ``data`` or is untouched.
+
+    Raises:
+        UnsafeOutputError: the temporary name is taken (see :func:`create_exclusive`).
+        OSError: writing or ``rename`` failed (the temporary file is removed).
+    """
     temporary = temporary_name(path)
     fd = create_exclusive(temporary, mode)
     try:
@@ -80,7 +95,7 @@ def replace_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(temporary, path)
+        rename(temporary, path)
     except BaseException:
         with suppress(OSError):
             os.unlink(temporary)

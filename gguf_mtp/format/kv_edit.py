@@ -122,8 +122,9 @@ def _parse_value(text: str, vtype: GGUFValueType, what: str) -> Any:
             number = float(text)
         except ValueError:
             raise KVEditError(f"{what}: {text!r} is not a number ({describe_type(vtype)})") from None
-        if misfit(number, vtype) is not None:
-            raise KVEditError(f"{what}: {text!r} does not fit f32") from None
+        reason = misfit(number, vtype)
+        if reason is not None:  # only f32 can overflow: a larger float64 text parses as inf
+            raise KVEditError(f"{what}: {text!r} does not fit {describe_type(vtype)} ({reason})")
         return number
     if vtype == GGUFValueType.BOOL:
         lowered = text.strip().lower()

@@ -87,6 +87,7 @@ class KeepRule:
     arch: str | None = None
 
     def matches(self, name: str, arch: str | None) -> bool:
+        """Whether the rule applies to tensor ``name`` of a model of architecture ``arch``."""
         if self.arch is not None and self.arch != arch:
             return False
         if self.how == "contains":

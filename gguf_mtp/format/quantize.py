@@ -27,10 +27,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from gguf_mtp.constants import install_hint
 from gguf_mtp.files.regular_file import open_regular
 from gguf_mtp.write import CopyRange, Generated, Segment
 
-from .header import TensorInfo
+from .header import TensorInfo, tensor_nbytes
 
 __all__ = [
     "CHUNK_BYTES",
@@ -41,7 +42,6 @@ __all__ = [
     "ggml_available",
     "retyped_tensor",
     "to_f32",
-    "type_nbytes",
 ]
 
 Q = GGMLQuantizationType
@@ -55,20 +55,11 @@ FLOAT_SOURCES = frozenset({Q.F32, Q.F16, Q.BF16})
 #: The types gguf-py's numpy code quantizes (byte-identical to ggml's reference quantizers).
 NUMPY_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_1, Q.Q5_0, Q.Q4_1, Q.Q4_0})
 
-INSTALL_HINT = "pip install 'gguf-mtp[llama]' (llama.cpp's own quantizer, from llama-cpp-python)"
+INSTALL_HINT = install_hint("llama", "llama.cpp's own quantizer, from llama-cpp-python")
 
 
 class QuantizerUnavailableError(RuntimeError):
     """A type only llama.cpp's quantizer writes, and llama-cpp-python is not installed."""
-
-
-def type_nbytes(shape: tuple[int, ...], qtype: int) -> int:
-    """Bytes of a tensor of ggml ``shape`` in ``qtype`` (``ne[0]`` a multiple of the block size)."""
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block * size
 
 
 # ------------------------------------------------------------------------------------------- ggml
@@ -198,7 +189,7 @@ def from_f32(values: np.ndarray, qtype: int) -> np.ndarray:
         return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
     if ggml.requires_imatrix(qtype):
         raise ValueError(f"{qtype.name} needs an importance matrix")
-    row_size = type_nbytes((n_per_row,), qtype)
+    row_size = tensor_nbytes((n_per_row,), qtype)
     out = np.empty(rows * row_size, dtype=np.uint8)
     src, dst = values.ctypes.data, out.ctypes.data
     jobs = [ggml.pool.submit(ggml.quantize_chunk, qtype, src + start * n_per_row * 4, dst + start * row_size,
@@ -214,8 +205,8 @@ def _retyped_chunks(
     path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
 ) -> Iterator[np.ndarray]:
     n_per_row = shape[0]
-    rows = type_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
-    row_bytes = type_nbytes((n_per_row,), source)
+    rows = tensor_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
+    row_bytes = tensor_nbytes((n_per_row,), source)
     step = max(1, chunk_bytes // max(1, n_per_row * 4))
     fd, _ = open_regular(path)
     try:
@@ -251,7 +242,7 @@ def retyped_tensor(
     wanted_type = GGMLQuantizationType(wanted)
     if wanted_type not in NUMPY_TYPES:
         _need_ggml(wanted_type, "quantizing to")
-    nbytes = type_nbytes(tensor.shape, wanted_type)
+    nbytes = tensor_nbytes(tensor.shape, wanted_type)
     chunks = functools.partial(_retyped_chunks, Path(path), offset, tensor.shape, tensor.ggml_type, wanted_type,
                                chunk_bytes)
     return replace(tensor, ggml_type=int(wanted_type), nbytes=nbytes), (Generated(nbytes, chunks),)

@@ -3,7 +3,9 @@
 It says what the files are (the target quant with its MTP head spliced in as its final block), where
 each part came from (target repo, revision and file names; the head's source), which gguf-mtp wrote
 them, each file's size and sha256, the llama.cpp release that runs the NextN block, and the exact
-``llama-server`` command. The YAML front matter is written by ``huggingface_hub.ModelCardData``.
+``llama-server`` command. The YAML front matter is written by ``huggingface_hub.ModelCardData``; the
+line after it, :data:`CARD_MARKER`, is how ``publish`` tells a card of ours (which it replaces) from a
+``README.md`` someone else wrote (which it replaces only when told to: :func:`is_gguf_mtp_card`).
 
 Every interpolated string (the model's ``general.name``, file names, provenance) is escaped: it can add
 no heading, table row, link or HTML of its own (:func:`~gguf_mtp.formatting.markdown_code`), and every
@@ -29,11 +31,13 @@ if TYPE_CHECKING:
     from gguf_mtp.check.bench_rules import BenchSummary
 
 __all__ = [
+    "CARD_MARKER",
     "LLAMA_CPP_MIN_RELEASE",
     "ModelFacts",
     "Provenance",
     "bench_section",
     "draft_command",
+    "is_gguf_mtp_card",
     "llama_cpp_requirement",
     "render_model_card",
     "serve_command",
@@ -47,6 +51,17 @@ LLAMA_CPP_MIN_RELEASE = {"nemotron_h_moe": "b11025"}
 DRAFT_N_MAX = 3
 
 _HF_URL = "https://huggingface.co/"
+
+#: The line after the front matter of every card gguf-mtp renders (an HTML comment: the Hub does not show it).
+CARD_MARKER = "<!-- gguf-mtp model card: `gguf-mtp publish` replaces this file; delete this line to keep yours -->"
+#: The provenance row of the cards gguf-mtp rendered before :data:`CARD_MARKER` existed.
+_LEGACY_CARD_ROW = "| written by | gguf-mtp "
+
+
+def is_gguf_mtp_card(text: str) -> bool:
+    """Whether ``text`` is a model card gguf-mtp rendered (it holds :data:`CARD_MARKER`, or the provenance
+    row of the cards written before the marker existed): ``publish`` may replace it."""
+    return CARD_MARKER in text or any(line.startswith(_LEGACY_CARD_ROW) for line in text.splitlines())
 
 
 @dataclass(frozen=True)
@@ -249,6 +264,8 @@ def render_model_card(
         )
     lines = [
         _front_matter(facts, provenance),
+        CARD_MARKER,
+        "",
         f"# {markdown_text(title)}",
         "",
         intro,

@@ -24,6 +24,7 @@ import os
 import socket
 import ssl
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +54,7 @@ __all__ = [
     "is_repo_id",
     "list_repo_files",
     "make_api",
+    "read_remote_text",
     "remote_files",
     "require_online",
     "resolve_token",
@@ -702,6 +704,28 @@ def delete_remote_file(
         revision=revision,
         commit_message=message,
     )
+
+
+def read_remote_text(api: Any, repo: str, path: str, *, token: str | None, revision: str | None) -> str:
+    """The text of one small file of ``repo`` (downloaded into a temporary folder, removed afterwards;
+    bytes that are not UTF-8 are replaced). Check its size with :func:`remote_files` first.
+
+    Raises:
+        HubError: the Hub cannot be asked, or the file cannot be downloaded.
+    """
+    with tempfile.TemporaryDirectory(prefix="gguf-mtp-hub-") as folder:
+        local = _call(
+            f"read {path} of {repo}",
+            repo,
+            api.hf_hub_download,
+            repo_id=repo,
+            filename=path,
+            repo_type="model",
+            revision=revision,
+            cache_dir=folder,
+            token=token,
+        )
+        return Path(local).read_bytes().decode("utf-8", errors="replace")
 
 
 def list_repo_files(api: Any, repo: str, *, token: str | None, revision: str | None) -> list[str]:

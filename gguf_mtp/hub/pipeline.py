@@ -319,6 +319,7 @@ def run_pipeline(
     head_revision: str | None = None,
     out_revision: str | None = None,
     private: bool = False,
+    replace_readme: bool = False,
     basename: str | None = None,
     outtype: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -343,6 +344,8 @@ def run_pipeline(
         target_revision, head_revision: revisions to download (default: the main branch).
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
+        replace_readme: replace ``out_repo``'s ``README.md`` even when gguf-mtp did not write it (checked
+            before any download: :func:`gguf_mtp.hub.publish.check_card_replaceable`).
         basename: the composite's file prefix (default: the target's prefix + ``-MTP``).
         outtype: the draft's matrix type (any of convert's: ``q8_0``, ``q4_k``...; default: the head's).
         cache_dir: the Hub cache for the target (default: huggingface_hub's, ``HF_HOME``/``HF_HUB_CACHE``).
@@ -380,7 +383,7 @@ def run_pipeline(
         return plan_pipeline(
             hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
             out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
-            cache_dir=cache_dir, keep=keep,
+            cache_dir=cache_dir, keep=keep, out_revision=out_revision, replace_readme=replace_readme,
         )
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
@@ -392,7 +395,7 @@ def run_pipeline(
             work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
             head_repo=head_repo, out_repo=out_repo, keep=keep, target_revision=target_revision,
             head_revision=head_revision, out_revision=out_revision, private=private, basename=basename,
-            outtype=outtype, cache_dir=cache_dir, llama=llama,
+            outtype=outtype, cache_dir=cache_dir, llama=llama, replace_readme=replace_readme,
         )
     except BaseException:
         if created:
@@ -446,6 +449,7 @@ def _run(
     outtype: str | None,
     cache_dir: str | os.PathLike[str] | None,
     llama: bool | None,
+    replace_readme: bool,
 ) -> PipelineReport:
     """The stages of :func:`run_pipeline`, in a work folder it has claimed."""
     report = PipelineReport(work)
@@ -453,6 +457,9 @@ def _run(
         # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
         hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
+        from .publish import check_card_replaceable
+
+        check_card_replaceable(hub_api, out_repo, token=token, revision=out_revision, replace_readme=replace_readme)
     with _work_lock(work):
         leftovers = remove_leftovers(work)  # a killed pipeline's temporary state file
         if leftovers is not None:
@@ -472,7 +479,7 @@ def _run(
             head_revision=head_revision,
         )
         published = _stage_publish(
-            runner, report, hub_api, token, composite, out_repo, out_revision, private, provenance
+            runner, report, hub_api, token, composite, out_repo, out_revision, private, provenance, replace_readme
         )
         if published and not keep:
             for folder in (work / "composite", work / "draft"):
@@ -721,6 +728,7 @@ def _stage_publish(
     revision: str | None,
     private: bool,
     provenance: Provenance,
+    replace_readme: bool,
 ) -> bool:
     stage = "publish"
     if not repo:
@@ -759,6 +767,7 @@ def _stage_publish(
         digests={str(d.path): d for d in composite},
         progress=runner.progress,
         token=token,
+        replace_readme=replace_readme,
     )
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})

@@ -47,6 +47,29 @@ def _size(value: int | None) -> str:
     return human_bytes(value) if value is not None else "size unknown"
 
 
+def _check_out_readme(
+    report: PipelineReport, api: Any, token: str | None, repo: str, revision: str | None, replace_readme: bool
+) -> None:
+    """Refuse, as the real run would, an ``out_repo`` README.md gguf-mtp did not write (a read, no write);
+    where the Hub cannot say (offline, a repo that does not exist yet), a note says so."""
+    from gguf_mtp.errors import HubError
+
+    from .publish import check_card_replaceable
+
+    if hub.is_offline():
+        report.notes.append(f"offline: {repo}'s README.md was not checked (a run checks it before downloading)")
+        return
+    try:
+        replaced = check_card_replaceable(api, repo, token=token, revision=revision, replace_readme=replace_readme)
+    except HubError as e:
+        if "replace_readme" in e.parameters:
+            raise
+        report.notes.append(f"{repo}'s README.md could not be checked ({e.message}); a run checks it first")
+        return
+    if replaced:
+        report.notes.append(replaced)
+
+
 def plan_pipeline(
     api: Any,
     token: str | None,
@@ -61,6 +84,8 @@ def plan_pipeline(
     basename: str | None,
     cache_dir: str | os.PathLike[str] | None,
     keep: bool,
+    out_revision: str | None = None,
+    replace_readme: bool = False,
 ) -> PipelineReport:
     """The plan of a :func:`~gguf_mtp.hub.pipeline.run_pipeline` call with the same arguments; writes nothing.
 
@@ -69,6 +94,8 @@ def plan_pipeline(
         ShardSetError: ``target_files`` does not name exactly one complete model of the repo.
         UnsafeOutputError: the work folder would be refused by a real run.
         StateFileError: the work folder's state file is not one gguf-mtp wrote.
+        HubError: ``out_repo`` has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set
+            (online only; see :func:`~gguf_mtp.hub.publish.check_card_replaceable`).
     """
     report = PipelineReport(work, dry_run=True)
     would_create = claim_work_dir(
@@ -117,6 +144,7 @@ def plan_pipeline(
         "verify", _PLANNED, "structure, target and draft bytes, and llama.cpp when installed"
     ))
     if out_repo:
+        _check_out_readme(report, api, token, out_repo, out_revision, replace_readme)
         report.stages.append(StageResult(
             "publish", _PLANNED,
             f"upload {len(outputs)} file(s) + README.md to {out_repo} (the token and write access are checked "

@@ -6,7 +6,8 @@ looks complete before it is:
 1. **plan** (headers only): which files (exactly the shards of one model), how (one commit, or a
    resumable upload for a large set);
 2. **check** (cheap Hub calls, skipped by ``dry_run``): token, ``whoami``, ``create_repo(exist_ok=True)``,
-   branch, write access;
+   branch, write access, and that the repo's ``README.md``, if any, is a card gguf-mtp wrote (another one
+   is replaced only with ``replace_readme``: :func:`check_card_replaceable`);
 3. **hash** every file (streaming sha256) and render the card (:mod:`gguf_mtp.hub.card`);
 4. **upload** from a staging folder recreated on every run (links to the shards + ``README.md``):
    a set that fits goes up as ONE commit; a large set goes up resumably, with any earlier card removed
@@ -35,7 +36,7 @@ from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
 
 from . import client as hub
-from .card import ModelFacts, Provenance, render_model_card
+from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
 if TYPE_CHECKING:
     from gguf_mtp.check.bench_rules import BenchSummary
@@ -47,6 +48,7 @@ __all__ = [
     "PublishPlan",
     "PublishReport",
     "RemoteCheck",
+    "check_card_replaceable",
     "compare_remote",
     "find_model",
     "plan_publish",
@@ -61,6 +63,8 @@ ONE_COMMIT_MAX_BYTES = 50 * 2**30
 ONE_COMMIT_MAX_FILES = 50
 #: The model card's name in the repo.
 CARD_NAME = "README.md"
+#: A README.md on the Hub larger than this is not a card of ours (not downloaded to find out).
+CARD_MAX_BYTES = 1 << 20
 #: Staging folder (inside the published folder, so shards can be hard-linked), recreated on every run.
 STAGING_NAME = ".gguf-mtp-publish"
 #: What huggingface_hub's resumable upload keeps in the staging folder; kept so a re-run resumes.
@@ -498,6 +502,37 @@ def _upload(
             report.notes.append(f"{card_path} was not uploaded because the files on the Hub do not match")
 
 
+def check_card_replaceable(
+    api: Any, repo: str, *, token: str | None, revision: str | None, replace_readme: bool = False
+) -> str | None:
+    """Make sure publishing may replace ``repo``'s ``README.md``: it is missing, or a card gguf-mtp wrote
+    (:func:`~gguf_mtp.hub.card.is_gguf_mtp_card`), or ``replace_readme`` says to replace whatever is there.
+
+    Returns:
+        A note when a ``README.md`` gguf-mtp did not write will be replaced (``replace_readme``), else ``None``.
+
+    Raises:
+        HubError: the repo has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set, or
+            the Hub cannot be asked.
+    """
+    where = repo + (f"@{revision}" if revision else "")
+    existing = hub.remote_files(api, repo, [CARD_NAME], token=token, revision=revision).get(CARD_NAME)
+    if existing is None:
+        return None
+    if existing.size <= CARD_MAX_BYTES:
+        text = hub.read_remote_text(api, repo, CARD_NAME, token=token, revision=revision)
+        if is_gguf_mtp_card(text):
+            return None
+    if not replace_readme:
+        raise HubError(
+            f"{CARD_NAME} exists and was not written by gguf-mtp; publishing would replace it with the model card "
+            "(pass replace_readme to replace it)",
+            where,
+            parameter="replace_readme",
+        )
+    return f"the {CARD_NAME} on the Hub was not written by gguf-mtp; it is replaced, as asked"
+
+
 def _check_bench_is_of(bench: BenchSummary, first_file: str) -> None:
     """A bench report shown in the card must have measured these files (the model or its sidecar, by name)."""
     measured = {os.path.basename(bench.model)} | ({os.path.basename(bench.draft)} if bench.draft else set())
@@ -525,6 +560,7 @@ def publish(
     standalone: bool = False,
     path_in_repo: str | None = None,
     bench: BenchSummary | None = None,
+    replace_readme: bool = False,
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
@@ -549,14 +585,17 @@ def publish(
             (the one the Hub shows).
         bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.check.bench_rules.parse_bench_json`)
             for the card's "Measured speed" table.
+        replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
+            such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
 
     Raises:
-        HubError: bad repo id, offline, no token, token refused or read-only, no write access, or an
-            upload failed (raised before any hashing or uploading when it is about the token or access),
-            or the Hub's record of an uploaded file disagrees with the local file.
+        HubError: bad repo id, offline, no token, token refused or read-only, no write access, a
+            ``README.md`` gguf-mtp did not write (without ``replace_readme``; these are raised before any
+            hashing or uploading), an upload failed, or the Hub's record of an uploaded file
+            disagrees with the local file.
         BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
         NoNextNBlockError: the model has no NextN block.
         ParameterError: the model is an MTP-only draft without ``standalone``, or a whole model with it; or
@@ -583,7 +622,7 @@ def publish(
     )
     if bench is not None:
         _check_bench_is_of(bench, plan.files[0].name)
-    user = None
+    user = replaced = None
     hub_api = None
     if not dry_run:
         token = token or hub.resolve_token()
@@ -592,6 +631,9 @@ def publish(
             raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
         hub_api = hub.make_api(api, token=token)
         user = hub.check_write_access(hub_api, repo, token=token, private=private, revision=plan.revision)
+        replaced = check_card_replaceable(
+            hub_api, repo, token=token, revision=plan.revision, replace_readme=replace_readme
+        )
     files = _digests(plan.files, digests, progress)
     card = render_model_card(
         repo=repo,
@@ -608,6 +650,8 @@ def publish(
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report
+    if replaced:
+        report.notes.append(replaced)
     card_bytes = card.encode()
     names = plan.names_in_repo
     card_path = plan.card_path

@@ -9,16 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.format.header import TensorInfo
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
 from gguf_mtp.formatting import human_bytes, short_change
-from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.model.shards import open_model
 from gguf_mtp.write import WriteReport, check_output_folder
 
 from .compose_plan import CompositionPlan, plan_composition
-from .head_type import bf16_head_hint, low_bit_warning, parse_outtype
+from .head_type import head_notes, parse_outtype
 
-__all__ = ["ComposeReport", "compose", "head_notes", "plan"]
+__all__ = ["ComposeReport", "compose", "plan"]
 
 
 @dataclass(kw_only=True)
@@ -120,17 +119,6 @@ def plan(
     )
 
 
-def head_notes(head: Sequence[TensorInfo], target: ShardSet, outtype: str | None) -> list[str]:
-    """The advisory lines about the head's type: below Q4_K, or BF16/F16 in a quantized target."""
-    warning = low_bit_warning(parse_outtype(outtype))
-    if warning:
-        return [warning]
-    if outtype is None:
-        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), target.arch)
-        return [hint] if hint else []
-    return []
-
-
 def compose(
     target: str | os.PathLike[str],
     draft: str | os.PathLike[str],
@@ -193,7 +181,7 @@ def compose(
     report = ComposeReport(plan=composition, dry_run=dry_run)
     placed = {name for name, _ in composition.renamed}
     head = [t for t in composition.draft.first.tensors if t.name in placed]
-    report.head_advice = head_notes(head, composition.target, outtype)
+    report.head_advice = head_notes(head, parse_outtype(outtype), composition.target, composition.target.arch)
     report.notes.extend(report.head_advice)
     if composition.dropped:
         report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
-from gguf_mtp.jobs.head_type import bf16_head_hint, low_bit_warning, parse_outtype, summarize_head
+from gguf_mtp.jobs.head_type import head_notes, parse_outtype, summarize_head
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
 
@@ -379,7 +379,7 @@ def plan_conversion(
         _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head", wanted_type)
     path = Path(output)
     header, segments, planned, kvs = _layout(writer, items, path, residue)
-
+    block_tensors = [t for t in planned if t.name.startswith("blk.")]
     plan = ConversionPlan(
         source=label,
         checkpoint=checkpoint,
@@ -392,24 +392,11 @@ def plan_conversion(
         tensors=tuple(planned),
         kvs=tuple(kvs),
         target=target,
-        notes=(*model.notes, *_head_notes(planned, target, wanted_type, model.arch)),
+        notes=(*model.notes, *head_notes(block_tensors, wanted_type, target, model.arch)),
         nextn_blocks=model.n_nextn,
     )
     _log_plan(plan, len(header))
     return plan
-
-
-def _head_notes(planned: Sequence[PlannedTensor], target: ShardSet | None, wanted: GGMLQuantizationType | None,
-                arch: str) -> list[str]:
-    """A low-bit head's warning, or the size a Q8_0 head would have where a BF16 one goes to a quantized target."""
-    warning = low_bit_warning(wanted)
-    if warning:
-        return [warning]
-    if wanted is None and target is not None:
-        head = [t for t in planned if t.name.startswith("blk.")]
-        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), arch)
-        return [hint] if hint else []
-    return []
 
 
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from gguf import GGMLQuantizationType
 
 from gguf_mtp.errors import BadGGUFError, ParameterError
-from gguf_mtp.format.header import TensorInfo
+from gguf_mtp.format.header import TensorInfo, tensor_nbytes
 from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
 from gguf_mtp.format.quantize import (
     INSTALL_HINT,
@@ -25,9 +25,9 @@ from gguf_mtp.format.quantize import (
     QuantizerUnavailableError,
     ggml_available,
     retyped_tensor,
-    type_nbytes,
 )
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.shards import ShardSet
 from gguf_mtp.write import Segment
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "HeadSummary",
     "HeadTensor",
     "bf16_head_hint",
+    "head_notes",
     "low_bit_warning",
     "parse_outtype",
     "retype_head_tensor",
@@ -90,6 +91,7 @@ class HeadSummary:
     main_type: str  # the type holding most of the bytes
 
     def describe(self) -> str:
+        """``Q8_0 head, 3.1 MiB (12 Q8_0, 4 F32)``: the main type, the size and the tensors of each type."""
         kinds = ", ".join(f"{n} {t}" for t, n in self.types.items())
         return f"{self.main_type} head, {human_bytes(self.nbytes)} ({kinds})"
 
@@ -137,8 +139,23 @@ def bf16_head_hint(head: Iterable[HeadTensor], trunk_types: Iterable[int], arch:
         return None
     q8 = GGMLQuantizationType.Q8_0
     size = sum(
-        type_nbytes(t.shape, head_tensor_type(t.name, t.shape, GGMLQuantizationType[t.type_name], q8, arch))
+        tensor_nbytes(t.shape, head_tensor_type(t.name, t.shape, GGMLQuantizationType[t.type_name], q8, arch))
         for t in tensors
     )
     return (f"the head is {human_bytes(summary.nbytes)} in {summary.main_type} in a quantized target; "
             f"--outtype q8_0 would make it {human_bytes(size)}")
+
+
+def head_notes(
+    head: Iterable[HeadTensor], outtype: GGMLQuantizationType | None, target: ShardSet | None, arch: str | None
+) -> list[str]:
+    """The advisory lines about the head's type (compose and convert show them with the plan): the low-bit
+    warning for an ``outtype`` below Q4_K, or, when the head keeps its type (``outtype`` ``None``) and goes
+    into a quantized ``target``, the size a Q8_0 head would have (:func:`bf16_head_hint`)."""
+    warning = low_bit_warning(outtype)
+    if warning:
+        return [warning]
+    if outtype is None and target is not None:
+        hint = bf16_head_hint(head, (t.ggml_type for _, t in target.iter_tensors()), arch)
+        return [hint] if hint else []
+    return []
