@@ -11,6 +11,8 @@ Measures wall time and peak memory, alternating runs and keeping medians, of:
   ``cp --reflink=always`` and ``cp --reflink=never``, time and extra disk used (``bench_reflink.py``);
 - ``gguf-mtp compose --outtype q4_k`` (a BF16 head quantized on the way) vs ``llama-quantize --pure`` doing
   the same work, time and peak memory (``bench_quant.py``);
+- ``gguf-mtp convert`` of a block-scaled FP8 head (>= 2 GB of FP8) vs ``cp`` of its safetensors and vs llama.cpp's
+  ``convert_hf_to_gguf.py --mtp`` on the same checkpoint, time and peak memory (``bench_fp8.py``);
 
 at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
 ``docs/benchmarks/`` (a full run) or a scratch folder (``--quick``, a smoke run, unless ``--update-docs``
@@ -23,6 +25,7 @@ Examples::
     .venv/bin/python scripts/bench.py --quick --update-docs   # the same, replacing docs/benchmarks/
     sudo .venv/bin/python scripts/bench.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
     .venv/bin/python scripts/bench.py --quantize-only         # just --outtype vs llama-quantize: quantize.md
+    .venv/bin/python scripts/bench.py --fp8-only --repeat 2   # just the FP8 head vs cp and upstream: fp8.md
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_fp8 import run_fp8, write_fp8_report
 from bench_inputs import (
     NEMOTRON_SUPER_PATTERN,
     HeadSpec,
@@ -330,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-quantize", action="store_true", help="skip the --outtype vs llama-quantize case")
     p.add_argument("--quantize-only", action="store_true",
                    help="only the --outtype vs llama-quantize --pure case: writes quantize.md and quantize.json")
+    p.add_argument("--no-fp8", action="store_true", help="skip the FP8 head case")
+    p.add_argument("--fp8-only", action="store_true",
+                   help="only the FP8 head case (convert vs cp vs convert_hf_to_gguf.py --mtp): fp8.md and fp8.json")
+    p.add_argument("--upstream-python", help="python of the torch venv that runs llama.cpp's convert_hf_to_gguf.py "
+                                             "(default: $GGUF_MTP_UPSTREAM_PYTHON, else .venv-upstream)")
     p.add_argument("--render-only", action="store_true",
                    help="measure nothing: redo the tables and the plot from OUT_DIR/results.json")
     return p
@@ -394,6 +403,17 @@ def quantize_case(config: BenchConfig) -> list[Path]:
     return write_quantize_report(results, config.out_dir)
 
 
+def fp8_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
+    """Run the FP8 head case (llama.cpp's converter when its torch venv is there, else without it, said so)."""
+    results = run_fp8(config.work_dir, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
+                      cache=config.cache, upstream_python=args.upstream_python, log=_log)
+    for target in results["targets"]:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    for note in results["notes"]:
+        _log(f"note: {note}")
+    return write_fp8_report(results, config.out_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
@@ -403,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     case_reports: list[Path] = []
     if args.quantize_only:
         _log("wrote " + ", ".join(str(p) for p in quantize_case(config)))
+        return 0
+    if args.fp8_only:
+        _log("wrote " + ", ".join(str(p) for p in fp8_case(args, config)))
         return 0
     if args.render_only:
         results = rerender(config.out_dir)
@@ -417,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                     case_reports = reflink_case(args, config)
                 if not args.no_quantize:
                     case_reports += quantize_case(config)
+                if not args.no_fp8:
+                    case_reports += fp8_case(args, config)
         finally:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)

@@ -90,8 +90,8 @@ def _ratio_rows(results: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
-                    reflink: dict[str, Any] | None = None) -> str:
-    """The ``README.md`` of a results folder (``reflink``: the reflink case's results, linked when given)."""
+                    reflink: dict[str, Any] | None = None, fp8: dict[str, Any] | None = None) -> str:
+    """The ``README.md`` of a results folder (``reflink``, ``fp8``: those cases' results, linked when given)."""
     m, c, cond = results["machine"], results["config"], results["conditions"]
     memory = f"{m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "RAM unknown"
     lines = [
@@ -194,6 +194,13 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
                   "| goal | measured | met |", "|---|---|---|"]
         lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in reflink["targets"]]
         lines.append("")
+    if fp8 is not None:
+        lines += ["## An FP8 head", "",
+                  "`convert` of a block-scaled FP8 head against `cp` of its shard and llama.cpp's "
+                  "`convert_hf_to_gguf.py --mtp` on the same checkpoint: [`fp8.md`](fp8.md) (raw: `fp8.json`).", "",
+                  "| goal | measured | met |", "|---|---|---|"]
+        lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in fp8["targets"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -270,5 +277,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     readme = out_dir / "README.md"
     reflink_json = out_dir / "reflink.json"
     reflink = json.loads(reflink_json.read_text()) if reflink_json.exists() else None
-    readme.write_text(render_markdown(results, plot.name, reflink))
+    fp8_json = out_dir / "fp8.json"
+    fp8 = json.loads(fp8_json.read_text()) if fp8_json.exists() else None
+    readme.write_text(render_markdown(results, plot.name, reflink, fp8))
     return [readme, json_path, plot]

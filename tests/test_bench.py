@@ -234,7 +234,8 @@ def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figure
     assert f"smoke run: the report goes to {out.resolve()}" in stderr
     reflink = ("reflink.json", "reflink.md") if reflink_unavailable() is None else ()
     quantize = ("quantize.json", "quantize.md") if "quantize case skipped" not in stderr else ()
-    assert sorted(p.name for p in out.iterdir()) == sorted((*DOC_FILES, *reflink, *quantize))
+    fp8 = ("fp8.json", "fp8.md")
+    assert sorted(p.name for p in out.iterdir()) == sorted((*DOC_FILES, *reflink, *quantize, *fp8))
     assert results["config"]["quick"] is True
 
 
@@ -341,3 +342,43 @@ def test_quick_run_measures_head_quantization_against_llama_quantize(
     assert abs(ours["bytes_out"] - theirs["bytes_out"]) < 64 * 1024
     assert results["ratio"] is not None and all(t["goal"] in (out / "quantize.md").read_text()
                                                 for t in results["targets"])
+
+
+@pytest.mark.bench
+@pytest.mark.upstream
+def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
+    quick_run: tuple[Path, dict, str, dict[str, bytes]], tmp_path: Path,
+) -> None:
+    from helpers import reader_tensors
+
+    from gguf_mtp.jobs.convert import convert
+
+    out, *_ = quick_run
+    results = json.loads((out / "fp8.json").read_text())
+    upstream_tool = "convert_hf_to_gguf.py --mtp"
+    rows = {r["tool"]: r for r in results["summary"]}
+    if upstream_tool not in rows:
+        assert any("llama.cpp's converter left out" in n for n in results["notes"]), results["notes"]
+        if IN_CI:
+            pytest.fail("CI=true: the FP8 benchmark case must run llama.cpp's converter")
+        pytest.skip("llama.cpp's converter (the torch venv) is not available here")
+    ours, cp, theirs = rows["convert"], rows["cp"], rows[upstream_tool]
+    shard = results["inputs"]["head_shard_bytes"]
+    assert all(s["size"] == shard for s in results["samples"])
+    assert cp["bytes_out"] == shard  # cp moves exactly the NextN shard
+    # FP8 -> BF16 doubles the FP8 weights; upstream's --mtp file also holds token_embd / output and the tokenizer
+    assert ours["bytes_out"] > shard + results["inputs"]["head_fp8_bytes"] // 2
+    assert theirs["bytes_out"] > ours["bytes_out"]
+    assert all(r["median_seconds"] > 0 and r["max_rss"] > 0 for r in rows.values())
+    assert results["ratios"]["convert_vs_cp"] > 0 and results["ratios"]["convert_vs_upstream"] > 0
+    text = (out / "fp8.md").read_text()
+    assert f"| {upstream_tool} |" in text and all(t["goal"] in text for t in results["targets"])
+    # the same checkpoint converts to the same NextN bytes both ways (so the timings compare the same work)
+    spec = results["config"]["spec"]
+    checkpoint = out.parent / f"fp8-e{spec['n_expert']}-f{spec['n_ff_exp']}-d{spec['n_embd']}" / "checkpoint"
+    from upstream import upstream_convert
+
+    mine = reader_tensors(convert(checkpoint, tmp_path / "d.gguf", block=1, progress=False).output)
+    reference = upstream_convert(checkpoint, tmp_path / "mtp.gguf", "--mtp", outtype="auto")
+    assert mine == {n: t for n, t in reader_tensors(reference).items() if n.startswith("blk.1.")}
+    assert any(t == 30 for t, _, _ in mine.values())  # BF16 matrices, dequantized from FP8
