@@ -52,6 +52,8 @@ FAMILY_MODULES: dict[str, str] = {
     "Glm4MoeForCausalLM": "glm4moe",
     "Glm4MoeLiteForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek2",
+    "DeepseekV32ForCausalLM": "deepseek32",
+    "GlmMoeDsaForCausalLM": "glm_dsa",
     "Qwen3_5MoeForCausalLM": "qwen35",
     "Qwen3_5MoeForConditionalGeneration": "qwen35",
     "Qwen3_5ForCausalLM": "qwen35",

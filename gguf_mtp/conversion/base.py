@@ -73,6 +73,7 @@ __all__ = [
     "MappedTensor",
     "TargetCheck",
     "TensorSource",
+    "arch_name",
     "config_bool",
     "config_float",
     "config_int",
@@ -333,6 +334,11 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
     return _merge_copies(segments)
 
 
+def arch_name(model_arch: MODEL_ARCH | str) -> str:
+    """The GGUF architecture name of gguf-py's ``MODEL_ARCH`` member, or the name itself."""
+    return model_arch if isinstance(model_arch, str) else MODEL_ARCH_NAMES[model_arch]
+
+
 # ------------------------------------------------------------------------------------------- writer
 
 
@@ -474,8 +480,9 @@ class TargetCheck:
 class HeadModel:
     """Base class of one model family's MTP head converter (see the module docstring)."""
 
-    #: The GGUF architecture the head belongs to.
-    model_arch: ClassVar[MODEL_ARCH]
+    #: The GGUF architecture the head belongs to: gguf-py's member, or its name where the installed gguf-py is older
+    #: than the llama.cpp that runs it (PyPI gguf 0.19.0 has no ``hy_v3``, ``bailingmoe3``...).
+    model_arch: ClassVar[MODEL_ARCH | str]
     #: Checkpoint tensors of the MTP head start with this.
     tensor_prefix: ClassVar[str] = "mtp."
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
@@ -507,7 +514,7 @@ class HeadModel:
             model_class.hf_architectures = (*model_class.hf_architectures, *names)
             for name in names:
                 cls._classes[name] = model_class
-            cls._classes_by_arch[MODEL_ARCH_NAMES[model_class.model_arch]] = model_class
+            cls._classes_by_arch[arch_name(model_class.model_arch)] = model_class
             return model_class
 
         return decorate
@@ -626,7 +633,7 @@ class HeadModel:
     @property
     def arch(self) -> str:
         """The GGUF architecture name (``nemotron_h_moe``)."""
-        return MODEL_ARCH_NAMES[self.model_arch]
+        return arch_name(self.model_arch)
 
     @property
     def config_path(self) -> Path:

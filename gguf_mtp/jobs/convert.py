@@ -31,7 +31,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
-from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS
+from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
 from gguf_mtp.conversion.safetensors_io import Checkpoint, open_checkpoint, read_config
 from gguf_mtp.errors import (
@@ -331,7 +331,7 @@ def plan_conversion(
     model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
     if drop_nextn_copies:
         if model_class.keep_nextn_copies is None:
-            raise ParameterError(f"drop_nextn_copies: a {model_class.model_arch.name.lower()} head has no "
+            raise ParameterError(f"drop_nextn_copies: a {arch_name(model_class.model_arch)} head has no "
                                  "embedding/LM head copies to drop")
         model = model_class(checkpoint, keep_nextn_copies=False)  # type: ignore[call-arg]
     else:
