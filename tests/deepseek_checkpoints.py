@@ -40,8 +40,10 @@ class MlaDims:
     n_expert_used: int = 2
     n_ff_exp: int = 80
     n_ff_dense: int = 160
-    index_n_heads: int = 3  # DSA indexer (V3.2: 64 heads of 128; GLM-5: 32 of 128): rows of 120, partial blocks
-    index_head_dim: int = 40
+    # DSA indexer (V3.2: 64 heads of 128; GLM-5: 32 of 128). The head size is a multiple of 64, as llama.cpp's
+    # Hadamard rotation of the indexer keys needs (llama-kv-cache.cpp, build_input_k_rot); 192 rows: partial blocks.
+    index_n_heads: int = 3
+    index_head_dim: int = 64
 
 
 DIMS = MlaDims()
