@@ -99,7 +99,7 @@ class TransposedTensor(SafetensorsTensor):
 class DeepseekV2MTPModel(NextNLayerModel):
     """MLA + MoE NextN layer (GLM-4.7-Flash; DeepSeek V3, R1, V3.1, V3-0324)."""
 
-    model_arch = MODEL_ARCH.DEEPSEEK2
+    model_arch: ClassVar[MODEL_ARCH | str] = MODEL_ARCH.DEEPSEEK2
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}

@@ -45,7 +45,6 @@ class DsaMTPModel(DeepseekV2MTPModel):
     """The ``deepseek2`` head plus the NextN layer's DSA indexer (not registered: :class:`DeepseekV32MTPModel`,
     :class:`.glm_dsa.GlmDsaMTPModel`)."""
 
-    name_table_arch = MODEL_ARCH.GLM_DSA
     #: Whether llama.cpp's loader requires the NextN block's indexer tensors (deepseek32) or takes them when present.
     indexer_required: ClassVar[bool] = True
     #: Where llama.cpp's loader says so (for the refusal).
@@ -101,6 +100,7 @@ class DeepseekV32MTPModel(DsaMTPModel):
     """MLA + MoE + DSA indexer NextN layer (DeepSeek V3.2, V3.2-Exp, Math-V2; layer 61)."""
 
     model_arch = "deepseek32"  # not in PyPI gguf 0.19.0's MODEL_ARCH
+    name_table_arch = MODEL_ARCH.GLM_DSA  # the same Hugging Face names, indexer included
     indexer_required = True
     indexer_source = "src/models/deepseek32.cpp:109-114 creates them with the block's flags"
     mla_reason = ("llama.cpp's deepseek32 model runs only in MLA format (attention.key_length_mla and "

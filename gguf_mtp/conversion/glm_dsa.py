@@ -28,7 +28,6 @@ class GlmDsaMTPModel(DsaMTPModel):
     """MLA + MoE NextN layer with an optional DSA indexer (GLM-5, 5.1, 5.2)."""
 
     model_arch = MODEL_ARCH.GLM_DSA
-    name_table_arch = None
     indexer_required = False
     mla_reason = ("llama.cpp's glm-dsa model runs only in MLA format (attention.key_length_mla and attn_k_b/attn_v_b: "
                   "src/models/glm-dsa.cpp:94 'GLM_DSA architecture requires MLA'); reconvert the trunk with a "
