@@ -279,3 +279,16 @@ def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, dict[str, Path
     files = upstream["glm5"]
     report = verify(files["composite"], target=files["trunk"], draft=files["draft"], llama=False, progress=False)
     assert report.ok, report
+
+
+@pytest.mark.upstream
+def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(upstream: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+    from upstream import upstream_convert
+
+    files = upstream["deepseekv32"]
+    mtp = upstream_convert(files["checkpoint"], tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")
+    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith(B)}
+    ours = reader_tensors(convert(files["checkpoint"], tmp_path / "d.gguf", target=files["trunk"], outtype="q8_0",
+                                  progress=False).output)
+    assert ours[f"{B}indexer.proj.weight"][0] == Q.F32 and ours[f"{B}indexer.attn_q_b.weight"][0] == Q.Q8_0
+    _assert_same_tensors(ours, theirs)
