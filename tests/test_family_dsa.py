@@ -277,7 +277,7 @@ def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, dict[str, Path
     from gguf_mtp.check.verify import verify
 
     files = upstream["glm5"]
-    report = verify(files["composite"], target=files["trunk"], draft=files["draft"], llama=False, progress=False)
+    report = verify(files["composite"], target=files["trunk"], draft=files["draft"], llama=True, progress=False)
     assert report.ok, report
 
 
