@@ -1,6 +1,8 @@
 """Tiny random ``deepseek2``-family checkpoints with the real config keys and tensor names: GLM-4.7-Flash
 (``Glm4MoeLiteForCausalLM``, BF16) and DeepSeek V3 (``DeepseekV3ForCausalLM``, whose release is FP8: see
-:func:`fp8_checkpoints.quantize_checkpoint`).
+:func:`fp8_checkpoints.quantize_checkpoint`); and the DSA ones, DeepSeek V3.2 (``DeepseekV32ForCausalLM``,
+``deepseek32``, FP8) and GLM-5.x (``GlmMoeDsaForCausalLM``, ``glm-dsa``, BF16 and FP8), whose every layer, the NextN
+one included, also has the DSA indexer (``self_attn.indexer.{wq_b, wk, k_norm.{weight,bias}, weights_proj}``).
 
 A full checkpoint: ``model.embed_tokens``, ``n_layers`` trunk layers (the first ``first_k_dense_replace`` dense, the
 rest MoE), the NextN layer ``model.layers.{n_layers}`` (an MLA + MoE decoder layer plus ``eh_proj``, ``enorm``,
@@ -38,17 +40,28 @@ class MlaDims:
     n_expert_used: int = 2
     n_ff_exp: int = 80
     n_ff_dense: int = 160
+    # DSA indexer (V3.2: 64 heads of 128; GLM-5: 32 of 128). The head size is a multiple of 64, as llama.cpp's
+    # Hadamard rotation of the indexer keys needs (llama-kv-cache.cpp, build_input_k_rot); 192 rows: partial blocks.
+    index_n_heads: int = 3
+    index_head_dim: int = 64
 
 
 DIMS = MlaDims()
-ARCHITECTURES = {"glm47flash": "Glm4MoeLiteForCausalLM", "deepseekv3": "DeepseekV3ForCausalLM"}
+ARCHITECTURES = {"glm47flash": "Glm4MoeLiteForCausalLM", "deepseekv3": "DeepseekV3ForCausalLM",
+                 "deepseekv32": "DeepseekV32ForCausalLM", "glm5": "GlmMoeDsaForCausalLM"}
+MODEL_TYPES = {"glm47flash": "glm4_moe_lite", "deepseekv3": "deepseek_v3", "deepseekv32": "deepseek_v32",
+               "glm5": "glm_moe_dsa"}
+#: The variants whose layers have the DSA indexer.
+DSA = ("deepseekv32", "glm5")
+#: GLM-5.2's per-layer indexer kinds (config.json ``indexer_types``), one per trunk layer.
+GLM52_INDEXER_TYPES = ["full", "shared"]
 
 
 def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> dict[str, object]:
     """``config.json`` with the keys of GLM-4.7-Flash's / DeepSeek V3's (values scaled down)."""
     config: dict[str, object] = {
         "architectures": [ARCHITECTURES[variant]],
-        "model_type": "glm4_moe_lite" if variant == "glm47flash" else "deepseek_v3",
+        "model_type": MODEL_TYPES[variant],
         "torch_dtype": "bfloat16",
         "attention_bias": False,
         "hidden_act": "silu",
@@ -75,18 +88,24 @@ def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> 
         "qk_rope_head_dim": d.rope,
         "v_head_dim": d.v_dim,
         "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5 if variant == "glm47flash" else 1e-6,
-        "rope_theta": 1000000 if variant == "glm47flash" else 10000,
+        "rms_norm_eps": 1e-5 if variant in ("glm47flash", "glm5") else 1e-6,
+        "rope_theta": 1000000 if variant in ("glm47flash", "glm5") else 10000,
         "tie_word_embeddings": False,
         "vocab_size": d.n_vocab,
     }
-    if variant == "deepseekv3":
+    if variant in DSA:
+        config.update(index_n_heads=d.index_n_heads, index_head_dim=d.index_head_dim, index_topk=8)
+    if variant == "glm5":  # GLM-5.2: transformers-5 rope_parameters, and which layers run a full indexer
+        del config["rope_theta"]
+        config["rope_parameters"] = {"rope_theta": 1000000, "rope_type": "default"}
+        config["indexer_types"] = GLM52_INDEXER_TYPES[:n_layers]
+    if variant in ("deepseekv3", "deepseekv32"):
         config["rope_scaling"] = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 1024,
                                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
     return config
 
 
-def _layer(d: MlaDims, layer: int, *, moe: bool) -> list[CheckpointTensor]:
+def _layer(d: MlaDims, layer: int, *, moe: bool, dsa: bool = False) -> list[CheckpointTensor]:
     h, p = d.n_embd, f"model.layers.{layer}."
     tensors = [
         CheckpointTensor(p + "input_layernorm.weight", (h,), "BF16", "norm"),
@@ -100,6 +119,14 @@ def _layer(d: MlaDims, layer: int, *, moe: bool) -> list[CheckpointTensor]:
         CheckpointTensor(p + "self_attn.o_proj.weight", (h, d.n_head * d.v_dim), "BF16", "weight"),
         CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"),
     ]
+    if dsa:
+        i = p + "self_attn.indexer."
+        tensors += [CheckpointTensor(i + "wq_b.weight", (d.index_n_heads * d.index_head_dim, d.q_lora), "BF16",
+                                     "weight"),
+                    CheckpointTensor(i + "wk.weight", (d.index_head_dim, h), "BF16", "weight"),
+                    CheckpointTensor(i + "k_norm.weight", (d.index_head_dim,), "F32", "norm"),
+                    CheckpointTensor(i + "k_norm.bias", (d.index_head_dim,), "F32", "bias"),
+                    CheckpointTensor(i + "weights_proj.weight", (d.index_n_heads, h), "BF16", "weight")]
     if not moe:
         f = d.n_ff_dense
         return [*tensors,
@@ -123,8 +150,9 @@ def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) ->
     """Every tensor: the trunk, then the NextN layer (with its embedding / LM head copies for DeepSeek V3)."""
     h, v = d.n_embd, d.n_vocab
     trunk = [CheckpointTensor("model.embed_tokens.weight", (v, h), "BF16", "weight")]
+    dsa = variant in DSA
     for layer in range(n_layers):
-        trunk += _layer(d, layer, moe=layer >= 1)
+        trunk += _layer(d, layer, moe=layer >= 1, dsa=dsa)
     trunk += [CheckpointTensor("model.norm.weight", (h,), "BF16", "norm"),
               CheckpointTensor("lm_head.weight", (v, h), "BF16", "weight")]
     p = f"model.layers.{n_layers}."
@@ -132,10 +160,10 @@ def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) ->
              CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
              CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
              CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm")]
-    if variant == "deepseekv3":
+    if variant in ("deepseekv3", "deepseekv32"):
         nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
                  CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
-    return trunk + nextn + _layer(d, n_layers, moe=True)
+    return trunk + nextn + _layer(d, n_layers, moe=True, dsa=dsa)
 
 
 def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> Path:

@@ -100,13 +100,17 @@ def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architectur
     assert model_class_for_arch(ARCH) is by_hf
     assert by_hf.hf_architectures == ("NemotronHForCausalLM",)
     assert supported_architectures() == sorted([
-        "BailingMoeV3ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM",
-        "HYV3ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "NemotronHForCausalLM",
-        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-        "Qwen3_5MoeForConditionalGeneration", "Step3p5ForCausalLM",
+        "BailingMoeV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM",
+        "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "HYV3ForCausalLM", "MiMoV2FlashForCausalLM",
+        "MiMoV2ForCausalLM", "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+        "Step3p5ForCausalLM",
     ])
     assert model_class_for_arch("glm4moe") is get_model_class("Glm4MoeForCausalLM")
     assert model_class_for_arch("deepseek2") is get_model_class("DeepseekV3ForCausalLM")
+    assert model_class_for_arch("deepseek32") is get_model_class("DeepseekV32ForCausalLM")  # a name gguf-py lacks
+    assert model_class_for_arch("glm-dsa") is get_model_class("GlmMoeDsaForCausalLM")
+    assert get_model_class("DeepseekV32ForCausalLM").hf_architectures == ("DeepseekV32ForCausalLM",)  # not V3's too
     assert get_model_class("Qwen3_5MoeForCausalLM") is get_model_class("Qwen3_5MoeForConditionalGeneration")
 
 

@@ -54,6 +54,8 @@ FAMILY_MODULES: dict[str, str] = {
     "DeepseekV3ForCausalLM": "deepseek2",
     "BailingMoeV3ForCausalLM": "bailingmoe3",
     "HYV3ForCausalLM": "hy_v3",
+    "DeepseekV32ForCausalLM": "deepseek32",
+    "GlmMoeDsaForCausalLM": "glm_dsa",
     "Qwen3_5MoeForCausalLM": "qwen35",
     "Qwen3_5MoeForConditionalGeneration": "qwen35",
     "Qwen3_5ForCausalLM": "qwen35",

@@ -548,7 +548,8 @@ class HeadModel:
         """Class decorator: handle the HF architectures ``names`` (``config.json`` ``architectures``)."""
 
         def decorate(model_class: type[HeadModel]) -> type[HeadModel]:
-            model_class.hf_architectures = (*model_class.hf_architectures, *names)
+            # its own names only: a subclass (DeepSeek V3.2's of V3's) does not inherit its parent's
+            model_class.hf_architectures = (*model_class.__dict__.get("hf_architectures", ()), *names)
             for name in names:
                 cls._classes[name] = model_class
             cls._classes_by_arch[arch_name(model_class.model_arch)] = model_class

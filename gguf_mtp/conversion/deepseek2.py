@@ -63,11 +63,13 @@ _MLA_REASON = ("llama.cpp's deepseek2 MTP graph runs only on an MLA-format model
 class DeepseekV2MTPModel(NextNLayerModel):
     """MLA + MoE NextN layer (GLM-4.7-Flash; DeepSeek V3, R1, V3.1, V3-0324)."""
 
-    model_arch = MODEL_ARCH.DEEPSEEK2
+    model_arch: ClassVar[MODEL_ARCH | str] = MODEL_ARCH.DEEPSEEK2
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}
     default_norm_eps = 1e-6  # DeepseekV2Model.set_gguf_parameters: rms_norm_eps defaults to 1e-6
+    #: Why the target must be MLA-format (what :meth:`check_target` says when it is not).
+    mla_reason: ClassVar[str] = _MLA_REASON
 
     def read_layer_hparams(self) -> None:
         """Every hyperparameter the converter uses, type- and range-checked once, here."""
@@ -229,5 +231,5 @@ class DeepseekV2MTPModel(NextNLayerModel):
                                                                                     for n in names)
             if old or target.get(f"{self.arch}.attention.key_length_mla") is None:
                 what = "has attn_kv_b tensors" if old else "has no deepseek2.attention.key_length_mla"
-                raise IncompatibleDraftError(f"the target {what}: {_MLA_REASON}", target.name)
+                raise IncompatibleDraftError(f"the target {what}: {self.mla_reason}", target.name)
         super().check_target(target)

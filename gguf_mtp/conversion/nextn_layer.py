@@ -53,6 +53,9 @@ class NextNLayerModel(HeadModel):
     #: Keep the layer's ``embed_tokens`` / ``shared_head.head`` copies in the NextN block (llama.cpp's converter
     #: does); ``False`` drops them and llama.cpp uses the trunk's.
     keep_nextn_copies: ClassVar[bool] = True
+    #: gguf-py's name table the decoder layer is mapped with, when :attr:`model_arch` is a name the installed gguf-py
+    #: does not know (``deepseek32``: glm-dsa's table, the same Hugging Face names); ``None``: :attr:`model_arch`'s.
+    name_table_arch: ClassVar[MODEL_ARCH | None] = None
 
     @classmethod
     def head_prefix(cls, config: dict[str, Any]) -> str:
@@ -76,9 +79,10 @@ class NextNLayerModel(HeadModel):
         self._present = {name for name in checkpoint.tensors if name.startswith(self.tensor_prefix)}
         self.read_layer_hparams()
         # gguf-py's name table for a model of N + 1 blocks maps model.layers.N.* to blk.N.*.
-        if not isinstance(self.model_arch, MODEL_ARCH):  # a family gguf-py does not know has no name table there
+        table = self.name_table_arch or self.model_arch
+        if not isinstance(table, MODEL_ARCH):  # a family gguf-py does not know has no name table there
             raise TypeError(f"{type(self).__name__}: NextNLayerModel needs an architecture in gguf-py's MODEL_ARCH")
-        self._tensor_map = get_tensor_name_map(self.model_arch, self.n_layer + 1)
+        self._tensor_map = get_tensor_name_map(table, self.n_layer + 1)
 
     def read_layer_hparams(self) -> None:
         """Read the family's hyperparameters (common ones first, :meth:`~HeadModel.read_common_hparams`)."""

@@ -105,9 +105,11 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     # GLM-4.7-Flash, DeepSeek V3/R1: only scalars (conversion/deepseek.py:319-386). The MTP graph also needs an
     # MLA trunk and Q-LoRA (src/models/deepseek2.cpp:174 is_mla(), :193 n_lora_q > 0): conversion/deepseek2.py.
     "deepseek2": {},
-    # DeepSeek V3.2: the indexer head_count/key_length/top_k are scalars.
+    # DeepSeek V3.2: the indexer head_count/key_length/top_k are scalars (conversion/deepseek.py:519-522,
+    # src/models/deepseek32.cpp:26-28); MLA required (deepseek32.cpp:61): conversion/deepseek32.py.
     "deepseek32": {},
-    # GLM-5/5.1/5.2: the indexer pattern is the trunk's (conversion/glm.py:380-382 writes len(indexer_types)).
+    # GLM-5/5.1/5.2: the indexer pattern is the trunk's (conversion/glm.py:380-382 writes len(indexer_types),
+    # src/models/glm-dsa.cpp:66 reads n_layer() entries); MLA required (glm-dsa.cpp:94): conversion/glm_dsa.py.
     "glm-dsa": {"attention.indexer.types": _INDEXER_TRUNK},
     # Qwen3.5/3.6 dense and MoE, Qwen3-Next: the NextN block is a full-attention block.
     "qwen35": {"attention.recurrent_layers": _RECURRENT_FALSE},
