@@ -87,8 +87,8 @@ def test_unknown_architecture_lists_the_supported_ones(head: Path, tmp_path: Pat
     config["architectures"] = ["LlamaForCausalLM"]
     (head / "config.json").write_text(json.dumps(config))
     error = _convert_error(head, tmp_path)
-    supported = ("BailingMoeV3ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, "
-                 "HYV3ForCausalLM, MiMoV2FlashForCausalLM")
+    supported = ("BailingMoeV3ForCausalLM, DeepseekV32ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
+                 "Glm4MoeLiteForCausalLM, GlmMoeDsaForCausalLM")
     assert f"'LlamaForCausalLM' is not supported; supported: {supported}, " in str(error)
 
 
