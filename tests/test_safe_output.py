@@ -89,7 +89,7 @@ def test_verify_and_compose_dry_run_print_hostile_names(hostile: Path, nemotron_
     composite = hostile.parent / "composite" / BAD_FILE
     result = _cli("verify", str(composite), "--target", BAD_FILE, "--no-llama", cwd=hostile.parent)
     _no_crash(result, 0)
-    verdict, hint = result.stdout.splitlines()[-2:]  # the verdict, then how to measure the head with bench
+    hint, verdict = result.stdout.splitlines()[-2:]  # how to measure the head with bench, then the verdict
     assert "verified" in verdict and hint.startswith("measure what MTP gains on your machine: gguf-mtp bench ")
     result = _cli("verify", BAD_FILE, "--no-llama", cwd=hostile.parent)  # not a composite: a failed check
     _no_crash(result, 2)

@@ -178,7 +178,7 @@ def test_the_bench_hint_of_a_sidecar_benches_its_target_with_it_and_a_bare_draft
     sidecar: Path, target: Path, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["verify", str(sidecar), "--target", str(target), "--no-llama"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
+    assert capsys.readouterr().out.splitlines()[-2] == (  # the verdict stays the last line
         f"measure what MTP gains on your machine: gguf-mtp bench {target} --draft {sidecar} --server "
         "PATH/TO/llama-server"
     )
