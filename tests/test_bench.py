@@ -179,6 +179,7 @@ def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     sizes = results["config"]["sizes"]
@@ -192,6 +193,7 @@ def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     compose = {r["size"]: r["bytes_out"] for r in _summary(results, "compose", "sharded")}
@@ -203,6 +205,7 @@ def test_cp_baseline_moves_exactly_the_bytes_compose_writes(quick_run: tuple[Pat
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     (convert,) = _summary(results, "convert", "head")
@@ -213,6 +216,7 @@ def test_quick_run_measures_convert_against_cp_of_the_head(quick_run: tuple[Path
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> None:
     out, results, *_ = quick_run
     readme = (out / "README.md").read_text()
@@ -225,6 +229,7 @@ def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> N
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figures(
     quick_run: tuple[Path, dict, str, dict[str, bytes]],
 ) -> None:
@@ -299,6 +304,7 @@ def test_extra_disk_does_not_count_blocks_shared_with_the_input(tmp_path: Path) 
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict, str, dict[str, bytes]]) -> None:
     out, _, stderr, _ = quick_run
     reason = reflink_unavailable()
@@ -326,6 +332,8 @@ def test_quick_run_measures_the_reflink_case_on_xfs(quick_run: tuple[Path, dict,
     assert "[`reflink.md`](reflink.md)" in (out / "README.md").read_text()
 
 
+@pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 def test_quick_run_measures_head_quantization_against_llama_quantize(
     quick_run: tuple[Path, dict, str, dict[str, bytes]],
 ) -> None:
@@ -345,6 +353,7 @@ def test_quick_run_measures_head_quantization_against_llama_quantize(
 
 
 @pytest.mark.bench
+@pytest.mark.llama  # the quick run quantizes a head with llama.cpp's quantizer
 @pytest.mark.upstream
 def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
     quick_run: tuple[Path, dict, str, dict[str, bytes]], tmp_path: Path,

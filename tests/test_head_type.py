@@ -57,6 +57,7 @@ def test_a_bf16_head_into_a_quantized_target_gets_the_q8_0_hint(
     assert compose(nemotron_split, bf16_draft, tmp_path, dry_run=True, outtype="q8_0").notes == []
 
 
+@pytest.mark.llama  # q3_k/q2_k: llama.cpp's quantizer
 @pytest.mark.parametrize("qtype", ["q3_k", "Q2_K"])
 def test_a_head_below_q4_k_is_warned_about(nemotron_split: Path, bf16_draft: Path, tmp_path: Path,
                                            qtype: str) -> None:
@@ -66,6 +67,7 @@ def test_a_head_below_q4_k_is_warned_about(nemotron_split: Path, bf16_draft: Pat
     assert "Q2_K 55.3 %" in extract(composite, tmp_path / "x.gguf", outtype=qtype, dry_run=True).notes[0]
 
 
+@pytest.mark.llama  # q6_k: llama.cpp's quantizer
 def test_json_reports_and_inspect_give_the_heads_type_and_size(
     nemotron_split: Path, bf16_draft: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -84,6 +86,7 @@ def test_json_reports_and_inspect_give_the_heads_type_and_size(
     assert facts.nextn_bytes == head["bytes"]
 
 
+@pytest.mark.llama  # compares with ggml's own bytes first, then hides it
 def test_without_llama_cpp_the_numpy_quantizers_serve_and_other_types_say_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

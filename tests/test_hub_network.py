@@ -20,6 +20,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import huggingface_hub
+import huggingface_hub.constants
+import huggingface_hub.utils
 import pytest
 from helpers import LoopbackServer
 
@@ -143,6 +145,17 @@ def test_hf_job_submit(unreachable: tuple[str, str, str], tmp_path: Path) -> Non
     dry = run(endpoint, tmp_path, "--dry-run", *argv, script=HF_JOB)  # a dry run asks nothing of the network
     assert dry.returncode == 0 and dry.stderr == "", dry.stderr
     assert "package: the Job installs 'gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp'" in dry.stdout
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online mode whatever ran before (huggingface_hub reads HF_HUB_OFFLINE into its constants at import)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    # huggingface_hub < 1.0 mounts an offline adapter on the (cached) session it made while offline: drop it.
+    reset = getattr(huggingface_hub.utils, "reset_sessions", None)
+    if callable(reset):
+        reset()
 
 
 # ------------------------------------------------------------------------------------------- the boundary

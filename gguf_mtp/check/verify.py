@@ -614,14 +614,14 @@ def _llama_check(
     what = "the draft" if draft else "the composite"
     if model.remote:
         return _not_run(llama, f"{what} is remote: download it to load it with llama.cpp")
-    if not llama_cpp_available():
-        return _not_run(llama, f"llama-cpp-python is not installed; to load {what} with llama.cpp: {INSTALL_HINT}")
     if draft and not sidecar:
         return _not_run(
             llama,
             "a draft without token_embd/output_norm runs only inside its composite: verify that "
             "(gguf-mtp compose TARGET DRAFT -o OUTDIR --verify)",
         )
+    if not llama_cpp_available():
+        return _not_run(llama, f"llama-cpp-python is not installed; to load {what} with llama.cpp: {INSTALL_HINT}")
     # An MTP-only file has no trunk graph to run (llama.cpp crashes trying), nor has a model without trunk blocks.
     result = check_with_llama(model.shards[0].name, trunk=not draft and (layout is None or layout.trunk > 0))
     detail = result.summary()
