@@ -57,7 +57,7 @@ DSA = ("deepseekv32", "glm5")
 GLM52_INDEXER_TYPES = ["full", "shared"]
 
 
-def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> dict[str, object]:
+def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS, n_nextn: int = 1) -> dict[str, object]:
     """``config.json`` with the keys of GLM-4.7-Flash's / DeepSeek V3's (values scaled down)."""
     config: dict[str, object] = {
         "architectures": [ARCHITECTURES[variant]],
@@ -71,7 +71,7 @@ def mla_config(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> 
         "num_attention_heads": d.n_head,
         "num_key_value_heads": d.n_head,
         "num_hidden_layers": n_layers,
-        "num_nextn_predict_layers": 1,
+        "num_nextn_predict_layers": n_nextn,
         "first_k_dense_replace": 1,
         "n_routed_experts": d.n_expert,
         "n_shared_experts": 1,
@@ -146,8 +146,9 @@ def _layer(d: MlaDims, layer: int, *, moe: bool, dsa: bool = False) -> list[Chec
             CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight")]
 
 
-def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> list[CheckpointTensor]:
-    """Every tensor: the trunk, then the NextN layer (with its embedding / LM head copies for DeepSeek V3)."""
+def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
+                n_nextn: int = 1) -> list[CheckpointTensor]:
+    """Every tensor: the trunk, then the NextN layer(s) (with their embedding / LM head copies for DeepSeek V3)."""
     h, v = d.n_embd, d.n_vocab
     trunk = [CheckpointTensor("model.embed_tokens.weight", (v, h), "BF16", "weight")]
     dsa = variant in DSA
@@ -155,24 +156,29 @@ def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) ->
         trunk += _layer(d, layer, moe=layer >= 1, dsa=dsa)
     trunk += [CheckpointTensor("model.norm.weight", (h,), "BF16", "norm"),
               CheckpointTensor("lm_head.weight", (v, h), "BF16", "weight")]
-    p = f"model.layers.{n_layers}."
-    nextn = [CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
-             CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
-             CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
-             CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm")]
-    if variant in ("deepseekv3", "deepseekv32"):
-        nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
-                 CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
-    return trunk + nextn + _layer(d, n_layers, moe=True, dsa=dsa)
+    layers: list[CheckpointTensor] = []
+    for layer in range(n_layers, n_layers + n_nextn):
+        p = f"model.layers.{layer}."
+        nextn = [CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
+                 CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
+                 CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
+                 CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm")]
+        if variant in ("deepseekv3", "deepseekv32"):
+            nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
+                     CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
+        layers += nextn + _layer(d, layer, moe=True, dsa=dsa)
+    return trunk + layers
 
 
-def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS) -> Path:
-    """Write the checkpoint folder (two shards + index, the NextN layer in the second); returns it."""
+def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
+                         n_nextn: int = 1) -> Path:
+    """Write the checkpoint folder (two shards + index, the NextN layer(s) in the second); returns it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(mla_config(variant, d, n_layers=n_layers), indent=2) + "\n")
-    tensors = mla_tensors(variant, d, n_layers=n_layers)
-    head = f"model.layers.{n_layers}."
+    config = mla_config(variant, d, n_layers=n_layers, n_nextn=n_nextn)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    tensors = mla_tensors(variant, d, n_layers=n_layers, n_nextn=n_nextn)
+    head = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + n_nextn))
     trunk = [t for t in tensors if not t.name.startswith(head)]
     nextn = tensors[len(trunk):]
     names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")

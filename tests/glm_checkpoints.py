@@ -33,7 +33,8 @@ GLM_HPARAMS = TinyHparams(n_embd=128, n_vocab=GLM_VOCAB, n_head=4, n_head_kv=2, 
                           n_expert_used=2, n_ff_exp=64, n_ff_dense=128)
 
 
-def glm_config(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False) -> dict[str, object]:
+def glm_config(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False,
+               n_nextn: int = 1) -> dict[str, object]:
     """A ``config.json`` with GLM-4.5-Air's keys (``use_qk_norm`` true is GLM-4.5 355B's)."""
     return {
         "architectures": ["Glm4MoeForCausalLM"],
@@ -63,7 +64,7 @@ def glm_config(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: b
         "rms_norm_eps": 1e-5,
         "rope_scaling": None,
         "rope_theta": 1000000,
-        "num_nextn_predict_layers": 1,
+        "num_nextn_predict_layers": n_nextn,
         "tie_word_embeddings": False,
         "use_cache": True,
         "use_qk_norm": qk_norm,
@@ -116,31 +117,36 @@ def _layer(hp: TinyHparams, layer: int, *, moe: bool, qk_norm: bool, bias_spelli
 
 
 def glm_tensors(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False,
-                nextn_copies: bool = False, bias_spelling: str = BIAS_SPELLINGS[0]) -> list[CheckpointTensor]:
-    """Every tensor of the full checkpoint: trunk first, then the NextN layer ``model.layers.{n_layers}``."""
+                nextn_copies: bool = False, bias_spelling: str = BIAS_SPELLINGS[0],
+                n_nextn: int = 1) -> list[CheckpointTensor]:
+    """Every tensor of the full checkpoint: trunk first, then the NextN layers ``model.layers.{n_layers}`` ...
+    ``model.layers.{n_layers + n_nextn - 1}``."""
     h, v = hp.n_embd, hp.n_vocab
     trunk = [CheckpointTensor("model.embed_tokens.weight", (v, h), "BF16", "weight")]
     for layer in range(n_layers):
         trunk += _layer(hp, layer, moe=layer >= dense, qk_norm=qk_norm, bias_spelling=bias_spelling)
     trunk += [CheckpointTensor("model.norm.weight", (h,), "BF16", "norm"),
               CheckpointTensor("lm_head.weight", (v, h), "BF16", "weight")]
-    p = f"model.layers.{n_layers}."
-    nextn = [
-        CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
-        CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
-        CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
-        CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm"),
-    ]
-    if nextn_copies:
-        nextn = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *nextn,
-                 CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
-    nextn += _layer(hp, n_layers, moe=True, qk_norm=qk_norm, bias_spelling=bias_spelling)
+    nextn: list[CheckpointTensor] = []
+    for layer in range(n_layers, n_layers + n_nextn):
+        p = f"model.layers.{layer}."
+        glue = [
+            CheckpointTensor(p + "eh_proj.weight", (h, 2 * h), "BF16", "weight"),
+            CheckpointTensor(p + "enorm.weight", (h,), "BF16", "norm"),
+            CheckpointTensor(p + "hnorm.weight", (h,), "BF16", "norm"),
+            CheckpointTensor(p + "shared_head.norm.weight", (h,), "BF16", "norm"),
+        ]
+        if nextn_copies:
+            glue = [CheckpointTensor(p + "embed_tokens.weight", (v, h), "BF16", "weight"), *glue,
+                    CheckpointTensor(p + "shared_head.head.weight", (v, h), "BF16", "weight")]
+        nextn += glue + _layer(hp, layer, moe=True, qk_norm=qk_norm, bias_spelling=bias_spelling)
     return trunk + nextn
 
 
 def write_glm_checkpoint(
     out_dir: Path, hp: TinyHparams = GLM_HPARAMS, *, layout: str = "shards", n_layers: int = 3, dense: int = 1,
     qk_norm: bool = False, nextn_copies: bool = False, bias_spelling: str = BIAS_SPELLINGS[0], seed: int = 0,
+    n_nextn: int = 1,
 ) -> Path:
     """Write a full tiny GLM-4.5-family checkpoint folder (see the module docstring); returns the folder.
     No tokenizer: llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
@@ -148,11 +154,11 @@ def write_glm_checkpoint(
         raise ValueError(f"layout must be one of {LAYOUTS}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = glm_config(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm)
+    config = glm_config(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm, n_nextn=n_nextn)
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tensors = glm_tensors(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm, nextn_copies=nextn_copies,
-                          bias_spelling=bias_spelling)
-    head = f"model.layers.{n_layers}."
+                          bias_spelling=bias_spelling, n_nextn=n_nextn)
+    head = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + n_nextn))
     trunk = [t for t in tensors if not t.name.startswith(head)]
     nextn = tensors[len(trunk):]
     names = (("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors") if layout == "shards"

@@ -208,9 +208,15 @@ def test_index_with_only_the_nextn_shard_present(air: Path, tmp_path: Path) -> N
     assert _draft(folder, tmp_path / "d.gguf") == _draft(air, tmp_path / "ref.gguf")
 
 
-def test_head_prefix_names_only_the_nextn_layer() -> None:
+def test_head_prefix_names_only_the_nextn_layers() -> None:
     assert Glm4MoeMTPModel.head_prefix({"num_hidden_layers": 46}) == "model.layers.46."
+    assert Glm4MoeMTPModel.head_prefix({"num_hidden_layers": 46, "num_nextn_predict_layers": 2}) == (
+        "model.layers.46.", "model.layers.47.")
     assert Glm4MoeMTPModel.head_prefix({"num_hidden_layers": "46"}) == "model.layers."
+    # a count that is not a layer count is left to the model's checks (one line there), never 10^9 prefixes
+    for bad in (10**9, "2", True, 0):
+        assert Glm4MoeMTPModel.head_prefix({"num_hidden_layers": 46, "num_nextn_predict_layers": bad}) == (
+            "model.layers.")
 
 
 def test_missing_expert_is_one_line(tmp_path: Path) -> None:

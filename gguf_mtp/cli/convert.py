@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drop-nextn-copies", action="store_true",
                    help="GLM-4.5: leave out the NextN layer's own embed_tokens/shared_head.head copies (about 1.5 GB "
                         "each); llama.cpp uses the trunk's")
+    p.add_argument("--nextn-blocks", type=int, metavar="K",
+                   help="convert only the first K NextN blocks of a checkpoint with several (default: all; "
+                        "llama.cpp's glm4moe and deepseek2 MTP graphs run a file of one)")
     p.add_argument("--revision", metavar="REV", help="Hub revision (branch, tag or commit) of a repo-id SOURCE")
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
@@ -46,6 +49,7 @@ _AS_FLAGS = (
     (re.compile(r"^(block|outtype|revision) '?([^':]*)'?:"), lambda m: f"--{m[1]} {m[2]}:"),
     (re.compile(r"^standalone needs target:"), lambda m: "--standalone needs --target:"),
     (re.compile(r"^drop_nextn_copies:"), lambda m: "--drop-nextn-copies:"),
+    (re.compile(r"^nextn_blocks "), lambda m: "--nextn-blocks "),
     (re.compile(r"give target \((.*)\) or block$"), lambda m: f"give --target TARGET.gguf ({m[1]}) or --block N"),
 )
 
@@ -64,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = convert(
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
-            standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies, revision=args.revision,
+            standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies,
+            nextn_blocks=args.nextn_blocks, revision=args.revision,
             dry_run=args.dry_run, force=args.force,
             progress=not (args.quiet or args.json), on_plan=plan_printer(args),
         )

@@ -43,7 +43,7 @@ from gguf import (
     LlamaFileType,
 )
 
-from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.errors import CheckpointError, IncompatibleDraftError, ParameterError
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
 from gguf_mtp.format.kv_edit import misfit
 from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
@@ -75,9 +75,11 @@ __all__ = [
     "TargetCheck",
     "TensorSource",
     "arch_name",
+    "at_block",
     "config_bool",
     "config_float",
     "config_int",
+    "first_block_template",
     "shown_name",
     "tensor_segments",
 ]
@@ -236,6 +238,22 @@ class _ShownBlock:
 
     def __getitem__(self, offset: int) -> _ShownBlock:
         return _ShownBlock(offset)
+
+
+#: ``{bid[k]}`` in a name template (the k-th NextN block after the first).
+_LATER_BLOCK = re.compile(r"\{bid\[[0-9]+\]\}")
+
+
+def at_block(template: str, offset: int) -> str:
+    """A name template of the first NextN block (``blk.{bid}...``) moved to the ``offset``-th block after it
+    (``blk.{bid[offset]}...``); a template already naming a later block is left as it is."""
+    return template.replace("{bid}", f"{{bid[{offset}]}}") if offset else template
+
+
+def first_block_template(template: str) -> str:
+    """A name template of any NextN block as the first block's: ``blk.{bid[2]}.x`` -> ``blk.{bid}.x`` (the rules
+    that hold for every block compare against this)."""
+    return _LATER_BLOCK.sub("{bid}", template)
 
 
 def shown_name(template: str) -> str:
@@ -679,6 +697,17 @@ class HeadModel:
         """Which NextN block (0 .. :attr:`n_nextn` - 1) a head tensor belongs to (a family with several says)."""
         return 0
 
+    def keep_first_blocks(self, count: int) -> None:
+        """Convert only the first ``count`` NextN blocks; a family whose llama.cpp graph runs its blocks as a chain
+        keeps them all (:class:`~.nextn_layer.NextNLayerModel`, whose graphs run one, can narrow).
+
+        Raises:
+            ParameterError: ``count`` is not what this head can keep.
+        """
+        if count != self.n_nextn:
+            raise ParameterError(f"nextn_blocks {count}: the {self.arch} head's {self.n_nextn} NextN block(s) are "
+                                 f"converted together")
+
     # ------------------------------------------------------------------------------ common work
 
     @property
@@ -832,8 +861,7 @@ class HeadModel:
     def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", block: int = 0) -> str:
         """gguf-py's name for ``key`` with the block index left in: ``blk.{bid}.nextn.eh_proj.weight`` for the
         first NextN block, ``blk.{bid[k]}...`` for the ``block`` = k-th after it (see :class:`BlockIndex`)."""
-        name = TENSOR_NAMES[key] + suffix
-        return name.replace("{bid}", f"{{bid[{block}]}}") if block else name
+        return at_block(TENSOR_NAMES[key] + suffix, block)
 
     def head_tensors(self) -> list[SafetensorsTensor]:
         """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights
@@ -935,7 +963,7 @@ class HeadModel:
             ggml_shape = tuple(reversed(source.shape)) or (1,)
             return head_tensor_type(name.format(bid=0), ggml_shape, default, outtype, self.arch)
         router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
-        is_router = re.sub(r"\{bid\[[0-9]+\]\}", "{bid}", name) == router
+        is_router = first_block_template(name) == router
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or is_router:
             return Q.F32
         if outtype is None:

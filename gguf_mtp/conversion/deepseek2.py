@@ -122,16 +122,16 @@ class DeepseekV2MTPModel(NextNLayerModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        if tensor.name != self.tensor_prefix + _KV_B:
-            yield from super().modify_tensors(tensor)
+    def layer_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        if self.layer_suffix(tensor) != _KV_B:
+            yield from super().layer_tensors(tensor)
             return
         k_b, v_b = split_kv_b(tensor, self.n_head_kv, self.nope, self.v_dim,
                               "(num_key_value_heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank)")
         yield self.format_tensor_name(T.ATTN_K_B), k_b
         yield self.format_tensor_name(T.ATTN_V_B), v_b
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         h, nh, hk = self.n_embd, self.n_head, self.n_head_kv
         e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_exp * self.n_shared
         name = self.format_tensor_name

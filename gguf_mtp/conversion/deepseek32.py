@@ -24,7 +24,7 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import CONVERTER_TYPES, HeadModel, TargetCheck, TensorSource
+from .base import CONVERTER_TYPES, HeadModel, TargetCheck, TensorSource, first_block_template
 from .deepseek2 import DeepseekV2MTPModel
 
 __all__ = ["DeepseekV32MTPModel", "DsaMTPModel"]
@@ -58,14 +58,14 @@ class DsaMTPModel(DeepseekV2MTPModel):
         self.index_topk = need("index_topk", maximum=2**32 - 1)
         present = [suffix for suffix in INDEXER_TENSORS if self.has(suffix)]
         if self.indexer_required and len(present) < len(INDEXER_TENSORS):
-            absent = next(self.tensor_prefix + s for s in INDEXER_TENSORS if s not in present)
+            absent = next(self.layer_prefixes[0] + s for s in INDEXER_TENSORS if s not in present)
             raise CheckpointError(f"the NextN layer has no DSA indexer tensor {absent}: llama.cpp's {self.arch} loader "
                                   f"requires the indexer in the NextN block ({self.indexer_source})",
                                   self.checkpoint.folder)
         self.indexer_present = present
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = super().expected_shapes()
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes = super().layer_shapes()
         h, heads, dim = self.n_embd, self.index_n_heads, self.index_head_dim
         rows = {T.INDEXER_ATTN_Q_B: (heads * dim, self.q_lora), T.INDEXER_ATTN_K: (dim, h), T.INDEXER_K_NORM: (dim,),
                 T.INDEXER_PROJ: (heads, h)}
@@ -79,7 +79,8 @@ class DsaMTPModel(DeepseekV2MTPModel):
     def output_type(self, name: str, source: TensorSource,
                     outtype: GGMLQuantizationType | None) -> GGMLQuantizationType:
         """As every head's, plus llama.cpp's converter's rule that ``indexer.proj`` is F32."""
-        if name == self.format_tensor_name(T.INDEXER_PROJ) and (outtype is None or outtype in CONVERTER_TYPES):
+        is_proj = first_block_template(name) == self.format_tensor_name(T.INDEXER_PROJ)
+        if is_proj and (outtype is None or outtype in CONVERTER_TYPES):
             return GGMLQuantizationType.F32
         return super().output_type(name, source, outtype)
 

@@ -34,7 +34,7 @@ _EXPERT = re.compile(
 
 @HeadModel.register("Glm4MoeForCausalLM")
 class Glm4MoeMTPModel(NextNLayerModel):
-    """GLM-4.5-family MoE with its NextN layer (``num_nextn_predict_layers: 1``; GLM-4.5 ships the layer's own
+    """GLM-4.5-family MoE with its NextN layer(s) (``num_nextn_predict_layers``; GLM-4.5 ships the layer's own
     embedding / LM head copies, GLM-4.6 does not)."""
 
     model_arch = MODEL_ARCH.GLM4_MOE
@@ -59,7 +59,7 @@ class Glm4MoeMTPModel(NextNLayerModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
         e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_exp * self.n_shared
         name = self.format_tensor_name

@@ -53,6 +53,7 @@ from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pac
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, summarize_head
+from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
 
@@ -315,6 +316,7 @@ def plan_conversion(
     outtype: str | GGMLQuantizationType | None = None,
     standalone: bool = False,
     drop_nextn_copies: bool = False,
+    nextn_blocks: int | None = None,
 ) -> ConversionPlan:
     """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
 
@@ -331,12 +333,13 @@ def plan_conversion(
         standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
         drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
             them in its NextN layer; llama.cpp falls back to the trunk's).
+        nextn_blocks: plan only the first this many NextN blocks (default: every block the checkpoint has).
 
     Raises:
         CheckpointError: unsupported architecture or dtype, no MTP tensors, missing or misshapen tensors.
         IncompatibleDraftError: the head does not fit the target.
-        ParameterError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``
-            or ``block``.
+        ParameterError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``,
+            ``block`` or ``nextn_blocks``.
     """
     model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
     if drop_nextn_copies:
@@ -346,6 +349,8 @@ def plan_conversion(
         model = model_class(checkpoint, keep_nextn_copies=False)  # type: ignore[call-arg]
     else:
         model = model_class(checkpoint)
+    if nextn_blocks is not None:
+        model.keep_first_blocks(nextn_blocks)
     index = _block_index(target, block, standalone, model.default_block())
     if index + model.n_nextn > LLAMA_MAX_LAYERS:
         raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
@@ -392,7 +397,7 @@ def plan_conversion(
         tensors=tuple(planned),
         kvs=tuple(kvs),
         target=target,
-        notes=(*model.notes, *head_notes(block_tensors, wanted_type, target, model.arch)),
+        notes=(*model.notes, *head_notes(block_tensors, wanted_type, target, model.arch), *_graph_notes(model)),
         nextn_blocks=model.n_nextn,
     )
     _log_plan(plan, len(header))
@@ -413,6 +418,15 @@ def _log_plan(plan: ConversionPlan, header_size: int) -> None:
             logger.debug("convert plan: KV %s (%s) = %s", kv.key, kv.type_name, short(kv.value))
     for note in plan.notes:
         logger.info("convert plan: note: %s", note)
+
+
+def _graph_notes(model: HeadModel) -> list[str]:
+    """The note for a head of more NextN blocks than llama.cpp's MTP graph of the architecture runs, with the way
+    out."""
+    note = nextn_graph_note(model.arch, model.n_nextn)
+    if note is None:
+        return []
+    return [f"{note}; converting only the first block (nextn_blocks=1, --nextn-blocks 1) gives a file it runs"]
 
 
 def resolve_source(source: str | os.PathLike[str], revision: str | None = None) -> tuple[Path, HubCheckpoint | None]:
@@ -549,6 +563,7 @@ def convert(
     outtype: str | None = None,
     standalone: bool = False,
     drop_nextn_copies: bool = False,
+    nextn_blocks: int | None = None,
     revision: str | None = None,
     dry_run: bool = False,
     force: bool = False,
@@ -572,6 +587,8 @@ def convert(
         standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
             ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
         drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
+        nextn_blocks: convert only the first this many NextN blocks of a head that has several (default: all;
+            llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
         dry_run: plan and check only (every refusal a real run would make is made): read headers, write nothing.
         force: replace an existing output (never an input).
@@ -602,7 +619,7 @@ def convert(
     target_set = open_model(target) if target is not None else None
     plan = plan_conversion(
         checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
-        standalone=standalone, drop_nextn_copies=drop_nextn_copies,
+        standalone=standalone, drop_nextn_copies=drop_nextn_copies, nextn_blocks=nextn_blocks,
     )
     report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
     report.write([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert", on_plan=on_plan)
