@@ -8,10 +8,14 @@ layer each, plus ``eh_proj``/``enorm``/``hnorm`` and the nested ``transformer.sh
 more query heads (``attention_other_setting``), so ``head_count`` differs per layer; the MTP layers are
 [sliding, full, sliding] so the NextN blocks differ too. Norms are stored zero-centred (small values), as Step's
 ``1 + weight`` RMSNorm keeps them.
+
+``step37=True`` writes the same model as Step-3.7-Flash lays it out (``Step3p7ForConditionalGeneration``): the text
+keys in ``text_config``, the text tensors under ``model.language_model.``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -120,13 +124,31 @@ def step_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
     return trunk, mtp
 
 
-def write_step_checkpoint(out_dir: Path, seed: int = 0) -> Path:
-    """Write the full tiny Step-3.5 checkpoint folder (see the module docstring); returns the folder. No tokenizer:
-    llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
+def step37_config() -> dict[str, object]:
+    """:func:`step_config` as Step-3.7-Flash's ``config.json`` nests it (``text_config``)."""
+    text = step_config()
+    del text["architectures"]
+    return {"architectures": ["Step3p7ForConditionalGeneration"], "model_type": "step3p7",
+            "torch_dtype": "bfloat16", "text_config": text | {"model_type": "step3p5"}}
+
+
+def _as_step37(tensor: CheckpointTensor) -> CheckpointTensor:
+    """A text tensor under Step-3.7's ``model.language_model.`` (``lm_head`` stays at the top)."""
+    if not tensor.name.startswith("model."):
+        return tensor
+    return dataclasses.replace(tensor, name="model.language_model." + tensor.name[len("model."):])
+
+
+def write_step_checkpoint(out_dir: Path, seed: int = 0, *, step37: bool = False) -> Path:
+    """Write the full tiny Step-3.5 (``step37``: Step-3.7) checkpoint folder (see the module docstring); returns the
+    folder. No tokenizer: llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(step_config(), indent=2) + "\n", encoding="utf-8")
+    config = step37_config() if step37 else step_config()
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     trunk, mtp = step_tensors()
+    if step37:
+        trunk, mtp = [_as_step37(t) for t in trunk], [_as_step37(t) for t in mtp]
     names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
     write_safetensors(out / names[0], trunk, seed=seed)
     write_safetensors(out / names[1], mtp, seed=seed, first_index=len(trunk))

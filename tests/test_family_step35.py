@@ -83,7 +83,9 @@ def test_per_layer_arrays_carry_one_entry_per_block(step: Path, tmp_path: Path) 
 
 def test_head_prefix_names_only_the_mtp_layers(step: Path, tmp_path: Path) -> None:
     config = {"num_hidden_layers": 45, "num_nextn_predict_layers": 3}
-    assert Step35MTPModel.head_prefix(config) == ("model.layers.45.", "model.layers.46.", "model.layers.47.")
+    assert Step35MTPModel.head_prefix(config) == (
+        "model.layers.45.", "model.layers.46.", "model.layers.47.",  # Step-3.5
+        "model.language_model.layers.45.", "model.language_model.layers.46.", "model.language_model.layers.47.")
     assert Step35MTPModel.head_prefix({"num_hidden_layers": "45"}) == "model.layers."
     # what a Hub download fetches: the shards holding model.layers.45-47 only (not model.layers.4*)
     weight_map = {"model.layers.4.mlp.gate_proj.weight": "a", "model.layers.44.eh_proj.weight": "b",
@@ -187,6 +189,61 @@ class TestUpstreamParity:
         check = check_with_llama(upstream["standalone"], trunk=False)
         assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
         assert check.mtp_blocks_decoded == 3
+
+
+# ------------------------------------------------------------------------------------------------ Step-3.7
+
+
+@pytest.fixture(scope="module")
+def step37(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny model as Step-3.7-Flash lays it out: text_config, model.language_model.* names."""
+    return write_step_checkpoint(tmp_path_factory.mktemp("step37") / "Step37-tiny", step37=True)
+
+
+def test_step37_layout_converts_to_the_same_blocks(step: Path, step37: Path, tmp_path: Path) -> None:
+    ours = _draft(step37, tmp_path / "d37.gguf")
+    assert ours == _draft(step, tmp_path / "d35.gguf")  # the same values under the other names
+    assert len(ours) == 51
+    eh_proj = raw_tensor(step37, "model.language_model.layers.4.eh_proj.weight")[2]
+    assert ours["blk.4.nextn.eh_proj.weight"][2] == eh_proj
+    kvs = reader_kvs(tmp_path / "d37.gguf")
+    assert kvs["step35.attention.head_count"][1] == [N_HEAD_SWA if t == "sliding_attention" else N_HEAD
+                                                     for t in LAYER_TYPES]
+
+
+def test_step37_text_config_that_is_not_an_object_is_one_line(step37: Path, tmp_path: Path) -> None:
+    import json
+
+    from gguf_mtp.errors import CheckpointError
+
+    folder = tmp_path / "bad"
+    shutil.copytree(step37, folder)
+    config = json.loads((folder / CONFIG_NAME).read_text()) | {"text_config": ["hidden_size"]}
+    (folder / CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="text_config is not a JSON object"):
+        convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
+
+
+@pytest.mark.upstream
+def test_step37_equals_upstreams_conversion(step37: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """llama.cpp's converter takes Step-3.7 (Step3p7ForConditionalGeneration) with the same Step35Model: gguf-mtp's
+    draft equals its ``--mtp`` blocks and compose of its ``--no-mtp`` file and the draft its full file, tensor for
+    tensor."""
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("step37-parity")
+    checkpoint = work / "hf"
+    shutil.copytree(step37, checkpoint)
+    write_gpt2_tokenizer(checkpoint)
+    full = upstream_convert(checkpoint, work / "full.gguf")
+    trunk = upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")
+    mtp = upstream_convert(checkpoint, work / "mtp.gguf", "--mtp")
+    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith("blk.")}
+    assert len(theirs) == 51
+    draft = convert(checkpoint, work / "draft.gguf", target=trunk, progress=False).output
+    _assert_same_tensors(reader_tensors(draft), theirs)
+    composite = compose(trunk, draft, work / "composite", progress=False).output_paths[0]
+    _assert_same_tensors(reader_tensors(composite), reader_tensors(full))
 
 
 @pytest.mark.parametrize(("change", "message"), [

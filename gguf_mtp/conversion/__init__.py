@@ -62,6 +62,7 @@ FAMILY_MODULES: dict[str, str] = {
     "Qwen3_5ForConditionalGeneration": "qwen35",
     "Qwen3NextForCausalLM": "qwen35",
     "Step3p5ForCausalLM": "step35",
+    "Step3p7ForConditionalGeneration": "step35",
     "MiMoV2FlashForCausalLM": "mimo2",
     "MiMoV2ForCausalLM": "mimo2",
 }

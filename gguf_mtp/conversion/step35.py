@@ -1,4 +1,9 @@
-"""Step-3.5-Flash (``Step3p5ForCausalLM``): the three MTP layers -> three NextN blocks of ``step35``.
+"""Step-3.5-Flash (``Step3p5ForCausalLM``) and Step-3.7-Flash (``Step3p7ForConditionalGeneration``): the three MTP
+layers -> three NextN blocks of ``step35``.
+
+Step-3.7 is the same text model inside a vision-language checkpoint: its hyperparameters sit in ``text_config`` and
+its text tensors under ``model.language_model.``; as llama.cpp's converter does (conversion/base.py moves
+``text_config`` to the top and drops ``language_model.`` from names), both are read as Step-3.5's.
 
 The head is the checkpoint's extra decoder layers ``model.layers.{N+i}.*``, ``N = num_hidden_layers`` (45) and
 ``i < num_nextn_predict_layers`` (3), renumbered together as ``blk.{N+i}``; llama.cpp chains all of them, block k
@@ -66,7 +71,9 @@ NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "share_expert.up_proj.weight": (T.FFN_UP_SHEXP, ".weight"),
     "share_expert.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
 }
-_LAYER = re.compile(r"^model\.layers\.(?P<layer>[0-9]{1,4})\.(?P<rest>.+)$")
+_LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]{1,4})\.(?P<rest>.+)$")
+#: Where a checkpoint's text layers are: Step-3.5's ``model.layers.``, Step-3.7's ``model.language_model.layers.``.
+_LAYER_ROOTS = ("model.layers.", "model.language_model.layers.")
 _SWA, _FULL = "sliding_attention", "full_attention"
 HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN = "attention.head_count", "attention.head_count_kv", \
     "attention.sliding_window_pattern"
@@ -74,14 +81,21 @@ HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN = "attention.head_count", "attention.head
 CLAMPS = {"swiglu_clamp_exp": "swiglu_limits", "swiglu_clamp_shexp": "swiglu_limits_shared"}
 
 
+def text_hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` with a ``text_config`` object's keys moved to the top (Step-3.7), as llama.cpp's converter
+    reads it; a config without one as it is."""
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
 def _renamed(rest: str) -> str:
     """The name llama.cpp's converter maps: ``transformer.`` stripped, ``shared_head.output`` -> ``.head``."""
     return rest.replace("transformer.", "", 1).replace("shared_head.output", "shared_head.head")
 
 
-@HeadModel.register("Step3p5ForCausalLM")
+@HeadModel.register("Step3p5ForCausalLM", "Step3p7ForConditionalGeneration")
 class Step35MTPModel(HeadModel):
-    """Step-3.5-Flash with its MTP layers (``num_nextn_predict_layers: 3``)."""
+    """Step-3.5 / 3.7-Flash with its MTP layers (``num_nextn_predict_layers: 3``)."""
 
     model_arch = MODEL_ARCH.STEP35
     tensor_prefix: ClassVar[NamePrefix] = "model.layers."
@@ -91,7 +105,9 @@ class Step35MTPModel(HeadModel):
 
     @classmethod
     def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
-        """``model.layers.{N+i}.`` for each MTP layer (what to download and open: the shards of those layers)."""
+        """``model.layers.{N+i}.`` (Step-3.7: ``model.language_model.layers.{N+i}.``) for each MTP layer (what to
+        download and open: the shards of those layers)."""
+        config = text_hparams(config)
         n_layer, n_nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers")
         counts = (n_layer, n_nextn)
         if any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
@@ -99,10 +115,13 @@ class Step35MTPModel(HeadModel):
         assert isinstance(n_layer, int) and isinstance(n_nextn, int)
         if min(n_layer, n_nextn) < 1 or n_layer + n_nextn > LLAMA_MAX_LAYERS:
             return cls.tensor_prefix
-        return tuple(f"model.layers.{n_layer + i}." for i in range(n_nextn))
+        return tuple(f"{root}{n_layer + i}." for root in _LAYER_ROOTS for i in range(n_nextn))
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
+        if "text_config" in self.hparams and not isinstance(self.hparams["text_config"], dict):
+            raise CheckpointError("text_config is not a JSON object", self.config_path)
+        self.hparams = text_hparams(self.hparams)
         self._read_hparams()
         #: (block offset, name inside the layer as llama.cpp's converter renames it) of every head tensor
         self._present = {(int(m["layer"]) - self.n_layer, _renamed(m["rest"])) for name in checkpoint.tensors
@@ -242,8 +261,11 @@ class Step35MTPModel(HeadModel):
         """The vocabulary rows of a layer's embedding/head copy: vocab_size, else the tensor's own."""
         if self.vocab_size is not None:
             return self.vocab_size
-        tensor = self.checkpoint.tensors.get(f"model.layers.{self.n_layer + i}.{hf_name}.weight")
-        return tensor.shape[0] if tensor is not None and tensor.shape else 0
+        for root in _LAYER_ROOTS:
+            tensor = self.checkpoint.tensors.get(f"{root}{self.n_layer + i}.{hf_name}.weight")
+            if tensor is not None and tensor.shape:
+                return tensor.shape[0]
+        return 0
 
     def _need(self, value: int | None, key: str) -> int:
         if value is None:
