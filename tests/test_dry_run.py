@@ -249,7 +249,7 @@ def test_the_plan_is_printed_before_the_writer_starts(command: str, inputs: Inpu
         assert any(line.startswith("    ") and " -> " in line for line in before), before  # the metadata changes
     # After the writer: the outcome only, never a line of the plan again.
     assert len(after) == 1, after
-    assert after[0].startswith(f"wrote {out / 'draft.gguf'} (" if command == "convert" else "done: "), after
+    assert after[0].startswith(f"done: {out / 'draft.gguf'} (" if command == "convert" else "done: "), after
 
 
 @pytest.mark.parametrize("command", ["compose", "extract"])
