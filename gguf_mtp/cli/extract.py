@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -45,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else default_output(args.source, args.standalone)
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
-    report = extract(
-        args.source, output, standalone=args.standalone, outtype=args.outtype, force=args.force,
-        dry_run=args.dry_run, progress=not (args.quiet or args.json), on_plan=plan_printer(args),
-    )
+    report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype, **write_options(args))
     print_outcome(args, report)
     return 0

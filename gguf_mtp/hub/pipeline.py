@@ -39,8 +39,8 @@ from typing import Any
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
 from gguf_mtp.errors import HubError, ShardSetError, VerificationError
 from gguf_mtp.files.commit import folder_lock, remove_leftovers
-from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
+from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.write import progress_bar
@@ -167,8 +167,7 @@ class _State:
             self._save()
 
     def _save(self) -> None:
-        data = json.dumps({"format": STATE_FORMAT, "stages": self.stages}, indent=2, sort_keys=True).encode()
-        replace_atomically(self.path, data)
+        write_json_file(self.path, {"format": STATE_FORMAT, "stages": self.stages})
 
 
 # ----------------------------------------------------------------------------------- reports
