@@ -73,3 +73,14 @@ def test_router_patch_applies(fresh_tree: Path) -> None:
     src = (fresh_tree / "conversion/base.py").read_text()
     assert "self.match_model_tensor_name(new_name, key, new_bid)" in src
     assert "self.match_model_tensor_name(new_name, key, bid)" not in src
+
+
+def test_deepseek_v3_mtp_export_patch_applies(fresh_tree: Path) -> None:
+    _apply(fresh_tree, ROOT / "upstream/06-deepseek-v3-mtp-export/deepseek-v3-mtp-export.patch")
+    deepseek = (fresh_tree / "conversion/deepseek.py").read_text()
+    glm = (fresh_tree / "conversion/glm.py").read_text()
+    assert deepseek.count('"DeepseekV3ForCausalLM"') == 1  # registered once, on the new class
+    assert '@ModelBase.register("DeepseekV3ForCausalLM")\n@ModelBase.example("deepseek-ai/DeepSeek-V3")\n' \
+           "class DeepseekV3Model(DeepseekV2Model):" in deepseek
+    assert "class Glm4MoeLiteModel(DeepseekV3Model):" in glm and "supports_mtp_export" not in glm.split(
+        "class Glm4MoeLiteModel")[1].split("@ModelBase.register")[0]
