@@ -46,7 +46,6 @@ __all__ = [
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
-SINGLE_FILE_NAME = "model.safetensors"
 
 #: safetensors dtype -> numpy dtype of its raw elements (BF16 as its uint16 bit pattern).
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {

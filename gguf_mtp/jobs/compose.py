@@ -17,7 +17,7 @@ from gguf_mtp.write import WriteReport, check_output_folder
 from .compose_plan import CompositionPlan, plan_composition
 from .head_type import head_notes, parse_outtype
 
-__all__ = ["ComposeReport", "compose", "plan"]
+__all__ = ["ComposeReport", "compose", "plan", "plan_compose"]
 
 
 @dataclass(kw_only=True)
@@ -97,7 +97,7 @@ def _overrides(set_kv: Iterable[str | KVOverride]) -> list[KVOverride]:
     return [o if isinstance(o, KVOverride) else parse_set_kv(o) for o in set_kv]
 
 
-def plan(
+def plan_compose(
     target: str | os.PathLike[str],
     draft: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -117,6 +117,10 @@ def plan(
         basename=basename,
         outtype=outtype,
     )
+
+
+#: The earlier name of :func:`plan_compose`, kept so that existing callers keep working.
+plan = plan_compose
 
 
 def compose(
@@ -177,7 +181,9 @@ def compose(
     """
     started = time.perf_counter()
     check_output_folder(output_dir)
-    composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename, outtype=outtype)
+    composition = plan_compose(
+        target, draft, output_dir, block=block, set_kv=set_kv, basename=basename, outtype=outtype
+    )
     report = ComposeReport(plan=composition, dry_run=dry_run)
     placed = {name for name, _ in composition.renamed}
     head = [t for t in composition.draft.first.tensors if t.name in placed]
