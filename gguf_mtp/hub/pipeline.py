@@ -497,11 +497,7 @@ def _status(before: str | None) -> str:
 
 
 def _target_listing(
-    api: HubApi,
-    token: str | None,
-    repo: str,
-    pattern: str,
-    revision: str | None,
+    api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
     cache_dir: str | os.PathLike[str] | None,
 ) -> list[str]:
     """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
