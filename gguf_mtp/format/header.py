@@ -95,8 +95,9 @@ SUPPLEMENT_QUANT_SIZES: dict[int, tuple[str, int, int]] = {
 
 def ggml_type_sizes(ggml_type: int) -> tuple[int, int] | None:
     """(block size, bytes per block) of a ggml type: gguf-py's table, then the supplement; else None."""
-    if ggml_type in GGMLQuantizationType._value2member_map_:
-        return GGML_QUANT_SIZES.get(GGMLQuantizationType(ggml_type))
+    qtype = GGMLQuantizationType._value2member_map_.get(ggml_type)
+    if isinstance(qtype, GGMLQuantizationType):
+        return GGML_QUANT_SIZES.get(qtype)
     extra = SUPPLEMENT_QUANT_SIZES.get(ggml_type)
     return None if extra is None else extra[1:]
 
