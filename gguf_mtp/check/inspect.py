@@ -314,7 +314,8 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     stray = _stray_blocks(names, blocks.count)
     problems += blocks.problems
     problems += [f"tensors of blk.{block}, beyond block_count {blocks.count}" for block in stray]
-    tally = _tally_types(model, blocks.nextn_blocks, tensors=tensors)
+    nextn_blocks = blocks.nextn_blocks
+    tally = _tally_types(model, nextn_blocks, tensors=tensors)
     return ModelSummary(
         source=model.source,
         remote=model.remote,
@@ -322,8 +323,8 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         model_name=_text_kv(first, "general.name"),
         block_count=blocks.count,
         nextn_predict_layers=blocks.nextn,
-        nextn_blocks=blocks.nextn_blocks,
-        nextn_missing=_nextn_missing(names, arch, blocks.nextn_blocks),
+        nextn_blocks=nextn_blocks,
+        nextn_missing=_nextn_missing(names, arch, nextn_blocks),
         stray_blocks=stray,
         layer_kinds=blocks.kinds,
         shards=_shard_summaries(model),
@@ -338,8 +339,8 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         mtp_only=blocks.mtp_only,
         standalone=blocks.mtp_only and _has_draft_globals(names),
         graph_note=nextn_graph_note(arch, blocks.nextn),
-        nextn_types=_by_bytes(tally.nextn_usage) if blocks.nextn_blocks else (),
-        rest_types=_by_bytes(tally.rest_usage) if blocks.nextn_blocks else (),
+        nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
+        rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
     )
 
 
