@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .check.verify import VerifyReport, verify
     from .hub.pipeline import run_pipeline
     from .hub.publish import publish
-    from .jobs.compose import ComposeReport, compose, plan
+    from .jobs.compose import ComposeReport, compose, plan, plan_compose
     from .jobs.convert import ConvertReport, convert
     from .jobs.extract import extract
     from .jobs.graft import graft
@@ -63,6 +63,7 @@ _LAZY: dict[str, str] = {
     "ComposeReport": "jobs.compose",
     "compose": "jobs.compose",
     "plan": "jobs.compose",
+    "plan_compose": "jobs.compose",
     "ConvertReport": "jobs.convert",
     "convert": "jobs.convert",
     "extract": "jobs.extract",
@@ -127,6 +128,7 @@ __all__ = [
     "inspect",
     "open_model",
     "plan",
+    "plan_compose",
     "publish",
     "run_pipeline",
     "strip",

@@ -10,7 +10,7 @@ from gguf_mtp.errors import GGUFMTPError
 from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "compose",
         help="splice an MTP draft into a (sharded, quantized) target as its final block",

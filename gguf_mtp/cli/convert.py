@@ -11,7 +11,7 @@ from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "convert",
         help="convert an MTP head checkpoint (safetensors) into a GGUF draft",

@@ -7,7 +7,7 @@ import argparse
 from .common import print_json
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run the whole flow on an embedded tiny model (offline, seconds)",

@@ -18,7 +18,7 @@ def default_output(source: str, standalone: bool) -> Path:
     return Path(f"mtp-{stem}.gguf" if standalone else f"mtp-draft-{stem}.gguf")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "extract",
         help="copy the NextN (MTP) block(s) of a model into a draft GGUF that compose accepts",

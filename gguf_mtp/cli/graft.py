@@ -8,7 +8,7 @@ import sys
 from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "graft",
         help="move the NextN (MTP) block of one model into another (extract + compose + verify)",

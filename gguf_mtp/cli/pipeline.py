@@ -41,7 +41,7 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "pipeline",
         help="download target + head, convert, compose, verify, publish (resumable)",

@@ -44,7 +44,7 @@ def provenance_from_args(args: argparse.Namespace) -> Provenance:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "publish",
         help="upload a composite and a generated model card to the Hugging Face Hub",

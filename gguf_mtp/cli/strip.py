@@ -7,7 +7,7 @@ import argparse
 from .common import add_output_flags, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "strip",
         help="write a trunk-only copy of a model: its NextN (MTP) blocks removed",

@@ -100,7 +100,8 @@ class RankRows(BlockScaledTensor):
         scale = np.asarray(scale, dtype=np.float32)
         b0, b1 = self.block
         per_row = scale[self.rank_block + (self.rank_row + np.arange(start, start + count)) // b0]
-        return fp8_lut(self.dtype)[raw] * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        scaled: np.ndarray = fp8_lut(self.dtype)[raw] * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        return scaled
 
 
 @dataclass(frozen=True)

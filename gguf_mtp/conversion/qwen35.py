@@ -118,7 +118,8 @@ class PlusOneTensor(SafetensorsTensor):
     def _plus_one(self, raw: np.ndarray) -> np.ndarray:
         bf16 = self.stored == "BF16"
         values = (raw.astype(np.uint32) << 16).view(np.float32) if bf16 else raw.astype(np.float32)
-        return values + np.float32(1)
+        plus_one: np.ndarray = values + np.float32(1)
+        return plus_one
 
 
 def _expert_half(tensor: SafetensorsTensor, expert: int, half: int, n_ff: int) -> SafetensorsTensor:

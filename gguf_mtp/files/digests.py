@@ -43,15 +43,6 @@ class FileDigest:
     def from_dict(cls, data: dict[str, Any]) -> FileDigest:
         return cls(Path(data["path"]), int(data["size"]), str(data["sha256"]))
 
-    def matches_file(self) -> bool:
-        """Whether the file on disk still has this size and sha256 (hashes it when the size matches)."""
-        try:
-            if not self.path.is_file() or self.path.stat().st_size != self.size:
-                return False
-            return sha256_file(self.path) == self.sha256
-        except OSError:
-            return False
-
 
 def sha256_file(path: str | os.PathLike[str], *, bar: Any = None) -> str:
     """The sha256 of a file, read in :data:`HASH_CHUNK` pieces into one reused buffer.

@@ -47,6 +47,7 @@ from gguf_mtp.write import progress_bar
 
 from . import client as hub
 from .card import Provenance
+from .hub_api import HubApi
 from .pipeline_state import load_stages
 
 __all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
@@ -322,7 +323,7 @@ def run_pipeline(
     basename: str | None = None,
     outtype: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    api: Any = None,
+    api: HubApi | None = None,
     llama: bool | None = None,
     progress: bool = True,
     say: Callable[[str], None] | None = None,
@@ -429,7 +430,7 @@ def _remove_unused_work_dir(work: Path, top: Path) -> None:
 
 def _run(
     work: Path,
-    hub_api: Any,
+    hub_api: HubApi,
     token: str | None,
     say: Callable[[str], None],
     progress: bool,
@@ -495,7 +496,8 @@ def _status(before: str | None) -> str:
 
 
 def _target_listing(
-    api: Any, token: str | None, repo: str, pattern: str, revision: str | None, cache_dir: str | os.PathLike[str] | None
+    api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
+    cache_dir: str | os.PathLike[str] | None,
 ) -> list[str]:
     """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
     if not hub.is_offline():
@@ -511,7 +513,7 @@ def _target_listing(
 def _stage_target(
     runner: _Runner,
     report: PipelineReport,
-    api: Any,
+    api: HubApi,
     token: str | None,
     repo: str,
     pattern: str,
@@ -720,7 +722,7 @@ def _stage_verify(
 def _stage_publish(
     runner: _Runner,
     report: PipelineReport,
-    api: Any,
+    api: HubApi,
     token: str | None,
     composite: list[FileDigest],
     repo: str | None,

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.formatting import human_bytes
 
 from . import client as hub
+from .hub_api import HubApi
 from .pipeline import (
     _LOCK_NAME,
     STATE_FORMAT,
@@ -34,7 +34,7 @@ _PLANNED = "planned"
 
 
 def _target_sizes(
-    api: Any, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
+    api: HubApi, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
 ) -> dict[str, int | None]:
     """Each file's size: the Hub's record, or offline the cached copy's (``None`` when unknown)."""
     if hub.is_offline():
@@ -48,7 +48,7 @@ def _size(value: int | None) -> str:
 
 
 def _check_out_readme(
-    report: PipelineReport, api: Any, token: str | None, repo: str, revision: str | None, replace_readme: bool
+    report: PipelineReport, api: HubApi, token: str | None, repo: str, revision: str | None, replace_readme: bool
 ) -> None:
     """Refuse, as the real run would, an ``out_repo`` README.md gguf-mtp did not write (a read, no write);
     where the Hub cannot say (offline, a repo that does not exist yet), a note says so."""
@@ -71,7 +71,7 @@ def _check_out_readme(
 
 
 def plan_pipeline(
-    api: Any,
+    api: HubApi,
     token: str | None,
     *,
     target_repo: str,

@@ -37,6 +37,7 @@ from gguf_mtp.model.shards import ShardSet, open_model
 
 from . import client as hub
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
+from .hub_api import HubApi
 
 if TYPE_CHECKING:
     from gguf_mtp.check.bench_rules import BenchSummary
@@ -440,7 +441,7 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
 
 
 def _upload(
-    report: PublishReport, hub_api: Any, token: str | None, staging: Path, card_bytes: bytes, message: str
+    report: PublishReport, hub_api: HubApi, token: str | None, staging: Path, card_bytes: bytes, message: str
 ) -> None:
     """Upload the staged files and card (one commit, or resumably with the card last); record the checks."""
     from gguf_mtp._version import __version__
@@ -503,7 +504,7 @@ def _upload(
 
 
 def check_card_replaceable(
-    api: Any, repo: str, *, token: str | None, revision: str | None, replace_readme: bool = False
+    api: HubApi, repo: str, *, token: str | None, revision: str | None, replace_readme: bool = False
 ) -> str | None:
     """Make sure publishing may replace ``repo``'s ``README.md``: it is missing, or a card gguf-mtp wrote
     (:func:`~gguf_mtp.hub.card.is_gguf_mtp_card`), or ``replace_readme`` says to replace whatever is there.
@@ -549,7 +550,7 @@ def publish(
     private: bool = False,
     revision: str | None = None,
     dry_run: bool = False,
-    api: Any = None,
+    api: HubApi | None = None,
     provenance: Provenance | None = None,
     digests: Mapping[str, FileDigest] | None = None,
     upload_mode: str = "auto",
@@ -658,6 +659,7 @@ def publish(
     staging = _stage(plan.files, card_bytes, names, card_path)
     what = "MTP draft" if standalone else "GGUF with MTP head"
     message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
+    assert hub_api is not None  # made above unless dry_run
     _upload(report, hub_api, token, staging, card_bytes, message)
     bad = [c for c in report.checks if not c.ok]
     if bad:

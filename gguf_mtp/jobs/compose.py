@@ -16,7 +16,7 @@ from gguf_mtp.write import OutputFile, WriteReport, run_write
 from .compose_plan import CompositionPlan, plan_composition
 from .head_type import head_notes, parse_outtype
 
-__all__ = ["ComposeReport", "compose", "plan"]
+__all__ = ["ComposeReport", "compose", "plan", "plan_compose"]
 
 
 @dataclass(kw_only=True)
@@ -91,7 +91,7 @@ def _overrides(set_kv: Iterable[str | KVOverride]) -> list[KVOverride]:
     return [o if isinstance(o, KVOverride) else parse_set_kv(o) for o in set_kv]
 
 
-def plan(
+def plan_compose(
     target: str | os.PathLike[str],
     draft: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -111,6 +111,10 @@ def plan(
         basename=basename,
         outtype=outtype,
     )
+
+
+#: The earlier name of :func:`plan_compose`, kept so that existing callers keep working.
+plan = plan_compose
 
 
 def compose(
@@ -171,7 +175,8 @@ def compose(
     """
 
     def prepare() -> tuple[ComposeReport, list[OutputFile], list[Path]]:
-        composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename, outtype=outtype)
+        composition = plan_compose(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename,
+                                   outtype=outtype)
         report = ComposeReport(plan=composition, dry_run=dry_run)
         placed = {name for name, _ in composition.renamed}
         head = [t for t in composition.draft.first.tensors if t.name in placed]
