@@ -41,6 +41,7 @@ class Served:
     path: str
     byte_range: str | None
     authorization: str | None
+    headers: dict[str, str] = field(default_factory=dict)
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event, repr=False)  # set once the reply is over
 
@@ -129,7 +130,9 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _serve(self, head: bool) -> None:
-            record = Served(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
+            record = Served(
+                self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"), dict(self.headers)
+            )
             with hub.lock:
                 hub.log.append(record)
             try:
@@ -365,25 +368,19 @@ def test_the_token_is_not_sent_to_another_host(
     assert sum(cdn for cdn, _ in sent) == 3
 
 
-def test_reads_need_none_of_huggingface_hubs_transports(
+def test_reads_go_through_huggingface_hubs_session(
     hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """requests, httpx and httpx2 differ between huggingface_hub's release lines: none of them is used."""
-    import sys
+    """requests (0.x), httpx (1.x) or httpx2 (2.x): the session huggingface_hub hands out is the one used,
+    so what a user configured on it (headers, proxies, certificates) applies to header reads too."""
+    from huggingface_hub.utils import get_session
 
-    import huggingface_hub
-
-    for module in ("httpx2", "httpx", "requests", "httpcore", "httpcore2"):
-        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
-
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("huggingface_hub's HTTP session was used")
-
-    monkeypatch.setattr(huggingface_hub, "get_session", no_session)
-    monkeypatch.setattr("huggingface_hub.utils.get_session", no_session)
+    session = get_session()
+    monkeypatch.setitem(session.headers, "X-Session-Marker", "configured-by-the-user")
     summary = inspect(published)
     assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
     assert summary.bytes_fetched == hub.total_sent and summary.http_requests == 3
+    assert [r.headers.get("X-Session-Marker") for r in hub.log] == ["configured-by-the-user"] * 3
 
 
 def test_revision_selects_the_files(hub: HubStandIn, nemotron_split: Path) -> None:
