@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -130,9 +131,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _serve(self, head: bool) -> None:
-            record = Served(
-                self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"), dict(self.headers)
-            )
+            headers = dict(self.headers)
+            record = Served(self.command, self.path, headers.get("Range"), headers.get("Authorization"), headers)
             with hub.lock:
                 hub.log.append(record)
             try:
@@ -373,11 +373,29 @@ def test_reads_go_through_huggingface_hubs_session(
 ) -> None:
     """requests (0.x), httpx (1.x) or httpx2 (2.x): the session huggingface_hub hands out is the one used,
     so what a user configured on it (headers, proxies, certificates) applies to header reads too."""
-    from huggingface_hub.utils import get_session
+    import huggingface_hub
 
-    session = get_session()
-    monkeypatch.setitem(session.headers, "X-Session-Marker", "configured-by-the-user")
-    summary = inspect(published)
+    if hasattr(huggingface_hub, "set_client_factory"):  # 1.x, 2.x: one shared httpx / httpx2 client
+        from huggingface_hub.utils._http import default_client_factory as default
+
+        configure, reset = huggingface_hub.set_client_factory, huggingface_hub.utils.close_session
+    else:  # 0.x: a requests session per thread
+        from huggingface_hub.utils._http import _default_backend_factory as default
+
+        configure, reset = huggingface_hub.configure_http_backend, huggingface_hub.utils.reset_sessions
+
+    def marked() -> Any:
+        session = default()
+        session.headers["X-Session-Marker"] = "configured-by-the-user"
+        return session
+
+    configure(marked)
+    reset()
+    try:
+        summary = inspect(published)
+    finally:
+        configure(default)
+        reset()
     assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
     assert summary.bytes_fetched == hub.total_sent and summary.http_requests == 3
     assert [r.headers.get("X-Session-Marker") for r in hub.log] == ["configured-by-the-user"] * 3

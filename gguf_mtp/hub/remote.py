@@ -369,7 +369,7 @@ class _Watchdog:
     """Runs one range read in a worker thread, so that the caller can walk away at the deadline.
 
     A per-read timeout does not bound a server that sends one byte every few seconds. At the deadline
-    the caller closes the response the worker is reading (its next read fails) and gives up;
+    the caller gives up and has the response the worker is reading closed (its next read fails);
     :meth:`guard` (the request's ``auth`` hook, which both HTTP stacks call before each attempt of
     huggingface_hub's back-off) keeps a cut-off worker from sending another request.
     """
@@ -387,6 +387,11 @@ class _Watchdog:
             raise _DeadlinePassed
         return request
 
+    def _close_response(self) -> None:
+        with contextlib.suppress(Exception):  # whatever state the read is in, it is abandoned
+            if self.response is not None:
+                self.response.close()
+
     def run(self, work: Callable[[], tuple[bytes, int, int]]) -> tuple[bytes, int, int]:
         """``work()``, or :class:`_DeadlinePassed` when it is not done by the deadline."""
 
@@ -401,9 +406,8 @@ class _Watchdog:
         thread.join(max(0.0, self.deadline - time.monotonic()))
         if thread.is_alive():
             self.cancelled.set()
-            with contextlib.suppress(Exception):  # whatever state the read is in, it is abandoned
-                if self.response is not None:
-                    self.response.close()
+            # Closed from yet another thread: closing a requests response waits for the read it ends.
+            threading.Thread(target=self._close_response, name="gguf-mtp-hub-cutoff", daemon=True).start()
             raise _DeadlinePassed
         if self._error is not None:
             raise _DeadlinePassed if isinstance(self._error, _DeadlinePassed) else self._error
