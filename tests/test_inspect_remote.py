@@ -42,7 +42,7 @@ class Served:
     path: str
     byte_range: str | None
     authorization: str | None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # every header, by its lower-case name
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event, repr=False)  # set once the reply is over
 
@@ -131,8 +131,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _serve(self, head: bool) -> None:
-            headers = dict(self.headers)
-            record = Served(self.command, self.path, headers.get("Range"), headers.get("Authorization"), headers)
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            record = Served(self.command, self.path, headers.get("range"), headers.get("authorization"), headers)
             with hub.lock:
                 hub.log.append(record)
             try:
@@ -398,7 +398,7 @@ def test_reads_go_through_huggingface_hubs_session(
         reset()
     assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
     assert summary.bytes_fetched == hub.total_sent and summary.http_requests == 3
-    assert [r.headers.get("X-Session-Marker") for r in hub.log] == ["configured-by-the-user"] * 3
+    assert [r.headers.get("x-session-marker") for r in hub.log] == ["configured-by-the-user"] * 3
 
 
 def test_revision_selects_the_files(hub: HubStandIn, nemotron_split: Path) -> None:
