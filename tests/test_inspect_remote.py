@@ -644,3 +644,126 @@ def test_malformed_repo_ids_in_addresses_are_refused(address: str, capsys: pytes
     assert main(["inspect", address]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a Hub repo id (OWNER/NAME)" in err  # the newline is shown as \x0a
+
+
+# ------------------------------------------------------------------------- an authenticating proxy (issue 24 item 2)
+
+PROXY_USER, PROXY_PASSWORD = "proxy-user", "s3cret:pass"
+PROXIED_HOST = "hub.gguf-mtp-proxy.test"  # RFC 6761: never resolves, so only the proxy can reach it
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-authorization", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+@dataclass
+class AuthProxy:
+    """A forward HTTP proxy on loopback that demands Basic credentials (407 without them) and sends every
+    request, whatever host it names, to the Hub stand-in."""
+
+    upstream: str  # host:port of the stand-in
+    url: str = ""
+    seen: list[tuple[str, str | None]] = field(default_factory=list)  # (absolute URL asked for, Proxy-Authorization)
+
+    @property
+    def credentials(self) -> str:
+        import base64
+
+        return "Basic " + base64.b64encode(f"{PROXY_USER}:{PROXY_PASSWORD}".encode()).decode()
+
+
+def _proxy_handler(proxy: AuthProxy) -> type[BaseHTTPRequestHandler]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            offered = self.headers.get("Proxy-Authorization")
+            proxy.seen.append((self.path, offered))
+            if offered != proxy.credentials:
+                self.send_response(407)
+                self.send_header("Proxy-Authenticate", 'Basic realm="gguf-mtp test proxy"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            target = urlsplit(self.path)
+            upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
+            try:
+                forwarded = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                upstream.request("GET", target.path + (f"?{target.query}" if target.query else ""), headers=forwarded)
+                answer = upstream.getresponse()
+                self.send_response(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in _HOP_BY_HOP:
+                        self.send_header(name, value)
+                self.end_headers()
+                while chunk := answer.read(64 * 1024):
+                    self.wfile.write(chunk)
+            finally:
+                upstream.close()
+
+    return Handler
+
+
+def _fresh_sessions() -> None:
+    """Drop huggingface_hub's cached HTTP session(s): the next request makes one from the environment."""
+    import huggingface_hub.utils
+
+    (getattr(huggingface_hub.utils, "close_session", None) or huggingface_hub.utils.reset_sessions)()
+
+
+@pytest.fixture
+def proxy(hub: HubStandIn, monkeypatch: pytest.MonkeyPatch) -> Iterator[AuthProxy]:
+    """The proxy, named with its credentials in HTTP_PROXY / HTTPS_PROXY; HF_ENDPOINT is a host only it reaches.
+
+    huggingface_hub's httpx clients read the proxy settings when they are made: fresh ones before and after.
+    """
+    found = AuthProxy(hub.url.split("//", 1)[1])
+    httpd = LoopbackServer(("127.0.0.1", 0), _proxy_handler(found))
+    found.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    address = found.url.replace("//", f"//{PROXY_USER}:{PROXY_PASSWORD.replace(':', '%3A')}@")
+    monkeypatch.setenv("HTTP_PROXY", address)
+    monkeypatch.setenv("HTTPS_PROXY", address)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{PROXIED_HOST}")
+    _fresh_sessions()
+    yield found
+    monkeypatch.undo()  # the proxy settings go before the next client is made
+    _fresh_sessions()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_inspect_through_an_authenticating_proxy(
+    hub: HubStandIn, proxy: AuthProxy, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_loopbacktesttoken")
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.http_requests == 3 and summary.bytes_fetched == hub.total_sent
+    assert len(proxy.seen) == 3
+    assert all(url.startswith(f"http://{PROXIED_HOST}/{REPO}/resolve/main/") for url, _ in proxy.seen)
+    assert {auth for _, auth in proxy.seen} == {proxy.credentials}  # every request carried the credentials
+    assert hub.authorization == ["Bearer hf_loopbacktesttoken"] * 3  # the Hub's token passed through
+    assert all("proxy-authorization" not in r.headers for r in hub.log)
+
+
+def test_a_proxy_refusing_its_credentials_is_one_line(
+    proxy: AuthProxy,
+    hub: HubStandIn,
+    published: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)  # no credentials
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    _fresh_sessions()
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the proxy asks for credentials (407)" in err, err
+    assert proxy.seen and all(auth is None for _, auth in proxy.seen)
+    assert hub.requests == []

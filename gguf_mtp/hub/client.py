@@ -192,6 +192,8 @@ def answer_error(
     elif code == "EntryNotFound" or status == 404:
         missing = f"no file {file}" if file else "a file asked for is not"
         return RemoteNotFoundError(f"cannot {what}: {missing} in {repo}{at}", path)
+    elif status == 407:
+        text = "the proxy asks for credentials (407): give them in its address (HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT)"
     elif status == 401:
         text = f"the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
     elif status == 403 and write:
