@@ -767,3 +767,73 @@ def test_a_proxy_refusing_its_credentials_is_one_line(
     assert err.count("\n") == 1 and "the proxy asks for credentials (407)" in err, err
     assert proxy.seen and all(auth is None for _, auth in proxy.seen)
     assert hub.requests == []
+
+
+# ------------------------------------------------------------------------- a private CA (issue 24 item 2)
+
+
+@pytest.fixture(scope="module")
+def tls_hub(server: HubStandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The stand-in's files over HTTPS on ``localhost``, with a certificate of its own: (endpoint, CA file)."""
+    import ssl
+    import subprocess
+
+    from conftest import IN_CI
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        if IN_CI:
+            pytest.fail("CI=true: the private-CA test needs the openssl command to make its certificate")
+        pytest.skip("the openssl command is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "hub.pem", folder / "hub.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd = LoopbackServer(("127.0.0.1", 0), _handler(server))
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"https://localhost:{httpd.server_address[1]}", cert
+    httpd.shutdown()
+    httpd.server_close()
+
+
+_CA_SETTINGS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@pytest.fixture
+def over_tls(hub: HubStandIn, tls_hub: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """HF_ENDPOINT on the HTTPS stand-in, no proxy and no CA setting yet; yields the CA file to trust."""
+    endpoint, cert = tls_hub
+    for name in (*_CA_SETTINGS, "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    _fresh_sessions()
+    yield cert
+    monkeypatch.undo()  # the CA settings go before the next client is made
+    _fresh_sessions()
+
+
+def test_a_ca_bundle_from_the_environment_is_trusted(
+    over_tls: Path, hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSL_CERT_FILE (httpx, httpx2) or REQUESTS_CA_BUNDLE (requests): whichever the release line reads."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(over_tls))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(over_tls))
+    _fresh_sessions()
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.bytes_fetched == hub.total_sent and len(hub.requests) == 3
+
+
+def test_an_untrusted_certificate_is_one_line(
+    over_tls: Path, hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TLS with localhost:" in err and "certificate verify failed" in err, err
+    assert hub.requests == []
