@@ -7,6 +7,7 @@ Hub, and counts every body byte it sends. ``HF_ENDPOINT`` points at it; nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -56,7 +57,7 @@ class HubStandIn:
     redirect: bool = False
     redirect_base: str = ""  # where a redirect points: "" (the same host) or another origin, e.g. http://localhost:PORT
     ignore_range: bool = False
-    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop" or "fake-gzip"
+    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop", "fake-gzip" or "huge-error"
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -140,13 +141,23 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             finally:
                 record.done.set()
 
-        def _misbehave(self, mode: str) -> None:
+        def _misbehave(self, mode: str, record: Served) -> None:
             """The hostile servers of issue 11 item 7; a trickle ends after 30 s whatever happens."""
             if mode == "redirect-loop":
                 self.send_response(302)
                 self.send_header("Location", self.path)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if mode == "huge-error":  # a 1 GiB error page, sent until the client hangs up
+                self.send_response(403)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    while record.sent < 1 << 30:
+                        self.wfile.write(bytes(64 * 1024))
+                        record.sent += 64 * 1024
                 return
             if mode == "fake-gzip":
                 body = b"GGUF" + bytes(60)  # not gzip at all
@@ -178,7 +189,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 
         def _reply(self, record: Served, head: bool) -> None:
             if hub.misbehave:
-                self._misbehave(hub.misbehave)
+                self._misbehave(hub.misbehave, record)
                 return
             file = self._file()
             if file == Path("answered"):
@@ -573,6 +584,16 @@ def test_a_body_mislabelled_as_gzip_is_one_line(
     assert main(["inspect", published]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
+
+
+def test_an_error_answer_is_not_read_beyond_a_small_cap(
+    hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub.misbehave = "huge-error"
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no access to {REPO} (403)" in err, err
+    assert hub.total_sent < 64 * 1024 * 1024  # what the sockets' buffers held, not the 1 GiB offered
 
 
 # ------------------------------------------------------------------------- tokens, web URLs, paths
