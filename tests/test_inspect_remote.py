@@ -57,7 +57,7 @@ class HubStandIn:
     redirect: bool = False
     redirect_base: str = ""  # where a redirect points: "" (the same host) or another origin, e.g. http://localhost:PORT
     ignore_range: bool = False
-    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop", "fake-gzip" or "huge-error"
+    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop", "fake-gzip", "huge-403" or "huge-503"
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -149,8 +149,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            if mode == "huge-error":  # a 1 GiB error page, sent until the client hangs up
-                self.send_response(403)
+            if mode.startswith("huge-"):  # a 1 GiB error page, sent until the client hangs up
+                self.send_response(int(mode.removeprefix("huge-")))
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(1 << 30))
                 self.end_headers()
@@ -586,14 +586,17 @@ def test_a_body_mislabelled_as_gzip_is_one_line(
     assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
 
 
+@pytest.mark.parametrize(("status", "line"), [(403, f"no access to {REPO} (403)"), (503, "503")])
 def test_an_error_answer_is_not_read_beyond_a_small_cap(
-    hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]
+    hub: HubStandIn, published: str, status: int, line: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    hub.misbehave = "huge-error"
+    """403: answered at once; 503: retried by huggingface_hub's back-off, which gives up on the third."""
+    hub.misbehave = f"huge-{status}"
     assert main(["inspect", published]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"no access to {REPO} (403)" in err, err
-    assert hub.total_sent < 64 * 1024 * 1024  # what the sockets' buffers held, not the 1 GiB offered
+    assert err.count("\n") == 1 and line in err, err
+    assert len(hub.requests) == (1 if status == 403 else 3)
+    assert hub.total_sent < len(hub.requests) * 32 * 1024 * 1024  # what socket buffers held, not the GiB offered
 
 
 # ------------------------------------------------------------------------- tokens, web URLs, paths

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -387,6 +388,15 @@ class _Watchdog:
             raise _DeadlinePassed
         return request
 
+    def answered(self, response: Any, *args: object, **kwargs: object) -> None:
+        """See each response as it arrives, its body unread (redirects and answers retried too): keep it for
+        the cut-off, and close an error answer that does not say it is small, so that nobody reads a large
+        error body (neither we, nor ``hf_raise_for_status`` for the server's message, nor the back-off when
+        it gives up)."""
+        self.response = response
+        if response.status_code >= 400 and not 0 <= _content_length(response) <= _ERROR_BODY_LIMIT:
+            response.close()
+
     def _close_response(self) -> None:
         with contextlib.suppress(Exception):  # whatever state the read is in, it is abandoned
             if self.response is not None:
@@ -434,18 +444,47 @@ def _range_response(url: str, headers: dict[str, str], timeout: float, watchdog:
     }
     stream = getattr(hf_utils, "http_stream_backoff", None)
     if stream is not None:
+        auth = _httpx_hooks(hf_utils.get_session(), watchdog)
         with stream(
-            "GET", url, headers=headers, timeout=timeout, follow_redirects=True, auth=watchdog.guard, **backoff
+            "GET", url, headers=headers, timeout=timeout, follow_redirects=True, auth=auth, **backoff
         ) as response:
             yield response
         return
+    hooks = {"response": [watchdog.answered]}
     response = hf_utils.http_backoff(
-        "GET", url, headers=headers, timeout=timeout, stream=True, allow_redirects=True, auth=watchdog.guard, **backoff
+        "GET",
+        url,
+        headers=headers,
+        timeout=timeout,
+        stream=True,
+        allow_redirects=True,
+        auth=watchdog.guard,
+        hooks=hooks,
+        **backoff,
     )
     try:
         yield response
     finally:
         response.close()
+
+
+def _httpx_hooks(session: object, watchdog: _Watchdog) -> Any:
+    """The watchdog's :meth:`~_Watchdog.guard` and :meth:`~_Watchdog.answered` as an httpx / httpx2 ``Auth``
+    (the one per-request hook that sees each response before the back-off does); a client of another
+    kind gets the guard alone."""
+    for name in ("httpx2", "httpx"):
+        library = sys.modules.get(name)
+        if library is not None and isinstance(session, library.Client):
+            break
+    else:
+        return watchdog.guard
+
+    class Hooks(library.Auth):  # type: ignore[name-defined]
+        def auth_flow(self, request: Any) -> Iterator[Any]:
+            response = yield watchdog.guard(request)
+            watchdog.answered(response)
+
+    return Hooks()
 
 
 def _fetch(
@@ -455,7 +494,6 @@ def _fetch(
         1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3, watchdog.deadline - time.monotonic())
     )
     with _range_response(url, headers, read_timeout, watchdog) as response:
-        watchdog.response = response
         if response.status_code >= 400 and response.status_code != 416:
             _raise_for_status(hub_file, response)
         return _read_body(hub_file, response, start, length, watchdog)
@@ -465,12 +503,10 @@ def _raise_for_status(hub_file: HubFile, response: Any) -> None:
     """huggingface_hub's typed error for an error answer (from its status and ``X-Error-Code``).
 
     ``hf_raise_for_status`` reads the body for the server's message: only a small one that says its
-    length is left to it; any other is closed first, so that an error answer cannot be a large download.
+    length is still open (:meth:`_Watchdog.answered`), so that an error answer cannot be a large download.
     """
     from huggingface_hub.utils import hf_raise_for_status
 
-    if not 0 <= _content_length(response) <= _ERROR_BODY_LIMIT:
-        response.close()
     hf_raise_for_status(response)
     raise HubError(f"unexpected HTTP status {response.status_code}", str(hub_file))
 
