@@ -479,12 +479,11 @@ def _httpx_hooks(session: object, watchdog: _Watchdog) -> Any:
     else:
         return watchdog.guard
 
-    class Hooks(library.Auth):  # type: ignore[name-defined]
-        def auth_flow(self, request: Any) -> Iterator[Any]:
-            response = yield watchdog.guard(request)
-            watchdog.answered(response)
+    def auth_flow(self: object, request: Any) -> Iterator[Any]:
+        response = yield watchdog.guard(request)
+        watchdog.answered(response)
 
-    return Hooks()
+    return type("WatchdogHooks", (library.Auth,), {"auth_flow": auth_flow})()
 
 
 def _fetch(
@@ -514,7 +513,8 @@ def _raise_for_status(hub_file: HubFile, response: Any) -> None:
 def _body_chunks(response: Any, size: int) -> Iterator[bytes]:
     """The body as it arrives, undecoded, in pieces of about ``size`` bytes (httpx / httpx2, or requests)."""
     iter_raw = getattr(response, "iter_raw", None)
-    return iter_raw(size) if iter_raw is not None else response.iter_content(size)
+    chunks: Iterator[bytes] = iter_raw(size) if iter_raw is not None else response.iter_content(size)
+    return chunks
 
 
 def _read_body(
