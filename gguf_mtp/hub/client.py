@@ -298,7 +298,7 @@ def transport_failure(error: BaseException, host: str | None = None) -> tuple[st
 
 
 def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
-    """The one line for a Hub that cannot be reached (shared with :mod:`gguf_mtp.hub.remote`)."""
+    """The one line for a Hub that cannot be reached."""
     return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
 
 
