@@ -194,6 +194,8 @@ def answer_error(
     elif code == "EntryNotFound" or status == 404:
         missing = f"no file {file}" if file else "a file asked for is not"
         return RemoteNotFoundError(f"cannot {what}: {missing} in {repo}{at}", path)
+    elif status == 407:
+        text = "the proxy asks for credentials (407): give them in its address (HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT)"
     elif status == 401:
         text = f"the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
     elif status == 403 and write:
@@ -298,7 +300,7 @@ def transport_failure(error: BaseException, host: str | None = None) -> tuple[st
 
 
 def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
-    """The one line for a Hub that cannot be reached (shared with :mod:`gguf_mtp.hub.remote`)."""
+    """The one line for a Hub that cannot be reached."""
     return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
 
 
