@@ -15,6 +15,7 @@ nope 32 / v 48, experts of 80), so 128x128 FP8 blocks are partial in both direct
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,3 +189,14 @@ def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_la
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
     (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     return out
+
+
+def as_glm47flash(checkpoint: Path, into: Path) -> Path:
+    """A copy of DeepSeek V3 ``checkpoint`` at ``into`` whose config names GLM-4.7-Flash's class: llama.cpp's
+    converter drops DeepSeek's MTP layers, and its Glm4MoeLite class (the same deepseek2 tensor handling and FP8
+    dequantization) on the very same shards is the reference."""
+    shutil.copytree(checkpoint, into)
+    config = json.loads((into / CONFIG_NAME).read_text())
+    config.update(architectures=[ARCHITECTURES["glm47flash"]], model_type=MODEL_TYPES["glm47flash"])
+    (into / CONFIG_NAME).write_text(json.dumps(config))
+    return into
