@@ -19,8 +19,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, first_of_layer, write_checkpoint
 
 #: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8 (llama.cpp's GLM vocab code needs them).
 VOCAB = 50264
@@ -174,21 +174,10 @@ def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
 def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
                          n_nextn: int = 1) -> Path:
     """Write the checkpoint folder (two shards + index, the NextN layer(s) in the second); returns it."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = mla_config(variant, d, n_layers=n_layers, n_nextn=n_nextn)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     tensors = mla_tensors(variant, d, n_layers=n_layers, n_nextn=n_nextn)
-    head = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + n_nextn))
-    trunk = [t for t in tensors if not t.name.startswith(head)]
-    nextn = tensors[len(trunk):]
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], trunk)
-    write_safetensors(out / names[1], nextn, first_index=len(trunk))
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in nextn}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    return write_checkpoint(out_dir, config, [tensors[:cut], tensors[cut:]])
 
 
 def as_glm47flash(checkpoint: Path, into: Path) -> Path:

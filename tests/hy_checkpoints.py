@@ -10,11 +10,9 @@ for the multi-block path (llama.cpp's hy_v3 graph runs a chain, src/models/hy-v3
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, first_of_layer, write_checkpoint
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 #: GPT-2's 50,257 tokens, padded to a multiple of 8 (llama.cpp's converter pads with [PAD] tokens).
@@ -109,17 +107,7 @@ def write_hy_checkpoint(out_dir: Path, hp: TinyHparams = HY_HPARAMS, *, n_layers
                         seed: int = 0) -> Path:
     """Write a full tiny Hy3 checkpoint folder (see the module docstring); returns the folder. No tokenizer:
     llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(hy_config(hp, n_layers=n_layers, n_nextn=n_nextn), indent=2) + "\n",
-                                   encoding="utf-8")
     tensors = hy_tensors(hp, n_layers=n_layers, n_nextn=n_nextn)
-    first_mtp = f"model.layers.{n_layers}."
-    cut = next(i for i, t in enumerate(tensors) if t.name.startswith(first_mtp))
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], tensors[:cut], seed=seed)
-    write_safetensors(out / names[1], tensors[cut:], seed=seed, first_index=cut)
-    weight_map = {t.name: names[0] for t in tensors[:cut]} | {t.name: names[1] for t in tensors[cut:]}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    return write_checkpoint(out_dir, hy_config(hp, n_layers=n_layers, n_nextn=n_nextn), [tensors[:cut], tensors[cut:]],
+                            seed=seed)

@@ -27,8 +27,8 @@ import numpy as np
 from convert_support import safetensors_header, write_raw_safetensors
 from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_checkpoint
 
 N_LAYER, N_NEXTN = 2, 3
 H, N_HEAD, HEAD_DIM, V_HEAD_DIM, N_KV_FULL, N_KV_SWA = 160, 4, 32, 24, 2, 4
@@ -136,15 +136,7 @@ def write_mimo_checkpoint(out_dir: Path, *, fp8: str | None = None, seed: int = 
     :data:`FP8_LAYOUTS`); returns the folder. No tokenizer (``upstream.write_gpt2_tokenizer`` adds one)."""
     out = Path(out_dir)
     bf16 = out if fp8 is None else out.with_name(out.name + "-bf16")
-    bf16.mkdir(parents=True, exist_ok=True)
-    (bf16 / CONFIG_NAME).write_text(json.dumps(mimo_config(), indent=2) + "\n", encoding="utf-8")
-    trunk, mtp = mimo_tensors()
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(bf16 / names[0], trunk, seed=seed)
-    write_safetensors(bf16 / names[1], mtp, seed=seed, first_index=len(trunk))
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in mtp}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in trunk + mtp)}, "weight_map": weight_map}
-    (bf16 / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    write_checkpoint(bf16, mimo_config(), list(mimo_tensors()), seed=seed)
     if fp8 is None:
         return out
     if fp8 not in FP8_LAYOUTS:
