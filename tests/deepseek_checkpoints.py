@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, first_of_layer, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 
 #: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8 (llama.cpp's GLM vocab code needs them).
 VOCAB = 50264
@@ -129,22 +135,8 @@ def _layer(d: MlaDims, layer: int, *, moe: bool, dsa: bool = False) -> list[Chec
                     CheckpointTensor(i + "k_norm.bias", (d.index_head_dim,), "F32", "bias"),
                     CheckpointTensor(i + "weights_proj.weight", (d.index_n_heads, h), "BF16", "weight")]
     if not moe:
-        f = d.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f = d.n_ff_exp
-    tensors += [CheckpointTensor(p + "mlp.gate.weight", (d.n_expert, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.gate.e_score_correction_bias", (d.n_expert,), "F32", "bias")]
-    for e in range(d.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, d.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, d.n_ff_exp, d.n_expert, shared="shared_experts")]
 
 
 def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, CheckpointTensor, first_of_layer, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import (
+    BIAS_SPELLINGS,
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 LAYOUTS = ("shards", "mtp-file", "mtp-file-no-index")
@@ -88,30 +95,9 @@ def _layer(hp: TinyHparams, layer: int, *, moe: bool, qk_norm: bool, bias_spelli
                     CheckpointTensor(p + "self_attn.k_norm.weight", (d,), "BF16", "norm")]
     tensors.append(CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"))
     if not moe:
-        f = hp.n_ff_dense
-        return [
-            *tensors,
-            CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight"),
-        ]
-    f = hp.n_ff_exp
-    tensors += [
-        CheckpointTensor(p + "mlp.gate.weight", (hp.n_expert, h), "BF16", "weight"),
-        CheckpointTensor(p + f"mlp.gate.{bias_spelling}", (hp.n_expert,), "F32", "bias"),
-    ]
-    for e in range(hp.n_expert):  # interleaved per expert, as in zai-org's checkpoints
-        tensors += [
-            CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight"),
-        ]
-    return [
-        *tensors,
-        CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
-        CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
-        CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight"),
-    ]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, bias=f"gate.{bias_spelling}",
+                                   shared="shared_experts")]
 
 
 def glm_tensors(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False,

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, first_of_layer, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 #: GPT-2's 50,257 tokens, padded to a multiple of 8 (llama.cpp's converter pads with [PAD] tokens).
@@ -67,22 +73,9 @@ def _layer(hp: TinyHparams, layer: int, *, moe: bool) -> list[CheckpointTensor]:
         CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"),
     ]
     if not moe:
-        f = hp.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f = hp.n_ff_exp
-    tensors += [CheckpointTensor(p + "mlp.router.gate.weight", (hp.n_expert, h), "F32", "weight"),
-                CheckpointTensor(p + "mlp.expert_bias", (hp.n_expert,), "F32", "bias")]
-    for e in range(hp.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_mlp.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_mlp.down_proj.weight", (h, f), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, router="router.gate.weight",
+                                   router_dtype="F32", bias="expert_bias", shared="shared_mlp")]
 
 
 def hy_tensors(hp: TinyHparams = HY_HPARAMS, *, n_layers: int = 2, n_nextn: int = 1) -> list[CheckpointTensor]:

@@ -18,7 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, first_of_layer, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 
 
 @dataclass(frozen=True)
@@ -132,22 +138,9 @@ def _layer(hp: LingHparams, layer: int, *, moe: bool, kda: bool = False) -> list
         ]
     tensors.append(CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"))
     if not moe:
-        f = hp.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f, s = hp.n_ff_exp, hp.n_ff_shexp
-    tensors += [CheckpointTensor(p + "mlp.gate.weight", (hp.n_expert, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.gate.expert_bias", (hp.n_expert,), "F32", "bias")]
-    for e in range(hp.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (s, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (s, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, s), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, bias="gate.expert_bias",
+                                   shared="shared_experts", n_ff_shexp=hp.n_ff_shexp)]
 
 
 def ling_tensors(hp: LingHparams = LING_HPARAMS, *, n_layers: int = 2) -> list[CheckpointTensor]:

@@ -28,7 +28,7 @@ from convert_support import safetensors_header, write_raw_safetensors
 from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
 from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, moe_tensors, write_checkpoint
 
 N_LAYER, N_NEXTN = 2, 3
 H, N_HEAD, HEAD_DIM, V_HEAD_DIM, N_KV_FULL, N_KV_SWA = 160, 4, 32, 24, 2, 4
@@ -97,12 +97,6 @@ def _attention(p: str, *, swa: bool) -> list[CheckpointTensor]:
     return [*tensors, CheckpointTensor(p + "post_attention_layernorm.weight", (H,), "BF16", "norm")]
 
 
-def _dense(p: str) -> list[CheckpointTensor]:
-    return [CheckpointTensor(p + "mlp.gate_proj.weight", (N_FF, H), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.up_proj.weight", (N_FF, H), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.down_proj.weight", (H, N_FF), "BF16", "weight")]
-
-
 def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
     """(trunk tensors, MTP-layer tensors) of the full checkpoint."""
     trunk = [CheckpointTensor("model.embed_tokens.weight", (VOCAB, H), "BF16", "weight")]
@@ -110,14 +104,9 @@ def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
         p = f"model.layers.{layer}."
         trunk += _attention(p, swa=bool(swa))
         if layer == 0:
-            trunk += _dense(p)
+            trunk += mlp_tensors(p + "mlp.", H, N_FF)
             continue
-        trunk += [CheckpointTensor(p + "mlp.gate.weight", (N_EXPERT, H), "BF16", "weight"),
-                  CheckpointTensor(p + "mlp.gate.e_score_correction_bias", (N_EXPERT,), "F32", "bias")]
-        for e in range(N_EXPERT):
-            trunk += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (N_FF_EXP, H), "BF16", "weight"),
-                      CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (N_FF_EXP, H), "BF16", "weight"),
-                      CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (H, N_FF_EXP), "BF16", "weight")]
+        trunk += moe_tensors(p + "mlp.", H, N_FF_EXP, N_EXPERT)
     trunk += [CheckpointTensor("model.norm.weight", (H,), "BF16", "norm"),
               CheckpointTensor("lm_head.weight", (VOCAB, H), "BF16", "weight")]
     mtp: list[CheckpointTensor] = []
@@ -126,7 +115,7 @@ def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
         mtp += [CheckpointTensor(p + "enorm.weight", (H,), "BF16", "norm"),
                 CheckpointTensor(p + "hnorm.weight", (H,), "BF16", "norm"),
                 CheckpointTensor(p + "eh_proj.weight", (H, 2 * H), "BF16", "weight"),
-                *_attention(p, swa=True), *_dense(p),
+                *_attention(p, swa=True), *mlp_tensors(p + "mlp.", H, N_FF),
                 CheckpointTensor(p + "final_layernorm.weight", (H,), "BF16", "norm")]
     return trunk, mtp
 

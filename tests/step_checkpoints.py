@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_checkpoint
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, write_checkpoint
 
 N_LAYER, N_NEXTN = 3, 3
 H, HEAD_DIM, N_HEAD, N_HEAD_SWA, N_KV = 128, 32, 4, 8, 2
@@ -85,10 +85,7 @@ def _layer(layer: int, *, moe: bool) -> list[CheckpointTensor]:
         CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "bias"),
     ]
     if not moe:
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (N_FF, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (N_FF, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, N_FF), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, N_FF)]
     e, f = N_EXPERT, N_FF_EXP
     return [*tensors,
             CheckpointTensor(p + "moe.gate.weight", (e, h), "BF16", "weight"),

@@ -31,6 +31,8 @@ from .tiny_models import TinyHparams
 __all__ = [
     "CheckpointTensor",
     "first_of_layer",
+    "mlp_tensors",
+    "moe_tensors",
     "mtpv2_config",
     "mtpv2_tensors",
     "shard_names",
@@ -209,6 +211,28 @@ def write_safetensors(path: str | os.PathLike[str], tensors: list[CheckpointTens
         for i, tensor in enumerate(tensors):
             for chunk in _values(tensor, seed, first_index + i):
                 f.write(_encode(chunk, tensor.dtype).tobytes())
+
+
+def mlp_tensors(prefix: str, n_embd: int, n_ff: int) -> list[CheckpointTensor]:
+    """A BF16 gated MLP's ``{prefix}gate_proj`` / ``up_proj`` [n_ff, n_embd] and ``down_proj`` [n_embd, n_ff]."""
+    return [CheckpointTensor(prefix + "gate_proj.weight", (n_ff, n_embd), "BF16", "weight"),
+            CheckpointTensor(prefix + "up_proj.weight", (n_ff, n_embd), "BF16", "weight"),
+            CheckpointTensor(prefix + "down_proj.weight", (n_embd, n_ff), "BF16", "weight")]
+
+
+def moe_tensors(prefix: str, n_embd: int, n_ff_exp: int, n_expert: int, *, router: str = "gate.weight",
+                router_dtype: str = "BF16", bias: str = "gate.e_score_correction_bias", shared: str | None = None,
+                n_ff_shexp: int | None = None) -> list[CheckpointTensor]:
+    """A DeepSeek-style MoE under ``prefix`` (e.g. ``model.layers.3.mlp.``), in the checkpoints' order: the router
+    [n_expert, n_embd], its F32 score-correction ``bias``, each expert's MLP (``experts.{e}.``), then the
+    ``shared`` expert's MLP (``n_ff_shexp`` wide, default ``n_ff_exp``) when there is one."""
+    tensors = [CheckpointTensor(prefix + router, (n_expert, n_embd), router_dtype, "weight"),
+               CheckpointTensor(prefix + bias, (n_expert,), "F32", "bias")]
+    for e in range(n_expert):  # interleaved per expert, as in the published checkpoints
+        tensors += mlp_tensors(f"{prefix}experts.{e}.", n_embd, n_ff_exp)
+    if shared is not None:
+        tensors += mlp_tensors(f"{prefix}{shared}.", n_embd, n_ff_shexp or n_ff_exp)
+    return tensors
 
 
 def shard_names(files: int) -> list[str]:
