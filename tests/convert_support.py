@@ -45,6 +45,24 @@ def raw_tensor(folder: Path, name: str) -> tuple[str, tuple[int, ...], bytes]:
         return entry["dtype"], tuple(entry["shape"]), f.read(end - begin)
 
 
+def checkpoint_bytes(folder: Path, name: str) -> bytes:
+    """The raw bytes of checkpoint tensor ``name``, found by reading every ``*.safetensors`` header in ``folder``
+    (no index needed: a checkpoint whose MTP file the index does not name works too)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        start, header = safetensors_header(path)
+        if name in header:
+            begin, end = header[name]["data_offsets"]
+            with open(path, "rb") as f:
+                f.seek(start + begin)
+                return f.read(end - begin)
+    raise KeyError(name)
+
+
+def widened_bf16(raw: bytes) -> bytes:
+    """BF16 bytes as the F32 bytes of the same values (what a converter writing norms as F32 makes of them)."""
+    return ((np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
+
+
 def tensor_array(folder: Path, name: str) -> np.ndarray:
     """A checkpoint tensor as numpy (BF16 as its uint16 bits), row-major shape."""
     dtype, shape, raw = raw_tensor(folder, name)

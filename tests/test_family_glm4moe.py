@@ -12,9 +12,10 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import shared_tmp_dir
+from convert_support import checkpoint_bytes as _raw
+from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
 from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
 from helpers import reader_tensors
@@ -36,23 +37,6 @@ HEAD = f"model.layers.{N}."
 #: attention is NeoX-ordered (no q/k permutation upstream either), and upstream's F32 router rule reads block 3
 #: from model.layers.3 and so does apply to blk.3, unlike Nemotron's mtp.layers.1.
 ALLOWED: dict[str, tuple[str, str]] = {}
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    """The bytes of checkpoint tensor ``name``, found through the folder's files (not through gguf-mtp's reader
-    of the checkpoint being converted: straight from the safetensors header)."""
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            t = tensors[name]
-            with open(path, "rb") as f:
-                f.seek(t.offset)
-                return f.read(t.nbytes)
-    raise KeyError(name)
-
-
-def _widened(raw_bf16: bytes) -> bytes:
-    return ((np.frombuffer(raw_bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:

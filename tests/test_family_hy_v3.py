@@ -12,15 +12,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
+from convert_support import checkpoint_bytes as _raw
+from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
 from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, SafetensorsFile
+from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
@@ -36,21 +37,6 @@ ALLOWED: dict[str, str] = {}
 #: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion: none
 #: (upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
 ALLOWED_KVS: dict[str, str] = {}
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            t = tensors[name]
-            with open(path, "rb") as f:
-                f.seek(t.offset)
-                return f.read(t.nbytes)
-    raise KeyError(name)
-
-
-def _widened(raw_bf16: bytes) -> bytes:
-    return ((np.frombuffer(raw_bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 from conftest import shared_tmp_dir
+from convert_support import checkpoint_bytes as _raw
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
 from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
 
-from gguf_mtp.conversion.safetensors_io import SafetensorsFile
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, mtpv2_config, write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
-from upstream import ParitySet, assert_same_tensors_up_to, parity_set, patched_tree, upstream_convert
+from upstream import ParitySet, assert_same_tensors_up_to, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = 3  # the M*E trunk's block count: the NextN block is blk.3
@@ -51,16 +51,6 @@ NANO_BLOCK = {
     "ffn_up_shexp.weight": (Q.BF16, (128, 128)), "ffn_down_shexp.weight": (Q.BF16, (128, 128)),
     "nextn.shared_head_norm.weight": (Q.F32, (128,)),
 }
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            with open(path, "rb") as f:
-                f.seek(tensors[name].offset)
-                return f.read(tensors[name].nbytes)
-    raise KeyError(name)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +125,7 @@ def upstream(request: pytest.FixtureRequest) -> ParitySet:
 @pytest.fixture(scope="module")
 def full_patched(upstream: ParitySet) -> Path:
     """Upstream's full conversion with the router patch of ``upstream/01``."""
-    tree = patched_tree(PATCH, upstream.work / "patched-llama.cpp")
-    return upstream_convert(upstream.checkpoint, upstream.work / "full-patched.gguf", tree=tree)
+    return upstream.full_with_patch(PATCH)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:

@@ -18,7 +18,7 @@ from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint
 from gguf_mtp.testing.tiny_models import TinyHparams
-from upstream import ROOT, ParitySet, assert_same_tensors_up_to, parity_set, patched_tree, upstream_convert
+from upstream import ROOT, ParitySet, assert_same_tensors_up_to, parity_set
 
 pytestmark = [pytest.mark.upstream, pytest.mark.llama]
 
@@ -47,8 +47,7 @@ def files(request: pytest.FixtureRequest) -> ParitySet:
 @pytest.fixture(scope="module")
 def full_patched(files: ParitySet) -> Path:
     """Upstream's full conversion with the router patch of ``upstream/01``."""
-    tree = patched_tree(PATCH, files.work / "patched-llama.cpp")
-    return upstream_convert(files.checkpoint, files.work / "full-patched.gguf", tree=tree)
+    return files.full_with_patch(PATCH)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:

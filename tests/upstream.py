@@ -212,6 +212,12 @@ class ParitySet:
         return convert(self.checkpoint, self.work / "mtp-standalone.gguf", target=self.trunk, standalone=True,
                        progress=False).output
 
+    def full_with_patch(self, patch: Path) -> Path:
+        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied."""
+        tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
+        return upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf", outtype=self.outtype,
+                                tree=tree)
+
     @cached_property
     def composite(self) -> Path:
         from gguf_mtp.jobs.compose import compose
