@@ -35,7 +35,7 @@ from helpers import reader_tensors
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_same_tensors, write_gpt2_tokenizer
+from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, write_gpt2_tokenizer
 
 Q = GGMLQuantizationType
 N = N_LAYERS
@@ -245,16 +245,9 @@ def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, ParitySet], 
 @pytest.mark.llama
 @pytest.mark.parametrize("name", ["deepseekv32", "glm5"])
 def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, ParitySet], name: str) -> None:
-    from gguf_mtp.check.llama_check import check_with_llama
-
-    ours, theirs = check_with_llama(upstream[name].composite), check_with_llama(upstream[name].full)
-    for check in (ours, theirs):
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    ours = assert_runs_like(upstream[name].composite, upstream[name].full)
     assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-    assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-    assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-    sidecar = check_with_llama(upstream[name].standalone, trunk=False)
-    assert sidecar.ok and sidecar.mtp_decode_ok and sidecar.mtp_logits_finite, sidecar.summary() + sidecar.log_tail
+    assert_runs_mtp_only(upstream[name].standalone)
 
 
 @pytest.mark.upstream

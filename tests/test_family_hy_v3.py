@@ -24,10 +24,16 @@ from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
 from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
-from upstream import ParitySet, assert_same_tensors, parity_set
+from upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
@@ -178,8 +184,7 @@ class TestUpstreamParity:
         _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
     def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
-        stripped = strip(upstream.full, tmp_path / "stripped", progress=False).output_paths[0]
-        assert reader_tensors(stripped) == reader_tensors(upstream.trunk)
+        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
 
     def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
         _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
@@ -188,21 +193,11 @@ class TestUpstreamParity:
         assert [k for k in theirs if ours[k] != theirs[k] and k not in ALLOWED_KVS] == []
 
     def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream.composite), check_with_llama(upstream.full)
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
     def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream.standalone, trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        assert_runs_mtp_only(upstream.standalone)
 
 
 @pytest.fixture(scope="module")

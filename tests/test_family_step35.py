@@ -23,7 +23,7 @@ from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.conversion.step35 import Step35MTPModel
 from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_same_tensors, parity_set
+from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (3, 4, 5)  # model.layers.{3,4,5} -> blk.{3,4,5}
@@ -155,22 +155,11 @@ class TestUpstreamParity:
         assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None
 
     def test_llama_runs_every_block_of_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream.composite), check_with_llama(upstream.full)
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
     def test_standalone_runs_every_block_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream.standalone, trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
-        assert check.mtp_blocks_decoded == 3
+        assert assert_runs_mtp_only(upstream.standalone).mtp_blocks_decoded == 3
 
 
 # ------------------------------------------------------------------------------------------------ Step-3.7

@@ -15,10 +15,9 @@ from gguf import GGMLQuantizationType
 from helpers import reader_tensors
 
 from gguf_mtp.check.llama_check import check_with_llama
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint
 from gguf_mtp.testing.tiny_models import TinyHparams
-from upstream import ROOT, ParitySet, assert_same_tensors_up_to, parity_set
+from upstream import ROOT, ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 pytestmark = [pytest.mark.upstream, pytest.mark.llama]
 
@@ -64,8 +63,7 @@ def test_convert_equals_upstream_mtp_block(files: ParitySet) -> None:
 
 
 def test_strip_of_upstream_full_equals_its_no_mtp_file(files: ParitySet, tmp_path: Path) -> None:
-    stripped = strip(files.full, tmp_path / "stripped", progress=False).output_paths[0]
-    assert reader_tensors(stripped) == reader_tensors(files.trunk)
+    assert_strip_gives_trunk(files.full, files.trunk, tmp_path)
 
 
 def test_compose_of_no_mtp_and_draft_equals_upstream_full(files: ParitySet, full_patched: Path) -> None:
@@ -75,11 +73,6 @@ def test_compose_of_no_mtp_and_draft_equals_upstream_full(files: ParitySet, full
 
 
 def test_mtp_logits_equal_patched_upstream(files: ParitySet, full_patched: Path) -> None:
-    ours, patched = check_with_llama(files.composite), check_with_llama(full_patched)
-    for check in (ours, patched):
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
-    assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-    assert ours.mtp_logits_sha256 == patched.mtp_logits_sha256
-    assert ours.trunk_logits_sha256 == patched.trunk_logits_sha256
+    ours = assert_runs_like(files.composite, full_patched)
     unpatched = check_with_llama(files.full)
     assert unpatched.trunk_logits_sha256 == ours.trunk_logits_sha256  # the trunks are the same bytes

@@ -22,11 +22,14 @@ import tarfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+
+if TYPE_CHECKING:
+    from gguf_mtp.check.llama_check import LlamaCheck
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "upstream"
@@ -299,3 +302,39 @@ def assert_same_tensors_up_to(ours: Mapping[str, tuple], theirs: Mapping[str, tu
         return equal_up_to(allowed[name][0], name, ours, theirs, n_head, n_head_kv)
 
     assert_same_tensors(ours, theirs, {name for name, (how, _) in allowed.items() if how in hows}, same_up_to)
+
+
+def assert_strip_gives_trunk(full: Path, trunk: Path, work: Path) -> Path:
+    """gguf-mtp's ``strip`` of upstream's ``full`` file has exactly the tensors of its ``--no-mtp`` ``trunk``;
+    returns the stripped file."""
+    from helpers import reader_tensors
+
+    from gguf_mtp.jobs.strip import strip
+
+    stripped = strip(full, work / "stripped", progress=False).output_paths[0]
+    assert reader_tensors(stripped) == reader_tensors(trunk)
+    return stripped
+
+
+def assert_runs_like(ours: Path, theirs: Path) -> LlamaCheck:
+    """llama.cpp runs both files (trunk decode and an MTP step, finite logits) and ``ours`` gives ``theirs``' trunk
+    and MTP logits bit for bit; returns ``ours``' check for the family's own assertions (layer counts...)."""
+    from gguf_mtp.check.llama_check import check_with_llama
+
+    mine, upstream = check_with_llama(ours), check_with_llama(theirs)
+    for check in (mine, upstream):
+        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    assert mine.mtp_logits_sha256 is not None and mine.trunk_logits_sha256 is not None
+    assert mine.mtp_logits_sha256 == upstream.mtp_logits_sha256
+    assert mine.trunk_logits_sha256 == upstream.trunk_logits_sha256
+    return mine
+
+
+def assert_runs_mtp_only(standalone: Path) -> LlamaCheck:
+    """llama.cpp loads ``standalone`` as an MTP-only model and runs an MTP step with finite logits; returns the
+    check."""
+    from gguf_mtp.check.llama_check import check_with_llama
+
+    check = check_with_llama(standalone, trunk=False)
+    assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    return check
