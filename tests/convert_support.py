@@ -77,6 +77,20 @@ def as_f32(folder: Path, name: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
+def read_raw_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    """Every tensor of safetensors file ``path`` as name -> (dtype, shape, raw bytes), in the file's order: what
+    :func:`write_raw_safetensors` takes, to write the file again with some tensors changed."""
+    start, header = safetensors_header(path)
+    header.pop("__metadata__", None)
+    entries: dict[str, tuple[str, list[int], bytes]] = {}
+    with open(path, "rb") as f:
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = entry["data_offsets"]
+            f.seek(start + begin)
+            entries[name] = (entry["dtype"], entry["shape"], f.read(end - begin))
+    return entries
+
+
 def write_raw_safetensors(path: Path, entries: dict[str, tuple[str, list[int], bytes]], *,
                           header_override: bytes | None = None) -> None:
     """A safetensors file from raw parts (for crafting malformed or exotic files)."""
@@ -101,14 +115,7 @@ def rewrite_checkpoint_tensor(folder: Path, name: str, *, new_name: str | None =
     index_path = folder / "model.safetensors.index.json"
     file_name = weight_map(folder)[name]
     path = folder / file_name
-    start, header = safetensors_header(path)
-    header.pop("__metadata__", None)
-    entries: dict[str, tuple[str, list[int], bytes]] = {}
-    with open(path, "rb") as f:
-        for tname, entry in header.items():
-            begin, end = entry["data_offsets"]
-            f.seek(start + begin)
-            entries[tname] = (entry["dtype"], entry["shape"], f.read(end - begin))
+    entries = read_raw_safetensors(path)
     old = entries.pop(name)
     if not drop:
         entries[new_name or name] = (dtype or old[0], shape if shape is not None else old[1],

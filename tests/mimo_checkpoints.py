@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from convert_support import safetensors_header, write_raw_safetensors
+from convert_support import read_raw_safetensors, write_raw_safetensors
 from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
 from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
@@ -150,14 +150,7 @@ def _shard_qkv(folder: Path, tp: int, block: int = 128) -> None:
     from fp8_checkpoints import dequantize_reference
 
     for path in sorted(folder.glob("*.safetensors")):
-        start, header = safetensors_header(path)
-        header.pop("__metadata__", None)
-        entries: dict[str, tuple[str, list[int], bytes]] = {}
-        with open(path, "rb") as f:
-            for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                begin, end = entry["data_offsets"]
-                f.seek(start + begin)
-                entries[name] = (entry["dtype"], entry["shape"], f.read(end - begin))
+        entries = read_raw_safetensors(path)
         for name in [n for n in entries if n.endswith("self_attn.qkv_proj.weight")]:
             dtype, shape, codes = entries[name]
             scale_dtype, scale_shape, scale_raw = entries[name + "_scale_inv"]
