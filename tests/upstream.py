@@ -22,14 +22,17 @@ import tarfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+from helpers import reader_tensors
 
-if TYPE_CHECKING:
-    from gguf_mtp.check.llama_check import LlamaCheck
+from gguf_mtp.check.llama_check import LlamaCheck, check_with_llama
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.jobs.strip import strip
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "upstream"
@@ -204,28 +207,22 @@ class ParitySet:
 
     @cached_property
     def draft(self) -> Path:
-        from gguf_mtp.jobs.convert import convert
-
         return convert(self.checkpoint, self.work / "draft.gguf", target=self.trunk, progress=False).output
 
     @cached_property
     def standalone(self) -> Path:
-        from gguf_mtp.jobs.convert import convert
-
         return convert(self.checkpoint, self.work / "mtp-standalone.gguf", target=self.trunk, standalone=True,
                        progress=False).output
+
+    @cached_property
+    def composite(self) -> Path:
+        return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
 
     def full_with_patch(self, patch: Path) -> Path:
         """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied."""
         tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
         return upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf", outtype=self.outtype,
                                 tree=tree)
-
-    @cached_property
-    def composite(self) -> Path:
-        from gguf_mtp.jobs.compose import compose
-
-        return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
 
 
 def parity_set(checkpoint: Path, work: Path, special_tokens: Sequence[str] = (), **kwargs: Any) -> ParitySet:
@@ -307,10 +304,6 @@ def assert_same_tensors_up_to(ours: Mapping[str, tuple], theirs: Mapping[str, tu
 def assert_strip_gives_trunk(full: Path, trunk: Path, work: Path) -> Path:
     """gguf-mtp's ``strip`` of upstream's ``full`` file has exactly the tensors of its ``--no-mtp`` ``trunk``;
     returns the stripped file."""
-    from helpers import reader_tensors
-
-    from gguf_mtp.jobs.strip import strip
-
     stripped = strip(full, work / "stripped", progress=False).output_paths[0]
     assert reader_tensors(stripped) == reader_tensors(trunk)
     return stripped
@@ -319,8 +312,6 @@ def assert_strip_gives_trunk(full: Path, trunk: Path, work: Path) -> Path:
 def assert_runs_like(ours: Path, theirs: Path) -> LlamaCheck:
     """llama.cpp runs both files (trunk decode and an MTP step, finite logits) and ``ours`` gives ``theirs``' trunk
     and MTP logits bit for bit; returns ``ours``' check for the family's own assertions (layer counts...)."""
-    from gguf_mtp.check.llama_check import check_with_llama
-
     mine, upstream = check_with_llama(ours), check_with_llama(theirs)
     for check in (mine, upstream):
         assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
@@ -333,8 +324,6 @@ def assert_runs_like(ours: Path, theirs: Path) -> LlamaCheck:
 def assert_runs_mtp_only(standalone: Path) -> LlamaCheck:
     """llama.cpp loads ``standalone`` as an MTP-only model and runs an MTP step with finite logits; returns the
     check."""
-    from gguf_mtp.check.llama_check import check_with_llama
-
     check = check_with_llama(standalone, trunk=False)
     assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
     return check
