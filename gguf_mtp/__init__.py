@@ -49,14 +49,14 @@ if TYPE_CHECKING:
     from .check.bench_rules import BenchReport
     from .check.inspect import ModelSummary, inspect
     from .check.verify import VerifyReport, verify
-    from .hub.pipeline import run_pipeline
-    from .hub.publish import publish
     from .jobs.compose import ComposeReport, compose, plan, plan_compose
     from .jobs.convert import ConvertReport, convert
     from .jobs.extract import extract
     from .jobs.graft import graft
     from .jobs.strip import strip
     from .model.shards import ShardSet, open_model
+    from .release.pipeline import run_pipeline
+    from .release.publish import publish
 
 #: Public name -> the module that defines it (imported by :func:`__getattr__` on first use).
 _LAZY: dict[str, str] = {
@@ -75,8 +75,8 @@ _LAZY: dict[str, str] = {
     "verify": "check.verify",
     "BenchReport": "check.bench_rules",
     "bench": "check.bench",
-    "run_pipeline": "hub.pipeline",
-    "publish": "hub.publish",
+    "run_pipeline": "release.pipeline",
+    "publish": "release.publish",
     "ShardSet": "model.shards",
     "open_model": "model.shards",
 }

@@ -20,9 +20,8 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,92 +42,25 @@ from gguf_mtp.files.commit import (
 from gguf_mtp.files.create import create_exclusive, temporary_name, write_all
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
+from gguf_mtp.files.plan import Bytes, Generated, OutputFile, Zeros
+from gguf_mtp.files.progress import progress_bar
 
-from .constants import progress_disabled
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .formatting import human_bytes
 
 __all__ = [
-    "Bytes",
-    "CopyRange",
-    "Generated",
     "OutputCheck",
-    "OutputFile",
-    "Segment",
     "WriteReport",
     "WriteStats",
-    "Zeros",
     "check_output_folder",
     "check_outputs",
     "copy_method",
-    "progress_bar",
     "run_write",
     "signals_as_interrupt",
     "write_outputs",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Bytes:
-    """Literal bytes (a serialised header)."""
-
-    data: bytes
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-
-@dataclass(frozen=True)
-class CopyRange:
-    """``nbytes`` bytes of ``source`` starting at absolute ``offset``, copied verbatim."""
-
-    source: Path
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Zeros:
-    """Zero padding."""
-
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Generated:
-    """``nbytes`` bytes produced by ``chunks()`` one bounded buffer at a time (data transformed on the way,
-    e.g. a tensor converted from BF16 to F32), so memory stays flat whatever the total."""
-
-    nbytes: int
-    chunks: Callable[[], Iterable[Any]]  # each chunk supports the buffer protocol (bytes, numpy array)
-
-
-Segment = Bytes | CopyRange | Zeros | Generated
-
-
-@dataclass(frozen=True)
-class OutputFile:
-    """One file to write: its final path and its contents as segments, in order."""
-
-    path: Path
-    segments: tuple[Segment, ...]
-
-    @property
-    def size(self) -> int:
-        return sum(s.nbytes for s in self.segments)
-
-    @property
-    def sources(self) -> set[Path]:
-        return {s.source for s in self.segments if isinstance(s, CopyRange)}
-
-
-def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B") -> tqdm:
-    """A tqdm bar on stderr, off when disabled, when stderr is not a terminal, or globally off."""
-    disable = not enabled or progress_disabled() or not sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
 
 
 def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:

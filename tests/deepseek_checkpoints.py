@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.testing.tiny_checkpoints import (
     CheckpointTensor,
     first_of_layer,

@@ -27,7 +27,7 @@ import numpy as np
 from convert_support import read_raw_safetensors, write_raw_safetensors
 from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, moe_tensors, write_checkpoint
 
 N_LAYER, N_NEXTN = 2, 3

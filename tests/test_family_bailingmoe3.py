@@ -21,8 +21,8 @@ from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.bailingmoe3 import BailingMoeV3MTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.jobs.convert import convert
 from upstream import (
     ParitySet,

@@ -21,8 +21,8 @@ from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_ten
 from helpers import reader_tensors
 
 from gguf_mtp.conversion.glm4moe import Glm4MoeMTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME, SafetensorsFile, open_checkpoint
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, SafetensorsFile, open_checkpoint
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, write_safetensors

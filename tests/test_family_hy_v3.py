@@ -21,8 +21,8 @@ from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoin
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
@@ -233,7 +233,7 @@ def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypa
     from convert_support import fill_hub_cache
     from huggingface_hub import constants as hf_constants
 
-    from gguf_mtp.conversion.safetensors_io import INDEX_NAME
+    from gguf_mtp.format.safetensors_io import INDEX_NAME
 
     folder = tmp_path / "repo"
     folder.mkdir()

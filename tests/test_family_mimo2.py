@@ -35,8 +35,8 @@ from mimo_checkpoints import (
 )
 
 from gguf_mtp.conversion.mimo2 import qkv_rank_count
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from upstream import ParitySet, assert_runs_like, assert_same_tensors, parity_set

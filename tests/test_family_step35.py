@@ -19,8 +19,8 @@ from helpers import reader_kvs, reader_tensors
 from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_LAYER, VOCAB, H, write_step_checkpoint
 
 from gguf_mtp.check.inspect import inspect
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.conversion.step35 import Step35MTPModel
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.convert import convert
 from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set

@@ -13,14 +13,14 @@ from gguf import GGMLQuantizationType as Q
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main
 from gguf_mtp.errors import ParameterError
+from gguf_mtp.files.plan import CopyRange, Generated
 from gguf_mtp.format import quantize
 from gguf_mtp.format.header import read_header
-from gguf_mtp.hub.card import ModelFacts
 from gguf_mtp.jobs.compose import compose, plan_compose
 from gguf_mtp.jobs.extract import extract
 from gguf_mtp.jobs.head_type import parse_outtype
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import CopyRange, Generated
+from gguf_mtp.release.card import ModelFacts
 
 
 @pytest.fixture(scope="module")

@@ -184,7 +184,7 @@ def test_hub_source_fetches_the_shards_of_both_nextn_layers_only(tmp_path: Path,
     from glm_checkpoints import glm_config, glm_tensors
     from huggingface_hub import constants as hf_constants
 
-    from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+    from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
     from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 
     # GLM-4.5's own layout scaled down: the trunk, then each NextN layer in a shard of its own

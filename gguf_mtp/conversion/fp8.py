@@ -29,8 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gguf_mtp.errors import CheckpointError
-
-from .safetensors_io import SafetensorsTensor
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
 __all__ = [
     "FP8_DTYPES",

@@ -36,10 +36,10 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
-from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
 

@@ -36,11 +36,11 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
-from .safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
 

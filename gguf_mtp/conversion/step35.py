@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
 from .qwen35 import PlusOneTensor
-from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = ["Step35MTPModel"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf_mtp.errors import GGUFNotFoundError, InputReadError
-from gguf_mtp.write import progress_bar
+from gguf_mtp.files.progress import progress_bar
 
 __all__ = ["FileDigest", "digest_files", "git_blob_sha1", "sha256_file"]
 

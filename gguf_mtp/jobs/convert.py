@@ -33,7 +33,6 @@ from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
-from gguf_mtp.conversion.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
@@ -41,6 +40,7 @@ from gguf_mtp.errors import (
     IncompatibleDraftError,
     ParameterError,
 )
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import (
     KeyValue,
     TensorInfo,
@@ -49,12 +49,13 @@ from gguf_mtp.format.header import (
 )
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, summarize_head
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, run_write
+from gguf_mtp.write import WriteReport, run_write
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
 
@@ -320,7 +321,7 @@ def plan_conversion(
     """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
 
     Args:
-        checkpoint: the opened checkpoint (see :func:`gguf_mtp.conversion.safetensors_io.open_checkpoint`).
+        checkpoint: the opened checkpoint (see :func:`gguf_mtp.format.safetensors_io.open_checkpoint`).
         output: the GGUF file to write.
         source: how the user named the checkpoint (for reports).
         target: the model the head belongs to: gives the block index, is checked against the head, and

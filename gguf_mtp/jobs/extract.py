@@ -34,6 +34,7 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes
@@ -41,7 +42,7 @@ from gguf_mtp.jobs.head_type import HeadSummary, low_bit_warning, parse_outtype,
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, run_write
+from gguf_mtp.write import WriteReport, run_write
 
 __all__ = [
     "ExtractReport",

@@ -33,10 +33,11 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
+from gguf_mtp.files.plan import Bytes, CopyRange, Generated, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, Generated, OutputFile, Segment, WriteReport, Zeros, run_write
+from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction

@@ -29,6 +29,7 @@ from gguf import GGUFValueType
 
 from gguf_mtp.constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from gguf_mtp.errors import BadGGUFError
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
 from gguf_mtp.format.layout import congruent_header, pack_tensors
@@ -36,7 +37,7 @@ from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, run_write
+from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import FilesPlan, PlannedFile
 from .extract import NextNBlocks, find_nextn_blocks

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 
 from .tiny_models import TinyHparams
 

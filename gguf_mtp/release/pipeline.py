@@ -10,7 +10,7 @@ Stages, each a function of the ones before it:
 3. **compose**: splice the draft into the target (:func:`gguf_mtp.jobs.compose.compose`);
 4. **verify**: check the composite against both inputs, with llama.cpp when installed
    (:func:`gguf_mtp.check.verify.verify`);
-5. **publish**: upload it with a model card when ``out_repo`` is given (:func:`gguf_mtp.hub.publish.publish`).
+5. **publish**: upload it with a model card when ``out_repo`` is given (:func:`gguf_mtp.release.publish.publish`).
 
 Resuming: a small JSON state file in the work folder records, for every finished stage, a key (a hash
 of its parameters and of its inputs' sha256) and its outputs (path, size, sha256). A re-run reuses a
@@ -41,13 +41,13 @@ from gguf_mtp.errors import HubError, ShardSetError, VerificationError
 from gguf_mtp.files.commit import folder_lock, remove_leftovers
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
+from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import progress_bar
 
-from . import client as hub
 from .card import Provenance
-from .hub_api import HubApi
 from .pipeline_state import load_stages
 
 __all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
@@ -345,7 +345,7 @@ def run_pipeline(
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
         replace_readme: replace ``out_repo``'s ``README.md`` even when gguf-mtp did not write it (checked
-            before any download: :func:`gguf_mtp.hub.publish.check_card_replaceable`).
+            before any download: :func:`gguf_mtp.release.publish.check_card_replaceable`).
         basename: the composite's file prefix (default: the target's prefix + ``-MTP``).
         outtype: the draft's matrix type (any of convert's: ``q8_0``, ``q4_k``...; default: the head's).
         cache_dir: the Hub cache for the target (default: huggingface_hub's, ``HF_HOME``/``HF_HUB_CACHE``).

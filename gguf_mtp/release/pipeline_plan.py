@@ -13,9 +13,9 @@ from pathlib import Path
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
 
-from . import client as hub
-from .hub_api import HubApi
 from .pipeline import (
     _LOCK_NAME,
     STATE_FORMAT,
@@ -87,7 +87,7 @@ def plan_pipeline(
     out_revision: str | None = None,
     replace_readme: bool = False,
 ) -> PipelineReport:
-    """The plan of a :func:`~gguf_mtp.hub.pipeline.run_pipeline` call with the same arguments; writes nothing.
+    """The plan of a :func:`~gguf_mtp.release.pipeline.run_pipeline` call with the same arguments; writes nothing.
 
     Raises:
         HubError: the Hub cannot be asked for the file list (and, offline, the cache does not hold it).
@@ -95,7 +95,7 @@ def plan_pipeline(
         UnsafeOutputError: the work folder would be refused by a real run.
         StateFileError: the work folder's state file is not one gguf-mtp wrote.
         HubError: ``out_repo`` has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set
-            (online only; see :func:`~gguf_mtp.hub.publish.check_card_replaceable`).
+            (online only; see :func:`~gguf_mtp.release.publish.check_card_replaceable`).
     """
     report = PipelineReport(work, dry_run=True)
     would_create = claim_work_dir(
