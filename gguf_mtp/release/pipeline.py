@@ -50,14 +50,24 @@ from gguf_mtp.model.shards import open_model
 from .card import Provenance
 from .pipeline_state import load_stages
 
-__all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
+__all__ = [
+    "LOCK_NAME",
+    "STATE_FORMAT",
+    "STATE_NAME",
+    "PipelineReport",
+    "StageResult",
+    "basename_of",
+    "run_pipeline",
+    "select_target_files",
+    "target_listing",
+]
 
 #: The state file in the work folder.
 STATE_NAME = "gguf-mtp-pipeline.json"
 STATE_FORMAT = 1
 STAGES = ("target", "draft", "compose", "verify", "publish")
 #: The lock file of earlier versions (the work folder itself is locked now): still proof of ownership.
-_LOCK_NAME = ".gguf-mtp-pipeline.lock"
+LOCK_NAME = ".gguf-mtp-pipeline.lock"
 _SPLIT_GLOB_TAIL = "-*-of-*.gguf"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -389,7 +399,7 @@ def run_pipeline(
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
     while not top.parent.exists() and top.parent != top:
         top = top.parent
-    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
+    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME))
     try:
         return _run(
             work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
@@ -414,7 +424,7 @@ def _remove_unused_work_dir(work: Path, top: Path) -> None:
 
     try:
         names = set(os.listdir(work))
-        if not names <= {MARKER_NAME, _LOCK_NAME}:
+        if not names <= {MARKER_NAME, LOCK_NAME}:
             return
         for name in names:
             (work / name).unlink()
@@ -495,7 +505,7 @@ def _status(before: str | None) -> str:
     return "redone" if before else "ran"
 
 
-def _target_listing(
+def target_listing(
     api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
     cache_dir: str | os.PathLike[str] | None,
 ) -> list[str]:
@@ -536,7 +546,7 @@ def _stage_target(
         return outputs, record["detail"].get("commit")
     if why:
         runner.say(f"[1/5] target: {why}; downloading again")
-    names = select_target_files(_target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
+    names = select_target_files(target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
     shown = ", ".join(n.rpartition("/")[2] for n in names)
     runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
     snapshot = hub.download_files(
@@ -622,10 +632,10 @@ def _stage_draft(
 
 
 def _default_basename(target: Sequence[FileDigest]) -> str:
-    return _basename_of(target[0].name)
+    return basename_of(target[0].name)
 
 
-def _basename_of(first: str) -> str:
+def basename_of(first: str) -> str:
     """The composite's default prefix for a target whose first file is named ``first``."""
     name = first.rpartition("/")[2]
     match = SPLIT_NAME.match(name)

@@ -17,14 +17,14 @@ from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
 from .pipeline import (
-    _LOCK_NAME,
+    LOCK_NAME,
     STATE_FORMAT,
     STATE_NAME,
     PipelineReport,
     StageResult,
-    _basename_of,
-    _target_listing,
+    basename_of,
     select_target_files,
+    target_listing,
 )
 from .pipeline_state import load_stages
 
@@ -99,7 +99,7 @@ def plan_pipeline(
     """
     report = PipelineReport(work, dry_run=True)
     would_create = claim_work_dir(
-        work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME), dry_run=True
+        work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME), dry_run=True
     )
     if would_create:
         report.notes.append(f"the work folder {work} would be created")
@@ -111,7 +111,7 @@ def plan_pipeline(
                 "(size, sha256) and reuses those that still match"
             )
 
-    names = select_target_files(_target_listing(api, token, target_repo, target_files, target_revision, cache_dir),
+    names = select_target_files(target_listing(api, token, target_repo, target_files, target_revision, cache_dir),
                                 target_files)
     cached = {n: hub.cached_file(target_repo, n, revision=target_revision, cache_dir=cache_dir) for n in names}
     sizes = _target_sizes(api, token, target_repo, names, target_revision, cached)
@@ -132,7 +132,7 @@ def plan_pipeline(
         else f"download config.json, the index and the safetensors files holding the MTP head of {head_repo}, "
         f"convert -> {work / 'draft' / 'mtp-draft.gguf'}",
     ))
-    name = basename or _basename_of(names[0])
+    name = basename or basename_of(names[0])
     outputs = [split_file_name(name, i, len(names)) for i in range(1, len(names) + 1)] if len(names) > 1 \
         else [f"{name}.gguf"]
     report.stages.append(StageResult(
