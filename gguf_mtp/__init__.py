@@ -12,10 +12,8 @@ The public API, one function per job (each has a ``gguf-mtp`` command of the sam
 Every error a user can cause is a :class:`GGUFMTPError` (see :mod:`gguf_mtp.errors`).
 
 The names are imported on first use (PEP 562), so ``import gguf_mtp`` and ``gguf-mtp --version``
-load neither numpy nor gguf-py. The layers, bottom up: :mod:`gguf_mtp.format` (the GGUF codec),
-:mod:`gguf_mtp.files` (safe, kernel-copied I/O), :mod:`gguf_mtp.model` (shard sets, block layout),
-:mod:`gguf_mtp.conversion` (head converters), :mod:`gguf_mtp.jobs` (planners),
-:mod:`gguf_mtp.write` (the one atomic writer), :mod:`gguf_mtp.check`, :mod:`gguf_mtp.hub`, :mod:`gguf_mtp.cli`.
+load neither numpy nor gguf-py. The package's layers, bottom up, are declared once, in
+:data:`gguf_mtp._layers.LAYERS`; every import goes down them (``tests/test_layers.py`` enforces it).
 """
 
 from __future__ import annotations
