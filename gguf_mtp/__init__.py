@@ -12,10 +12,8 @@ The public API, one function per job (each has a ``gguf-mtp`` command of the sam
 Every error a user can cause is a :class:`GGUFMTPError` (see :mod:`gguf_mtp.errors`).
 
 The names are imported on first use (PEP 562), so ``import gguf_mtp`` and ``gguf-mtp --version``
-load neither numpy nor gguf-py. The layers, bottom up: :mod:`gguf_mtp.format` (the GGUF codec),
-:mod:`gguf_mtp.files` (safe, kernel-copied I/O), :mod:`gguf_mtp.model` (shard sets, block layout),
-:mod:`gguf_mtp.conversion` (head converters), :mod:`gguf_mtp.jobs` (planners),
-:mod:`gguf_mtp.write` (the one atomic writer), :mod:`gguf_mtp.check`, :mod:`gguf_mtp.hub`, :mod:`gguf_mtp.cli`.
+load neither numpy nor gguf-py. The package's layers, bottom up, are declared once, in
+:data:`gguf_mtp._layers.LAYERS`; every import goes down them (``tests/test_layers.py`` enforces it).
 """
 
 from __future__ import annotations
@@ -49,20 +47,21 @@ if TYPE_CHECKING:
     from .check.bench_rules import BenchReport
     from .check.inspect import ModelSummary, inspect
     from .check.verify import VerifyReport, verify
-    from .hub.pipeline import run_pipeline
-    from .hub.publish import publish
-    from .jobs.compose import ComposeReport, compose, plan
+    from .jobs.compose import ComposeReport, compose, plan, plan_compose
     from .jobs.convert import ConvertReport, convert
     from .jobs.extract import extract
     from .jobs.graft import graft
     from .jobs.strip import strip
     from .model.shards import ShardSet, open_model
+    from .release.pipeline import run_pipeline
+    from .release.publish import publish
 
 #: Public name -> the module that defines it (imported by :func:`__getattr__` on first use).
 _LAZY: dict[str, str] = {
     "ComposeReport": "jobs.compose",
     "compose": "jobs.compose",
     "plan": "jobs.compose",
+    "plan_compose": "jobs.compose",
     "ConvertReport": "jobs.convert",
     "convert": "jobs.convert",
     "extract": "jobs.extract",
@@ -74,8 +73,8 @@ _LAZY: dict[str, str] = {
     "verify": "check.verify",
     "BenchReport": "check.bench_rules",
     "bench": "check.bench",
-    "run_pipeline": "hub.pipeline",
-    "publish": "hub.publish",
+    "run_pipeline": "release.pipeline",
+    "publish": "release.publish",
     "ShardSet": "model.shards",
     "open_model": "model.shards",
 }
@@ -127,6 +126,7 @@ __all__ = [
     "inspect",
     "open_model",
     "plan",
+    "plan_compose",
     "publish",
     "run_pipeline",
     "strip",

@@ -91,8 +91,9 @@ def max_header_bytes() -> int:
     return int(text)
 
 
-#: Seconds one HTTP request for a remote header may take in all, first byte to last (a server trickling
-#: a byte every few seconds never trips a per-read timeout), and seconds all requests for one file may take.
+#: Seconds one range read of a remote header may take in all, huggingface_hub's retries included, first byte
+#: to last (a server trickling a byte every few seconds never trips a per-read timeout), and seconds all
+#: reads of one file may take.
 ENV_HUB_REQUEST_TIMEOUT = "GGUF_MTP_HUB_REQUEST_TIMEOUT"
 ENV_HUB_FILE_TIMEOUT = "GGUF_MTP_HUB_FILE_TIMEOUT"
 DEFAULT_HUB_REQUEST_TIMEOUT = 60.0

@@ -20,13 +20,12 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -43,91 +42,25 @@ from gguf_mtp.files.commit import (
 from gguf_mtp.files.create import create_exclusive, temporary_name, write_all
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
+from gguf_mtp.files.plan import Bytes, Generated, OutputFile, Zeros
+from gguf_mtp.files.progress import progress_bar
 
-from .constants import progress_disabled
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .formatting import human_bytes
 
 __all__ = [
-    "Bytes",
-    "CopyRange",
-    "Generated",
     "OutputCheck",
-    "OutputFile",
-    "Segment",
     "WriteReport",
     "WriteStats",
-    "Zeros",
     "check_output_folder",
     "check_outputs",
     "copy_method",
-    "progress_bar",
+    "run_write",
     "signals_as_interrupt",
     "write_outputs",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Bytes:
-    """Literal bytes (a serialised header)."""
-
-    data: bytes
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-
-@dataclass(frozen=True)
-class CopyRange:
-    """``nbytes`` bytes of ``source`` starting at absolute ``offset``, copied verbatim."""
-
-    source: Path
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Zeros:
-    """Zero padding."""
-
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class Generated:
-    """``nbytes`` bytes produced by ``chunks()`` one bounded buffer at a time (data transformed on the way,
-    e.g. a tensor converted from BF16 to F32), so memory stays flat whatever the total."""
-
-    nbytes: int
-    chunks: Callable[[], Iterable[Any]]  # each chunk supports the buffer protocol (bytes, numpy array)
-
-
-Segment = Bytes | CopyRange | Zeros | Generated
-
-
-@dataclass(frozen=True)
-class OutputFile:
-    """One file to write: its final path and its contents as segments, in order."""
-
-    path: Path
-    segments: tuple[Segment, ...]
-
-    @property
-    def size(self) -> int:
-        return sum(s.nbytes for s in self.segments)
-
-    @property
-    def sources(self) -> set[Path]:
-        return {s.source for s in self.segments if isinstance(s, CopyRange)}
-
-
-def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "B") -> tqdm:
-    """A tqdm bar on stderr, off when disabled, when stderr is not a terminal, or globally off."""
-    disable = not enabled or progress_disabled() or not sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024, disable=disable, leave=False)
 
 
 def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:
@@ -278,9 +211,10 @@ class WriteStats:
 class WriteReport:
     """What every command that writes files reports: a dry run or not, bytes written, time, how copied.
 
-    The command reports (compose, convert, extract, strip, graft) extend it with their plan: each says
-    it in :meth:`plan_lines` (what the CLI prints before the first byte is written) and
-    :meth:`outcome_lines` (what it prints at the end); :meth:`describe` is both.
+    The command reports (compose, convert, extract, strip, graft) extend it with their plan, which they
+    say in :meth:`plan_lines` (what the CLI prints before the first byte is written); the end,
+    :meth:`outcome_lines`, is the same :meth:`outcome_line` for every command (a report that verifies
+    adds its verification). :meth:`describe` is both.
     """
 
     dry_run: bool = False
@@ -291,6 +225,8 @@ class WriteReport:
     bytes_shared: int = 0
     replaced: tuple[Path, ...] = ()  # existing outputs replaced with force (or, in a dry run, that would be)
     written: bool = False  # the files are in place
+    planned: tuple[Path, ...] = ()  # the outputs checked (and, unless a dry run, written) by :meth:`write`
+    bytes_planned: int = 0  # their size
 
     def write(
         self,
@@ -315,6 +251,8 @@ class WriteReport:
             if on_plan is not None:
                 on_plan(self)
 
+        self.planned = tuple(f.path for f in files)
+        self.bytes_planned = sum(f.size for f in files)
         stats = write_outputs(
             files, inputs=inputs, force=force, progress=progress, desc=desc, dry_run=self.dry_run, on_checked=checked
         )
@@ -345,8 +283,39 @@ class WriteReport:
         return []
 
     def outcome_lines(self) -> list[str]:
-        """The outcome part of the human-readable report (shown at the end)."""
-        return []
+        """The outcome part of the human-readable report (shown at the end): :meth:`outcome_line`."""
+        return [self.outcome_line()]
+
+    def outcome_line(self) -> str:
+        """The last line of every writing command, one wording for all: ``done: OUTPUT (SIZE) in S s (R MiB/s)``
+        or, in a dry run, ``dry run: OUTPUT (SIZE) would be written; nothing was written``. OUTPUT is the one
+        output's path or ``N files in FOLDER``; replaced files and (reflink) shared bytes are said too."""
+        what = self._planned_text()
+        if self.dry_run:
+            replacing = self._replaced_text("replacing")
+            size = human_bytes(self.bytes_planned)
+            return f"dry run: {what} ({size}) would be written{replacing}; nothing was written"
+        rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
+        size = human_bytes(self.bytes_written)
+        speed = f"{rate:.0f} MiB/s{self.sharing()}"
+        return f"done: {what} ({size}) in {self.seconds:.2f} s ({speed}){self._replaced_text('replaced')}"
+
+    def _planned_text(self) -> str:
+        """The outputs as the outcome line names them: the one path, or how many in which folder."""
+        if len(self.planned) == 1:
+            return str(self.planned[0])
+        folders = {p.parent for p in self.planned}
+        where = f" in {folders.pop()}" if len(folders) == 1 else ""
+        return f"{len(self.planned)} files{where}"
+
+    def _replaced_text(self, verb: str) -> str:
+        """``" (replacing the existing file)"``, ``" (replaced 2 existing files)"``, or ``""``."""
+        count = len(self.replaced)
+        if not count:
+            return ""
+        if count == 1 == len(self.planned):
+            return f" ({verb} the existing file)"
+        return f" ({verb} {count} existing file{'s' * (count != 1)})"
 
     def describe(self) -> list[str]:
         """The human-readable report (what the CLI prints): the plan, then the outcome."""
@@ -375,6 +344,52 @@ class WriteReport:
             "replaced": [str(p) for p in self.replaced],
             "notes": list(self.notes),
         }
+
+
+ReportT = TypeVar("ReportT", bound=WriteReport)
+
+
+def run_write(
+    prepare: Callable[[], tuple[ReportT, Sequence[OutputFile], Sequence[Path]]],
+    *,
+    desc: str,
+    force: bool,
+    progress: bool,
+    on_plan: Callable[[WriteReport], None] | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    after_write: Callable[[ReportT], None] | None = None,
+) -> ReportT:
+    """Run a writing job, the same way for every command: check the output folder, open the inputs and
+    plan, check and write the files (a dry run only checks), then verify; time all of it.
+
+    Args:
+        prepare: opens the inputs and plans (nothing written): returns the job's report (which knows
+            whether this is a dry run), the files to write and the inputs they must never overwrite.
+        desc: the progress bar's label (the command's name).
+        force: replace existing outputs (never inputs).
+        progress: show a progress bar on stderr when it is a terminal.
+        on_plan: called with the report once the outputs passed their checks, before the first byte is
+            written (the CLI prints :meth:`WriteReport.plan_lines` there).
+        output_dir: the folder the outputs go into, refused first if it is not one
+            (:func:`check_output_folder`); ``None`` when the job names an output file.
+        after_write: called with the report once the files are in place (not in a dry run): verification.
+
+    Returns:
+        The report of ``prepare``, with the figures of the write and ``seconds`` covering the whole run.
+
+    Raises:
+        GGUFMTPError: whatever ``prepare`` or ``after_write`` raise (bad input), ``UnsafeOutputError`` or
+            ``OutputWriteError`` (see :func:`write_outputs`).
+    """
+    started = time.perf_counter()
+    if output_dir is not None:
+        check_output_folder(output_dir)
+    report, files, inputs = prepare()
+    report.write(files, inputs=inputs, force=force, progress=progress, desc=desc, on_plan=on_plan)
+    if after_write is not None and report.written:
+        after_write(report)
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 def write_outputs(

@@ -41,7 +41,7 @@ from deepseek_checkpoints import MlaDims, mla_config, mla_tensors  # noqa: E402
 from fp8_checkpoints import is_linear  # noqa: E402
 from glm_checkpoints import GLM_SPECIAL_TOKENS  # noqa: E402
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME  # noqa: E402
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME  # noqa: E402
 from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor  # noqa: E402
 
 __all__ = ["FP8_JSON", "FP8_MD", "Fp8Spec", "ensure_fp8_checkpoint", "run_fp8", "write_fp8_report"]

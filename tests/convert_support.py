@@ -45,6 +45,24 @@ def raw_tensor(folder: Path, name: str) -> tuple[str, tuple[int, ...], bytes]:
         return entry["dtype"], tuple(entry["shape"]), f.read(end - begin)
 
 
+def checkpoint_bytes(folder: Path, name: str) -> bytes:
+    """The raw bytes of checkpoint tensor ``name``, found by reading every ``*.safetensors`` header in ``folder``
+    (no index needed: a checkpoint whose MTP file the index does not name works too)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        start, header = safetensors_header(path)
+        if name in header:
+            begin, end = header[name]["data_offsets"]
+            with open(path, "rb") as f:
+                f.seek(start + begin)
+                return f.read(end - begin)
+    raise KeyError(name)
+
+
+def widened_bf16(raw: bytes) -> bytes:
+    """BF16 bytes as the F32 bytes of the same values (what a converter writing norms as F32 makes of them)."""
+    return ((np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
+
+
 def tensor_array(folder: Path, name: str) -> np.ndarray:
     """A checkpoint tensor as numpy (BF16 as its uint16 bits), row-major shape."""
     dtype, shape, raw = raw_tensor(folder, name)
@@ -57,6 +75,20 @@ def as_f32(folder: Path, name: str) -> np.ndarray:
     if dtype == "BF16":
         return (values.astype(np.uint32) << 16).view(np.float32)
     return values.astype(np.float32)
+
+
+def read_raw_safetensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    """Every tensor of safetensors file ``path`` as name -> (dtype, shape, raw bytes), in the file's order: what
+    :func:`write_raw_safetensors` takes, to write the file again with some tensors changed."""
+    start, header = safetensors_header(path)
+    header.pop("__metadata__", None)
+    entries: dict[str, tuple[str, list[int], bytes]] = {}
+    with open(path, "rb") as f:
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = entry["data_offsets"]
+            f.seek(start + begin)
+            entries[name] = (entry["dtype"], entry["shape"], f.read(end - begin))
+    return entries
 
 
 def write_raw_safetensors(path: Path, entries: dict[str, tuple[str, list[int], bytes]], *,
@@ -83,14 +115,7 @@ def rewrite_checkpoint_tensor(folder: Path, name: str, *, new_name: str | None =
     index_path = folder / "model.safetensors.index.json"
     file_name = weight_map(folder)[name]
     path = folder / file_name
-    start, header = safetensors_header(path)
-    header.pop("__metadata__", None)
-    entries: dict[str, tuple[str, list[int], bytes]] = {}
-    with open(path, "rb") as f:
-        for tname, entry in header.items():
-            begin, end = entry["data_offsets"]
-            f.seek(start + begin)
-            entries[tname] = (entry["dtype"], entry["shape"], f.read(end - begin))
+    entries = read_raw_safetensors(path)
     old = entries.pop(name)
     if not drop:
         entries[new_name or name] = (dtype or old[0], shape if shape is not None else old[1],

@@ -15,11 +15,18 @@ nope 32 / v 48, experts of 80), so 128x128 FP8 blocks are partial in both direct
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 
 #: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8 (llama.cpp's GLM vocab code needs them).
 VOCAB = 50264
@@ -128,22 +135,8 @@ def _layer(d: MlaDims, layer: int, *, moe: bool, dsa: bool = False) -> list[Chec
                     CheckpointTensor(i + "k_norm.bias", (d.index_head_dim,), "F32", "bias"),
                     CheckpointTensor(i + "weights_proj.weight", (d.index_n_heads, h), "BF16", "weight")]
     if not moe:
-        f = d.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f = d.n_ff_exp
-    tensors += [CheckpointTensor(p + "mlp.gate.weight", (d.n_expert, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.gate.e_score_correction_bias", (d.n_expert,), "F32", "bias")]
-    for e in range(d.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, d.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, d.n_ff_exp, d.n_expert, shared="shared_experts")]
 
 
 def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
@@ -173,18 +166,18 @@ def mla_tensors(variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
 def write_mla_checkpoint(out_dir: Path, variant: str, d: MlaDims = DIMS, *, n_layers: int = N_LAYERS,
                          n_nextn: int = 1) -> Path:
     """Write the checkpoint folder (two shards + index, the NextN layer(s) in the second); returns it."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = mla_config(variant, d, n_layers=n_layers, n_nextn=n_nextn)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     tensors = mla_tensors(variant, d, n_layers=n_layers, n_nextn=n_nextn)
-    head = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + n_nextn))
-    trunk = [t for t in tensors if not t.name.startswith(head)]
-    nextn = tensors[len(trunk):]
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], trunk)
-    write_safetensors(out / names[1], nextn, first_index=len(trunk))
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in nextn}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    return write_checkpoint(out_dir, config, [tensors[:cut], tensors[cut:]])
+
+
+def as_glm47flash(checkpoint: Path, into: Path) -> Path:
+    """A copy of DeepSeek V3 ``checkpoint`` at ``into`` whose config names GLM-4.7-Flash's class: llama.cpp's
+    converter drops DeepSeek's MTP layers, and its Glm4MoeLite class (the same deepseek2 tensor handling and FP8
+    dequantization) on the very same shards is the reference."""
+    shutil.copytree(checkpoint, into)
+    config = json.loads((into / CONFIG_NAME).read_text())
+    config.update(architectures=[ARCHITECTURES["glm47flash"]], model_type=MODEL_TYPES["glm47flash"])
+    (into / CONFIG_NAME).write_text(json.dumps(config))
+    return into

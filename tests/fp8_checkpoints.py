@@ -18,7 +18,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from convert_support import safetensors_header, write_raw_safetensors
+from convert_support import read_raw_safetensors, write_raw_safetensors
 
 __all__ = ["FP8_MAX", "dequantize_reference", "is_linear", "quantize_checkpoint"]
 
@@ -68,24 +68,18 @@ def quantize_checkpoint(src: Path, dst: Path, *, block: tuple[int, int] = (128, 
     index_path = dst / "model.safetensors.index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else None
     for path in sorted(dst.glob("*.safetensors")):
-        start, header = safetensors_header(path)
-        header.pop("__metadata__", None)
         entries: dict[str, tuple[str, list[int], bytes]] = {}
-        with open(path, "rb") as f:
-            for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                begin, end = entry["data_offsets"]
-                f.seek(start + begin)
-                raw = f.read(end - begin)
-                if entry["dtype"] != "BF16" or not quantized(name, entry["shape"]):
-                    entries[name] = (entry["dtype"], entry["shape"], raw)
-                    continue
-                codes, scales = _quantize(_bf16_to_f32(raw, entry["shape"]), block, fp8)
-                entries[name] = (fp8, entry["shape"], codes)
-                scale_raw = (scales.tobytes() if scale_dtype == "F32"
-                             else (scales.view(np.uint32) >> 16).astype(np.uint16).tobytes())
-                entries[name + "_scale_inv"] = (scale_dtype, list(scales.shape), scale_raw)
-                if index is not None:
-                    index["weight_map"][name + "_scale_inv"] = path.name
+        for name, (dtype, shape, raw) in read_raw_safetensors(path).items():
+            if dtype != "BF16" or not quantized(name, shape):
+                entries[name] = (dtype, shape, raw)
+                continue
+            codes, scales = _quantize(_bf16_to_f32(raw, shape), block, fp8)
+            entries[name] = (fp8, shape, codes)
+            scale_raw = (scales.tobytes() if scale_dtype == "F32"
+                         else (scales.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+            entries[name + "_scale_inv"] = (scale_dtype, list(scales.shape), scale_raw)
+            if index is not None:
+                index["weight_map"][name + "_scale_inv"] = path.name
         write_raw_safetensors(path, entries)
     if index is not None:
         index_path.write_text(json.dumps(index, indent=2))

@@ -17,11 +17,16 @@ dense layers' width), so the head fits :data:`~gguf_mtp.testing.tiny_models.GLM4
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import (
+    BIAS_SPELLINGS,
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 LAYOUTS = ("shards", "mtp-file", "mtp-file-no-index")
@@ -90,30 +95,9 @@ def _layer(hp: TinyHparams, layer: int, *, moe: bool, qk_norm: bool, bias_spelli
                     CheckpointTensor(p + "self_attn.k_norm.weight", (d,), "BF16", "norm")]
     tensors.append(CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"))
     if not moe:
-        f = hp.n_ff_dense
-        return [
-            *tensors,
-            CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight"),
-        ]
-    f = hp.n_ff_exp
-    tensors += [
-        CheckpointTensor(p + "mlp.gate.weight", (hp.n_expert, h), "BF16", "weight"),
-        CheckpointTensor(p + f"mlp.gate.{bias_spelling}", (hp.n_expert,), "F32", "bias"),
-    ]
-    for e in range(hp.n_expert):  # interleaved per expert, as in zai-org's checkpoints
-        tensors += [
-            CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight"),
-        ]
-    return [
-        *tensors,
-        CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (f, h), "BF16", "weight"),
-        CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (f, h), "BF16", "weight"),
-        CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, f), "BF16", "weight"),
-    ]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, bias=f"gate.{bias_spelling}",
+                                   shared="shared_experts")]
 
 
 def glm_tensors(hp: TinyHparams, *, n_layers: int = 3, dense: int = 1, qk_norm: bool = False,
@@ -152,21 +136,10 @@ def write_glm_checkpoint(
     No tokenizer: llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = glm_config(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm, n_nextn=n_nextn)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tensors = glm_tensors(hp, n_layers=n_layers, dense=dense, qk_norm=qk_norm, nextn_copies=nextn_copies,
                           bias_spelling=bias_spelling, n_nextn=n_nextn)
-    head = tuple(f"model.layers.{i}." for i in range(n_layers, n_layers + n_nextn))
-    trunk = [t for t in tensors if not t.name.startswith(head)]
-    nextn = tensors[len(trunk):]
-    names = (("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors") if layout == "shards"
-             else ("model-00001-of-00001.safetensors", "mtp.safetensors"))
-    write_safetensors(out / names[0], trunk, seed=seed)
-    write_safetensors(out / names[1], nextn, seed=seed, first_index=len(trunk))
-    if layout != "mtp-file-no-index":
-        weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in nextn}
-        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-        (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    names = None if layout == "shards" else ["model-00001-of-00001.safetensors", "mtp.safetensors"]
+    return write_checkpoint(out_dir, config, [tensors[:cut], tensors[cut:]], names=names, seed=seed,
+                            index=layout != "mtp-file-no-index")

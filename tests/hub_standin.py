@@ -18,11 +18,13 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError
 
 from gguf_mtp.files.digests import git_blob_sha1
+from gguf_mtp.hub.hub_api import HubApi
 
 
 def http_error(status: int, message: str = "") -> HfHubHTTPError:
     """An HfHubHTTPError as huggingface_hub raises it for an HTTP ``status``."""
-    response = SimpleNamespace(status_code=status, headers={}, request=None)
+    # the response of requests (huggingface_hub 0.x) or httpx (1.x, 2.x): only these fields are read
+    response: Any = SimpleNamespace(status_code=status, headers={}, request=None)
     return HfHubHTTPError(message or f"{status} Client Error", response=response)
 
 
@@ -59,7 +61,7 @@ class RecordingHub:
             if not any(fnmatch.fnmatch(rel, p) for p in patterns):
                 continue
             data_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            entry = {"size": path.stat().st_size}
+            entry: dict[str, Any] = {"size": path.stat().st_size}
             if rel.endswith(".gguf"):
                 entry["sha256"] = data_sha
                 entry["blob_id"] = hashlib.sha1(rel.encode()).hexdigest()  # an LFS pointer's id: unrelated
@@ -148,3 +150,7 @@ class LargeFolderHub(RecordingHub):
         names = self._store(Path(folder_path), allow_patterns)
         # Resumable uploads commit in pieces: one commit per file here.
         self.commits.extend([n] for n in names)
+
+
+# mypy (pyproject's [tool.mypy] files) checks both stand-ins against the Protocol the Hub code is typed with.
+STAND_INS: tuple[type[HubApi], ...] = (RecordingHub, LargeFolderHub)

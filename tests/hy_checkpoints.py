@@ -10,11 +10,15 @@ for the multi-block path (llama.cpp's hy_v3 graph runs a chain, src/models/hy-v3
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 #: GPT-2's 50,257 tokens, padded to a multiple of 8 (llama.cpp's converter pads with [PAD] tokens).
@@ -69,22 +73,9 @@ def _layer(hp: TinyHparams, layer: int, *, moe: bool) -> list[CheckpointTensor]:
         CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"),
     ]
     if not moe:
-        f = hp.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f = hp.n_ff_exp
-    tensors += [CheckpointTensor(p + "mlp.router.gate.weight", (hp.n_expert, h), "F32", "weight"),
-                CheckpointTensor(p + "mlp.expert_bias", (hp.n_expert,), "F32", "bias")]
-    for e in range(hp.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_mlp.up_proj.weight", (f, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_mlp.down_proj.weight", (h, f), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, router="router.gate.weight",
+                                   router_dtype="F32", bias="expert_bias", shared="shared_mlp")]
 
 
 def hy_tensors(hp: TinyHparams = HY_HPARAMS, *, n_layers: int = 2, n_nextn: int = 1) -> list[CheckpointTensor]:
@@ -109,17 +100,7 @@ def write_hy_checkpoint(out_dir: Path, hp: TinyHparams = HY_HPARAMS, *, n_layers
                         seed: int = 0) -> Path:
     """Write a full tiny Hy3 checkpoint folder (see the module docstring); returns the folder. No tokenizer:
     llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(hy_config(hp, n_layers=n_layers, n_nextn=n_nextn), indent=2) + "\n",
-                                   encoding="utf-8")
     tensors = hy_tensors(hp, n_layers=n_layers, n_nextn=n_nextn)
-    first_mtp = f"model.layers.{n_layers}."
-    cut = next(i for i, t in enumerate(tensors) if t.name.startswith(first_mtp))
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], tensors[:cut], seed=seed)
-    write_safetensors(out / names[1], tensors[cut:], seed=seed, first_index=cut)
-    weight_map = {t.name: names[0] for t in tensors[:cut]} | {t.name: names[1] for t in tensors[cut:]}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    return write_checkpoint(out_dir, hy_config(hp, n_layers=n_layers, n_nextn=n_nextn), [tensors[:cut], tensors[cut:]],
+                            seed=seed)

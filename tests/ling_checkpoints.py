@@ -15,12 +15,16 @@ The trunk interleaves as Ling-3.0 does (``layer_group_size`` 2): layer 0 is a Ki
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import (
+    CheckpointTensor,
+    first_of_layer,
+    mlp_tensors,
+    moe_tensors,
+    write_checkpoint,
+)
 
 
 @dataclass(frozen=True)
@@ -134,22 +138,9 @@ def _layer(hp: LingHparams, layer: int, *, moe: bool, kda: bool = False) -> list
         ]
     tensors.append(CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "norm"))
     if not moe:
-        f = hp.n_ff_dense
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (f, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, f), "BF16", "weight")]
-    f, s = hp.n_ff_exp, hp.n_ff_shexp
-    tensors += [CheckpointTensor(p + "mlp.gate.weight", (hp.n_expert, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.gate.expert_bias", (hp.n_expert,), "F32", "bias")]
-    for e in range(hp.n_expert):
-        tensors += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (f, h), "BF16", "weight"),
-                    CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (h, f), "BF16", "weight")]
-    return [*tensors,
-            CheckpointTensor(p + "mlp.shared_experts.gate_proj.weight", (s, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.up_proj.weight", (s, h), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.shared_experts.down_proj.weight", (h, s), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, hp.n_ff_dense)]
+    return [*tensors, *moe_tensors(p + "mlp.", h, hp.n_ff_exp, hp.n_expert, bias="gate.expert_bias",
+                                   shared="shared_experts", n_ff_shexp=hp.n_ff_shexp)]
 
 
 def ling_tensors(hp: LingHparams = LING_HPARAMS, *, n_layers: int = 2) -> list[CheckpointTensor]:
@@ -172,15 +163,6 @@ def ling_tensors(hp: LingHparams = LING_HPARAMS, *, n_layers: int = 2) -> list[C
 def write_ling_checkpoint(out_dir: Path, hp: LingHparams = LING_HPARAMS, *, n_layers: int = 2,
                           seed: int = 0) -> Path:
     """Write a full tiny Ling-3.0 checkpoint folder (see the module docstring); returns the folder."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(ling_config(hp, n_layers=n_layers), indent=2) + "\n", encoding="utf-8")
     tensors = ling_tensors(hp, n_layers=n_layers)
-    cut = next(i for i, t in enumerate(tensors) if t.name.startswith(f"model.layers.{n_layers}."))
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], tensors[:cut], seed=seed)
-    write_safetensors(out / names[1], tensors[cut:], seed=seed, first_index=cut)
-    weight_map = {t.name: names[0] for t in tensors[:cut]} | {t.name: names[1] for t in tensors[cut:]}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    cut = first_of_layer(tensors, n_layers)
+    return write_checkpoint(out_dir, ling_config(hp, n_layers=n_layers), [tensors[:cut], tensors[cut:]], seed=seed)

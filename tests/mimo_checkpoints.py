@@ -24,11 +24,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from convert_support import safetensors_header, write_raw_safetensors
+from convert_support import read_raw_safetensors, write_raw_safetensors
 from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, moe_tensors, write_checkpoint
 
 N_LAYER, N_NEXTN = 2, 3
 H, N_HEAD, HEAD_DIM, V_HEAD_DIM, N_KV_FULL, N_KV_SWA = 160, 4, 32, 24, 2, 4
@@ -97,12 +97,6 @@ def _attention(p: str, *, swa: bool) -> list[CheckpointTensor]:
     return [*tensors, CheckpointTensor(p + "post_attention_layernorm.weight", (H,), "BF16", "norm")]
 
 
-def _dense(p: str) -> list[CheckpointTensor]:
-    return [CheckpointTensor(p + "mlp.gate_proj.weight", (N_FF, H), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.up_proj.weight", (N_FF, H), "BF16", "weight"),
-            CheckpointTensor(p + "mlp.down_proj.weight", (H, N_FF), "BF16", "weight")]
-
-
 def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
     """(trunk tensors, MTP-layer tensors) of the full checkpoint."""
     trunk = [CheckpointTensor("model.embed_tokens.weight", (VOCAB, H), "BF16", "weight")]
@@ -110,14 +104,9 @@ def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
         p = f"model.layers.{layer}."
         trunk += _attention(p, swa=bool(swa))
         if layer == 0:
-            trunk += _dense(p)
+            trunk += mlp_tensors(p + "mlp.", H, N_FF)
             continue
-        trunk += [CheckpointTensor(p + "mlp.gate.weight", (N_EXPERT, H), "BF16", "weight"),
-                  CheckpointTensor(p + "mlp.gate.e_score_correction_bias", (N_EXPERT,), "F32", "bias")]
-        for e in range(N_EXPERT):
-            trunk += [CheckpointTensor(p + f"mlp.experts.{e}.gate_proj.weight", (N_FF_EXP, H), "BF16", "weight"),
-                      CheckpointTensor(p + f"mlp.experts.{e}.up_proj.weight", (N_FF_EXP, H), "BF16", "weight"),
-                      CheckpointTensor(p + f"mlp.experts.{e}.down_proj.weight", (H, N_FF_EXP), "BF16", "weight")]
+        trunk += moe_tensors(p + "mlp.", H, N_FF_EXP, N_EXPERT)
     trunk += [CheckpointTensor("model.norm.weight", (H,), "BF16", "norm"),
               CheckpointTensor("lm_head.weight", (VOCAB, H), "BF16", "weight")]
     mtp: list[CheckpointTensor] = []
@@ -126,7 +115,7 @@ def mimo_tensors() -> tuple[list[CheckpointTensor], list[CheckpointTensor]]:
         mtp += [CheckpointTensor(p + "enorm.weight", (H,), "BF16", "norm"),
                 CheckpointTensor(p + "hnorm.weight", (H,), "BF16", "norm"),
                 CheckpointTensor(p + "eh_proj.weight", (H, 2 * H), "BF16", "weight"),
-                *_attention(p, swa=True), *_dense(p),
+                *_attention(p, swa=True), *mlp_tensors(p + "mlp.", H, N_FF),
                 CheckpointTensor(p + "final_layernorm.weight", (H,), "BF16", "norm")]
     return trunk, mtp
 
@@ -136,15 +125,7 @@ def write_mimo_checkpoint(out_dir: Path, *, fp8: str | None = None, seed: int = 
     :data:`FP8_LAYOUTS`); returns the folder. No tokenizer (``upstream.write_gpt2_tokenizer`` adds one)."""
     out = Path(out_dir)
     bf16 = out if fp8 is None else out.with_name(out.name + "-bf16")
-    bf16.mkdir(parents=True, exist_ok=True)
-    (bf16 / CONFIG_NAME).write_text(json.dumps(mimo_config(), indent=2) + "\n", encoding="utf-8")
-    trunk, mtp = mimo_tensors()
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(bf16 / names[0], trunk, seed=seed)
-    write_safetensors(bf16 / names[1], mtp, seed=seed, first_index=len(trunk))
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in mtp}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in trunk + mtp)}, "weight_map": weight_map}
-    (bf16 / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    write_checkpoint(bf16, mimo_config(), list(mimo_tensors()), seed=seed)
     if fp8 is None:
         return out
     if fp8 not in FP8_LAYOUTS:
@@ -169,14 +150,7 @@ def _shard_qkv(folder: Path, tp: int, block: int = 128) -> None:
     from fp8_checkpoints import dequantize_reference
 
     for path in sorted(folder.glob("*.safetensors")):
-        start, header = safetensors_header(path)
-        header.pop("__metadata__", None)
-        entries: dict[str, tuple[str, list[int], bytes]] = {}
-        with open(path, "rb") as f:
-            for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                begin, end = entry["data_offsets"]
-                f.seek(start + begin)
-                entries[name] = (entry["dtype"], entry["shape"], f.read(end - begin))
+        entries = read_raw_safetensors(path)
         for name in [n for n in entries if n.endswith("self_attn.qkv_proj.weight")]:
             dtype, shape, codes = entries[name]
             scale_dtype, scale_shape, scale_raw = entries[name + "_scale_inv"]

@@ -9,19 +9,17 @@ are ``up_proj [moe_intermediate_size, hidden_size]`` and ``down_proj [hidden_siz
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.testing.tiny_checkpoints import (
     BIAS_SPELLINGS,
     CheckpointTensor,
-    mamba_layer_tensors,
     mtpv2_config,
     mtpv2_tensors,
-    write_safetensors,
+    write_checkpoint,
+    write_full_mtpv2_checkpoint,
 )
 from gguf_mtp.testing.tiny_models import TinyHparams
 
@@ -62,40 +60,15 @@ def write_nano_head_checkpoint(
     bias_spelling: str = BIAS_SPELLINGS[0], latent_key: str = "absent", trunk_pattern: str = "M*E",
 ) -> Path:
     """An MTPv2 head checkpoint of Nano (config.json + ``mtp.*`` only), in ``files`` shards with an index."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = nano_config(hp, trunk_pattern=trunk_pattern, latent_key=latent_key)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tensors = nano_tensors(hp, bias_spelling=bias_spelling)
     if files == 1:
-        write_safetensors(out / "model.safetensors", tensors)
-        return out
+        return write_checkpoint(out_dir, config, [tensors], index=False)
     per = -(-len(tensors) // files)
-    weight_map: dict[str, str] = {}
-    for number in range(files):
-        group = tensors[number * per : (number + 1) * per]
-        name = f"model-{number + 1:05d}-of-{files:05d}.safetensors"
-        write_safetensors(out / name, group, first_index=number * per)
-        weight_map |= {t.name: name for t in group}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    return write_checkpoint(out_dir, config, [tensors[number * per : (number + 1) * per] for number in range(files)])
 
 
 def write_full_nano_checkpoint(out_dir: str | os.PathLike[str], hp: TinyHparams = NANO_HPARAMS) -> Path:
     """A complete Nano checkpoint (trunk ``M*E`` + MTPv2 head, one file), the input of llama.cpp's converter.
     The trunk's attention and MoE layers are shaped like the head's two sub-layers. No tokenizer."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(nano_config(hp), indent=2) + "\n", encoding="utf-8")
-    head = nano_tensors(hp, with_trunk=True)
-
-    def as_trunk(tensor: CheckpointTensor, prefix: str, layer: int) -> CheckpointTensor:
-        return replace(tensor, name=f"backbone.layers.{layer}." + tensor.name[len(prefix):])
-
-    attention = [t for t in head if t.name.startswith("mtp.layers.0.mixer.") or t.name == "mtp.layers.0.norm.weight"]
-    moe = [t for t in head if t.name.startswith("mtp.layers.1.") and not t.name.endswith("final_layernorm.weight")]
-    trunk = mamba_layer_tensors(hp, 0)
-    trunk += [as_trunk(t, "mtp.layers.0.", 1) for t in attention] + [as_trunk(t, "mtp.layers.1.", 2) for t in moe]
-    write_safetensors(out / "model.safetensors", head[:3] + trunk + head[3:])
-    return out
+    return write_full_mtpv2_checkpoint(out_dir, nano_config(hp), nano_tensors(hp, with_trunk=True), hp)

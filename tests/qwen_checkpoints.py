@@ -15,11 +15,10 @@ in the first, the head in the second (``head_only`` writes the head alone, one f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_checkpoint
 
 VARIANTS = ("qwen35moe", "qwen35", "qwen3next")
 N_TRUNK = 4
@@ -194,19 +193,9 @@ def write_qwen_checkpoint(out_dir: Path, variant: str, *, conditional: bool | No
     """
     conditional = variant == "qwen35moe" if conditional is None else conditional
     packed = variant == "qwen35moe" if packed is None else packed
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config_json(variant, conditional, d), indent=2) + "\n")
+    config = config_json(variant, conditional, d)
     head = head_tensors(variant, packed, d)
     if head_only:
-        write_safetensors(out / "model.safetensors", head, first_index=1000)
-        return out
-    trunk = trunk_tensors(variant, conditional, packed, d)
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], trunk)
-    write_safetensors(out / names[1], head, first_index=1000)
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in head}
-    total = sum(t.nbytes for t in trunk + head)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return out
+        return write_checkpoint(out_dir, config, [head], first_indices=[1000], index=False)
+    return write_checkpoint(out_dir, config, [trunk_tensors(variant, conditional, packed, d), head],
+                            first_indices=[0, 1000])

@@ -16,11 +16,9 @@ keys in ``text_config``, the text tensors under ``model.language_model.``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
-from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, write_safetensors
+from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, write_checkpoint
 
 N_LAYER, N_NEXTN = 3, 3
 H, HEAD_DIM, N_HEAD, N_HEAD_SWA, N_KV = 128, 32, 4, 8, 2
@@ -87,10 +85,7 @@ def _layer(layer: int, *, moe: bool) -> list[CheckpointTensor]:
         CheckpointTensor(p + "post_attention_layernorm.weight", (h,), "BF16", "bias"),
     ]
     if not moe:
-        return [*tensors,
-                CheckpointTensor(p + "mlp.gate_proj.weight", (N_FF, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.up_proj.weight", (N_FF, h), "BF16", "weight"),
-                CheckpointTensor(p + "mlp.down_proj.weight", (h, N_FF), "BF16", "weight")]
+        return [*tensors, *mlp_tensors(p + "mlp.", h, N_FF)]
     e, f = N_EXPERT, N_FF_EXP
     return [*tensors,
             CheckpointTensor(p + "moe.gate.weight", (e, h), "BF16", "weight"),
@@ -142,17 +137,7 @@ def _as_step37(tensor: CheckpointTensor) -> CheckpointTensor:
 def write_step_checkpoint(out_dir: Path, seed: int = 0, *, step37: bool = False) -> Path:
     """Write the full tiny Step-3.5 (``step37``: Step-3.7) checkpoint folder (see the module docstring); returns the
     folder. No tokenizer: llama.cpp's converter needs one (``upstream.write_gpt2_tokenizer``), gguf-mtp does not."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = step37_config() if step37 else step_config()
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     trunk, mtp = step_tensors()
     if step37:
         trunk, mtp = [_as_step37(t) for t in trunk], [_as_step37(t) for t in mtp]
-    names = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-    write_safetensors(out / names[0], trunk, seed=seed)
-    write_safetensors(out / names[1], mtp, seed=seed, first_index=len(trunk))
-    weight_map = {t.name: names[0] for t in trunk} | {t.name: names[1] for t in mtp}
-    index = {"metadata": {"total_size": sum(t.nbytes for t in trunk + mtp)}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    return out
+    return write_checkpoint(out_dir, step37_config() if step37 else step_config(), [trunk, mtp], seed=seed)

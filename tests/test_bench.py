@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gguf_mtp import open_model, plan
+from gguf_mtp import open_model, plan_compose
 from gguf_mtp.constants import KEY_SPLIT_TENSORS_COUNT
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -91,7 +91,7 @@ def test_size_is_reached_through_the_expert_count_at_a_fixed_tensor_count(tmp_pa
 def test_compose_accepts_the_synthetic_target_and_its_draft(tmp_path: Path) -> None:
     target = ensure_target(tmp_path, TargetSpec(parse_size("8M"), shards=3, pattern="M*E"), log=lambda _: None)
     draft = ensure_draft(tmp_path, target.hparams, log=lambda _: None)
-    composition = plan(target.first, draft, tmp_path / "out")
+    composition = plan_compose(target.first, draft, tmp_path / "out")
     assert composition.block == 3
     assert len(composition.renamed) == 18
 

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFValueType
 from helpers import file_hashes, reader_kvs, reader_tensors, shard_files
 
-from gguf_mtp import IncompatibleDraftError, KVEditError, UnsafeOutputError, compose, plan
+from gguf_mtp import IncompatibleDraftError, KVEditError, UnsafeOutputError, compose, plan, plan_compose
 from gguf_mtp.cli import main
 from gguf_mtp.format.header import read_header
 from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, write_draft, write_target
@@ -137,8 +137,9 @@ def test_inputs_are_never_modified(nemotron_split: Path, nemotron_draft0: Path, 
 
 
 def test_plan_is_pure_and_matches_what_is_written(nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path) -> None:
-    planned = plan(nemotron_split, nemotron_draft0, tmp_path / "out")
+    planned = plan_compose(nemotron_split, nemotron_draft0, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    assert plan is plan_compose  # the name it had before, kept for existing callers
     report = compose(nemotron_split, nemotron_draft0, tmp_path / "out")
     for planned_file, path in zip(planned.files, report.output_paths):
         assert os.path.getsize(path) == planned_file.output.size

@@ -19,12 +19,12 @@ from helpers import file_hashes, reader_kvs, reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.conversion import get_model_class, model_class_for_arch, supported_architectures, tensor_segments
-from gguf_mtp.conversion.safetensors_io import open_checkpoint
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, UnsafeOutputError
+from gguf_mtp.files.plan import CopyRange, Generated
+from gguf_mtp.format.safetensors_io import open_checkpoint
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, with_hparams, write_target
-from gguf_mtp.write import CopyRange, Generated
 
 HP = TinyHparams()
 ARCH = "nemotron_h_moe"

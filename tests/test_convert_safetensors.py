@@ -12,8 +12,8 @@ import pytest
 from convert_support import raw_tensor, write_raw_safetensors
 from safetensors import safe_open
 
-from gguf_mtp.conversion.safetensors_io import SafetensorsFile, open_checkpoint
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import SafetensorsFile, open_checkpoint
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import with_hparams
 

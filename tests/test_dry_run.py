@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -249,7 +250,7 @@ def test_the_plan_is_printed_before_the_writer_starts(command: str, inputs: Inpu
         assert any(line.startswith("    ") and " -> " in line for line in before), before  # the metadata changes
     # After the writer: the outcome only, never a line of the plan again.
     assert len(after) == 1, after
-    assert after[0].startswith(f"wrote {out / 'draft.gguf'} (" if command == "convert" else "done: "), after
+    assert after[0].startswith(f"done: {out / 'draft.gguf'} (" if command == "convert" else "done: "), after
 
 
 @pytest.mark.parametrize("command", ["compose", "extract"])
@@ -274,3 +275,33 @@ def test_the_report_of_a_library_call_reads_in_the_past_once_written(inputs: Inp
         == ["wrote", "wrote", "done:"]
     assert report.describe() == [*report.plan_lines(), *report.outcome_lines()]
 
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_writing_command_ends_with_the_same_outcome_line(
+    command: str, inputs: Inputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One wording for all five (issue 24 item 3): OUTPUT is the one file, or how many files in which folder.
+    out = tmp_path / "out"
+    args = [*argv(command, inputs, out), "-q"]
+    one_file = command in ("convert", "extract")
+    planned = str(out / "draft.gguf") if one_file else "2 files in " + str(out)
+    size = r"\(\d+(?:\.\d)? (?:B|KiB|MiB)\)"
+
+    dry = run(capsys, [*args, "--dry-run"])
+    assert dry.status == 0 and not out.exists(), dry
+    tail = dry.out.splitlines()[-1]
+    assert re.fullmatch(rf"dry run: {re.escape(planned)} {size} would be written; nothing was written", tail), tail
+
+    done = run(capsys, args)
+    assert done.status == 0, done
+    tail = done.out.splitlines()[-1]
+    assert re.fullmatch(rf"done: {re.escape(planned)} {size} in \d+\.\d\d s \(\d+ MiB/s[^)]*\)", tail), tail
+    report = json.loads(run(capsys, [*args, "--dry-run", "--json", "--force"]).out)
+    assert report["bytes_written"] == 0 and report["bytes_to_write"] == sum(os.path.getsize(p) for p in out.iterdir())
+
+    again = run(capsys, [*args, "--force"])
+    replaced = "the existing file" if one_file else "2 existing files"
+    assert again.status == 0 and again.out.splitlines()[-1].endswith(f") (replaced {replaced})"), again
+    forced_dry = run(capsys, [*args, "--force", "--dry-run"]).out.splitlines()[-1]
+    assert forced_dry.endswith(f" would be written (replacing {replaced}); nothing was written"), forced_dry

@@ -24,10 +24,11 @@ from gguf_mtp.errors import (
     UnsafeOutputError,
 )
 from gguf_mtp.files.commit import JOURNAL_NAME
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, write_outputs
+from gguf_mtp.write import write_outputs
 
 #: error class -> the builtin it must also be.
 KINDS: dict[type[GGUFMTPError], type[Exception]] = {

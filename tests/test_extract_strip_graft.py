@@ -12,13 +12,13 @@ from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, co
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.check.verify import verify
 from gguf_mtp.errors import NoNextNBlockError
+from gguf_mtp.files.plan import Bytes, CopyRange, Zeros
 from gguf_mtp.format.header import GGUFArray, align_up, encode_kv, read_header
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.jobs.extract import extract, find_nextn_blocks
 from gguf_mtp.jobs.graft import _slice, graft
 from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, TinyFamily, add_raw_kvs, with_hparams, write_target
-from gguf_mtp.write import Bytes, CopyRange, Zeros
 
 FAMILIES = {"nemotron_h_moe": NEMOTRON_H_MOE, "glm4moe": GLM4MOE}
 TOKENS = "tokenizer.ggml.tokens"

@@ -21,11 +21,17 @@ from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.bailingmoe3 import BailingMoeV3MTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.jobs.compose import compose
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
+from upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
@@ -145,70 +151,44 @@ def test_bad_config_is_one_line(ling: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
     work = tmp_path_factory.mktemp("ling-parity")
-    checkpoint = write_ling_checkpoint(work / "hf")
-    write_gpt2_tokenizer(checkpoint)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_ling_checkpoint(work / "hf"), work)
 
 
 def _assert_same(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    assert [name for name in theirs if name not in ALLOWED and ours[name] != theirs[name]] == []
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(f"blk.{N}.")}
+    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(f"blk.{N}.")}
         assert len(theirs) == 21  # NextN 3 + layer_output_norm, MLA 8, ffn_norm, MoE 5 + shared 3
-        _assert_same(reader_tensors(upstream["draft"]), theirs)
+        _assert_same(reader_tensors(upstream.draft), theirs)
 
-    def test_draft_metadata_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        ours = {k: v for k, v in reader_kvs(upstream["draft"]).items() if k.startswith("bailingmoe3.")}
-        theirs = {k: v for k, v in reader_kvs(upstream["mtp"]).items() if k.startswith("bailingmoe3.")}
+    def test_draft_metadata_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        ours = {k: v for k, v in reader_kvs(upstream.draft).items() if k.startswith("bailingmoe3.")}
+        theirs = {k: v for k, v in reader_kvs(upstream.mtp).items() if k.startswith("bailingmoe3.")}
         _assert_same(ours, theirs)
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        _assert_same(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        _assert_same(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
-        stripped = strip(upstream["full"], tmp_path / "stripped", progress=False).output_paths[0]
-        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
+        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
-        _assert_same(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
-        _assert_same(reader_kvs(upstream["composite"]), reader_kvs(upstream["full"]))
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
+        _assert_same(reader_tensors(upstream.composite), reader_tensors(upstream.full))
+        _assert_same(reader_kvs(upstream.composite), reader_kvs(upstream.full))
 
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream["standalone"], trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
+        assert_runs_mtp_only(upstream.standalone)
 
 
 def test_fp8_kv_b_is_dequantized_then_split(ling: Path, tmp_path: Path) -> None:

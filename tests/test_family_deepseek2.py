@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from convert_support import raw_tensor
-from deepseek_checkpoints import DIMS, N_LAYERS, write_mla_checkpoint
+from deepseek_checkpoints import DIMS, N_LAYERS, as_glm47flash, write_mla_checkpoint
 from fp8_checkpoints import dequantize_reference, quantize_checkpoint
 from gguf import GGMLQuantizationType, GGUFValueType
 from glm_checkpoints import GLM_SPECIAL_TOKENS
@@ -34,8 +34,8 @@ from helpers import reader_tensors
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import GGUFArray, TensorInfo, encode_kv, read_header, serialize_header
-from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
+from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, write_gpt2_tokenizer
 
 Q = GGMLQuantizationType
 N = N_LAYERS
@@ -197,58 +197,39 @@ def test_target_with_other_mla_sizes_is_refused(ckpts: dict[str, Path], tmp_path
 
 
 @pytest.fixture(scope="module")
-def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
     """Per checkpoint: upstream's full / --no-mtp / --mtp (``--outtype auto``), gguf-mtp's draft (block from the
     --no-mtp trunk), its --standalone sidecar and the composite. DeepSeek V3's reference runs upstream's
     Glm4MoeLite class on the same FP8 shards (only ``architectures``/``model_type`` renamed)."""
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
     work = tmp_path_factory.mktemp("mla-parity")
-    out: dict[str, dict[str, Path]] = {}
+    out: dict[str, ParitySet] = {}
     for name in ("glm", "deepseek"):
-        ours = Path(shutil.copytree(ckpts[name], work / name))
+        ours = Path(shutil.copytree(ckpts[name], work / name / "hf"))
         write_gpt2_tokenizer(ours, GLM_SPECIAL_TOKENS)
-        reference = ours
-        if name == "deepseek":
-            reference = Path(shutil.copytree(ours, work / "deepseek-as-glm47flash"))
-            config = json.loads((reference / "config.json").read_text())
-            config.update(architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite")
-            (reference / "config.json").write_text(json.dumps(config))
-        files = {"checkpoint": ours,
-                 "full": upstream_convert(reference, work / f"{name}-full.gguf", outtype="auto"),
-                 "trunk": upstream_convert(reference, work / f"{name}-no-mtp.gguf", "--no-mtp", outtype="auto"),
-                 "mtp": upstream_convert(reference, work / f"{name}-mtp.gguf", "--mtp", outtype="auto")}
-        files["draft"] = convert(ours, work / f"{name}-draft.gguf", target=files["trunk"], progress=False).output
-        files["standalone"] = convert(ours, work / f"mtp-{name}.gguf", target=files["trunk"], standalone=True,
-                                      progress=False).output
-        files["composite"] = compose(files["trunk"], files["draft"], work / f"{name}-composite",
-                                     progress=False).output_paths[0]
-        out[name] = files
+        reference = as_glm47flash(ours, work / name / "as-glm47flash") if name == "deepseek" else ours
+        out[name] = ParitySet(ours, work / name, reference=reference, outtype="auto")
     return out
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        assert name not in ALLOWED
-        assert ours[name] == theirs[name], f"{name} differs from llama.cpp's converter"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_convert_equals_upstreams_mtp_block(upstream: dict[str, dict[str, Path]], name: str) -> None:
+def test_convert_equals_upstreams_mtp_block(upstream: dict[str, ParitySet], name: str) -> None:
     files = upstream[name]
-    theirs = {n: t for n, t in reader_tensors(files["mtp"]).items() if n.startswith(f"blk.{N}.")}
+    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith(f"blk.{N}.")}
     assert len(theirs) == (22 if name == "glm" else 24)
-    _assert_same_tensors(reader_tensors(files["draft"]), theirs)
+    _assert_same_tensors(reader_tensors(files.draft), theirs)
 
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, dict[str, Path]], name: str) -> None:
+def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, ParitySet], name: str) -> None:
     files = upstream[name]
-    _assert_same_tensors(reader_tensors(files["composite"]), reader_tensors(files["full"]))
-    composite, full = read_header(files["composite"]), read_header(files["full"])
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+    composite, full = read_header(files.composite), read_header(files.full)
     for key in ("deepseek2.block_count", "deepseek2.nextn_predict_layers"):
         assert composite.get(key) == full.get(key), key
     assert _kvs(composite) == _kvs(full)  # every KV, gguf_mtp.* bookkeeping and ALLOWED_KVS aside
@@ -263,33 +244,26 @@ def _kvs(header: object) -> dict[str, bytes]:
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, dict[str, Path]], name: str) -> None:
-    _assert_same_tensors(reader_tensors(upstream[name]["standalone"]), reader_tensors(upstream[name]["mtp"]))
+def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, ParitySet], name: str) -> None:
+    _assert_same_tensors(reader_tensors(upstream[name].standalone), reader_tensors(upstream[name].mtp))
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 @pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, dict[str, Path]], name: str) -> None:
-    from gguf_mtp.check.llama_check import check_with_llama
-
-    ours, theirs = check_with_llama(upstream[name]["composite"]), check_with_llama(upstream[name]["full"])
-    for check in (ours, theirs):
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, ParitySet], name: str) -> None:
+    ours = assert_runs_like(upstream[name].composite, upstream[name].full)
     assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-    assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-    assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-    sidecar = check_with_llama(upstream[name]["standalone"], trunk=False)
-    assert sidecar.ok and sidecar.mtp_decode_ok and sidecar.mtp_logits_finite, sidecar.summary() + sidecar.log_tail
+    assert_runs_mtp_only(upstream[name].standalone)
 
 
 @pytest.mark.upstream
-def test_an_attn_kv_b_trunk_is_refused_with_the_reason(upstream: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+def test_an_attn_kv_b_trunk_is_refused_with_the_reason(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
     from malformed import edit_kvs
 
-    trunk = upstream["glm"]["trunk"]
+    trunk = upstream["glm"].trunk
     no_mla = edit_kvs(trunk, tmp_path / "old.gguf", drop=["deepseek2.attention.key_length_mla"])
     with pytest.raises(IncompatibleDraftError, match=r"has no deepseek2.attention.key_length_mla: llama.cpp's "
                                                      r"deepseek2 MTP graph runs only on an MLA-format model"):
-        convert(upstream["glm"]["checkpoint"], tmp_path / "d.gguf", target=no_mla, progress=False)
+        convert(upstream["glm"].checkpoint, tmp_path / "d.gguf", target=no_mla, progress=False)
     assert GGUFArray and encode_kv  # (KV helpers shared with the corpus)

@@ -34,8 +34,8 @@ from helpers import reader_tensors
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import TensorInfo, encode_kv, read_header, serialize_header
-from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
+from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, write_gpt2_tokenizer
 
 Q = GGMLQuantizationType
 N = N_LAYERS
@@ -184,37 +184,23 @@ def test_a_deepseek2_target_is_not_a_v32_one(ckpts: dict[str, Path], tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
     """Per checkpoint: upstream's full / --no-mtp / --mtp (``--outtype auto``), gguf-mtp's draft (block from the
     --no-mtp trunk), its --standalone sidecar and the composite."""
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
     work = tmp_path_factory.mktemp("dsa-parity")
-    out: dict[str, dict[str, Path]] = {}
+    out: dict[str, ParitySet] = {}
     for name in ("deepseekv32", "glm5", "glm5-bf16"):
-        ours = Path(shutil.copytree(ckpts[name], work / name))
+        ours = Path(shutil.copytree(ckpts[name], work / name / "hf"))
         write_gpt2_tokenizer(ours, GLM_SPECIAL_TOKENS)
         # DeepseekV32Model.set_vocab asserts the tokenizer adds a BOS token (V3.2's tokenizer_config.json does)
         config = json.loads((ours / "tokenizer_config.json").read_text())
         (ours / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
-        files = {"checkpoint": ours,
-                 "full": upstream_convert(ours, work / f"{name}-full.gguf", outtype="auto"),
-                 "trunk": upstream_convert(ours, work / f"{name}-no-mtp.gguf", "--no-mtp", outtype="auto"),
-                 "mtp": upstream_convert(ours, work / f"{name}-mtp.gguf", "--mtp", outtype="auto")}
-        files["draft"] = convert(ours, work / f"{name}-draft.gguf", target=files["trunk"], progress=False).output
-        files["standalone"] = convert(ours, work / f"mtp-{name}.gguf", target=files["trunk"], standalone=True,
-                                      progress=False).output
-        files["composite"] = compose(files["trunk"], files["draft"], work / f"{name}-composite",
-                                     progress=False).output_paths[0]
-        out[name] = files
+        out[name] = ParitySet(ours, work / name, outtype="auto")
     return out
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        assert name not in ALLOWED
-        assert ours[name] == theirs[name], f"{name} differs from llama.cpp's converter"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 def _kvs(header: object) -> dict[str, bytes]:
@@ -227,19 +213,19 @@ NAMES = ["deepseekv32", "glm5", "glm5-bf16"]
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", NAMES)
-def test_convert_equals_upstreams_mtp_block(upstream: dict[str, dict[str, Path]], name: str) -> None:
+def test_convert_equals_upstreams_mtp_block(upstream: dict[str, ParitySet], name: str) -> None:
     files = upstream[name]
-    theirs = {n: t for n, t in reader_tensors(files["mtp"]).items() if n.startswith(B)}
+    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith(B)}
     assert len(theirs) == (29 if name == "deepseekv32" else 27) and INDEXER.keys() <= theirs.keys()
-    _assert_same_tensors(reader_tensors(files["draft"]), theirs)
+    _assert_same_tensors(reader_tensors(files.draft), theirs)
 
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", NAMES)
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, dict[str, Path]], name: str) -> None:
+def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, ParitySet], name: str) -> None:
     files = upstream[name]
-    _assert_same_tensors(reader_tensors(files["composite"]), reader_tensors(files["full"]))
-    composite, full, arch = read_header(files["composite"]), read_header(files["full"]), ARCH[name]
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+    composite, full, arch = read_header(files.composite), read_header(files.full), ARCH[name]
     for key in (f"{arch}.block_count", f"{arch}.nextn_predict_layers"):
         assert composite.get(key) == full.get(key), key
     assert _kvs(composite) == _kvs(full)  # every KV, gguf_mtp.* bookkeeping and ALLOWED_KVS aside
@@ -251,44 +237,37 @@ def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, di
 
 @pytest.mark.upstream
 @pytest.mark.parametrize("name", NAMES)
-def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, dict[str, Path]], name: str) -> None:
-    _assert_same_tensors(reader_tensors(upstream[name]["standalone"]), reader_tensors(upstream[name]["mtp"]))
+def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, ParitySet], name: str) -> None:
+    _assert_same_tensors(reader_tensors(upstream[name].standalone), reader_tensors(upstream[name].mtp))
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 @pytest.mark.parametrize("name", ["deepseekv32", "glm5"])
-def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, dict[str, Path]], name: str) -> None:
-    from gguf_mtp.check.llama_check import check_with_llama
-
-    ours, theirs = check_with_llama(upstream[name]["composite"]), check_with_llama(upstream[name]["full"])
-    for check in (ours, theirs):
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, ParitySet], name: str) -> None:
+    ours = assert_runs_like(upstream[name].composite, upstream[name].full)
     assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-    assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-    assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-    sidecar = check_with_llama(upstream[name]["standalone"], trunk=False)
-    assert sidecar.ok and sidecar.mtp_decode_ok and sidecar.mtp_logits_finite, sidecar.summary() + sidecar.log_tail
+    assert_runs_mtp_only(upstream[name].standalone)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, dict[str, Path]]) -> None:
+def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, ParitySet]) -> None:
     from gguf_mtp.check.verify import verify
 
     files = upstream["glm5"]
-    report = verify(files["composite"], target=files["trunk"], draft=files["draft"], llama=True, progress=False)
+    report = verify(files.composite, target=files.trunk, draft=files.draft, llama=True, progress=False)
     assert report.ok, report
 
 
 @pytest.mark.upstream
-def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(upstream: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
     from upstream import upstream_convert
 
     files = upstream["deepseekv32"]
-    mtp = upstream_convert(files["checkpoint"], tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")
+    mtp = upstream_convert(files.checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")
     theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith(B)}
-    ours = reader_tensors(convert(files["checkpoint"], tmp_path / "d.gguf", target=files["trunk"], outtype="q8_0",
+    ours = reader_tensors(convert(files.checkpoint, tmp_path / "d.gguf", target=files.trunk, outtype="q8_0",
                                   progress=False).output)
     assert ours[f"{B}indexer.proj.weight"][0] == Q.F32 and ours[f"{B}indexer.attn_q_b.weight"][0] == Q.Q8_0
     _assert_same_tensors(ours, theirs)

@@ -12,21 +12,29 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import shared_tmp_dir
+from convert_support import checkpoint_bytes as _raw
+from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
 from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
 from helpers import reader_tensors
 
 from gguf_mtp.conversion.glm4moe import Glm4MoeMTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME, SafetensorsFile, open_checkpoint
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, SafetensorsFile, open_checkpoint
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
+from upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 Q = GGMLQuantizationType
 N = 3  # num_hidden_layers of the tiny checkpoints: the NextN layer is model.layers.3 -> blk.3
@@ -35,23 +43,6 @@ HEAD = f"model.layers.{N}."
 #: attention is NeoX-ordered (no q/k permutation upstream either), and upstream's F32 router rule reads block 3
 #: from model.layers.3 and so does apply to blk.3, unlike Nemotron's mtp.layers.1.
 ALLOWED: dict[str, tuple[str, str]] = {}
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    """The bytes of checkpoint tensor ``name``, found through the folder's files (not through gguf-mtp's reader
-    of the checkpoint being converted: straight from the safetensors header)."""
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            t = tensors[name]
-            with open(path, "rb") as f:
-                f.seek(t.offset)
-                return f.read(t.nbytes)
-    raise KeyError(name)
-
-
-def _widened(raw_bf16: bytes) -> bytes:
-    return ((np.frombuffer(raw_bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
@@ -276,64 +267,36 @@ def test_composed_into_a_tiny_glm_target_runs_an_mtp_step(
 
 
 @pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def upstream(request: pytest.FixtureRequest) -> ParitySet:
     work = shared_tmp_dir(request, "glm-parity")
-    checkpoint = write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True)
-    write_gpt2_tokenizer(checkpoint, GLM_SPECIAL_TOKENS)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True), work, GLM_SPECIAL_TOKENS)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        if name not in ALLOWED:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
+    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
         prefix = f"blk.{N}."
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(prefix)}
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
         assert len(theirs) == 25  # NextN 4 + copies 2, attention 11 (q/k/v bias, QK norm), MoE 8
-        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
-        stripped = strip(upstream["full"], tmp_path / "stripped", progress=False).output_paths[0]
-        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
+        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
 
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream["standalone"], trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
+        assert_runs_mtp_only(upstream.standalone)

@@ -12,21 +12,28 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
+from convert_support import checkpoint_bytes as _raw
+from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
 from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.jobs.compose import compose
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
+from upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
@@ -36,21 +43,6 @@ ALLOWED: dict[str, str] = {}
 #: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion: none
 #: (upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
 ALLOWED_KVS: dict[str, str] = {}
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            t = tensors[name]
-            with open(path, "rb") as f:
-                f.seek(t.offset)
-                return f.read(t.nbytes)
-    raise KeyError(name)
-
-
-def _widened(raw_bf16: bytes) -> bytes:
-    return ((np.frombuffer(raw_bf16, np.uint16).astype(np.uint32) << 16).view(np.float32)).tobytes()
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
@@ -170,106 +162,68 @@ def test_target_of_another_model_is_refused(hy: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
     work = tmp_path_factory.mktemp("hy-parity")
-    checkpoint = write_hy_checkpoint(work / "hf")
-    write_gpt2_tokenizer(checkpoint)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_hy_checkpoint(work / "hf"), work)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        if name not in ALLOWED:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
+    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
         prefix = f"blk.{N}."
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(prefix)}
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
         assert len(theirs) == 20  # NextN 4, attention 7 (QK norm), ffn_norm, MoE 5 + shared 3
-        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
-        stripped = strip(upstream["full"], tmp_path / "stripped", progress=False).output_paths[0]
-        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
+        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
-        ours, theirs = reader_kvs(upstream["composite"]), reader_kvs(upstream["full"])
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
+        ours, theirs = reader_kvs(upstream.composite), reader_kvs(upstream.full)
         assert sorted(ours) == sorted(theirs)
         assert [k for k in theirs if ours[k] != theirs[k] and k not in ALLOWED_KVS] == []
 
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream["standalone"], trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
+        assert_runs_mtp_only(upstream.standalone)
 
 
 @pytest.fixture(scope="module")
-def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
     """Two MTP layers (llama.cpp's converter and graph take several): upstream's full and ``--no-mtp`` files."""
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
     work = tmp_path_factory.mktemp("hy2-parity")
-    checkpoint = write_hy_checkpoint(work / "hf", n_nextn=2)
-    write_gpt2_tokenizer(checkpoint)
-    out = {"full": upstream_convert(checkpoint, work / "full.gguf"),
-           "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")}
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_hy_checkpoint(work / "hf", n_nextn=2), work)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: dict[str, Path]) -> None:
+def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: ParitySet) -> None:
     from gguf_mtp.check.llama_check import check_with_llama
 
-    full = reader_tensors(upstream_two["full"])
+    full = reader_tensors(upstream_two.full)
     theirs = {n: t for n, t in full.items() if n.startswith((f"blk.{N}.", f"blk.{N + 1}."))}
     assert len(theirs) == 40
-    _assert_same_tensors(reader_tensors(upstream_two["draft"]), theirs)
-    _assert_same_tensors(reader_tensors(upstream_two["composite"]), full)
-    ours_kvs, their_kvs = reader_kvs(upstream_two["composite"]), reader_kvs(upstream_two["full"])
+    _assert_same_tensors(reader_tensors(upstream_two.draft), theirs)
+    _assert_same_tensors(reader_tensors(upstream_two.composite), full)
+    ours_kvs, their_kvs = reader_kvs(upstream_two.composite), reader_kvs(upstream_two.full)
     assert [k for k in their_kvs if ours_kvs.get(k) != their_kvs[k] and k not in ALLOWED_KVS] == []
-    ours, theirs_check = check_with_llama(upstream_two["composite"]), check_with_llama(upstream_two["full"])
+    ours, theirs_check = check_with_llama(upstream_two.composite), check_with_llama(upstream_two.full)
     assert ours.ok and ours.mtp_decode_ok, ours.summary() + ours.log_tail
     assert (ours.n_layer, ours.n_layer_nextn) == (N, 2)
     assert ours.mtp_logits_sha256 == theirs_check.mtp_logits_sha256
-    standalone = check_with_llama(upstream_two["standalone"], trunk=False)
+    standalone = check_with_llama(upstream_two.standalone, trunk=False)
     assert standalone.ok and standalone.mtp_decode_ok and standalone.n_layer_nextn == 2, standalone.summary()
 
 
@@ -279,7 +233,7 @@ def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypa
     from convert_support import fill_hub_cache
     from huggingface_hub import constants as hf_constants
 
-    from gguf_mtp.conversion.safetensors_io import INDEX_NAME
+    from gguf_mtp.format.safetensors_io import INDEX_NAME
 
     folder = tmp_path / "repo"
     folder.mkdir()

@@ -35,10 +35,11 @@ from mimo_checkpoints import (
 )
 
 from gguf_mtp.conversion.mimo2 import qkv_rank_count
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
+from upstream import ParitySet, assert_runs_like, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (2, 3, 4)  # model.mtp.layers.{0,1,2} -> blk.{2,3,4}
@@ -152,81 +153,59 @@ def test_split_qkv_is_refused_naming_the_fused_one(checkpoints: dict[str, Path],
 
 
 @pytest.fixture(scope="module")
-def upstream(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
-    result: dict[str, dict[str, Path]] = {}
+def upstream(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
+    result: dict[str, ParitySet] = {}
     for variant in ("bf16", "tp4"):
         work = tmp_path_factory.mktemp(f"mimo-parity-{variant}")
-        checkpoint = work / "hf"
-        shutil.copytree(checkpoints[variant], checkpoint)
-        write_gpt2_tokenizer(checkpoint)
-        out = {
-            "checkpoint": checkpoint,
-            "full": upstream_convert(checkpoint, work / "full.gguf"),
-            "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-            "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-        }
-        out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-        out["standalone"] = convert(checkpoint, work / "mtp-sa.gguf", target=out["trunk"], standalone=True,
-                                    progress=False).output
-        out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-        result[variant] = out
+        result[variant] = parity_set(Path(shutil.copytree(checkpoints[variant], work / "hf")), work)
     return result
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        if name not in ALLOWED:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 @pytest.mark.parametrize("variant", ["bf16", "tp4"])
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_blocks(self, variant: str, upstream: dict[str, dict[str, Path]]) -> None:
+    def test_convert_equals_upstream_mtp_blocks(self, variant: str, upstream: dict[str, ParitySet]) -> None:
         files = upstream[variant]
-        theirs = {n: t for n, t in reader_tensors(files["mtp"]).items() if n.startswith("blk.")}
+        theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
         assert len(theirs) == 36 and {n.split(".")[1] for n in theirs} == {"2", "3", "4"}
-        _assert_same_tensors(reader_tensors(files["draft"]), theirs)
-        ours, their_kvs = reader_kvs(files["draft"]), reader_kvs(files["mtp"])
+        _assert_same_tensors(reader_tensors(files.draft), theirs)
+        ours, their_kvs = reader_kvs(files.draft), reader_kvs(files.mtp)
         for suffix in ARRAYS:
             assert ours[f"mimo2.{suffix}"] == their_kvs[f"mimo2.{suffix}"], suffix
 
-    def test_standalone_equals_upstream_mtp_export(self, variant: str, upstream: dict[str, dict[str, Path]]) -> None:
-        _assert_same_tensors(reader_tensors(upstream[variant]["standalone"]), reader_tensors(upstream[variant]["mtp"]))
+    def test_standalone_equals_upstream_mtp_export(self, variant: str, upstream: dict[str, ParitySet]) -> None:
+        _assert_same_tensors(reader_tensors(upstream[variant].standalone), reader_tensors(upstream[variant].mtp))
 
     def test_compose_of_no_mtp_and_draft_equals_upstream_full(
-        self, variant: str, upstream: dict[str, dict[str, Path]]
+        self, variant: str, upstream: dict[str, ParitySet]
     ) -> None:
         files = upstream[variant]
-        _assert_same_tensors(reader_tensors(files["composite"]), reader_tensors(files["full"]))
-        ours, theirs = reader_kvs(files["composite"]), reader_kvs(files["full"])
+        _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+        ours, theirs = reader_kvs(files.composite), reader_kvs(files.full)
         assert {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)} == {"general.size_label"}
 
     def test_llama_runs_every_block_with_upstreams_logits(
-        self, variant: str, upstream: dict[str, dict[str, Path]]
+        self, variant: str, upstream: dict[str, ParitySet]
     ) -> None:
         from gguf_mtp.check.llama_check import check_with_llama
 
         files = upstream[variant]
-        ours, theirs = check_with_llama(files["composite"]), check_with_llama(files["full"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+        ours = assert_runs_like(files.composite, files.full)
         assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
-        assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 is not None and ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-        standalone = check_with_llama(files["standalone"], trunk=False)
+        standalone = check_with_llama(files.standalone, trunk=False)
         assert standalone.ok and standalone.mtp_blocks_decoded == 3, standalone.summary() + standalone.log_tail
 
 
 @pytest.mark.upstream
-def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, dict[str, Path]], tmp_path: Path) -> None:
+def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
     from upstream import upstream_convert
 
-    checkpoint = upstream["tp4"]["checkpoint"]
+    checkpoint = upstream["tp4"].checkpoint
     theirs = reader_tensors(upstream_convert(checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0"))
     draft = convert(checkpoint, tmp_path / "d.gguf", block=N_LAYER, outtype="q8_0", progress=False).output
     ours = reader_tensors(draft)
@@ -237,14 +216,14 @@ def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, dict[
 @pytest.mark.upstream
 @pytest.mark.llama
 def test_unsharded_fp8_head_runs_in_llama_through_every_block(
-    checkpoints: dict[str, Path], upstream: dict[str, dict[str, Path]], tmp_path: Path
+    checkpoints: dict[str, Path], upstream: dict[str, ParitySet], tmp_path: Path
 ) -> None:
     """Upstream converts no part of the unsharded FP8 checkpoint (its trunk's qkv_proj is unsharded too): the head is
     spliced into the trunk upstream made from the tensor-parallel variant (same model shape, other weights) and into
     a standalone MTP model, and llama.cpp runs an MTP decode through each of the three blocks."""
     from gguf_mtp.check.llama_check import check_with_llama
 
-    trunk = upstream["tp4"]["trunk"]
+    trunk = upstream["tp4"].trunk
     draft = convert(checkpoints["unsharded"], tmp_path / "d.gguf", target=trunk, progress=False).output
     composite = compose(trunk, draft, tmp_path / "c", progress=False).output_paths[0]
     standalone = convert(checkpoints["unsharded"], tmp_path / "sa.gguf", target=trunk, standalone=True,
@@ -262,29 +241,18 @@ def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does
 ) -> None:
     """upstream/05-mimo-unsharded-fp8-qkv: with the patch, llama.cpp's converter takes the unsharded layout as one
     rank; its output then equals gguf-mtp's (the patch's proof)."""
-    import subprocess
 
     from gguf_mtp.check.llama_check import check_with_llama
-    from upstream import ROOT, llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
+    from upstream import ROOT, patched_tree
 
-    tree = tmp_path / "llama.cpp"
-    shutil.copytree(llama_cpp_tree(), tree, ignore=shutil.ignore_patterns(".complete"))
     patch = ROOT / "upstream/05-mimo-unsharded-fp8-qkv/mimo-unsharded-fp8-qkv.patch"
-    subprocess.run(["git", "apply", "--check", str(patch)], cwd=tree, check=True)
-    subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
-    checkpoint = tmp_path / "hf"
-    shutil.copytree(checkpoints["unsharded"], checkpoint)
-    write_gpt2_tokenizer(checkpoint)
-    full = upstream_convert(checkpoint, tmp_path / "full.gguf", tree=tree)
-    trunk = upstream_convert(checkpoint, tmp_path / "no-mtp.gguf", "--no-mtp", tree=tree)
-    mtp = upstream_convert(checkpoint, tmp_path / "mtp.gguf", "--mtp", tree=tree)
-    draft = convert(checkpoint, tmp_path / "draft.gguf", target=trunk, progress=False).output
-    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith("blk.")}
+    tree = patched_tree(patch, tmp_path / "llama.cpp")
+    files = parity_set(Path(shutil.copytree(checkpoints["unsharded"], tmp_path / "hf")), tmp_path, tree=tree)
+    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
     assert len(theirs) == 36
-    _assert_same_tensors(reader_tensors(draft), theirs)
-    composite = compose(trunk, draft, tmp_path / "c", progress=False).output_paths[0]
-    _assert_same_tensors(reader_tensors(composite), reader_tensors(full))
-    ours, upstream_full = check_with_llama(composite), check_with_llama(full)
+    _assert_same_tensors(reader_tensors(files.draft), theirs)
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+    ours, upstream_full = check_with_llama(files.composite), check_with_llama(files.full)
     assert ours.ok and ours.mtp_blocks_decoded == 3, ours.summary() + ours.log_tail
     assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == upstream_full.mtp_logits_sha256
 

@@ -10,24 +10,21 @@ file's MTP logits from matching). Allowed differences are in :data:`ALLOWED`.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import shared_tmp_dir
+from convert_support import checkpoint_bytes as _raw
 from gguf import GGMLQuantizationType
 from helpers import reader_kvs, reader_tensors
 from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
 
-from gguf_mtp.conversion.safetensors_io import SafetensorsFile
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, mtpv2_config, write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
+from upstream import ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = 3  # the M*E trunk's block count: the NextN block is blk.3
@@ -53,16 +50,6 @@ NANO_BLOCK = {
     "ffn_up_shexp.weight": (Q.BF16, (128, 128)), "ffn_down_shexp.weight": (Q.BF16, (128, 128)),
     "nextn.shared_head_norm.weight": (Q.F32, (128,)),
 }
-
-
-def _raw(folder: Path, name: str) -> bytes:
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors = SafetensorsFile(path).tensors
-        if name in tensors:
-            with open(path, "rb") as f:
-                f.seek(tensors[name].offset)
-                return f.read(tensors[name].nbytes)
-    raise KeyError(name)
 
 
 @pytest.fixture(scope="module")
@@ -129,84 +116,40 @@ def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp
 
 
 @pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> dict[str, Path]:
-    from upstream import llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
-
+def upstream(request: pytest.FixtureRequest) -> ParitySet:
     work = shared_tmp_dir(request, "nano-parity")
-    checkpoint = write_full_nano_checkpoint(work / "hf")
-    write_gpt2_tokenizer(checkpoint)
-    patched = work / "patched-llama.cpp"
-    shutil.copytree(llama_cpp_tree(), patched, ignore=shutil.ignore_patterns(".complete"))
-    subprocess.run(["git", "apply", str(PATCH)], cwd=patched, check=True)
-    out = {
-        "checkpoint": checkpoint,
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-        "full_patched": upstream_convert(checkpoint, work / "full-patched.gguf", tree=patched),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_full_nano_checkpoint(work / "hf"), work)
 
 
-def _f32(tensor: tuple[int, tuple[int, ...], bytes]) -> np.ndarray:
-    qtype, _, raw = tensor
-    if qtype == Q.BF16:
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-    assert qtype == Q.F32
-    return np.frombuffer(raw, np.float32)
-
-
-def _llama_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter's ``LlamaModel.permute`` of a (rows, cols) projection."""
-    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(rows.shape)
-
-
-def _same_up_to(name: str, ours: tuple, theirs: tuple, how: str) -> bool:
-    if ours[1] != theirs[1]:
-        return False
-    if how == "widened":
-        return ours[0] == Q.F32 and theirs[0] == Q.BF16 and np.array_equal(_f32(ours), _f32(theirs))
-    heads = NANO_HPARAMS.n_head if name.endswith("attn_q.weight") else NANO_HPARAMS.n_head_kv
-    permuted = _llama_permute(_f32(ours).reshape(-1, ours[1][0]), heads)
-    return ours[2] != theirs[2] and np.array_equal(permuted.reshape(-1), _f32(theirs))
+@pytest.fixture(scope="module")
+def full_patched(upstream: ParitySet) -> Path:
+    """Upstream's full conversion with the router patch of ``upstream/01``."""
+    return upstream.full_with_patch(PATCH)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        how = ALLOWED.get(name, ("", ""))[0]
-        if how in allowed:
-            assert _same_up_to(name, ours[name], theirs[name], how), f"{name}: not equal {how}"
-        else:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors_up_to(ours, theirs, ALLOWED, allowed, NANO_HPARAMS.n_head, NANO_HPARAMS.n_head_kv)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: dict[str, Path]) -> None:
+    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
         prefix = f"blk.{BLOCK}."
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(prefix)}
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
         assert sorted(theirs) == sorted(prefix + k for k in NANO_BLOCK)  # upstream writes no latent tensor either
-        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: dict[str, Path], tmp_path: Path) -> None:
-        stripped = strip(upstream["full_patched"], tmp_path / "stripped", progress=False).output_paths[0]
-        assert reader_tensors(stripped) == reader_tensors(upstream["trunk"])
+    def test_strip_of_upstream_full_equals_its_no_mtp_file(
+        self, upstream: ParitySet, full_patched: Path, tmp_path: Path
+    ) -> None:
+        assert_strip_gives_trunk(full_patched, upstream.trunk, tmp_path)
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet, full_patched: Path) -> None:
         # the patched full file has the F32 MTP router gguf-mtp writes: only the harmless q/k row order differs
-        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full_patched"]),
+        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(full_patched),
                              ("permuted",))
 
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full_patched"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet, full_patched: Path) -> None:
+        ours = assert_runs_like(upstream.composite, full_patched)
         assert (ours.n_layer, ours.n_layer_nextn) == (BLOCK, 1)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256

@@ -33,9 +33,9 @@ from qwen_checkpoints import DIMS, N_TRUNK, QwenDims, write_qwen_checkpoint
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.errors import CheckpointError, GGUFMTPError
 from gguf_mtp.format.header import read_header
-from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
+from upstream import ParitySet, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = N_TRUNK
@@ -296,22 +296,12 @@ def test_cli_refusal_is_one_line_with_exit_2(damaged: Path, tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module", params=["qwen35moe", "qwen35", "qwen3next"])
-def up(request: pytest.FixtureRequest) -> dict[str, Path | str]:
-    """One family: its checkpoint (GPT-2 tokenizer), upstream's full / --no-mtp / --mtp files, gguf-mtp's draft
-    (block from the --no-mtp trunk) and the composite."""
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def up(request: pytest.FixtureRequest) -> ParitySet:
+    """One family (``name``): its checkpoint (GPT-2 tokenizer), upstream's full / --no-mtp / --mtp files, gguf-mtp's
+    draft (block from the --no-mtp trunk) and the composite."""
     variant = request.param
     work = shared_tmp_dir(request, f"up-{variant}")
-    checkpoint = write_qwen_checkpoint(work / "hf", variant)
-    write_gpt2_tokenizer(checkpoint)
-    out: dict[str, Path | str] = {"variant": variant, "checkpoint": checkpoint}
-    out["full"] = upstream_convert(checkpoint, work / "full.gguf")
-    out["trunk"] = upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")
-    out["mtp"] = upstream_convert(checkpoint, work / "mtp.gguf", "--mtp")
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_qwen_checkpoint(work / "hf", variant), work, name=variant)
 
 
 @functools.cache
@@ -337,55 +327,52 @@ def _kv(path: Path, key: str) -> tuple[int, int | None, object] | None:
 
 
 def _assert_same(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        assert name not in ALLOWED
-        assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-def test_standalone_sidecar_runs_and_equals_upstream_mtp_tensors(up: dict, tmp_path: Path) -> None:
-    out = convert(up["checkpoint"], tmp_path / "mtp-tiny.gguf", target=up["trunk"], standalone=True,
+def test_standalone_sidecar_runs_and_equals_upstream_mtp_tensors(up: ParitySet, tmp_path: Path) -> None:
+    out = convert(up.checkpoint, tmp_path / "mtp-tiny.gguf", target=up.trunk, standalone=True,
                   progress=False).output
     ours = _tensors(out)
     assert "blk.0.attn_norm.weight" not in ours
-    _assert_same(ours, _tensors(up["mtp"]))  # token_embd, output_norm, output and the block
+    _assert_same(ours, _tensors(up.mtp))  # token_embd, output_norm, output and the block
     check = check_with_llama(out, trunk=False)
     assert check.ok, check.summary() + "\n" + check.log_tail
     assert check.n_layer_nextn == 1 and check.mtp_decode_ok and check.mtp_logits_finite
 
 
 @pytest.mark.upstream
-def test_convert_equals_upstream_mtp_block(up: dict) -> None:
+def test_convert_equals_upstream_mtp_block(up: ParitySet) -> None:
     prefix = f"blk.{BLOCK}."
-    theirs = {n: t for n, t in _tensors(up["mtp"]).items() if n.startswith(prefix)}
-    assert len(theirs) == (15 if up["variant"] == "qwen35" else 20)
-    _assert_same(_tensors(up["draft"]), theirs)
+    theirs = {n: t for n, t in _tensors(up.mtp).items() if n.startswith(prefix)}
+    assert len(theirs) == (15 if up.name == "qwen35" else 20)
+    _assert_same(_tensors(up.draft), theirs)
 
 
 @pytest.mark.upstream
-def test_strip_of_upstream_full_equals_its_no_mtp_file(up: dict, tmp_path: Path) -> None:
-    stripped = strip(up["full"], tmp_path / "stripped", progress=False).output_paths[0]
-    assert _tensors(stripped) == _tensors(up["trunk"])
-    key = f"{up['variant']}.attention.recurrent_layers"
-    assert _kv(stripped, key) == _kv(up["trunk"], key) == (9, 7, [True, True, True, False])  # arr[bool]
+def test_strip_of_upstream_full_equals_its_no_mtp_file(up: ParitySet, tmp_path: Path) -> None:
+    stripped = strip(up.full, tmp_path / "stripped", progress=False).output_paths[0]
+    assert _tensors(stripped) == _tensors(up.trunk)
+    key = f"{up.name}.attention.recurrent_layers"
+    assert _kv(stripped, key) == _kv(up.trunk, key) == (9, 7, [True, True, True, False])  # arr[bool]
 
 
 @pytest.mark.upstream
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(up: dict) -> None:
-    _assert_same(_tensors(up["composite"]), _tensors(up["full"]))
-    variant = up["variant"]
+def test_compose_of_no_mtp_and_draft_equals_upstream_full(up: ParitySet) -> None:
+    _assert_same(_tensors(up.composite), _tensors(up.full))
+    variant = up.name
     for suffix in ("block_count", "nextn_predict_layers", "attention.recurrent_layers", "full_attention_interval"):
         key = f"{variant}.{suffix}"
-        assert _kv(up["composite"], key) == _kv(up["full"], key), key
-    assert _kv(up["composite"], f"{variant}.attention.recurrent_layers") == (9, 7, [True, True, True, False, False])
+        assert _kv(up.composite, key) == _kv(up.full, key), key
+    assert _kv(up.composite, f"{variant}.attention.recurrent_layers") == (9, 7, [True, True, True, False, False])
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-def test_composite_with_upstream_trunk_runs_an_mtp_step_with_upstreams_logits(up: dict) -> None:
-    ours, theirs = check_with_llama(up["composite"]), check_with_llama(up["full"])
+def test_composite_with_upstream_trunk_runs_an_mtp_step_with_upstreams_logits(up: ParitySet) -> None:
+    ours, theirs = check_with_llama(up.composite), check_with_llama(up.full)
     for check in (ours, theirs):
         assert check.ok, check.summary() + "\n" + check.log_tail
         assert (check.n_layer, check.n_layer_nextn) == (N_TRUNK, 1)

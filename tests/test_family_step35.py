@@ -19,11 +19,11 @@ from helpers import reader_kvs, reader_tensors
 from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_LAYER, VOCAB, H, write_step_checkpoint
 
 from gguf_mtp.check.inspect import inspect
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.conversion.step35 import Step35MTPModel
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.hub.checkpoint import head_files
-from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
+from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (3, 4, 5)  # model.layers.{3,4,5} -> blk.{3,4,5}
@@ -110,85 +110,56 @@ def test_the_plan_names_every_block(step: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def upstream(step: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def upstream(step: Path, tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
     work = tmp_path_factory.mktemp("step-parity")
-    checkpoint = work / "hf"
-    shutil.copytree(step, checkpoint)
-    write_gpt2_tokenizer(checkpoint)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(Path(shutil.copytree(step, work / "hf")), work)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        if name not in ALLOWED:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
 class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_blocks(self, upstream: dict[str, Path]) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith("blk.")}
+    def test_convert_equals_upstream_mtp_blocks(self, upstream: ParitySet) -> None:
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith("blk.")}
         assert len(theirs) == 51 and {n.split(".")[1] for n in theirs} == {"3", "4", "5"}
-        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_draft_arrays_equal_upstreams(self, upstream: dict[str, Path]) -> None:
-        ours, theirs = reader_kvs(upstream["draft"]), reader_kvs(upstream["mtp"])
+    def test_draft_arrays_equal_upstreams(self, upstream: ParitySet) -> None:
+        ours, theirs = reader_kvs(upstream.draft), reader_kvs(upstream.mtp)
         for suffix in ARRAYS:
             assert ours[f"step35.{suffix}"] == theirs[f"step35.{suffix}"], suffix
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
+    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
-        ours, theirs = reader_kvs(upstream["composite"]), reader_kvs(upstream["full"])
+    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
+        ours, theirs = reader_kvs(upstream.composite), reader_kvs(upstream.full)
         differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
         assert differ == {"general.size_label"}  # compose keeps the trunk's; upstream recounts
 
-    def test_verify_passes_naming_every_block(self, upstream: dict[str, Path]) -> None:
+    def test_verify_passes_naming_every_block(self, upstream: ParitySet) -> None:
         from gguf_mtp.check.verify import verify
 
-        report = verify(upstream["composite"], target=upstream["trunk"], draft=upstream["draft"], llama=False,
+        report = verify(upstream.composite, target=upstream.trunk, draft=upstream.draft, llama=False,
                         progress=False)
         assert report.ok, "\n".join(report.describe())
         draft = next(c for c in report.checks if c.name == "draft tensors")
         assert "all 51 draft block tensors" in draft.detail and "identical as blk.3-5" in draft.detail
 
-    def test_inspect_sees_three_chained_blocks(self, upstream: dict[str, Path]) -> None:
-        summary = inspect(upstream["composite"])
+    def test_inspect_sees_three_chained_blocks(self, upstream: ParitySet) -> None:
+        summary = inspect(upstream.composite)
         assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None
 
-    def test_llama_runs_every_block_of_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
-        for check in (ours, theirs):
-            assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    def test_llama_runs_every_block_of_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
+        ours = assert_runs_like(upstream.composite, upstream.full)
         assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
-        assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-        assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256
-        assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
 
-    def test_standalone_runs_every_block_as_an_mtp_only_model(self, upstream: dict[str, Path]) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        check = check_with_llama(upstream["standalone"], trunk=False)
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
-        assert check.mtp_blocks_decoded == 3
+    def test_standalone_runs_every_block_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
+        assert assert_runs_mtp_only(upstream.standalone).mtp_blocks_decoded == 3
 
 
 # ------------------------------------------------------------------------------------------------ Step-3.7
@@ -229,21 +200,12 @@ def test_step37_equals_upstreams_conversion(step37: Path, tmp_path_factory: pyte
     """llama.cpp's converter takes Step-3.7 (Step3p7ForConditionalGeneration) with the same Step35Model: gguf-mtp's
     draft equals its ``--mtp`` blocks and compose of its ``--no-mtp`` file and the draft its full file, tensor for
     tensor."""
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
     work = tmp_path_factory.mktemp("step37-parity")
-    checkpoint = work / "hf"
-    shutil.copytree(step37, checkpoint)
-    write_gpt2_tokenizer(checkpoint)
-    full = upstream_convert(checkpoint, work / "full.gguf")
-    trunk = upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp")
-    mtp = upstream_convert(checkpoint, work / "mtp.gguf", "--mtp")
-    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith("blk.")}
+    files = parity_set(Path(shutil.copytree(step37, work / "hf")), work)
+    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
     assert len(theirs) == 51
-    draft = convert(checkpoint, work / "draft.gguf", target=trunk, progress=False).output
-    _assert_same_tensors(reader_tensors(draft), theirs)
-    composite = compose(trunk, draft, work / "composite", progress=False).output_paths[0]
-    _assert_same_tensors(reader_tensors(composite), reader_tensors(full))
+    _assert_same_tensors(reader_tensors(files.draft), theirs)
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -24,8 +24,8 @@ from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
 
 from gguf_mtp.cli import main
 from gguf_mtp.conversion.fp8 import BlockScaledTensor, fp8_lut
-from gguf_mtp.conversion.safetensors_io import open_checkpoint
 from gguf_mtp.format.header import read_header
+from gguf_mtp.format.safetensors_io import open_checkpoint
 from gguf_mtp.jobs.convert import convert
 
 Q = GGMLQuantizationType

@@ -13,14 +13,14 @@ from gguf import GGMLQuantizationType as Q
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main
 from gguf_mtp.errors import ParameterError
+from gguf_mtp.files.plan import CopyRange, Generated
 from gguf_mtp.format import quantize
 from gguf_mtp.format.header import read_header
-from gguf_mtp.hub.card import ModelFacts
-from gguf_mtp.jobs.compose import compose, plan
+from gguf_mtp.jobs.compose import compose, plan_compose
 from gguf_mtp.jobs.extract import extract
 from gguf_mtp.jobs.head_type import parse_outtype
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import CopyRange, Generated
+from gguf_mtp.release.card import ModelFacts
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def bf16_draft(models: Path) -> Path:
 def test_only_the_nextn_tensors_are_generated_every_target_byte_stays_a_copy(
     nemotron_split: Path, bf16_draft: Path, tmp_path: Path
 ) -> None:
-    composition = plan(nemotron_split, bf16_draft, tmp_path, outtype="q8_0")
+    composition = plan_compose(nemotron_split, bf16_draft, tmp_path, outtype="q8_0")
     target_sources = {Path(p) for p in open_model(nemotron_split).paths}
     last = composition.files[-1]
     for planned in composition.files:
@@ -112,7 +112,7 @@ def test_the_draft_type_stays_where_a_tensor_is_already_in_it(nemotron_split: Pa
     from gguf_mtp.testing.tiny_models import write_draft
 
     draft = write_draft(tmp_path / "q8.gguf", quant="Q8_0")
-    composition = plan(nemotron_split, draft, tmp_path / "out", outtype="q8_0")
+    composition = plan_compose(nemotron_split, draft, tmp_path / "out", outtype="q8_0")
     assert not any(isinstance(s, Generated) for f in composition.files for s in f.output.segments)
     assert read_header(draft).tensors[0].type_name in ("Q8_0", "F32")
 

@@ -21,8 +21,8 @@ from huggingface_hub import errors as hf_errors
 from gguf_mtp.cli import main
 from gguf_mtp.errors import HubError
 from gguf_mtp.hub import client
-from gguf_mtp.hub.card import CARD_MARKER, Provenance
-from gguf_mtp.hub.publish import publish, sidecar_name
+from gguf_mtp.release.card import CARD_MARKER, Provenance
+from gguf_mtp.release.publish import publish, sidecar_name
 from gguf_mtp.testing.tiny_models import write_draft
 
 REPO = "me/Tiny-GGUF"

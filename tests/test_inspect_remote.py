@@ -7,6 +7,7 @@ Hub, and counts every body byte it sends. ``HF_ENDPOINT`` points at it; nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -41,6 +43,7 @@ class Served:
     path: str
     byte_range: str | None
     authorization: str | None
+    headers: dict[str, str] = field(default_factory=dict)  # every header, by its lower-case name
     sent: int = 0
     done: threading.Event = field(default_factory=threading.Event, repr=False)  # set once the reply is over
 
@@ -54,7 +57,7 @@ class HubStandIn:
     redirect: bool = False
     redirect_base: str = ""  # where a redirect points: "" (the same host) or another origin, e.g. http://localhost:PORT
     ignore_range: bool = False
-    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop" or "fake-gzip"
+    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop", "fake-gzip", "huge-403" or "huge-503"
     log: list[Served] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -129,7 +132,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _serve(self, head: bool) -> None:
-            record = Served(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            record = Served(self.command, self.path, headers.get("range"), headers.get("authorization"), headers)
             with hub.lock:
                 hub.log.append(record)
             try:
@@ -137,13 +141,23 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             finally:
                 record.done.set()
 
-        def _misbehave(self, mode: str) -> None:
+        def _misbehave(self, mode: str, record: Served) -> None:
             """The hostile servers of issue 11 item 7; a trickle ends after 30 s whatever happens."""
             if mode == "redirect-loop":
                 self.send_response(302)
                 self.send_header("Location", self.path)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if mode.startswith("huge-"):  # a 1 GiB error page, sent until the client hangs up
+                self.send_response(int(mode.removeprefix("huge-")))
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(1 << 30))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    while record.sent < 1 << 30:
+                        self.wfile.write(bytes(64 * 1024))
+                        record.sent += 64 * 1024
                 return
             if mode == "fake-gzip":
                 body = b"GGUF" + bytes(60)  # not gzip at all
@@ -175,7 +189,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 
         def _reply(self, record: Served, head: bool) -> None:
             if hub.misbehave:
-                self._misbehave(hub.misbehave)
+                self._misbehave(hub.misbehave, record)
                 return
             file = self._file()
             if file == Path("answered"):
@@ -365,25 +379,37 @@ def test_the_token_is_not_sent_to_another_host(
     assert sum(cdn for cdn, _ in sent) == 3
 
 
-def test_reads_need_none_of_huggingface_hubs_transports(
+def test_reads_go_through_huggingface_hubs_session(
     hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """requests, httpx and httpx2 differ between huggingface_hub's release lines: none of them is used."""
-    import sys
-
+    """requests (0.x), httpx (1.x) or httpx2 (2.x): the session huggingface_hub hands out is the one used,
+    so what a user configured on it (headers, proxies, certificates) applies to header reads too."""
     import huggingface_hub
 
-    for module in ("httpx2", "httpx", "requests", "httpcore", "httpcore2"):
-        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    if hasattr(huggingface_hub, "set_client_factory"):  # 1.x, 2.x: one shared httpx / httpx2 client
+        from huggingface_hub.utils._http import default_client_factory as default
 
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("huggingface_hub's HTTP session was used")
+        configure, reset = huggingface_hub.set_client_factory, huggingface_hub.utils.close_session
+    else:  # 0.x: a requests session per thread
+        from huggingface_hub.utils._http import _default_backend_factory as default
 
-    monkeypatch.setattr(huggingface_hub, "get_session", no_session)
-    monkeypatch.setattr("huggingface_hub.utils.get_session", no_session)
-    summary = inspect(published)
+        configure, reset = huggingface_hub.configure_http_backend, huggingface_hub.utils.reset_sessions
+
+    def marked() -> Any:
+        session = default()
+        session.headers["X-Session-Marker"] = "configured-by-the-user"
+        return session
+
+    configure(marked)
+    reset()
+    try:
+        summary = inspect(published)
+    finally:
+        configure(default)
+        reset()
     assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
     assert summary.bytes_fetched == hub.total_sent and summary.http_requests == 3
+    assert [r.headers.get("x-session-marker") for r in hub.log] == ["configured-by-the-user"] * 3
 
 
 def test_revision_selects_the_files(hub: HubStandIn, nemotron_split: Path) -> None:
@@ -560,6 +586,19 @@ def test_a_body_mislabelled_as_gzip_is_one_line(
     assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
 
 
+@pytest.mark.parametrize(("status", "line"), [(403, f"no access to {REPO} (403)"), (503, "503")])
+def test_an_error_answer_is_not_read_beyond_a_small_cap(
+    hub: HubStandIn, published: str, status: int, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """403: answered at once; 503: retried by huggingface_hub's back-off, which gives up on the third."""
+    hub.misbehave = f"huge-{status}"
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err, err
+    assert len(hub.requests) == (1 if status == 403 else 3)
+    assert hub.total_sent < len(hub.requests) * 32 * 1024 * 1024  # what socket buffers held, not the GiB offered
+
+
 # ------------------------------------------------------------------------- tokens, web URLs, paths
 
 
@@ -629,3 +668,196 @@ def test_malformed_repo_ids_in_addresses_are_refused(address: str, capsys: pytes
     assert main(["inspect", address]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a Hub repo id (OWNER/NAME)" in err  # the newline is shown as \x0a
+
+
+# ------------------------------------------------------------------------- an authenticating proxy (issue 24 item 2)
+
+PROXY_USER, PROXY_PASSWORD = "proxy-user", "s3cret:pass"
+PROXIED_HOST = "hub.gguf-mtp-proxy.test"  # RFC 6761: never resolves, so only the proxy can reach it
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-authorization", "proxy-connection", "te", "trailer", "upgrade"}
+
+
+@dataclass
+class AuthProxy:
+    """A forward HTTP proxy on loopback that demands Basic credentials (407 without them) and sends every
+    request, whatever host it names, to the Hub stand-in."""
+
+    upstream: str  # host:port of the stand-in
+    url: str = ""
+    seen: list[tuple[str, str | None]] = field(default_factory=list)  # (absolute URL asked for, Proxy-Authorization)
+
+    @property
+    def credentials(self) -> str:
+        import base64
+
+        return "Basic " + base64.b64encode(f"{PROXY_USER}:{PROXY_PASSWORD}".encode()).decode()
+
+
+def _proxy_handler(proxy: AuthProxy) -> type[BaseHTTPRequestHandler]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            offered = self.headers.get("Proxy-Authorization")
+            proxy.seen.append((self.path, offered))
+            if offered != proxy.credentials:
+                self.send_response(407)
+                self.send_header("Proxy-Authenticate", 'Basic realm="gguf-mtp test proxy"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            target = urlsplit(self.path)
+            upstream = http.client.HTTPConnection(proxy.upstream, timeout=30)
+            try:
+                forwarded = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                upstream.request("GET", target.path + (f"?{target.query}" if target.query else ""), headers=forwarded)
+                answer = upstream.getresponse()
+                self.send_response(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in _HOP_BY_HOP:
+                        self.send_header(name, value)
+                self.end_headers()
+                while chunk := answer.read(64 * 1024):
+                    self.wfile.write(chunk)
+            finally:
+                upstream.close()
+
+    return Handler
+
+
+def _fresh_sessions() -> None:
+    """Drop huggingface_hub's cached HTTP session(s): the next request makes one from the environment."""
+    import huggingface_hub.utils
+
+    (getattr(huggingface_hub.utils, "close_session", None) or huggingface_hub.utils.reset_sessions)()
+
+
+@pytest.fixture
+def proxy(hub: HubStandIn, monkeypatch: pytest.MonkeyPatch) -> Iterator[AuthProxy]:
+    """The proxy, named with its credentials in HTTP_PROXY / HTTPS_PROXY; HF_ENDPOINT is a host only it reaches.
+
+    huggingface_hub's httpx clients read the proxy settings when they are made: fresh ones before and after.
+    """
+    found = AuthProxy(hub.url.split("//", 1)[1])
+    httpd = LoopbackServer(("127.0.0.1", 0), _proxy_handler(found))
+    found.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    address = found.url.replace("//", f"//{PROXY_USER}:{PROXY_PASSWORD.replace(':', '%3A')}@")
+    monkeypatch.setenv("HTTP_PROXY", address)
+    monkeypatch.setenv("HTTPS_PROXY", address)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{PROXIED_HOST}")
+    _fresh_sessions()
+    yield found
+    monkeypatch.undo()  # the proxy settings go before the next client is made
+    _fresh_sessions()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_inspect_through_an_authenticating_proxy(
+    hub: HubStandIn, proxy: AuthProxy, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_loopbacktesttoken")
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.http_requests == 3 and summary.bytes_fetched == hub.total_sent
+    assert len(proxy.seen) == 3
+    assert all(url.startswith(f"http://{PROXIED_HOST}/{REPO}/resolve/main/") for url, _ in proxy.seen)
+    assert {auth for _, auth in proxy.seen} == {proxy.credentials}  # every request carried the credentials
+    assert hub.authorization == ["Bearer hf_loopbacktesttoken"] * 3  # the Hub's token passed through
+    assert all("proxy-authorization" not in r.headers for r in hub.log)
+
+
+def test_a_proxy_refusing_its_credentials_is_one_line(
+    proxy: AuthProxy,
+    hub: HubStandIn,
+    published: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)  # no credentials
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    _fresh_sessions()
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the proxy asks for credentials (407)" in err, err
+    assert proxy.seen and all(auth is None for _, auth in proxy.seen)
+    assert hub.requests == []
+
+
+# ------------------------------------------------------------------------- a private CA (issue 24 item 2)
+
+
+@pytest.fixture(scope="module")
+def tls_hub(server: HubStandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The stand-in's files over HTTPS on ``localhost``, with a certificate of its own: (endpoint, CA file)."""
+    import ssl
+    import subprocess
+
+    from conftest import IN_CI
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        if IN_CI:
+            pytest.fail("CI=true: the private-CA test needs the openssl command to make its certificate")
+        pytest.skip("the openssl command is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "hub.pem", folder / "hub.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd = LoopbackServer(("127.0.0.1", 0), _handler(server))
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"https://localhost:{httpd.server_address[1]}", cert
+    httpd.shutdown()
+    httpd.server_close()
+
+
+_CA_SETTINGS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@pytest.fixture
+def over_tls(hub: HubStandIn, tls_hub: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """HF_ENDPOINT on the HTTPS stand-in, no proxy and no CA setting yet; yields the CA file to trust."""
+    endpoint, cert = tls_hub
+    for name in (*_CA_SETTINGS, "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    _fresh_sessions()
+    yield cert
+    monkeypatch.undo()  # the CA settings go before the next client is made
+    _fresh_sessions()
+
+
+def test_a_ca_bundle_from_the_environment_is_trusted(
+    over_tls: Path, hub: HubStandIn, published: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSL_CERT_FILE (httpx, httpx2) or REQUESTS_CA_BUNDLE (requests): whichever the release line reads."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(over_tls))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(over_tls))
+    _fresh_sessions()
+    summary = inspect(published)
+    assert summary.mtp_verdict == "MTP: yes (1 block, blk.3)"
+    assert summary.bytes_fetched == hub.total_sent and len(hub.requests) == 3
+
+
+def test_an_untrusted_certificate_is_one_line(
+    over_tls: Path, hub: HubStandIn, published: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", published]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TLS with localhost:" in err and "certificate verify failed" in err, err
+    assert hub.requests == []

@@ -18,9 +18,9 @@ import pytest
 from gguf_mtp.check import llama_check
 from gguf_mtp.files import kernel_copy
 from gguf_mtp.files.kernel_copy import CopyTally
-from gguf_mtp.jobs.compose import plan as compose_plan
+from gguf_mtp.files.plan import CopyRange
+from gguf_mtp.jobs.compose import plan_compose
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
-from gguf_mtp.write import CopyRange
 
 _WROTE = re.compile(
     r"^INFO: wrote (?P<name>\S+) \((?P<size>[\d,]+) bytes\): (?P<shared>[\d,]+) bytes shared with the inputs "
@@ -48,7 +48,7 @@ def _written(stderr: str) -> dict[str, dict[str, str]]:
 
 def _planned_copies(target: Path, draft: Path, out: Path) -> dict[str, tuple[int, int]]:
     """Output name -> (size, bytes planned as copies of input ranges)."""
-    plan = compose_plan(target, draft, out)
+    plan = plan_compose(target, draft, out)
     return {
         f.path.name: (f.output.size, sum(s.nbytes for s in f.output.segments if isinstance(s, CopyRange)))
         for f in plan.files

@@ -18,8 +18,8 @@ from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.verify import verify
 from gguf_mtp.cli import main
 from gguf_mtp.errors import ParameterError
-from gguf_mtp.hub.card import draft_command
-from gguf_mtp.hub.publish import publish
+from gguf_mtp.release.card import draft_command
+from gguf_mtp.release.publish import publish
 from gguf_mtp.testing.tiny_models import write_draft, write_target
 
 

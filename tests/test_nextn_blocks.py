@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_tmp_dir
 from convert_support import raw_tensor
-from deepseek_checkpoints import write_mla_checkpoint
+from deepseek_checkpoints import as_glm47flash, write_mla_checkpoint
 from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
 from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, write_glm_checkpoint
@@ -35,6 +35,7 @@ from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
+from upstream import ParitySet, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 N = 3  # trunk layers of the GLM checkpoints: NextN layers model.layers.3 and .4 -> blk.3 and blk.4
@@ -183,7 +184,7 @@ def test_hub_source_fetches_the_shards_of_both_nextn_layers_only(tmp_path: Path,
     from glm_checkpoints import glm_config, glm_tensors
     from huggingface_hub import constants as hf_constants
 
-    from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+    from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
     from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 
     # GLM-4.5's own layout scaled down: the trunk, then each NextN layer in a shard of its own
@@ -251,95 +252,71 @@ def test_llama_loads_the_two_block_composite(glm2: Path, glm_target: Path, tmp_p
 
 
 @pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
-
+def upstream(request: pytest.FixtureRequest) -> ParitySet:
     work = shared_tmp_dir(request, "glm-2nextn-parity")
     checkpoint = write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True, n_nextn=K)
-    write_gpt2_tokenizer(checkpoint, GLM_SPECIAL_TOKENS)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["standalone"] = convert(checkpoint, work / "mtp-standalone.gguf", target=out["trunk"], standalone=True,
-                                progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(checkpoint, work, GLM_SPECIAL_TOKENS)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        if name not in ALLOWED:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors(ours, theirs, ALLOWED)
 
 
 @pytest.mark.upstream
 class TestUpstreamParity:
-    def test_upstream_writes_both_nextn_layers(self, upstream: dict[str, Path]) -> None:
+    def test_upstream_writes_both_nextn_layers(self, upstream: ParitySet) -> None:
         # The reported drop of the first NextN layer (blk.3) does not happen in the vendored converter.
-        for kind in ("full", "mtp"):
-            tensors = reader_tensors(upstream[kind])
+        for kind, path in (("full", upstream.full), ("mtp", upstream.mtp)):
+            tensors = reader_tensors(path)
             assert len(_block(tensors, N)) == len(_block(tensors, N + 1)) == 25, kind
-            header = read_header(upstream[kind])
+            header = read_header(path)
             assert (header.get("glm4moe.block_count"), header.get("glm4moe.nextn_predict_layers")) == (N + K, K)
             assert tensors[f"blk.{N}.nextn.eh_proj.weight"][2] == raw_tensor(
-                upstream["checkpoint"], f"model.layers.{N}.eh_proj.weight")[2]
+                upstream.checkpoint, f"model.layers.{N}.eh_proj.weight")[2]
 
-    def test_convert_equals_upstream_mtp_blocks(self, upstream: dict[str, Path]) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream["mtp"]).items() if n.startswith(("blk.3.", "blk.4."))}
+    def test_convert_equals_upstream_mtp_blocks(self, upstream: ParitySet) -> None:
+        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(("blk.3.", "blk.4."))}
         assert len(theirs) == 2 * 25
-        _assert_same_tensors(reader_tensors(upstream["draft"]), theirs)
+        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["standalone"]), reader_tensors(upstream["mtp"]))
-        ours, theirs = read_header(upstream["standalone"]), read_header(upstream["mtp"])
+    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
+        ours, theirs = read_header(upstream.standalone), read_header(upstream.mtp)
         for key in ("glm4moe.block_count", "glm4moe.nextn_predict_layers"):
             assert ours.get(key) == theirs.get(key), key
 
-    def test_compose_of_no_mtp_and_two_block_draft_equals_upstream_full(self, upstream: dict[str, Path]) -> None:
-        _assert_same_tensors(reader_tensors(upstream["composite"]), reader_tensors(upstream["full"]))
-        ours, theirs = read_header(upstream["composite"]), read_header(upstream["full"])
+    def test_compose_of_no_mtp_and_two_block_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
+        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
+        ours, theirs = read_header(upstream.composite), read_header(upstream.full)
         for key in ("glm4moe.block_count", "glm4moe.nextn_predict_layers"):
             assert ours.get(key) == theirs.get(key), key
 
     @pytest.mark.llama
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: dict[str, Path]) -> None:
+    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
         from gguf_mtp.check.llama_check import check_with_llama
 
-        ours, theirs = check_with_llama(upstream["composite"]), check_with_llama(upstream["full"])
+        ours, theirs = check_with_llama(upstream.composite), check_with_llama(upstream.full)
         for check in (ours, theirs):  # upstream's own 2-block file fares exactly as ours: trunk runs, MTP aborts
             assert check.loaded and check.trunk_decode_ok is True, check.summary() + check.log_tail
             assert (check.n_layer, check.n_layer_nextn) == (N, K)
             assert check.mtp_decode_ok is not True and ASSERTION in (check.error or ""), check.summary()
         assert ours.trunk_logits_sha256 is not None and ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-        assert inspect(upstream["composite"]).graph_note == inspect(upstream["full"]).graph_note == UNRUN
+        assert inspect(upstream.composite).graph_note == inspect(upstream.full).graph_note == UNRUN
 
 
 @pytest.mark.upstream
 def test_deepseek2_two_fp8_blocks_equal_upstreams_glm47flash_class(request: pytest.FixtureRequest) -> None:
     """DeepSeek V3 FP8 shards with two NextN layers: upstream drops DeepSeek's MTP layers, so the reference is its
     GLM-4.7-Flash class (the same deepseek2 tensor handling and FP8 dequantization) on the very same shards."""
-    import shutil
-
-    from upstream import upstream_convert, write_gpt2_tokenizer
+    from upstream import write_gpt2_tokenizer
 
     work = shared_tmp_dir(request, "deepseek-2nextn-parity")
     n = 2  # deepseek_checkpoints.N_LAYERS
     ours = quantize_checkpoint(write_mla_checkpoint(work / "bf16", "deepseekv3", n_nextn=K), work / "fp8")
     write_gpt2_tokenizer(ours, GLM_SPECIAL_TOKENS)
-    reference = Path(shutil.copytree(ours, work / "as-glm47flash"))
-    config = json.loads((reference / "config.json").read_text())
-    config.update(architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite")
-    (reference / "config.json").write_text(json.dumps(config))
-    trunk = upstream_convert(reference, work / "no-mtp.gguf", "--no-mtp", outtype="auto")
-    mtp = upstream_convert(reference, work / "mtp.gguf", "--mtp", outtype="auto")
-    theirs = {name: t for name, t in reader_tensors(mtp).items() if name.startswith(("blk.2.", "blk.3."))}
+    files = ParitySet(ours, work, reference=as_glm47flash(ours, work / "as-glm47flash"), outtype="auto")
+    theirs = {name: t for name, t in reader_tensors(files.mtp).items() if name.startswith(("blk.2.", "blk.3."))}
     assert len(_block(theirs, n)) == len(_block(theirs, n + 1)) == 24
-    draft = convert(ours, work / "draft.gguf", target=trunk, progress=False).output
-    _assert_same_tensors(reader_tensors(draft), theirs)
-    header = read_header(draft)
+    _assert_same_tensors(reader_tensors(files.draft), theirs)
+    header = read_header(files.draft)
     assert (header.get("deepseek2.block_count"), header.get("deepseek2.nextn_predict_layers")) == (n + K, K)

@@ -22,7 +22,7 @@ from hub_standin import RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
-from gguf_mtp.hub.pipeline import STATE_NAME, run_pipeline, select_target_files
+from gguf_mtp.release.pipeline import STATE_NAME, run_pipeline, select_target_files
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 
@@ -752,7 +752,7 @@ def test_a_state_file_with_outputs_listed_twice_is_one_line(work_copy: Path, hf_
 
 
 def test_the_state_file_a_run_writes_passes_the_schema(first_run: tuple[Path, dict]) -> None:
-    from gguf_mtp.hub.pipeline_state import STAGES, load_stages
+    from gguf_mtp.release.pipeline_state import STAGES, load_stages
 
     work, _ = first_run
     stages = load_stages(work / STATE_NAME, 1)
@@ -883,7 +883,7 @@ def test_every_library_parameter_an_error_can_name_has_a_flag() -> None:
     import inspect as pyinspect
 
     from gguf_mtp.cli import build_parser
-    from gguf_mtp.hub.publish import publish
+    from gguf_mtp.release.publish import publish
 
     subcommands = next(a for a in build_parser()._actions if a.dest == "command").choices
     dests = {name: {a.dest for a in sub._actions if a.option_strings} for name, sub in subcommands.items()}
@@ -893,6 +893,7 @@ def test_every_library_parameter_an_error_can_name_has_a_flag() -> None:
     # Every parameter the Hub and work-folder code names in an error is a flag of some command.
     every_flag = set().union(*dests.values())
     sources = [*(Path(__file__).resolve().parent.parent / "gguf_mtp" / "hub").glob("*.py"),
+               *(Path(__file__).resolve().parent.parent / "gguf_mtp" / "release").glob("*.py"),
                Path(__file__).resolve().parent.parent / "gguf_mtp" / "files" / "workdir.py"]
     named = set()
     for source in sources:

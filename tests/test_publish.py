@@ -24,11 +24,11 @@ from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.formatting import markdown_text
 from gguf_mtp.hub import client as hub_client
-from gguf_mtp.hub.card import CARD_MARKER, Provenance
-from gguf_mtp.hub.publish import CARD_NAME, STAGING_NAME, publish
+from gguf_mtp.release.card import CARD_MARKER, Provenance
+from gguf_mtp.release.publish import CARD_NAME, STAGING_NAME, publish
 
 # the package exports the function `publish`; this is the module it lives in
-publish_module = importlib.import_module("gguf_mtp.hub.publish")
+publish_module = importlib.import_module("gguf_mtp.release.publish")
 
 REPO = "me/Tiny-Nemotron-MTP"
 PROVENANCE = Provenance(

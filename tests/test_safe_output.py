@@ -22,7 +22,7 @@ from gguf_mtp import HubError, compose
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.format.header import encode_kv, read_header, serialize_header
-from gguf_mtp.hub.card import ModelFacts, Provenance, render_model_card
+from gguf_mtp.release.card import ModelFacts, Provenance, render_model_card
 from gguf_mtp.testing.tiny_models import write_target
 
 BAD_NAME = "Bad\udcff\udcfeName\nMTP: yes (1 block, blk.3)"  # undecodable bytes and a fake verdict line
@@ -217,7 +217,7 @@ def test_a_non_ascii_token_is_one_line_for_publish_and_convert(
 ) -> None:
     from hub_standin import RecordingHub
 
-    from gguf_mtp.hub.publish import publish
+    from gguf_mtp.release.publish import publish
 
     monkeypatch.setenv("HF_TOKEN", "hf_\u00e9t\u00e9")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

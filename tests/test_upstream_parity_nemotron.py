@@ -7,23 +7,17 @@ converts the same checkpoint's head. The one allowed difference is in :data:`ALL
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import shared_tmp_dir
 from gguf import GGMLQuantizationType
 from helpers import reader_tensors
 
 from gguf_mtp.check.llama_check import check_with_llama
-from gguf_mtp.jobs.compose import compose
-from gguf_mtp.jobs.convert import convert
-from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint
 from gguf_mtp.testing.tiny_models import TinyHparams
-from upstream import ROOT, llama_cpp_tree, upstream_convert, write_gpt2_tokenizer
+from upstream import ROOT, ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 pytestmark = [pytest.mark.upstream, pytest.mark.llama]
 
@@ -44,86 +38,41 @@ HPARAMS = TinyHparams(n_embd=128, n_vocab=50264, n_head=4, n_head_kv=2, head_dim
 
 
 @pytest.fixture(scope="module")
-def files(request: pytest.FixtureRequest) -> dict[str, Path]:
+def files(request: pytest.FixtureRequest) -> ParitySet:
     work = shared_tmp_dir(request, "nemotron-parity")
-    checkpoint = write_full_nemotron_checkpoint(work / "hf", HPARAMS)
-    write_gpt2_tokenizer(checkpoint)
-    patched = work / "patched-llama.cpp"
-    shutil.copytree(llama_cpp_tree(), patched, ignore=shutil.ignore_patterns(".complete"))
-    subprocess.run(["git", "apply", str(PATCH)], cwd=patched, check=True)
-    out = {
-        "checkpoint": checkpoint,
-        "full": upstream_convert(checkpoint, work / "full.gguf"),
-        "trunk": upstream_convert(checkpoint, work / "no-mtp.gguf", "--no-mtp"),
-        "mtp": upstream_convert(checkpoint, work / "mtp.gguf", "--mtp"),
-        "full_patched": upstream_convert(checkpoint, work / "full-patched.gguf", tree=patched),
-    }
-    out["draft"] = convert(checkpoint, work / "draft.gguf", target=out["trunk"], progress=False).output
-    out["composite"] = compose(out["trunk"], out["draft"], work / "composite", progress=False).output_paths[0]
-    return out
+    return parity_set(write_full_nemotron_checkpoint(work / "hf", HPARAMS), work)
 
 
-def _f32(tensor: tuple[int, tuple[int, ...], bytes]) -> np.ndarray:
-    qtype, _, raw = tensor
-    if qtype == GGMLQuantizationType.BF16:
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-    assert qtype == GGMLQuantizationType.F32
-    return np.frombuffer(raw, np.float32)
-
-
-def _llama_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter's ``LlamaModel.permute`` of a (rows, cols) projection: within each head, the
-    interleaved rotary halves become two blocks."""
-    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(rows.shape)
-
-
-def _same_up_to(name: str, ours: tuple, theirs: tuple, how: str) -> bool:
-    if ours[1] != theirs[1]:
-        return False
-    if how == "widened":
-        return np.array_equal(_f32(ours), _f32(theirs))
-    heads = HPARAMS.n_head if name.endswith("attn_q.weight") else HPARAMS.n_head_kv
-    cols = ours[1][0]
-    permuted = _llama_permute(_f32(ours).reshape(-1, cols), heads)
-    return ours[2] != theirs[2] and np.array_equal(permuted.reshape(-1), _f32(theirs))
+@pytest.fixture(scope="module")
+def full_patched(files: ParitySet) -> Path:
+    """Upstream's full conversion with the router patch of ``upstream/01``."""
+    return files.full_with_patch(PATCH)
 
 
 def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        how = ALLOWED.get(name, ("", ""))[0]
-        if how in allowed:
-            assert _same_up_to(name, ours[name], theirs[name], how), f"{name}: not equal {how}"
-        else:
-            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+    assert_same_tensors_up_to(ours, theirs, ALLOWED, allowed, HPARAMS.n_head, HPARAMS.n_head_kv)
 
 
-def test_convert_equals_upstream_mtp_block(files: dict[str, Path]) -> None:
+def test_convert_equals_upstream_mtp_block(files: ParitySet) -> None:
     prefix = f"blk.{MTP_BLOCK}."
-    theirs = {n: t for n, t in reader_tensors(files["mtp"]).items() if n.startswith(prefix)}
-    ours = reader_tensors(files["draft"])
+    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith(prefix)}
+    ours = reader_tensors(files.draft)
     assert len(theirs) == 18  # NextN fusion 3, attention 5, latent MoE 9, head norm 1
     _assert_same_tensors(ours, theirs)
     assert ours[ROUTER][0] == GGMLQuantizationType.F32 and theirs[ROUTER][0] == GGMLQuantizationType.BF16
 
 
-def test_strip_of_upstream_full_equals_its_no_mtp_file(files: dict[str, Path], tmp_path: Path) -> None:
-    stripped = strip(files["full"], tmp_path / "stripped", progress=False).output_paths[0]
-    assert reader_tensors(stripped) == reader_tensors(files["trunk"])
+def test_strip_of_upstream_full_equals_its_no_mtp_file(files: ParitySet, tmp_path: Path) -> None:
+    assert_strip_gives_trunk(files.full, files.trunk, tmp_path)
 
 
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(files: dict[str, Path]) -> None:
-    _assert_same_tensors(reader_tensors(files["composite"]), reader_tensors(files["full"]))
+def test_compose_of_no_mtp_and_draft_equals_upstream_full(files: ParitySet, full_patched: Path) -> None:
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
     # with the router patch, upstream writes what gguf-mtp does but for the (harmless) q/k row order
-    _assert_same_tensors(reader_tensors(files["composite"]), reader_tensors(files["full_patched"]), ("permuted",))
+    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(full_patched), ("permuted",))
 
 
-def test_mtp_logits_equal_patched_upstream(files: dict[str, Path]) -> None:
-    ours, patched = check_with_llama(files["composite"]), check_with_llama(files["full_patched"])
-    for check in (ours, patched):
-        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
-    assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-    assert ours.mtp_logits_sha256 == patched.mtp_logits_sha256
-    assert ours.trunk_logits_sha256 == patched.trunk_logits_sha256
-    unpatched = check_with_llama(files["full"])
+def test_mtp_logits_equal_patched_upstream(files: ParitySet, full_patched: Path) -> None:
+    ours = assert_runs_like(files.composite, full_patched)
+    unpatched = check_with_llama(files.full)
     assert unpatched.trunk_logits_sha256 == ours.trunk_logits_sha256  # the trunks are the same bytes

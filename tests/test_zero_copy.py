@@ -17,6 +17,7 @@ from helpers import file_hashes, reader_kvs, reader_tensors
 from gguf_mtp import compose, open_model
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK, CopyTally, copy_range
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Zeros
 from gguf_mtp.format.header import GGUFArray, encode_kv, parse_header, read_header
 from gguf_mtp.format.layout import PAD_KEY, appended_data_residue, congruence, congruent_header, placements
 from gguf_mtp.jobs.compose_plan import plan_composition
@@ -26,7 +27,7 @@ from gguf_mtp.jobs.graft import plan_graft
 from gguf_mtp.jobs.strip import plan_strip, strip
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Zeros, write_outputs
+from gguf_mtp.write import write_outputs
 
 #: The padding KV's own bytes besides its items (key, type, item type, count).
 PAD_OVERHEAD = 8 + len(PAD_KEY) + 4 + 4 + 8

@@ -6,20 +6,33 @@ The sdist comes from pip (its cache after the first run) and the parts used here
 ``make upstream-venv`` makes (``.venv-upstream``, or ``$GGUF_MTP_UPSTREAM_PYTHON``), never in the project's own.
 
 Conversions are cached per checkpoint content and flags for the session, so a family's full / ``--no-mtp`` /
-``--mtp`` files are made once however many tests compare against them.
+``--mtp`` files are made once however many tests compare against them. :class:`ParitySet` is the one way a family's
+parity test gets those files and gguf-mtp's own (draft, standalone sidecar, composite), and
+:func:`assert_same_tensors` the one comparison, each family passing its own table of allowed differences.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
+from typing import Any, TypeVar
 
+import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from helpers import reader_tensors
+
+from gguf_mtp.check.llama_check import LlamaCheck, check_with_llama
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.jobs.strip import strip
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "upstream"
@@ -158,3 +171,159 @@ def upstream_convert(
     _run(f"convert_hf_to_gguf.py {' '.join(flags)} of {checkpoint.name}", cmd, tree)
     _converted[key] = out
     return out
+
+
+class ParitySet:
+    """One checkpoint converted by llama.cpp's converter and by gguf-mtp, every file made on first use (then kept).
+
+    ``full`` / ``trunk`` / ``mtp``: upstream's full, ``--no-mtp`` and ``--mtp`` conversions of ``reference`` (the
+    checkpoint itself unless another copy stands in for it upstream, e.g. DeepSeek V3 renamed to the GLM-4.7-Flash
+    class), with ``outtype`` and ``tree`` as :func:`upstream_convert` takes them. ``draft``: gguf-mtp's conversion of
+    ``checkpoint`` with the block numbered from ``trunk``; ``standalone``: its ``--standalone`` sidecar;
+    ``composite``: ``compose`` of ``trunk`` and ``draft``. Every file lies in ``work``. ``name``: which variant of
+    a parametrized family this set is.
+    """
+
+    def __init__(self, checkpoint: Path, work: Path, *, reference: Path | None = None, outtype: str = "bf16",
+                 tree: Path | None = None, name: str = "") -> None:
+        self.checkpoint, self.work, self.reference = checkpoint, work, reference or checkpoint
+        self.outtype, self.tree, self.name = outtype, tree, name
+
+    def upstream(self, name: str, *flags: str) -> Path:
+        """``reference`` converted by llama.cpp's converter with ``flags`` into ``work/name``."""
+        return upstream_convert(self.reference, self.work / name, *flags, outtype=self.outtype, tree=self.tree)
+
+    @cached_property
+    def full(self) -> Path:
+        return self.upstream("full.gguf")
+
+    @cached_property
+    def trunk(self) -> Path:
+        return self.upstream("no-mtp.gguf", "--no-mtp")
+
+    @cached_property
+    def mtp(self) -> Path:
+        return self.upstream("mtp.gguf", "--mtp")
+
+    @cached_property
+    def draft(self) -> Path:
+        return convert(self.checkpoint, self.work / "draft.gguf", target=self.trunk, progress=False).output
+
+    @cached_property
+    def standalone(self) -> Path:
+        return convert(self.checkpoint, self.work / "mtp-standalone.gguf", target=self.trunk, standalone=True,
+                       progress=False).output
+
+    @cached_property
+    def composite(self) -> Path:
+        return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
+
+    def full_with_patch(self, patch: Path) -> Path:
+        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied."""
+        tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
+        return upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf", outtype=self.outtype,
+                                tree=tree)
+
+
+def parity_set(checkpoint: Path, work: Path, special_tokens: Sequence[str] = (), **kwargs: Any) -> ParitySet:
+    """:class:`ParitySet` of ``checkpoint`` after writing GPT-2's tokenizer (plus ``special_tokens``) into it.
+
+    ``kwargs``: :class:`ParitySet`'s (``reference``, ``outtype``, ``tree``, ``name``).
+    """
+    write_gpt2_tokenizer(checkpoint, special_tokens)
+    return ParitySet(checkpoint, work, **kwargs)
+
+
+def patched_tree(patch: Path, into: Path) -> Path:
+    """A copy of the vendored llama.cpp at ``into`` with ``patch`` (one of ``upstream/``) applied (checked first)."""
+    shutil.copytree(llama_cpp_tree(), into, ignore=shutil.ignore_patterns(".complete"))
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=into, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=into, check=True)
+    return into
+
+
+T = TypeVar("T")
+
+
+def assert_same_tensors(ours: Mapping[str, T], theirs: Mapping[str, T], allowed: Collection[str] = (),
+                        same_up_to: Callable[[str, T, T], bool] | None = None) -> None:
+    """``ours`` has exactly ``theirs``' names and every entry equal to theirs, but those named in ``allowed`` (a
+    family's table of allowed differences): those are skipped, or, with ``same_up_to``, must pass it instead.
+
+    Entries are whatever the two mappings hold: ``reader_tensors``' (type, shape, bytes), or KV values.
+    """
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        if name not in allowed:
+            assert ours[name] == theirs[name], f"{name} differs from upstream's"
+        elif same_up_to is not None:
+            assert same_up_to(name, ours[name], theirs[name]), f"{name}: not equal up to its allowed difference"
+
+
+def as_f32(tensor: tuple[int, tuple[int, ...], bytes]) -> np.ndarray:
+    """The values of a BF16 or F32 ``reader_tensors`` entry as float32."""
+    qtype, _, raw = tensor
+    if qtype == GGMLQuantizationType.BF16:
+        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert qtype == GGMLQuantizationType.F32
+    return np.frombuffer(raw, np.float32)
+
+
+def llama_permute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's ``LlamaModel.permute`` of a (rows, cols) projection: within each head, the
+    interleaved rotary halves become two blocks."""
+    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(rows.shape)
+
+
+def equal_up_to(how: str, name: str, ours: tuple, theirs: tuple, n_head: int, n_head_kv: int) -> bool:
+    """Whether ``ours`` equals ``theirs`` but for the allowed difference ``how``: ``widened`` (ours F32, theirs
+    BF16, the same values) or ``permuted`` (theirs' q/k rows in :func:`llama_permute`'s order, ``n_head`` heads for
+    ``attn_q``, ``n_head_kv`` for ``attn_k``; the bytes do differ)."""
+    if ours[1] != theirs[1]:
+        return False
+    if how == "widened":
+        f32, bf16 = GGMLQuantizationType.F32, GGMLQuantizationType.BF16
+        return ours[0] == f32 and theirs[0] == bf16 and np.array_equal(as_f32(ours), as_f32(theirs))
+    assert how == "permuted", how
+    heads = n_head if name.endswith("attn_q.weight") else n_head_kv
+    permuted = llama_permute(as_f32(ours).reshape(-1, ours[1][0]), heads)
+    return ours[2] != theirs[2] and np.array_equal(permuted.reshape(-1), as_f32(theirs))
+
+
+def assert_same_tensors_up_to(ours: Mapping[str, tuple], theirs: Mapping[str, tuple],
+                              allowed: Mapping[str, tuple[str, str]], hows: Collection[str],
+                              n_head: int, n_head_kv: int) -> None:
+    """:func:`assert_same_tensors` where ``allowed`` maps a tensor to (how, why) it may differ: those whose ``how``
+    is one of ``hows`` must be equal up to it (:func:`equal_up_to`), the others equal to the byte."""
+    def same_up_to(name: str, ours: tuple, theirs: tuple) -> bool:
+        return equal_up_to(allowed[name][0], name, ours, theirs, n_head, n_head_kv)
+
+    assert_same_tensors(ours, theirs, {name for name, (how, _) in allowed.items() if how in hows}, same_up_to)
+
+
+def assert_strip_gives_trunk(full: Path, trunk: Path, work: Path) -> Path:
+    """gguf-mtp's ``strip`` of upstream's ``full`` file has exactly the tensors of its ``--no-mtp`` ``trunk``;
+    returns the stripped file."""
+    stripped = strip(full, work / "stripped", progress=False).output_paths[0]
+    assert reader_tensors(stripped) == reader_tensors(trunk)
+    return stripped
+
+
+def assert_runs_like(ours: Path, theirs: Path) -> LlamaCheck:
+    """llama.cpp runs both files (trunk decode and an MTP step, finite logits) and ``ours`` gives ``theirs``' trunk
+    and MTP logits bit for bit; returns ``ours``' check for the family's own assertions (layer counts...)."""
+    mine, upstream = check_with_llama(ours), check_with_llama(theirs)
+    for check in (mine, upstream):
+        assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    assert mine.mtp_logits_sha256 is not None and mine.trunk_logits_sha256 is not None
+    assert mine.mtp_logits_sha256 == upstream.mtp_logits_sha256
+    assert mine.trunk_logits_sha256 == upstream.trunk_logits_sha256
+    return mine
+
+
+def assert_runs_mtp_only(standalone: Path) -> LlamaCheck:
+    """llama.cpp loads ``standalone`` as an MTP-only model and runs an MTP step with finite logits; returns the
+    check."""
+    check = check_with_llama(standalone, trunk=False)
+    assert check.ok and check.mtp_decode_ok and check.mtp_logits_finite, check.summary() + check.log_tail
+    return check

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gguf_mtp.constants import (
@@ -21,6 +21,7 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
+from gguf_mtp.format.header import GGUFHeader
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
@@ -304,83 +305,146 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     Raises:
         BadGGUFError: a file of the model exists but its header cannot be read.
     """
-    for shard in model.shards:
-        if shard.header is None and not shard.missing:
-            raise BadGGUFError(shard.error or "unreadable header", shard.name)
+    _require_readable_headers(model)
     problems = consistency_problems(model)
     first = model.first
-    arch = first.get(KEY_ARCHITECTURE) if first is not None else None
-    arch = arch if isinstance(arch, str) else None
-    block_count = nextn = None
-    kinds = None
-    mtp_only = False
+    arch = _text_kv(first, KEY_ARCHITECTURE)
     names = [t.name for h in model.headers for t in h.tensors]
-    if first is not None and arch is not None:
-        # Bounded before anything below loops over blocks (blocks.MAX_BLOCK_COUNT).
-        layout, layout_problem = block_layout_problem(first)
-        if layout is None:
-            if names:  # a vocab-only file (no tensors, like llama.cpp's ggml-vocab-*.gguf) has no blocks
-                problems.append(layout_problem or "no block layout")
-        else:
-            block_count, nextn = layout.block_count, layout.nextn
-            declared = {b for b in block_indices(names) if b < layout.block_count}
-            problems += block_tensor_problems(layout, declared)
-            mtp_only = is_mtp_only(layout, declared)
-        if block_count is not None:
-            trunk = block_count - (nextn or 0)
-            kinds = layer_kinds(first, arch, block_count)
-            problems += per_layer_problems(first, arch, block_count, trunk)
-    nextn = nextn or 0
-    nextn_blocks = tuple(range(block_count - nextn, block_count)) if block_count is not None else ()
-    missing = {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}
-    used_blocks = block_indices(names)
-    stray = tuple(sorted(b for b in used_blocks if block_count is not None and b >= block_count))
-    for block in stray:
-        problems.append(f"tensors of blk.{block}, beyond block_count {block_count}")
-
-    usage: dict[str, list[int]] = {}
-    nextn_usage: dict[str, list[int]] = {}
-    rest_usage: dict[str, list[int]] = {}
-    nextn_names = {f"blk.{b}." for b in nextn_blocks}
-    rows: list[TensorRow] = []
-    for shard in model.shards:
-        for t in shard.header.tensors if shard.header else ():
-            in_nextn = t.name.startswith("blk.") and t.name[: t.name.find(".", 4) + 1] in nextn_names
-            for table in (usage, nextn_usage if in_nextn else rest_usage):
-                entry = table.setdefault(t.type_name, [0, 0])
-                entry[0] += 1
-                entry[1] += t.nbytes
-            if tensors:
-                rows.append(TensorRow(t.name, t.type_name, t.shape, t.nbytes, shard.number or 1, t.offset))
-    types = _by_bytes(usage)
-    alignments = {h.alignment for h in model.headers}
-    general_name = first.get("general.name") if first is not None else None
+    blocks = _block_facts(first, arch, names)
+    stray = _stray_blocks(names, blocks.count)
+    problems += blocks.problems
+    problems += [f"tensors of blk.{block}, beyond block_count {blocks.count}" for block in stray]
+    nextn_blocks = blocks.nextn_blocks
+    tally = _tally_types(model, nextn_blocks, tensors=tensors)
     return ModelSummary(
         source=model.source,
         remote=model.remote,
         architecture=arch,
-        model_name=general_name if isinstance(general_name, str) else None,
-        block_count=block_count,
-        nextn_predict_layers=nextn,
+        model_name=_text_kv(first, "general.name"),
+        block_count=blocks.count,
+        nextn_predict_layers=blocks.nextn,
         nextn_blocks=nextn_blocks,
-        nextn_missing=missing,
+        nextn_missing=_nextn_missing(names, arch, nextn_blocks),
         stray_blocks=stray,
-        layer_kinds=kinds,
+        layer_kinds=blocks.kinds,
         shards=_shard_summaries(model),
         tensor_count=len(names),
         total_size=model.total_size,
-        types=types,
-        alignment=alignments.pop() if len(alignments) == 1 else None,
+        types=_by_bytes(tally.usage),
+        alignment=_common_alignment(model),
         problems=tuple(problems),
-        tensors=tuple(rows) if tensors else None,
+        tensors=tuple(tally.rows) if tensors else None,
         bytes_fetched=model.bytes_fetched if model.remote else None,
         http_requests=model.http_requests if model.remote else None,
-        mtp_only=mtp_only,
-        standalone=mtp_only and all(name in names for name in DRAFT_GLOBAL_TENSORS),
-        graph_note=nextn_graph_note(arch, nextn),
-        nextn_types=_by_bytes(nextn_usage) if nextn_blocks else (),
-        rest_types=_by_bytes(rest_usage) if nextn_blocks else (),
+        mtp_only=blocks.mtp_only,
+        standalone=blocks.mtp_only and _has_draft_globals(names),
+        graph_note=nextn_graph_note(arch, blocks.nextn),
+        nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
+        rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
     )
+
+
+def _require_readable_headers(model: ScannedModel) -> None:
+    """Refuse a model with a file that exists but whose header cannot be read (a missing file is a problem only)."""
+    for shard in model.shards:
+        if shard.header is None and not shard.missing:
+            raise BadGGUFError(shard.error or "unreadable header", shard.name)
+
+
+def _text_kv(header: GGUFHeader | None, key: str) -> str | None:
+    """The string value of ``key`` in ``header``; None when there is no header, no such key, or not a string."""
+    value = header.get(key) if header is not None else None
+    return value if isinstance(value, str) else None
+
+
+def _common_alignment(model: ScannedModel) -> int | None:
+    """The alignment every readable file shares; None when they differ (or none could be read)."""
+    alignments = {h.alignment for h in model.headers}
+    return alignments.pop() if len(alignments) == 1 else None
+
+
+@dataclass(frozen=True)
+class _BlockFacts:
+    """What the block layout of shard 1 says, and what is wrong with the blocks the tensors use."""
+
+    count: int | None = None  # {arch}.block_count; None without a usable layout
+    nextn: int = 0
+    kinds: tuple[str, ...] | None = None
+    mtp_only: bool = False
+    problems: tuple[str, ...] = ()
+
+    @property
+    def nextn_blocks(self) -> tuple[int, ...]:
+        """The NextN blocks: the last ``nextn`` of ``count``."""
+        return tuple(range(self.count - self.nextn, self.count)) if self.count is not None else ()
+
+
+def _block_facts(first: GGUFHeader | None, arch: str | None, names: list[str]) -> _BlockFacts:
+    """The block layout of ``first`` (shard 1's header) checked against the tensor ``names``."""
+    if first is None or arch is None:
+        return _BlockFacts()
+    # Bounded before anything below loops over blocks (blocks.MAX_BLOCK_COUNT).
+    layout, layout_problem = block_layout_problem(first)
+    if layout is None:
+        # a vocab-only file (no tensors, like llama.cpp's ggml-vocab-*.gguf) has no blocks
+        return _BlockFacts(problems=(layout_problem or "no block layout",) if names else ())
+    declared = {b for b in block_indices(names) if b < layout.block_count}
+    tensor_problems = block_tensor_problems(layout, declared)
+    mtp_only = is_mtp_only(layout, declared)
+    kinds = layer_kinds(first, arch, layout.block_count)
+    layer_problems = per_layer_problems(first, arch, layout.block_count, layout.trunk)
+    return _BlockFacts(layout.block_count, layout.nextn, kinds, mtp_only, (*tensor_problems, *layer_problems))
+
+
+def _nextn_missing(names: list[str], arch: str | None, nextn_blocks: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
+    """The tensors each NextN block lacks, of those ``arch``'s NextN blocks hold (blocks lacking none left out)."""
+    return {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}
+
+
+def _has_draft_globals(names: list[str]) -> bool:
+    """Whether the tensors a standalone draft needs besides its blocks (embeddings, output) are all there."""
+    return all(name in names for name in DRAFT_GLOBAL_TENSORS)
+
+
+def _stray_blocks(names: list[str], block_count: int | None) -> tuple[int, ...]:
+    """Blocks that tensors use at or beyond ``block_count`` (none when the block count is unknown)."""
+    if block_count is None:
+        return ()
+    return tuple(sorted(b for b in block_indices(names) if b >= block_count))
+
+
+@dataclass
+class _TypeTally:
+    """Tensors and bytes per type: all of them, those of the NextN blocks, the rest; and the tensor rows."""
+
+    usage: dict[str, list[int]] = field(default_factory=dict)
+    nextn_usage: dict[str, list[int]] = field(default_factory=dict)
+    rest_usage: dict[str, list[int]] = field(default_factory=dict)
+    rows: list[TensorRow] = field(default_factory=list)
+
+
+def _count(table: dict[str, list[int]], type_name: str, nbytes: int) -> None:
+    entry = table.setdefault(type_name, [0, 0])
+    entry[0] += 1
+    entry[1] += nbytes
+
+
+def _in_blocks(name: str, prefixes: set[str]) -> bool:
+    """Whether tensor ``name`` belongs to one of the blocks whose ``blk.N.`` prefixes are given."""
+    return name.startswith("blk.") and name[: name.find(".", 4) + 1] in prefixes
+
+
+def _tally_types(model: ScannedModel, nextn_blocks: tuple[int, ...], *, tensors: bool) -> _TypeTally:
+    """One pass over every tensor: the type tallies, and (``tensors``) one row per tensor."""
+    tally = _TypeTally()
+    prefixes = {f"blk.{b}." for b in nextn_blocks}
+    for shard in model.shards:
+        for t in shard.header.tensors if shard.header else ():
+            _count(tally.usage, t.type_name, t.nbytes)
+            _count(tally.nextn_usage if _in_blocks(t.name, prefixes) else tally.rest_usage, t.type_name, t.nbytes)
+            if tensors:
+                tally.rows.append(TensorRow(t.name, t.type_name, t.shape, t.nbytes, shard.number or 1, t.offset))
+    return tally
 
 
 def _by_bytes(usage: dict[str, list[int]]) -> tuple[TypeUsage, ...]:

@@ -150,9 +150,22 @@ def check_with_llama(
     """
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-    cmd = _child_command(os.fspath(path), mtp, trunk)
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     result = LlamaCheck(os.fspath(path))
+    proc = _spawn(result, _child_command(result.path, mtp, trunk), timeout)
+    if proc is None:
+        return result
+    report = _last_report(proc.stdout)
+    if report is not None:
+        _apply_report(result, report)
+    _classify_exit(result, proc.returncode, proc.stderr, (report or {}).get("stage"))
+    logger.info("llama.cpp check of %s: %s", result.path, result.summary())
+    return result
+
+
+def _spawn(result: LlamaCheck, cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str] | None:
+    """Run the child ``cmd`` and keep the tail of its stderr in ``result``; None when it ran past ``timeout``
+    (killed; ``result.error`` says so)."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     logger.info("llama.cpp check: OMP_NUM_THREADS=%s %s", env["OMP_NUM_THREADS"], shlex.join(cmd))
     started = time.perf_counter()
     try:
@@ -162,40 +175,53 @@ def check_with_llama(
         result.error = f"llama.cpp did not finish within {timeout:.0f} s"
         result.log_tail = stderr[-4000:]
         logger.info("llama.cpp check: killed after %.0f s", timeout)
-        return result
+        return None
     logger.info("llama.cpp check: exit status %d after %.1f s", proc.returncode, time.perf_counter() - started)
     logger.debug("llama.cpp stderr (last 4000 characters):\n%s", proc.stderr[-4000:])
     result.log_tail = proc.stderr[-4000:]
-    report = None
-    for line in reversed(proc.stdout.splitlines()):
+    return proc
+
+
+def _last_report(stdout: str) -> dict[str, Any] | None:
+    """The child's last report: the last line of ``stdout`` that is a JSON object (see :func:`_emit`)."""
+    for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
-                report = json.loads(line)
-                break
+                report: dict[str, Any] = json.loads(line)
             except json.JSONDecodeError:
                 continue
-    if report is not None:
-        for key, value in report.items():
-            if hasattr(result, key) and key not in ("path", "log_tail", "stage"):
-                setattr(result, key, value)
-    stage = (report or {}).get("stage")
-    if proc.returncode < 0 and result.error is None:
-        result.crashed, result.error = _signal_message(-proc.returncode, stage, proc.stderr)
-        if stage == "trunk" and result.trunk_decode_ok is None:
-            result.trunk_decode_ok = False
-        if stage == "mtp" and result.mtp_decode_ok is None:
-            result.mtp_decode_ok = False
-    elif proc.returncode != 0 and result.error is None:
-        result.error = f"llama.cpp exited with status {proc.returncode}: {_reason(proc.stderr) or 'no message'}"
-        # the child reports after every step: a crash during a step is that step's failure
-        if stage == "trunk" and result.trunk_decode_ok is None:
-            result.trunk_decode_ok = False
-        if stage == "mtp" and result.mtp_decode_ok is None:
-            result.mtp_decode_ok = False
-    elif not result.loaded and result.error is None:
-        result.error = _reason(proc.stderr) or "load failed"
-    logger.info("llama.cpp check of %s: %s", result.path, result.summary())
-    return result
+            return report
+    return None
+
+
+def _apply_report(result: LlamaCheck, report: dict[str, Any]) -> None:
+    """Copy the fields of the child's ``report`` into ``result`` (not the ones the parent owns)."""
+    for key, value in report.items():
+        if hasattr(result, key) and key not in ("path", "log_tail", "stage"):
+            setattr(result, key, value)
+
+
+def _classify_exit(result: LlamaCheck, returncode: int, stderr: str, stage: str | None) -> None:
+    """Say in ``result`` what the child's exit means, unless the child already reported an error:
+    killed by a signal, a failing exit status, or a load that failed without one."""
+    if result.error is not None:
+        return
+    if returncode < 0:
+        result.crashed, result.error = _signal_message(-returncode, stage, stderr)
+        _fail_step(result, stage)
+    elif returncode != 0:
+        result.error = f"llama.cpp exited with status {returncode}: {_reason(stderr) or 'no message'}"
+        _fail_step(result, stage)
+    elif not result.loaded:
+        result.error = _reason(stderr) or "load failed"
+
+
+def _fail_step(result: LlamaCheck, stage: str | None) -> None:
+    """The child reports before every step: a crash during a step is that step's failure."""
+    if stage == "trunk" and result.trunk_decode_ok is None:
+        result.trunk_decode_ok = False
+    if stage == "mtp" and result.mtp_decode_ok is None:
+        result.mtp_decode_ok = False
 
 
 def _signal_name(signum: int) -> str:

@@ -39,6 +39,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, GGUFMTPError, ParameterError
 from gguf_mtp.files.extents import ExtentProver
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
+from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.formatting import human_bytes, short, short_change
@@ -65,7 +66,6 @@ from gguf_mtp.model.shard_scan import (
     tensor_count_problems,
 )
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import progress_bar
 
 from .draft_checks import draft_globals_check, target_fit_check
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available

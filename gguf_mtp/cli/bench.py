@@ -9,7 +9,7 @@ import sys
 from .common import print_json, print_report
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from gguf_mtp.check.bench_rules import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
 
     p = subparsers.add_parser(

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gguf_mtp.formatting import human_bytes, json_safe, printable, short
 
@@ -27,6 +27,7 @@ __all__ = [
     "print_outcome",
     "print_report",
     "short",
+    "write_options",
 ]
 
 
@@ -94,6 +95,26 @@ def plan_printer(args: argparse.Namespace) -> Callable[[WriteReport], None] | No
         sys.stdout.flush()  # before the writing starts, also when stdout is a pipe or a file
 
     return show
+
+
+class WriteOptions(TypedDict):
+    """The library arguments every writing command (compose, convert, extract, strip, graft) takes from its flags."""
+
+    dry_run: bool
+    force: bool
+    progress: bool
+    on_plan: Callable[[WriteReport], None] | None
+
+
+def write_options(args: argparse.Namespace) -> WriteOptions:
+    """``--dry-run``, ``--force``, ``--quiet``/``--json`` (no progress bar) and the plan printed before writing,
+    as the keyword arguments of a writing job (``compose(..., **write_options(args))``)."""
+    return {
+        "dry_run": args.dry_run,
+        "force": args.force,
+        "progress": not (args.quiet or args.json),
+        "on_plan": plan_printer(args),
+    }
 
 
 def print_outcome(args: argparse.Namespace, report: WriteReport) -> None:

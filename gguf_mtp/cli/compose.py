@@ -7,10 +7,10 @@ import sys
 
 from gguf_mtp.errors import GGUFMTPError
 
-from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "compose",
         help="splice an MTP draft into a (sharded, quantized) target as its final block",
@@ -54,12 +54,9 @@ def run(args: argparse.Namespace) -> int:
         outtype=args.outtype,
         set_kv=args.set_kv,
         basename=args.basename,
-        dry_run=args.dry_run,
-        force=args.force,
-        progress=not (args.quiet or args.json),
         verify=args.verify,
         llama=False if args.no_llama else None,
-        on_plan=plan_printer(args),
+        **write_options(args),
     )
     print_outcome(args, report)
     if report.verification is not None and not report.verification.ok:

@@ -8,10 +8,10 @@ import re
 from gguf_mtp.conversion import supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "convert",
         help="convert an MTP head checkpoint (safetensors) into a GGUF draft",
@@ -69,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
         report = convert(
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
             standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies,
-            nextn_blocks=args.nextn_blocks, revision=args.revision,
-            dry_run=args.dry_run, force=args.force,
-            progress=not (args.quiet or args.json), on_plan=plan_printer(args),
+            nextn_blocks=args.nextn_blocks, revision=args.revision, **write_options(args),
         )
     except (ParameterError, IncompatibleDraftError) as e:
         raise _in_flags(e) from None

@@ -7,7 +7,7 @@ import argparse
 from .common import print_json
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run the whole flow on an embedded tiny model (offline, seconds)",
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gguf_mtp.jobs.demo import run_demo  # imports the whole toolchain: only when the demo runs
+    from gguf_mtp.release.demo import run_demo  # imports the whole toolchain: only when the demo runs
 
     lines: list[str] = []
     say = lines.append if args.json else print

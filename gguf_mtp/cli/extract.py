@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -18,7 +18,7 @@ def default_output(source: str, standalone: bool) -> Path:
     return Path(f"mtp-{stem}.gguf" if standalone else f"mtp-draft-{stem}.gguf")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "extract",
         help="copy the NextN (MTP) block(s) of a model into a draft GGUF that compose accepts",
@@ -45,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else default_output(args.source, args.standalone)
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
-    report = extract(
-        args.source, output, standalone=args.standalone, outtype=args.outtype, force=args.force,
-        dry_run=args.dry_run, progress=not (args.quiet or args.json), on_plan=plan_printer(args),
-    )
+    report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype, **write_options(args))
     print_outcome(args, report)
     return 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_output_flags, add_outtype_flag, plan_printer, print_outcome
+from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "graft",
         help="move the NextN (MTP) block of one model into another (extract + compose + verify)",
@@ -33,9 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.graft import graft
 
     report = graft(
-        args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype, force=args.force,
-        verify=not args.no_verify, llama=False if args.no_llama else None, dry_run=args.dry_run,
-        progress=not (args.quiet or args.json), on_plan=plan_printer(args),
+        args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype,
+        verify=not args.no_verify, llama=False if args.no_llama else None, **write_options(args),
     )
     print_outcome(args, report)
     if not report.ok:

@@ -8,7 +8,7 @@ import sys
 from .common import print_json, print_report
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "inspect",
         help="show what a GGUF holds and whether it has an MTP head (local, or hf:// without downloading)",

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gguf_mtp.hub.pipeline import PipelineReport
+    from gguf_mtp.release.pipeline import PipelineReport
 
 
 from .common import add_output_flags, add_outtype_flag, print_json, print_report
@@ -41,7 +41,7 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "pipeline",
         help="download target + head, convert, compose, verify, publish (resumable)",
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
     """Run the pipeline with parsed :func:`add_pipeline_arguments` options."""
-    from gguf_mtp.hub.pipeline import run_pipeline
+    from gguf_mtp.release.pipeline import run_pipeline
 
     return run_pipeline(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gguf_mtp.hub.card import Provenance
+    from gguf_mtp.release.card import Provenance
 
 
 from .common import add_output_flags, print_json, print_report
@@ -31,8 +31,8 @@ def provenance_from_args(args: argparse.Namespace) -> Provenance:
     Raises:
         HubError: ``--target-repo`` or ``--base-model`` is not an ``OWNER/NAME`` repo id.
     """
-    from gguf_mtp.hub.card import Provenance
     from gguf_mtp.hub.client import check_repo_id
+    from gguf_mtp.release.card import Provenance
 
     if args.target_repo is not None:
         check_repo_id(args.target_repo, "--target-repo")
@@ -44,7 +44,7 @@ def provenance_from_args(args: argparse.Namespace) -> Provenance:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "publish",
         help="upload a composite and a generated model card to the Hugging Face Hub",
@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.hub.client import check_repo_id
-    from gguf_mtp.hub.publish import CARD_NAME, publish
+    from gguf_mtp.release.publish import CARD_NAME, publish
 
     check_repo_id(args.repo, "--repo")
     bench = None

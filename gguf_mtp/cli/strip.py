@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, plan_printer, print_outcome
+from .common import add_output_flags, print_outcome, write_options
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "strip",
         help="write a trunk-only copy of a model: its NextN (MTP) blocks removed",
@@ -25,9 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.strip import strip
 
-    report = strip(
-        args.source, args.output_dir, force=args.force, dry_run=args.dry_run, progress=not (args.quiet or args.json),
-        on_plan=plan_printer(args),
-    )
+    report = strip(args.source, args.output_dir, **write_options(args))
     print_outcome(args, report)
     return 0

@@ -7,7 +7,7 @@ import argparse
 from .common import print_json, print_report
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "verify",
         help="prove a composite (or an MTP-only draft) is right: structure, bytes against target and draft, "

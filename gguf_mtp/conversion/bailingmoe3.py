@@ -23,11 +23,11 @@ from typing import Any, ClassVar
 from gguf import MODEL_TENSOR, ExpertGatingFuncType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
 from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .mla import split_kv_b
-from .safetensors_io import Checkpoint, SafetensorsTensor
 
 __all__ = ["BailingMoeV3MTPModel"]
 

@@ -44,17 +44,17 @@ from gguf import (
 )
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError, ParameterError
+from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
 from gguf_mtp.format.kv_edit import misfit
 from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
 from gguf_mtp.format.quantize import from_f32
+from gguf_mtp.format.safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
-from gguf_mtp.write import CopyRange, Generated, Segment
 
 from . import OUTTYPE_NAMES
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, dequantized_head, quantization_of
-from .safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = [
     "EXPERT_LIMIT",

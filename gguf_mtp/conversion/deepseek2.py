@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter, RopeScalingType
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
 from .base import (
@@ -44,7 +45,6 @@ from .base import (
 )
 from .mla import split_kv_b
 from .nextn_layer import NextNLayerModel
-from .safetensors_io import SafetensorsTensor
 
 __all__ = ["DeepseekV2MTPModel"]
 

@@ -29,8 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gguf_mtp.errors import CheckpointError
-
-from .safetensors_io import SafetensorsTensor
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
 __all__ = [
     "FP8_DTYPES",
@@ -100,14 +99,15 @@ def fp8_lut(dtype: str) -> np.ndarray:
                               "pip install 'ml_dtypes>=0.5')") from None
 
     codes = np.arange(256, dtype=np.uint8)
-    values = codes.view(getattr(ml_dtypes, FP8_DTYPES[dtype])).astype(np.float32)
+    values: np.ndarray = codes.view(getattr(ml_dtypes, FP8_DTYPES[dtype])).astype(np.float32)
     mantissa_bits = 3 if dtype == "F8_E4M3" else 2
     nan = np.isnan(values)
     mantissa = (codes.astype(np.uint32) & ((1 << mantissa_bits) - 1)) << (23 - mantissa_bits)
     sign = (codes.astype(np.uint32) >> 7) << 31
     bits = values.view(np.uint32).copy()
     bits[nan] = sign[nan] | np.uint32(0x7FC00000) | mantissa[nan]
-    return bits.view(np.float32)
+    table: np.ndarray = bits.view(np.float32)
+    return table
 
 
 def _scale_f32(scale: SafetensorsTensor) -> np.ndarray:
@@ -147,7 +147,7 @@ class BlockScaledTensor(SafetensorsTensor):
 
     def read_rows(self, fd: int, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
         raw = super().read_rows(fd, start, count, None).reshape(count, self.row_size)
-        values = fp8_lut(self.dtype)[raw]
+        values: np.ndarray = fp8_lut(self.dtype)[raw]
         assert self.scale is not None
         scale = _scale_f32(self.scale)
         if self.block is None:
@@ -155,10 +155,12 @@ class BlockScaledTensor(SafetensorsTensor):
                 scale = scale[..., None]
             first = self.first_row + start
             rows = scale if scale.shape[0] == 1 else scale[first : first + count]
-            return values * rows
+            scaled: np.ndarray = values * rows
+            return scaled
         b0, b1 = self.block
         per_row = scale[np.arange(self.first_row + start, self.first_row + start + count) // b0]
-        return values * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        scaled = values * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        return scaled
 
 
 def _expected_scale_shape(weight: SafetensorsTensor, block: tuple[int, int] | None) -> Sequence[tuple[int, ...]]:

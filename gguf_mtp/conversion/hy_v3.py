@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 from gguf import MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
 
 from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
-from .safetensors_io import Checkpoint, SafetensorsTensor
 
 __all__ = ["HYV3MTPModel"]
 

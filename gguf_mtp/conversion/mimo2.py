@@ -36,10 +36,10 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
-from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
 
@@ -100,7 +100,8 @@ class RankRows(BlockScaledTensor):
         scale = np.asarray(scale, dtype=np.float32)
         b0, b1 = self.block
         per_row = scale[self.rank_block + (self.rank_row + np.arange(start, start + count)) // b0]
-        return fp8_lut(self.dtype)[raw] * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        scaled: np.ndarray = fp8_lut(self.dtype)[raw] * np.repeat(per_row, b1, axis=1)[:, : self.row_size]
+        return scaled
 
 
 @dataclass(frozen=True)

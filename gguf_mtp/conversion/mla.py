@@ -18,9 +18,9 @@ from typing import ClassVar
 import numpy as np
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
 from .base import TensorSource
-from .safetensors_io import SafetensorsTensor
 
 __all__ = ["TransposedTensor", "split_kv_b"]
 

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
 from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
-from .safetensors_io import SafetensorsTensor
 
 T = MODEL_TENSOR
 

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 from gguf import MODEL_ARCH, MODEL_TENSOR, get_tensor_name_map
 
 from gguf_mtp.errors import CheckpointError, ParameterError
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource, at_block
-from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = ["NEXTN_COPIES", "NEXTN_GLUE", "NextNLayerModel"]
 

@@ -36,11 +36,11 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
+from gguf_mtp.format.safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
-from .safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
 
@@ -118,7 +118,8 @@ class PlusOneTensor(SafetensorsTensor):
     def _plus_one(self, raw: np.ndarray) -> np.ndarray:
         bf16 = self.stored == "BF16"
         values = (raw.astype(np.uint32) << 16).view(np.float32) if bf16 else raw.astype(np.float32)
-        return values + np.float32(1)
+        plus_one: np.ndarray = values + np.float32(1)
+        return plus_one
 
 
 def _expert_half(tensor: SafetensorsTensor, expert: int, half: int, n_ff: int) -> SafetensorsTensor:

@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
 from .qwen35 import PlusOneTensor
-from .safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 __all__ = ["Step35MTPModel"]
 
@@ -143,7 +143,7 @@ class Step35MTPModel(HeadModel):
             raise CheckpointError("attention_other_setting is not a JSON object", self.config_path)
         self.n_head_swa = self._nested_int(other, "num_attention_heads", self.n_head)
         self.n_head_kv_swa = self._nested_int(other, "num_attention_groups", self.n_head_kv)
-        self.layer_types = self._padded("layer_types", _FULL, str)
+        self.layer_types: list[str] = self._padded("layer_types", _FULL, str)
         unknown = sorted({t for t in self.layer_types if t not in (_SWA, _FULL)})
         if unknown:
             raise CheckpointError(f"layer_types has {unknown[0]!r}: expected {_FULL!r} or {_SWA!r}", self.config_path)

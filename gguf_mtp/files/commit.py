@@ -46,16 +46,17 @@ from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
 from gguf_mtp.formatting import human_bytes
 
-from .create import fsync_dir, write_then_rename
+from .create import fsync_dir
 from .journal import (
     BACKUP_SUFFIX,
     JOURNAL_NAME,
     FileIdentity,
     Replacement,
     backup_name,
-    encode_journal,
+    journal_document,
     read_journal,
 )
+from .json_io import write_json_file
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -176,7 +177,7 @@ def pid_alive(pid: int) -> bool:
 def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
     # Created exclusively (never through a link planted at its temporary name), renamed only to a free
     # name, and on disk (folder fsynced) before any final name changes.
-    write_then_rename(folder / JOURNAL_NAME, encode_journal(os.getpid(), entries), rename_noreplace)
+    write_json_file(folder / JOURNAL_NAME, journal_document(os.getpid(), entries), rename=rename_noreplace)
 
 
 def remove_journal(folder: Path) -> None:

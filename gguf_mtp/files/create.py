@@ -7,9 +7,11 @@ fails if anything already has the name (a file, a link, even a dangling one), an
 the last component from being followed, so a symlink planted in a shared output folder can never make
 a run write somewhere else (or truncate another file): the run fails with one line instead.
 
-:func:`write_then_rename` builds "write a temporary file, fsync it, rename it" on top of it: with
-:func:`replace_atomically` the rename goes over the old name, for the small files gguf-mtp rewrites in a
-folder it owns (marker, state, card); the commit journal is renamed only to a free name.
+:func:`write_then_rename` builds "write a temporary file, fsync it, rename it, fsync the folder" on top of
+it: with :func:`replace_atomically` the rename goes over the old name, for the small files gguf-mtp
+rewrites in a folder it owns (the model card); gguf-mtp's small JSON files (the work-folder marker, the
+pipeline's state, the commit journal, which is renamed only to a free name) go through
+:func:`gguf_mtp.files.json_io.write_json_file`, which builds on it too.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gguf_mtp.errors import GGUFNotFoundError, InputReadError
-from gguf_mtp.write import progress_bar
+from gguf_mtp.files.progress import progress_bar
 
 __all__ = ["FileDigest", "digest_files", "git_blob_sha1", "sha256_file"]
 
@@ -42,15 +42,6 @@ class FileDigest:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FileDigest:
         return cls(Path(data["path"]), int(data["size"]), str(data["sha256"]))
-
-    def matches_file(self) -> bool:
-        """Whether the file on disk still has this size and sha256 (hashes it when the size matches)."""
-        try:
-            if not self.path.is_file() or self.path.stat().st_size != self.size:
-                return False
-            return sha256_file(self.path) == self.sha256
-        except OSError:
-            return False
 
 
 def sha256_file(path: str | os.PathLike[str], *, bar: Any = None) -> str:

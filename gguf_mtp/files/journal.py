@@ -12,7 +12,6 @@ was killed during its rename phase) from a finished one.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +19,9 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from gguf_mtp.constants import PARTIAL_SUFFIX
-from gguf_mtp.errors import UnsafeOutputError
+from gguf_mtp.errors import GGUFMTPError, UnsafeOutputError
+
+from .json_io import encode_json, load_json_file
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -29,6 +30,7 @@ __all__ = [
     "Replacement",
     "backup_name",
     "encode_journal",
+    "journal_document",
     "pending_journal",
     "read_journal",
     "uncommitted_line",
@@ -110,10 +112,19 @@ class Replacement:
         }
 
 
+def journal_document(pid: int, entries: Iterable[Replacement]) -> dict[str, Any]:
+    """The journal (written with :func:`~gguf_mtp.files.json_io.write_json_file`): what :func:`read_journal`
+    reads back."""
+    return {"format": JOURNAL_FORMAT, "pid": pid, "entries": [e.to_dict() for e in entries]}
+
+
 def encode_journal(pid: int, entries: Iterable[Replacement]) -> bytes:
-    """The journal's bytes: what :func:`read_journal` reads back."""
-    doc = {"format": JOURNAL_FORMAT, "pid": pid, "entries": [e.to_dict() for e in entries]}
-    return json.dumps(doc, indent=1).encode()
+    """The journal's bytes, as :func:`~gguf_mtp.files.json_io.write_json_file` writes them."""
+    return encode_json(journal_document(pid, entries))
+
+
+class _Unusable(GGUFMTPError):
+    """The journal file cannot be read as JSON (said again by :func:`read_journal`)."""
 
 
 def _plain_name(value: object, suffix: str | None) -> TypeGuard[str]:
@@ -138,8 +149,8 @@ def read_journal(path: Path) -> tuple[int | None, list[Replacement]]:
     """The pid and entries of a journal a run left; one line if it is not one gguf-mtp writes.
 
     Raises:
-        UnsafeOutputError: not a regular file, too big, not JSON, another format, or an entry that
-            names a file outside the folder or lacks an identity.
+        UnsafeOutputError: not a regular file (a link included), too big, not JSON, another format, or an
+            entry that names a file outside the folder or lacks an identity.
     """
 
     def bad(why: str) -> UnsafeOutputError:
@@ -148,15 +159,9 @@ def read_journal(path: Path) -> tuple[int | None, list[Replacement]]:
         )
 
     try:
-        if not path.is_file() or path.is_symlink():
-            raise bad("not a regular file")
-        if path.stat().st_size > _MAX_JOURNAL_BYTES:
-            raise bad("too big")
-        doc = json.loads(path.read_bytes())
-    except UnsafeOutputError:  # bad() itself: an OSError too
-        raise
-    except (OSError, ValueError, RecursionError) as e:
-        raise bad(f"unreadable: {e.__class__.__name__}") from None
+        doc = load_json_file(path, max_bytes=_MAX_JOURNAL_BYTES, error=_Unusable, follow_links=False)
+    except _Unusable as e:  # a link, a folder, a pipe, too big, not JSON
+        raise bad(e.message) from None
     if not isinstance(doc, dict) or doc.get("format") != JOURNAL_FORMAT or not isinstance(doc.get("entries"), list):
         raise bad("unknown format")
     raw_entries = doc["entries"]

@@ -1,5 +1,6 @@
 """Bounded reading of the JSON files users hand us: ``config.json``, ``model.safetensors.index.json``,
-safetensors headers and the pipeline's state file.
+safetensors headers, and of gguf-mtp's own small JSON files (the commit journal, the work-folder marker,
+the pipeline's state file), which :func:`write_json_file` writes, all alike: atomically and durably.
 
 Python's :func:`json.loads` trusts its input: it recurses once per nesting level (arrays nested
 100,000 deep raise ``RecursionError``), accepts ``NaN``/``Infinity`` and turns ``1e400`` into ``inf``
@@ -8,29 +9,37 @@ document is refused with one line naming the file (and the key, for a bad number
 than a cap, nested deeper than a cap (measured by a flat scan before the parser recurses), or holds
 a non-finite or absurdly large number. Files are opened without blocking and refused unless they are
 regular files, so a named pipe given as ``config.json`` cannot hang a command.
+
+gguf-mtp's own files are read back the same way (bounded, and never through a link): anything else
+under their names was not written by gguf-mtp.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gguf_mtp.errors import GGUFMTPError
 
+from .create import write_then_rename
 from .regular_file import NotARegularFileError, open_regular
 
 __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_JSON_INT",
+    "encode_json",
     "load_json_file",
     "nesting_depth",
     "parse_json",
+    "write_json_file",
 ]
 
 #: Deepest nesting accepted. Real files nest 3 (safetensors header) to about 6 (a config's
@@ -184,16 +193,20 @@ def load_json_file(
     what: str | None = None,
     max_depth: int = MAX_JSON_DEPTH,
     unique_keys: bool = False,
+    follow_links: bool = True,
 ) -> Any:
     """Read and :func:`parse_json` a JSON file of at most ``max_bytes`` bytes (a regular file only).
 
+    Args:
+        follow_links: ``False`` refuses a symbolic link at ``path`` (gguf-mtp's own files are never links).
+
     Raises:
-        error: missing, a directory, a pipe or device, unreadable, too large, or not acceptable JSON;
-            one line naming ``path``. (A missing file raises ``error`` too; callers that have a better
-            message for it check first.)
+        error: missing, a directory, a pipe or device, a link (without ``follow_links``), unreadable, too
+            large, or not acceptable JSON; one line naming ``path``. (A missing file raises ``error`` too;
+            callers that have a better message for it check first.)
     """
     try:
-        fd, info = open_regular(path)
+        fd, info = open_regular(path, follow_links=follow_links)
     except FileNotFoundError:
         raise error("no such file", path) from None
     except IsADirectoryError:
@@ -201,6 +214,8 @@ def load_json_file(
     except NotARegularFileError:
         raise error("is not a regular file (a pipe, socket or device)", path) from None
     except OSError as e:
+        if e.errno == errno.ELOOP and not follow_links:
+            raise error("is a symbolic link, not a file gguf-mtp wrote", path) from None
         raise error(f"cannot open: {e.strerror}", path) from None
     try:
         if info.st_size > max_bytes:
@@ -221,3 +236,27 @@ def load_json_file(
     if len(data) > max_bytes:
         raise error(f"more than the {max_bytes:,} bytes gguf-mtp reads for this file (it grew while read)", path)
     return parse_json(data, path, error=error, what=what, max_depth=max_depth, unique_keys=unique_keys)
+
+
+def encode_json(document: Any) -> bytes:
+    """The bytes of one of gguf-mtp's own JSON files: indented, keys sorted, finite numbers only, a final newline."""
+    return (json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def write_json_file(path: Path, document: Any, *, rename: Callable[[Path, Path], object] = os.replace) -> None:
+    """Write one of gguf-mtp's own small JSON files (the commit journal, the work-folder marker, the pipeline's
+    state): :func:`encode_json` into a temporary file created exclusively beside ``path`` (never through a
+    planted link), fsynced, renamed to ``path``, the folder fsynced
+    (:func:`~gguf_mtp.files.create.write_then_rename`): ``path`` then holds the whole document, on disk, or
+    is untouched. Read it back with :func:`load_json_file` (``follow_links=False``).
+
+    Args:
+        rename: ``os.replace`` (the default) replaces the old file, for the files of a folder gguf-mtp owns;
+            a no-replace rename (the journal: :func:`gguf_mtp.files.commit.rename_noreplace`) refuses an
+            existing name instead.
+
+    Raises:
+        UnsafeOutputError: the temporary name is taken (see :func:`~gguf_mtp.files.create.create_exclusive`).
+        OSError: writing or renaming failed (the temporary file is removed).
+    """
+    write_then_rename(path, encode_json(document), rename)

@@ -237,7 +237,7 @@ def can_share(source: Path, folder: Path) -> bool:
 
 
 def shareable_bytes(files: Iterable[Any], folder: Path) -> int:
-    """Bytes of the planned ``files`` (:class:`gguf_mtp.write.OutputFile`) that writing them into
+    """Bytes of the planned ``files`` (:class:`gguf_mtp.files.plan.OutputFile`) that writing them into
     ``folder`` will share with their inputs instead of copying: the whole blocks of every copied range
     that is congruent to its source, from a source :func:`can_share` with ``folder``. The disk-space
     preflight counts them as free (they take no new blocks)."""

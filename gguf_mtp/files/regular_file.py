@@ -18,8 +18,12 @@ class NotARegularFileError(OSError):
     """The path is a named pipe, socket or device: reading it could block forever or never end."""
 
 
-def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True) -> tuple[int, os.stat_result]:
     """Open ``path`` for reading, refusing anything but a regular file, and never wait on a FIFO.
+
+    Args:
+        follow_links: open what a symbolic link at ``path`` points to; ``False`` refuses the link
+            (``O_NOFOLLOW``: an ``OSError`` with ``ELOOP``), for the files gguf-mtp writes itself.
 
     Returns:
         ``(descriptor, its fstat)``; the caller closes the descriptor.
@@ -28,12 +32,13 @@ def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
         NotARegularFileError: a named pipe, socket or device.
-        OSError: any other reason it cannot be opened.
+        OSError: any other reason it cannot be opened (``ELOOP``: a link, with ``follow_links=False``).
     """
     name = os.fspath(path)
     # O_NONBLOCK: opening a named pipe must not wait for a writer (it is refused just below). Reads of
     # regular files ignore the flag.
-    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
+    fd = os.open(name, flags)
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):

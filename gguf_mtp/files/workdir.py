@@ -10,13 +10,12 @@ says the user wants its files of those names replaced; a path that is a file is 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from gguf_mtp.errors import UnsafeOutputError
+from gguf_mtp.errors import GGUFMTPError, UnsafeOutputError
 
-from .create import replace_atomically
+from .json_io import load_json_file, write_json_file
 
 __all__ = ["MARKER_NAME", "claim_work_dir", "marker_kind"]
 
@@ -28,11 +27,11 @@ _MAX_MARKER_BYTES = 4096
 def marker_kind(folder: Path) -> str | None:
     """The command named by ``folder``'s marker, or ``None`` (no marker, or not one gguf-mtp writes)."""
     path = folder / MARKER_NAME
+    if not os.path.lexists(path):
+        return None
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_MARKER_BYTES:
-            return None
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        doc = load_json_file(path, max_bytes=_MAX_MARKER_BYTES, follow_links=False)
+    except GGUFMTPError:  # a link, a folder, a pipe, too big, not JSON: not a marker gguf-mtp wrote
         return None
     if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT:
         return None
@@ -41,8 +40,7 @@ def marker_kind(folder: Path) -> str | None:
 
 
 def _write_marker(folder: Path, kind: str) -> None:
-    data = json.dumps({"format": MARKER_FORMAT, "created_by": kind}) + "\n"
-    replace_atomically(folder / MARKER_NAME, data.encode())
+    write_json_file(folder / MARKER_NAME, {"format": MARKER_FORMAT, "created_by": kind})
 
 
 def claim_work_dir(

@@ -96,8 +96,8 @@ SUPPLEMENT_QUANT_SIZES: dict[int, tuple[str, int, int]] = {
 def ggml_type_sizes(ggml_type: int) -> tuple[int, int] | None:
     """(block size, bytes per block) of a ggml type: gguf-py's table, then the supplement; else None."""
     qtype = GGMLQuantizationType._value2member_map_.get(ggml_type)
-    if qtype is not None:
-        return GGML_QUANT_SIZES.get(qtype)  # type: ignore[call-overload]
+    if isinstance(qtype, GGMLQuantizationType):
+        return GGML_QUANT_SIZES.get(qtype)
     extra = SUPPLEMENT_QUANT_SIZES.get(ggml_type)
     return None if extra is None else extra[1:]
 
@@ -194,7 +194,7 @@ class KVTable(Mapping[str, KeyValue]):
 
     _CACHED = 64
 
-    def __init__(self, data: bytes | bytearray, starts: array.array, hashes: array.array) -> None:
+    def __init__(self, data: bytes | bytearray, starts: array.array[int], hashes: array.array[int]) -> None:
         """``starts`` holds n + 1 offsets into ``data`` (entry i is ``data[starts[i]:starts[i + 1]]``);
         ``hashes[i]`` is ``hash()`` of key i as ``str``."""
         self._data = data
@@ -470,9 +470,11 @@ class _Buffer:
             raise BadGGUFError(f"truncated in {self.section} (short read at byte {len(self.data):,})", self.path)
         self.data += chunk
 
-    def unpack(self, fmt: struct.Struct, pos: int) -> Any:
+    def unpack(self, fmt: struct.Struct, pos: int) -> int:
+        """The unsigned integer of format ``fmt`` at ``pos``."""
         self.need(pos + fmt.size)
-        return fmt.unpack_from(self.data, pos)[0]
+        value: int = fmt.unpack_from(self.data, pos)[0]
+        return value
 
     def string(self, pos: int, what: str) -> tuple[str, int]:
         n = self.unpack(_U64, pos)
@@ -595,7 +597,7 @@ def parse_header(
     return GGUFHeader(path, version, kvs, tensors, alignment, header_size, data_offset, file_size)
 
 
-def _read_kv_table(buf: _Buffer, kv_count: int) -> tuple[array.array, array.array]:
+def _read_kv_table(buf: _Buffer, kv_count: int) -> tuple[array.array[int], array.array[int]]:
     """Bounds-check every KV: (n + 1 start offsets, the n keys' hashes), no object per entry."""
     starts, hashes = array.array("q"), array.array("q")
     pos = 24
@@ -617,7 +619,7 @@ def _alignment(kvs: KVTable, path: str) -> int:
         return GGUF_DEFAULT_ALIGNMENT
     if kv.vtype != GGUFValueType.UINT32:
         raise BadGGUFError(f"{KEY_ALIGNMENT} must be u32, not {kv.type_name}", path)
-    alignment = kv.value
+    alignment = int(kv.value)
     if alignment == 0 or alignment & (alignment - 1):
         raise BadGGUFError(f"{KEY_ALIGNMENT} = {alignment} is not a power of two", path)
     if alignment > MAX_ALIGNMENT:

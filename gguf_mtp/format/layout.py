@@ -34,7 +34,7 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK
-from gguf_mtp.write import CopyRange, OutputFile, Segment, Zeros
+from gguf_mtp.files.plan import CopyRange, OutputFile, Segment, Zeros
 
 from .header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv, serialize_header
 

@@ -28,8 +28,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from gguf_mtp.constants import install_hint
+from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.files.regular_file import open_regular
-from gguf_mtp.write import CopyRange, Generated, Segment
 
 from .header import TensorInfo, tensor_nbytes
 

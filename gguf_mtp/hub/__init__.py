@@ -1,1 +1,1 @@
-"""The Hugging Face Hub boundary: client glue, remote header reads, checkpoint download, publish, card, pipeline."""
+"""The Hugging Face Hub transport: client glue (`client`), remote header reads (`remote`), checkpoint download."""

@@ -16,15 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.conversion.safetensors_io import (
-    CONFIG_NAME,
-    INDEX_NAME,
-    NamePrefix,
-    natural_key,
-    read_config,
-    read_index,
-)
 from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, NamePrefix, natural_key, read_config, read_index
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 

@@ -30,10 +30,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.formatting import printable
+
+from .hub_api import HubApi
 
 __all__ = [
     "RemoteFile",
@@ -131,7 +133,7 @@ def check_token_env() -> None:
     resolve_token()
 
 
-def make_api(api: Any = None, *, token: str | None = None) -> Any:
+def make_api(api: HubApi | None = None, *, token: str | None = None) -> HubApi:
     """``api`` when given (a stand-in in tests), else a real :class:`huggingface_hub.HfApi` holding ``token``."""
     if api is not None:
         return api
@@ -192,6 +194,8 @@ def answer_error(
     elif code == "EntryNotFound" or status == 404:
         missing = f"no file {file}" if file else "a file asked for is not"
         return RemoteNotFoundError(f"cannot {what}: {missing} in {repo}{at}", path)
+    elif status == 407:
+        text = "the proxy asks for credentials (407): give them in its address (HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT)"
     elif status == 401:
         text = f"the Hub refused the token (401); {_LOGIN_HINT} with a valid token"
     elif status == 403 and write:
@@ -296,7 +300,7 @@ def transport_failure(error: BaseException, host: str | None = None) -> tuple[st
 
 
 def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
-    """The one line for a Hub that cannot be reached (shared with :mod:`gguf_mtp.hub.remote`)."""
+    """The one line for a Hub that cannot be reached."""
     return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
 
 
@@ -531,7 +535,7 @@ def is_repo_id(text: str) -> bool:
 
 
 def check_write_access(
-    api: Any, repo: str, *, token: str | None, private: bool = False, revision: str | None = None
+    api: HubApi, repo: str, *, token: str | None, private: bool = False, revision: str | None = None
 ) -> str:
     """Make sure ``repo`` can be written with ``token``, creating it (and branch ``revision``) if missing.
 
@@ -569,14 +573,15 @@ def check_write_access(
             repo_type="model",
             exist_ok=True,
         )
-    if _accepts(getattr(api, "auth_check", None), "write"):
-        _write(f"write to {repo}", repo, api.auth_check, repo, repo_type="model", token=token, write=True)
+    auth_check = getattr(api, "auth_check", None)  # not in every huggingface_hub release (see HubApi)
+    if _accepts(auth_check, "write"):
+        _write(f"write to {repo}", repo, auth_check, repo, repo_type="model", token=token, write=True)
     return user
 
 
-def _accepts(method: Any, parameter: str) -> bool:
+def _accepts(method: object, parameter: str) -> TypeGuard[Callable[..., Any]]:
     """Whether ``method`` exists and takes ``parameter`` (older huggingface_hub releases lack some)."""
-    if method is None:
+    if not callable(method):
         return False
     try:
         return parameter in inspect.signature(method).parameters
@@ -585,7 +590,7 @@ def _accepts(method: Any, parameter: str) -> bool:
 
 
 def upload_one_commit(
-    api: Any, repo: str, folder: Path, names: Sequence[str], *, token: str | None, revision: str | None, message: str
+    api: HubApi, repo: str, folder: Path, names: Sequence[str], *, token: str | None, revision: str | None, message: str
 ) -> str | None:
     """Upload exactly ``names`` from ``folder`` as one commit. Returns the commit URL when the Hub gives one.
 
@@ -608,7 +613,7 @@ def upload_one_commit(
 
 
 def upload_resumable(
-    api: Any,
+    api: HubApi,
     repo: str,
     folder: Path,
     names: Sequence[str],
@@ -629,11 +634,12 @@ def upload_resumable(
     Raises:
         HubError: the upload failed (re-run to resume).
     """
-    if hasattr(api, "upload_large_folder"):
+    upload_large_folder = getattr(api, "upload_large_folder", None)  # before huggingface_hub 1.0 (see HubApi)
+    if upload_large_folder is not None:
         _write(
             f"upload to {repo}",
             repo,
-            api.upload_large_folder,
+            upload_large_folder,
             repo_id=repo,
             folder_path=str(folder),
             repo_type="model",
@@ -657,7 +663,7 @@ class RemoteFile:
 
 
 def remote_files(
-    api: Any, repo: str, paths: Sequence[str], *, token: str | None, revision: str | None
+    api: HubApi, repo: str, paths: Sequence[str], *, token: str | None, revision: str | None
 ) -> dict[str, RemoteFile]:
     """The Hub's record of ``paths`` in ``repo`` (missing files are left out of the result).
 
@@ -686,7 +692,7 @@ def remote_files(
 
 
 def delete_remote_file(
-    api: Any, repo: str, path: str, *, token: str | None, revision: str | None, message: str
+    api: HubApi, repo: str, path: str, *, token: str | None, revision: str | None, message: str
 ) -> None:
     """Delete one file from ``repo`` (one commit).
 
@@ -706,7 +712,7 @@ def delete_remote_file(
     )
 
 
-def read_remote_text(api: Any, repo: str, path: str, *, token: str | None, revision: str | None) -> str:
+def read_remote_text(api: HubApi, repo: str, path: str, *, token: str | None, revision: str | None) -> str:
     """The text of one small file of ``repo`` (downloaded into a temporary folder, removed afterwards;
     bytes that are not UTF-8 are replaced). Check its size with :func:`remote_files` first.
 
@@ -728,7 +734,7 @@ def read_remote_text(api: Any, repo: str, path: str, *, token: str | None, revis
         return Path(local).read_bytes().decode("utf-8", errors="replace")
 
 
-def list_repo_files(api: Any, repo: str, *, token: str | None, revision: str | None) -> list[str]:
+def list_repo_files(api: HubApi, repo: str, *, token: str | None, revision: str | None) -> list[str]:
     """Every file path in ``repo`` at ``revision``.
 
     Raises:
@@ -783,7 +789,7 @@ def cached_file(
 
 
 def download_files(
-    api: Any,
+    api: HubApi,
     repo: str,
     patterns: Sequence[str],
     *,

@@ -5,35 +5,32 @@ A Hub file is named ``hf://OWNER/REPO/path/to/file.gguf``, optionally with a rev
 Its URL comes from :func:`huggingface_hub.hf_hub_url` (so ``HF_ENDPOINT`` is honoured) and each request
 carries huggingface_hub's headers (:func:`huggingface_hub.utils.build_hf_headers`: the token of
 ``get_token()``, so ``HF_TOKEN`` or a stored login, and its user agent). Only public huggingface_hub API
-is used: the requests themselves go over the standard library's ``http.client`` (environment proxies
-honoured), because huggingface_hub's transport is requests, httpx or httpx2 depending on its release
-line, and a deadline needs the socket. Redirects (to the CDN) are followed, at most ten, and the token
-is not sent to another host. The first request asks for :data:`FIRST_READ` bytes and
+is used, and the requests go over huggingface_hub's own session and back-off
+(:func:`_range_response`: httpx2, httpx or requests depending on its release line), so its proxy
+settings (credentials included), CA bundle and client factory apply. Redirects (to the CDN) are
+followed, and the token is not sent to another host. The first request asks for :data:`FIRST_READ` bytes and
 learns the file size from ``Content-Range``; the header parser then asks for more only as it needs it,
 doubling each time, and never more than :data:`MAX_REMOTE_HEADER_BYTES` in all.
 
 Hub web addresses (``https://huggingface.co/OWNER/REPO/blob/REV/path``, ``.../resolve/REV/path``) name the
 same file. Paths are normalised and refused when they would leave the repository (``..``, empty or
 absolute segments): the token travels with every request. Each request has an overall deadline
-(``GGUF_MTP_HUB_REQUEST_TIMEOUT`` seconds, first byte to last), and so has each file
+(``GGUF_MTP_HUB_REQUEST_TIMEOUT`` seconds, retries included, first byte to last), and so has each file
 (``GGUF_MTP_HUB_FILE_TIMEOUT``): a server that trickles bytes cannot hold a command forever.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import re
-import socket
-import ssl
+import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from huggingface_hub import constants as hf_constants  # cheap; the HTTP stack is imported on first use
 
@@ -46,7 +43,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import HubError, ParameterError
 from gguf_mtp.formatting import printable
 
-from .client import RemoteNotFoundError, transport_failure, unreachable_error
+from .client import RemoteNotFoundError
 
 __all__ = [
     "FIRST_READ",
@@ -71,10 +68,10 @@ _REPO_TYPE_PREFIXES = {"datasets": "dataset", "spaces": "space", "models": "mode
 _WEB_HOSTS = {"huggingface.co", "www.huggingface.co", "hf.co"}
 _USAGE = f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]"
 _CONTENT_RANGE = re.compile(r"^bytes (?:(?P<start>\d+)-(?P<end>\d+)|\*)/(?P<size>\d+|\*)$")
-_RETRY_STATUSES = {429, 500, 502, 503, 504}
+_RETRY_STATUSES = (429, 500, 502, 503, 504)
 _ATTEMPTS = 3
-_REDIRECTS = {301, 302, 303, 307, 308}
-_MAX_REDIRECTS = 10
+_BACKOFF_WAIT = 1.0  # seconds before the first retry; doubled each time
+_ERROR_BODY_LIMIT = 64 * 1024  # the most bytes of an error answer read for its message
 _CHUNK = 64 * 1024
 
 
@@ -292,48 +289,54 @@ def _get_range(
 ) -> tuple[bytes, int, int]:
     """GET ``length`` bytes at ``start``: (body, file size, bytes received).
 
-    Transport failures are retried (:data:`_ATTEMPTS` in all) while the file's deadline allows; a
-    request past its own deadline is not: a server that slow will not be faster the second time.
+    huggingface_hub's back-off retries transport failures and busy answers (:data:`_ATTEMPTS` attempts in
+    all), all within one deadline: the request's own, or the file's when that comes first.
     """
-    from .client import is_offline, resolve_token
+    from .client import hub_error, is_offline, resolve_token
 
+    name = str(hub_file)
     if is_offline():
         raise HubError(
-            "HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header; unset it, or inspect a local copy",
-            str(hub_file),
+            "HF_HUB_OFFLINE is set, so the Hub cannot be asked for this header; unset it, or inspect a local copy", name
         )
     headers = _headers(resolve_token())  # a token HTTP cannot send is one line here, not a traceback there
     headers["Range"] = f"bytes={start}-{start + length - 1}"
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
     request_timeout = timeout_setting(ENV_HUB_REQUEST_TIMEOUT, DEFAULT_HUB_REQUEST_TIMEOUT)
-    last_error: Exception | None = None
     host = _host(url)
-    for _ in range(_ATTEMPTS):
-        now = time.monotonic()
-        if file_deadline is not None and now >= file_deadline:
-            raise HubError(
-                f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})",
-                str(hub_file),
-            )
-        deadline = now + request_timeout
-        per_file = file_deadline is not None and file_deadline < deadline
-        if per_file:
-            deadline = file_deadline  # type: ignore[assignment]
-        try:
-            return _request_with_deadline(hub_file, url, headers, start, length, deadline)
-        except _DeadlinePassed:
-            what = (
-                f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})"
-                if per_file
-                else f"no complete answer within {request_timeout:g} s ({ENV_HUB_REQUEST_TIMEOUT})"
-            )
-            raise HubError(f"{host}: {what}", str(hub_file)) from None
-        except _Retry as e:
-            last_error = e.cause
-    failure = transport_failure(last_error, host) if last_error is not None else None
-    if failure is not None:  # the same line as for every other Hub call that cannot connect
-        raise unreachable_error("read the header", failure, str(hub_file))
-    raise HubError(f"cannot read from {host} after {_ATTEMPTS} attempts: {_one_line(last_error)}", str(hub_file))
+    now = time.monotonic()
+    if file_deadline is not None and now >= file_deadline:
+        raise HubError(
+            f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})", name
+        )
+    deadline = now + request_timeout
+    per_file = file_deadline is not None and file_deadline < deadline
+    watchdog = _Watchdog(file_deadline if per_file and file_deadline is not None else deadline)
+    try:
+        return watchdog.run(lambda: _fetch(hub_file, url, headers, start, length, watchdog))
+    except _DeadlinePassed:
+        what = (
+            f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})"
+            if per_file
+            else f"no complete answer within {request_timeout:g} s ({ENV_HUB_REQUEST_TIMEOUT})"
+        )
+        raise HubError(f"{host}: {what}", name) from None
+    except HubError:
+        raise
+    except Exception as error:
+        if _is_redirect_loop(error):
+            raise HubError(f"too many redirects from {host} (a redirect loop?)", name) from None
+        translated = hub_error(
+            error,
+            "read the header",
+            hub_file.repo_id,
+            revision=hub_file.revision,
+            file=hub_file.path_in_repo,
+            path=name,
+        )
+        if translated is None:
+            raise
+        raise translated from error
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -353,161 +356,174 @@ def _host(url: str) -> str:
     return url.split("/")[2] if "//" in url else url
 
 
-class _Retry(Exception):
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
+def _is_redirect_loop(error: BaseException) -> bool:
+    """Whether ``error`` is the HTTP library's "too many redirects" (requests, httpx or httpx2)."""
+    kind = type(error)
+    return kind.__name__ == "TooManyRedirects" and kind.__module__.split(".")[0] in ("requests", "httpx", "httpx2")
 
 
 class _DeadlinePassed(Exception):
-    """The request was still running at its deadline (and was cut off)."""
+    """The range read was still running at its deadline (and was cut off)."""
 
 
-class _Exchange:
-    """One request run in a worker thread, so that the caller can walk away at a deadline.
+class _Watchdog:
+    """Runs one range read in a worker thread, so that the caller can walk away at the deadline.
 
-    Per-read timeouts do not bound a server that sends one byte every few seconds; the caller waits
-    for the worker until the deadline, then shuts the connection's socket down (which wakes the
-    worker's blocked read) and gives up. The worker registers each socket as soon as it is connected.
+    A per-read timeout does not bound a server that sends one byte every few seconds. At the deadline
+    the caller gives up and has the response the worker is reading closed (its next read fails);
+    :meth:`guard` (the request's ``auth`` hook, which both HTTP stacks call before each attempt of
+    huggingface_hub's back-off) keeps a cut-off worker from sending another request.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
         self.cancelled = threading.Event()
-        self.deadline = 0.0
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.result: tuple[bytes, int, int] | None = None
-        self.error: BaseException | None = None
+        self.response: Any = None  # the response being read, once there is one
+        self._result: tuple[bytes, int, int] | None = None
+        self._error: BaseException | None = None
 
-    def remember(self, sock: object) -> None:
-        """Keep ``sock`` to shut down at the deadline (at once if the deadline has passed)."""
-        if isinstance(sock, socket.socket):
-            with self._lock:
-                self._sockets.append(sock)
+    def guard(self, request: Any) -> Any:
+        """Let an attempt go out unchanged, unless the deadline has passed."""
         if self.cancelled.is_set():
-            self.cut_off()
-
-    def cut_off(self) -> None:
-        self.cancelled.set()
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            with contextlib.suppress(OSError):  # already closed
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def run(self, work: Callable[[_Exchange], tuple[bytes, int, int]]) -> None:
-        try:
-            self.result = work(self)
-        except BaseException as e:  # handed to the waiting caller
-            self.error = e
-
-
-def _request_with_deadline(
-    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, deadline: float
-) -> tuple[bytes, int, int]:
-    exchange = _Exchange()
-    exchange.deadline = deadline
-    worker = threading.Thread(
-        target=exchange.run,
-        args=(lambda ex: _request(hub_file, url, headers, start, length, ex),),
-        name="gguf-mtp-hub-read",
-        daemon=True,  # a worker stuck in a read must not keep the process alive
-    )
-    worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))
-    if worker.is_alive():
-        exchange.cut_off()
-        worker.join(1.0)  # usually returns at once: its read was woken by the shutdown
-        raise _DeadlinePassed
-    if exchange.error is not None:
-        if isinstance(exchange.error, _DeadlinePassed) or exchange.cancelled.is_set():
             raise _DeadlinePassed
-        raise exchange.error
-    assert exchange.result is not None
-    return exchange.result
+        return request
 
+    def answered(self, response: Any, *args: object, **kwargs: object) -> None:
+        """See each response as it arrives, its body unread (redirects and answers retried too): keep it for
+        the cut-off, and close an error answer that does not say it is small, so that nobody reads a large
+        error body (neither we, nor ``hf_raise_for_status`` for the server's message, nor the back-off when
+        it gives up)."""
+        self.response = response
+        if response.status_code >= 400 and not 0 <= _content_length(response) <= _ERROR_BODY_LIMIT:
+            response.close()
 
-def _connect(url: str, timeout: float, exchange: _Exchange) -> tuple[http.client.HTTPConnection, str]:
-    """An open connection for ``url`` (through the environment's proxy, if any) and the request target.
+    def _close_response(self) -> None:
+        with contextlib.suppress(Exception):  # whatever state the read is in, it is abandoned
+            if self.response is not None:
+                self.response.close()
 
-    Plain ``http.client`` on purpose: huggingface_hub's own transport differs between its release lines
-    (requests, httpx, httpx2), and only a connection whose socket is known can be cut off at a deadline.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise HubError(f"cannot follow the server's answer: unsupported address {printable(url)[:200]}")
-    secure = parts.scheme == "https"
-    port = parts.port or (443 if secure else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    proxy = None if urllib.request.proxy_bypass(parts.hostname) else urllib.request.getproxies().get(parts.scheme)
-    via = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}") if proxy else None
-    if via is not None and via.hostname:
-        connection: http.client.HTTPConnection
-        if secure:
-            connection = http.client.HTTPSConnection(
-                via.hostname, via.port or 80, timeout=timeout, context=ssl.create_default_context()
-            )
-            connection.set_tunnel(parts.hostname, port)
-        else:
-            connection = http.client.HTTPConnection(via.hostname, via.port or 80, timeout=timeout)
-            target = url
-    elif secure:
-        connection = http.client.HTTPSConnection(
-            parts.hostname, port, timeout=timeout, context=ssl.create_default_context()
-        )
-    else:
-        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
-    connection.connect()
-    exchange.remember(connection.sock)
-    return connection, target
+    def run(self, work: Callable[[], tuple[bytes, int, int]]) -> tuple[bytes, int, int]:
+        """``work()``, or :class:`_DeadlinePassed` when it is not done by the deadline."""
 
-
-def _request(
-    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, exchange: _Exchange
-) -> tuple[bytes, int, int]:
-    name = str(hub_file)
-    read_timeout = max(
-        1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3, exchange.deadline - time.monotonic())
-    )
-    origin = _origin(url)
-    for _ in range(_MAX_REDIRECTS + 1):
-        sent = headers if _origin(url) == origin else {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        try:
-            connection, target = _connect(url, read_timeout, exchange)
+        def worker() -> None:
             try:
-                connection.request("GET", target, headers=sent)
-                response = connection.getresponse()
-                status = response.status
-                if status in _REDIRECTS and response.getheader("Location"):
-                    url = urljoin(url, response.getheader("Location", ""))
-                    continue
-                if status in _RETRY_STATUSES:
-                    raise _Retry(HubError(f"HTTP {status}"))
-                if status >= 400 and status != 416:
-                    raise _status_error(hub_file, response)
-                return _read_body(hub_file, response, start, length, exchange)
-            finally:
-                connection.close()
-        except HubError:
-            raise
-        except (OSError, http.client.HTTPException) as e:
-            if exchange.cancelled.is_set():
-                raise _DeadlinePassed from None
-            raise _Retry(e) from None
-    raise HubError(f"too many redirects from {_host(url)} (a redirect loop?)", name)
+                self._result = work()
+            except BaseException as e:  # handed to the waiting caller
+                self._error = e
+
+        thread = threading.Thread(target=worker, name="gguf-mtp-hub-read", daemon=True)  # a stuck read must not
+        thread.start()  # keep the process alive
+        thread.join(max(0.0, self.deadline - time.monotonic()))
+        if thread.is_alive():
+            self.cancelled.set()
+            # Closed from yet another thread: closing a requests response waits for the read it ends.
+            threading.Thread(target=self._close_response, name="gguf-mtp-hub-cutoff", daemon=True).start()
+            raise _DeadlinePassed
+        if self._error is not None:
+            raise _DeadlinePassed if isinstance(self._error, _DeadlinePassed) else self._error
+        assert self._result is not None
+        return self._result
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.netloc.lower()
+@contextlib.contextmanager
+def _range_response(url: str, headers: dict[str, str], timeout: float, watchdog: _Watchdog) -> Iterator[Any]:
+    """The streamed answer to a GET of ``url`` on huggingface_hub's own session, redirects followed.
+
+    huggingface_hub 1.x and 2.x: ``http_stream_backoff`` on its httpx / httpx2 client; 0.x:
+    ``http_backoff`` on its requests session. Either way the session's settings apply (proxies with
+    their credentials, CA bundle, a client factory of the user's), and the token is not sent to another
+    host when the Hub redirects to its CDN (both libraries drop ``Authorization`` across origins).
+    """
+    from huggingface_hub import utils as hf_utils
+
+    backoff: dict[str, Any] = {
+        "max_retries": _ATTEMPTS - 1,
+        "base_wait_time": _BACKOFF_WAIT,
+        "max_wait_time": 4 * _BACKOFF_WAIT,
+        "retry_on_status_codes": _RETRY_STATUSES,
+    }
+    stream = getattr(hf_utils, "http_stream_backoff", None)
+    if stream is not None:
+        auth = _httpx_hooks(hf_utils.get_session(), watchdog)
+        with stream(
+            "GET", url, headers=headers, timeout=timeout, follow_redirects=True, auth=auth, **backoff
+        ) as response:
+            yield response
+        return
+    hooks = {"response": [watchdog.answered]}
+    response = hf_utils.http_backoff(
+        "GET",
+        url,
+        headers=headers,
+        timeout=timeout,
+        stream=True,
+        allow_redirects=True,
+        auth=watchdog.guard,
+        hooks=hooks,
+        **backoff,
+    )
+    try:
+        yield response
+    finally:
+        response.close()
+
+
+def _httpx_hooks(session: object, watchdog: _Watchdog) -> Any:
+    """The watchdog's :meth:`~_Watchdog.guard` and :meth:`~_Watchdog.answered` as an httpx / httpx2 ``Auth``
+    (the one per-request hook that sees each response before the back-off does); a client of another
+    kind gets the guard alone."""
+    for name in ("httpx2", "httpx"):
+        library = sys.modules.get(name)
+        if library is not None and isinstance(session, library.Client):
+            break
+    else:
+        return watchdog.guard
+
+    def auth_flow(self: object, request: Any) -> Iterator[Any]:
+        response = yield watchdog.guard(request)
+        watchdog.answered(response)
+
+    return type("WatchdogHooks", (library.Auth,), {"auth_flow": auth_flow})()
+
+
+def _fetch(
+    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, watchdog: _Watchdog
+) -> tuple[bytes, int, int]:
+    read_timeout = max(
+        1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3, watchdog.deadline - time.monotonic())
+    )
+    with _range_response(url, headers, read_timeout, watchdog) as response:
+        if response.status_code >= 400 and response.status_code != 416:
+            _raise_for_status(hub_file, response)
+        return _read_body(hub_file, response, start, length, watchdog)
+
+
+def _raise_for_status(hub_file: HubFile, response: Any) -> None:
+    """huggingface_hub's typed error for an error answer (from its status and ``X-Error-Code``).
+
+    ``hf_raise_for_status`` reads the body for the server's message: only a small one that says its
+    length is still open (:meth:`_Watchdog.answered`), so that an error answer cannot be a large download.
+    """
+    from huggingface_hub.utils import hf_raise_for_status
+
+    hf_raise_for_status(response)
+    raise HubError(f"unexpected HTTP status {response.status_code}", str(hub_file))
+
+
+def _body_chunks(response: Any, size: int) -> Iterator[bytes]:
+    """The body as it arrives, undecoded, in pieces of about ``size`` bytes (httpx / httpx2, or requests)."""
+    iter_raw = getattr(response, "iter_raw", None)
+    chunks: Iterator[bytes] = iter_raw(size) if iter_raw is not None else response.iter_content(size)
+    return chunks
 
 
 def _read_body(
-    hub_file: HubFile, response: Any, start: int, length: int, exchange: _Exchange | None = None
+    hub_file: HubFile, response: Any, start: int, length: int, watchdog: _Watchdog
 ) -> tuple[bytes, int, int]:
     """The body of a range response, the file size it states, and the bytes received."""
     name = str(hub_file)
-    encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
+    status = response.status_code
+    encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in ("", "identity"):
         # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
         raise HubError(
@@ -515,18 +531,18 @@ def _read_body(
             "although the file's own bytes were asked for",
             name,
         )
-    content_range = response.getheader("Content-Range") or ""
-    if response.status == 416:  # e.g. an empty file: "bytes */0"
+    content_range = response.headers.get("Content-Range") or ""
+    if status == 416:  # e.g. an empty file: "bytes */0"
         match = _CONTENT_RANGE.match(content_range)
         if match and match["size"] != "*":
             return b"", int(match["size"]), 0
         raise HubError("the server refused the byte range request (HTTP 416)", name)
-    if response.status == 206:
+    if status == 206:
         match = _CONTENT_RANGE.match(content_range)
         if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
             raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
         size = int(match["size"])
-    elif response.status == 200:
+    elif status == 200:
         # The server ignores Range: read no further than asked, then hang up (never the whole file).
         if start:
             raise HubError("the server does not support HTTP range requests", name)
@@ -534,18 +550,17 @@ def _read_body(
         if size < 0:
             raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
     else:
-        raise HubError(f"unexpected HTTP status {response.status}", name)
+        raise HubError(f"unexpected HTTP status {status}", name)
     chunks: list[bytes] = []
     received = 0
-    while received < length:  # never more than asked for, whatever the server means to send
-        chunk = response.read1(min(_CHUNK, length - received))
-        if exchange is not None and exchange.cancelled.is_set():
+    for chunk in _body_chunks(response, min(_CHUNK, length)):
+        if watchdog.cancelled.is_set():
             raise _DeadlinePassed
-        if not chunk:
-            break
-        chunks.append(chunk)
+        chunks.append(chunk[: length - received])  # never more than asked for, whatever the server means to send
         received += len(chunk)
-    body = b"".join(chunks)[:length]
+        if received >= length:
+            break
+    body = b"".join(chunks)
     expected = min(length, size - start)
     if len(body) < expected:
         raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
@@ -553,27 +568,5 @@ def _read_body(
 
 
 def _content_length(response: Any) -> int:
-    text = (response.getheader("Content-Length") or "").strip()
+    text = (response.headers.get("Content-Length") or "").strip()
     return int(text) if text.isdigit() else -1
-
-
-def _status_error(hub_file: HubFile, response: Any) -> HubError:
-    """The Hub's error answer (status, ``X-Error-Code``, ``X-Error-Message``) as one line."""
-    from .client import answer_error
-
-    message = printable(response.getheader("X-Error-Message") or response.reason or "")[:200]
-    return answer_error(
-        response.status,
-        response.getheader("X-Error-Code"),
-        "read the header",
-        hub_file.repo_id,
-        revision=hub_file.revision,
-        file=hub_file.path_in_repo,
-        detail=message,
-        path=str(hub_file),
-    )
-
-
-def _one_line(error: object) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gguf_mtp.files.plan import OutputFile
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
 from gguf_mtp.formatting import human_bytes, short_change
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import WriteReport, check_output_folder
+from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import CompositionPlan, plan_composition
 from .head_type import head_notes, parse_outtype
 
-__all__ = ["ComposeReport", "compose", "plan"]
+__all__ = ["ComposeReport", "compose", "plan", "plan_compose"]
 
 
 @dataclass(kw_only=True)
@@ -54,12 +54,7 @@ class ComposeReport(WriteReport):
 
     def outcome_lines(self) -> list[str]:
         """What was written (or, in a dry run, would be), and the verification."""
-        if self.dry_run:
-            lines = [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
-        else:
-            rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
-            done = f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s"
-            lines = [f"{done} ({rate:.0f} MiB/s{self.sharing()})"]
+        lines = super().outcome_lines()
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines
@@ -97,7 +92,7 @@ def _overrides(set_kv: Iterable[str | KVOverride]) -> list[KVOverride]:
     return [o if isinstance(o, KVOverride) else parse_set_kv(o) for o in set_kv]
 
 
-def plan(
+def plan_compose(
     target: str | os.PathLike[str],
     draft: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
@@ -117,6 +112,10 @@ def plan(
         basename=basename,
         outtype=outtype,
     )
+
+
+#: The earlier name of :func:`plan_compose`, kept so that existing callers keep working.
+plan = plan_compose
 
 
 def compose(
@@ -175,27 +174,24 @@ def compose(
         >>> report.plan.block, len(report.plan.renamed)  # doctest: +SKIP
         (88, 18)
     """
-    started = time.perf_counter()
-    check_output_folder(output_dir)
-    composition = plan(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename, outtype=outtype)
-    report = ComposeReport(plan=composition, dry_run=dry_run)
-    placed = {name for name, _ in composition.renamed}
-    head = [t for t in composition.draft.first.tensors if t.name in placed]
-    report.head_advice = head_notes(head, parse_outtype(outtype), composition.target, composition.target.arch)
-    report.notes.extend(report.head_advice)
-    if composition.dropped:
-        report.notes.append(f"left out draft tensors {', '.join(composition.dropped)}: the composite uses the target's")
-    report.write(
-        composition.outputs,
-        inputs=[*composition.target.paths, *composition.draft.paths],
-        force=force,
-        progress=progress,
-        desc="compose",
-        on_plan=on_plan,
-    )
-    if verify and not dry_run:
+
+    def prepare() -> tuple[ComposeReport, list[OutputFile], list[Path]]:
+        composition = plan_compose(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename,
+                                   outtype=outtype)
+        report = ComposeReport(plan=composition, dry_run=dry_run)
+        placed = {name for name, _ in composition.renamed}
+        head = [t for t in composition.draft.first.tensors if t.name in placed]
+        report.head_advice = head_notes(head, parse_outtype(outtype), composition.target, composition.target.arch)
+        report.notes.extend(report.head_advice)
+        if composition.dropped:
+            dropped = ", ".join(composition.dropped)
+            report.notes.append(f"left out draft tensors {dropped}: the composite uses the target's")
+        return report, composition.outputs, [*composition.target.paths, *composition.draft.paths]
+
+    def verify_written(report: ComposeReport) -> None:
         from gguf_mtp.check.verify import verify as verify_composite
 
+        composition = report.plan
         report.verification = verify_composite(
             composition.files[0].path,
             target=composition.target.paths[0],
@@ -204,5 +200,8 @@ def compose(
             progress=progress,
             allow_kv=[o.key for o in _overrides(set_kv)],  # what --set-kv changed on purpose
         )
-    report.seconds = time.perf_counter() - started
-    return report
+
+    return run_write(
+        prepare, desc="compose", force=force, progress=progress, on_plan=on_plan, output_dir=output_dir,
+        after_write=verify_written if verify else None,
+    )

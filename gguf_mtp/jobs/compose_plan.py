@@ -30,6 +30,7 @@ from gguf_mtp.constants import (
     split_file_name,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv
 from gguf_mtp.format.kv_edit import (
     INT_RANGES,
@@ -52,7 +53,6 @@ from gguf_mtp.model.blocks import (
 )
 from gguf_mtp.model.set_id import placeholder_kv, stamp_set_id, without_set_id
 from gguf_mtp.model.shards import ShardSet, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, Zeros
 
 __all__ = [
     "MANAGED_KEYS",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES
-from gguf_mtp.conversion.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
@@ -42,6 +40,7 @@ from gguf_mtp.errors import (
     IncompatibleDraftError,
     ParameterError,
 )
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import (
     KeyValue,
     TensorInfo,
@@ -50,12 +49,13 @@ from gguf_mtp.format.header import (
 )
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
+from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, summarize_head
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
+from gguf_mtp.write import WriteReport, run_write
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
 
@@ -321,7 +321,7 @@ def plan_conversion(
     """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
 
     Args:
-        checkpoint: the opened checkpoint (see :func:`gguf_mtp.conversion.safetensors_io.open_checkpoint`).
+        checkpoint: the opened checkpoint (see :func:`gguf_mtp.format.safetensors_io.open_checkpoint`).
         output: the GGUF file to write.
         source: how the user named the checkpoint (for reports).
         target: the model the head belongs to: gives the block index, is checked against the head, and
@@ -536,17 +536,6 @@ class ConvertReport(WriteReport):
             lines.append(f"{self.action(plan.path)} {plan.path} ({human_bytes(plan.bytes_to_write)})")
         return lines
 
-    def outcome_lines(self) -> list[str]:
-        """What was written (or, in a dry run, would be)."""
-        plan = self.plan
-        if self.dry_run:
-            size = human_bytes(plan.bytes_to_write)
-            replacing = " (replacing the existing file)" if plan.path in self.replaced else ""
-            return [f"dry run: {plan.path} ({size}) would be written{replacing}; nothing was written"]
-        rate = self.bytes_written / self.seconds / 2**20 if self.seconds else 0
-        size = human_bytes(self.bytes_written)
-        return [f"{self.action(plan.path)} {plan.path} ({size}) in {self.seconds:.2f} s ({rate:.0f} MiB/s)"]
-
 
 def _kv_dict(kv: KeyValue) -> dict[str, Any]:
     length = kv.array_length
@@ -611,18 +600,19 @@ def convert(
         >>> convert("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", "mtp-draft.gguf",
         ...         target="NVIDIA-Nemotron-3-Super-120B-A12B-UD-Q4_K_XL-00001-of-00003.gguf")  # doctest: +SKIP
     """
-    started = time.perf_counter()
-    folder, download = resolve_source(source, revision)
-    config = read_config(folder)
-    model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
-    checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
-    target_set = open_model(target) if target is not None else None
-    plan = plan_conversion(
-        checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
-        standalone=standalone, drop_nextn_copies=drop_nextn_copies, nextn_blocks=nextn_blocks,
-    )
-    report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
-    report.write([plan.output], inputs=plan.inputs, force=force, progress=progress, desc="convert", on_plan=on_plan)
-    report.seconds = time.perf_counter() - started
-    return report
+
+    def prepare() -> tuple[ConvertReport, list[OutputFile], list[Path]]:
+        folder, download = resolve_source(source, revision)
+        config = read_config(folder)
+        model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
+        checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
+        target_set = open_model(target) if target is not None else None
+        plan = plan_conversion(
+            checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
+            standalone=standalone, drop_nextn_copies=drop_nextn_copies, nextn_blocks=nextn_blocks,
+        )
+        report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
+        return report, [plan.output], list(plan.inputs)
+
+    return run_write(prepare, desc="convert", force=force, progress=progress, on_plan=on_plan)
 

@@ -18,7 +18,6 @@ Two kinds of output:
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes
@@ -42,7 +42,7 @@ from gguf_mtp.jobs.head_type import HeadSummary, low_bit_warning, parse_outtype,
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport
+from gguf_mtp.write import WriteReport, run_write
 
 __all__ = [
     "ExtractReport",
@@ -359,12 +359,6 @@ class ExtractReport(WriteReport):
         lines.extend(f"    note: {n}" for n in self.notes)
         return lines
 
-    def outcome_lines(self) -> list[str]:
-        """What was written."""
-        if self.dry_run:
-            return ["dry run: nothing was written"]
-        return [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
-
 
 def _notes(plan: ExtractionPlan) -> Iterator[str]:
     skipped_tokenizer = [k for k in plan.left_out_kvs if k.startswith("tokenizer.")]
@@ -416,11 +410,12 @@ def extract(
     Example:
         >>> extract("Model-Q8_0-00001-of-00003.gguf", "mtp-Model-Q8_0.gguf")  # doctest: +SKIP
     """
-    started = time.perf_counter()
-    model = open_model(source)
-    plan = plan_extraction(model, output, standalone=standalone, outtype=outtype)
-    warning = low_bit_warning(parse_outtype(outtype))
-    report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
-    report.write([plan.output], inputs=model.paths, force=force, progress=progress, desc="extract", on_plan=on_plan)
-    report.seconds = time.perf_counter() - started
-    return report
+
+    def prepare() -> tuple[ExtractReport, list[OutputFile], list[Path]]:
+        model = open_model(source)
+        plan = plan_extraction(model, output, standalone=standalone, outtype=outtype)
+        warning = low_bit_warning(parse_outtype(outtype))
+        report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
+        return report, [plan.output], model.paths
+
+    return run_write(prepare, desc="extract", force=force, progress=progress, on_plan=on_plan)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +33,11 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
+from gguf_mtp.files.plan import Bytes, CopyRange, Generated, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import Bytes, CopyRange, Generated, OutputFile, Segment, WriteReport, Zeros, check_output_folder
+from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
@@ -315,10 +315,7 @@ class GraftReport(WriteReport):
 
     def outcome_lines(self) -> list[str]:
         """What was written (or, in a dry run, would be), and the verification."""
-        if self.dry_run:
-            lines = [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
-        else:
-            lines = [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
+        lines = super().outcome_lines()
         if self.verification is not None:
             lines.extend(self.verification.describe())
         return lines
@@ -373,21 +370,23 @@ def graft(
     Example:
         >>> graft("Q8_0/M-Q8_0-00001-of-00003.gguf", "UD-Q4_K_XL/M-00001-of-00003.gguf", "out/")  # doctest: +SKIP
     """
-    started = time.perf_counter()
-    check_output_folder(output_dir)
-    donor, receiver = open_model(source), open_model(target)
-    plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype)
-    warning = low_bit_warning(parse_outtype(outtype))
-    report = GraftReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *plan.notes])
-    report.write(
-        plan.outputs, inputs=[*donor.paths, *receiver.paths], force=force, progress=progress, desc="graft",
-        on_plan=on_plan,
-    )
-    if verify and not dry_run:
+
+    def prepare() -> tuple[GraftReport, list[OutputFile], list[Path]]:
+        donor, receiver = open_model(source), open_model(target)
+        plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype)
+        warning = low_bit_warning(parse_outtype(outtype))
+        report = GraftReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *plan.notes])
+        return report, plan.outputs, [*donor.paths, *receiver.paths]
+
+    def verify_written(report: GraftReport) -> None:
         # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
+        plan = report.plan
         report.verification = verify_composite(
-            plan.output_paths[0], target=receiver.paths[0], draft=donor.paths[0] if outtype is None else None,
+            plan.output_paths[0], target=plan.target.paths[0], draft=plan.source.paths[0] if outtype is None else None,
             llama=llama, progress=progress
         )
-    report.seconds = time.perf_counter() - started
-    return report
+
+    return run_write(
+        prepare, desc="graft", force=force, progress=progress, on_plan=on_plan, output_dir=output_dir,
+        after_write=verify_written if verify else None,
+    )

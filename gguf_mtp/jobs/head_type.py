@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gguf import GGMLQuantizationType
 
 from gguf_mtp.errors import BadGGUFError, ParameterError
+from gguf_mtp.files.plan import Segment
 from gguf_mtp.format.header import TensorInfo, tensor_nbytes
 from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
 from gguf_mtp.format.quantize import (
@@ -28,7 +29,6 @@ from gguf_mtp.format.quantize import (
 )
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.shards import ShardSet
-from gguf_mtp.write import Segment
 
 __all__ = [
     "HEAD_TYPE_NAMES",

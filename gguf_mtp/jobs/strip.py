@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from gguf import GGUFValueType
 
 from gguf_mtp.constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT
 from gguf_mtp.errors import BadGGUFError
+from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
 from gguf_mtp.format.layout import congruent_header, pack_tensors
@@ -37,7 +37,7 @@ from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import Bytes, CopyRange, OutputFile, Segment, WriteReport, Zeros, check_output_folder
+from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import FilesPlan, PlannedFile
 from .extract import NextNBlocks, find_nextn_blocks
@@ -200,12 +200,6 @@ class StripReport(WriteReport):
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
-    def outcome_lines(self) -> list[str]:
-        """What was written (or, in a dry run, would be)."""
-        if self.dry_run:
-            return [f"dry run: {human_bytes(self.plan.bytes_to_write)} would be written; nothing was written"]
-        return [f"done: {human_bytes(self.bytes_written)} in {self.seconds:.2f} s{self.sharing()}"]
-
 
 def strip(
     source: str | os.PathLike[str],
@@ -239,16 +233,16 @@ def strip(
     Example:
         >>> strip("Model-Q8_0-00001-of-00003.gguf", "trunk-only/")  # doctest: +SKIP
     """
-    started = time.perf_counter()
-    check_output_folder(output_dir)
-    model = open_model(source)
-    plan = plan_strip(model, output_dir)
-    report = StripReport(plan=plan, dry_run=dry_run)
-    if not plan.removed:
-        report.notes.append(
-            f"no NextN tensors were present ({plan.nextn.describe()} was declared but empty): only the metadata "
-            "was repaired"
-        )
-    report.write(plan.outputs, inputs=model.paths, force=force, progress=progress, desc="strip", on_plan=on_plan)
-    report.seconds = time.perf_counter() - started
-    return report
+
+    def prepare() -> tuple[StripReport, list[OutputFile], list[Path]]:
+        model = open_model(source)
+        plan = plan_strip(model, output_dir)
+        report = StripReport(plan=plan, dry_run=dry_run)
+        if not plan.removed:
+            report.notes.append(
+                f"no NextN tensors were present ({plan.nextn.describe()} was declared but empty): only the metadata "
+                "was repaired"
+            )
+        return report, plan.outputs, model.paths
+
+    return run_write(prepare, desc="strip", force=force, progress=progress, on_plan=on_plan, output_dir=output_dir)

@@ -70,7 +70,7 @@ class LayerKeyRule:
         """``from the draft``, ``false (constant)`` or ``trunk-length, never extended``."""
         if self.kind is NextNValue.CONSTANT:
             return f"{str(self.value).lower() if isinstance(self.value, bool) else self.value} (constant)"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 def _draft(source: str, *, exact: bool = True) -> LayerKeyRule:

@@ -33,7 +33,7 @@ from gguf_mtp.hub.remote import (
     is_hub_path,
 )
 
-from .shards import ShardSet, declared_tensor_count, split_rules
+from .shards import declared_tensor_count, split_rules
 
 __all__ = [
     "ScannedModel",
@@ -113,17 +113,6 @@ class ScannedModel:
     @property
     def total_size(self) -> int:
         return sum(s.size or 0 for s in self.shards)
-
-    def shard_set(self) -> ShardSet:
-        """The readable headers as a :class:`ShardSet` (unchecked: it may have gaps).
-
-        Raises:
-            BadGGUFError: shard 1 is missing or unreadable, so there are no model KVs to read.
-        """
-        if self.first is None:
-            shard = self.shards[0]
-            raise BadGGUFError(shard.error or "unreadable", shard.name)
-        return ShardSet(self.headers, self.prefix)
 
 
 # ------------------------------------------------------------------------------------------------ reading

@@ -24,11 +24,24 @@ from pathlib import Path
 
 import numpy as np
 
-from gguf_mtp.conversion.safetensors_io import CONFIG_NAME, INDEX_NAME
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 
 from .tiny_models import TinyHparams
 
-__all__ = ["CheckpointTensor", "mtpv2_config", "mtpv2_tensors", "write_mtpv2_checkpoint", "write_safetensors"]
+__all__ = [
+    "CheckpointTensor",
+    "first_of_layer",
+    "mlp_tensors",
+    "moe_tensors",
+    "mtpv2_config",
+    "mtpv2_tensors",
+    "shard_names",
+    "write_checkpoint",
+    "write_config",
+    "write_full_mtpv2_checkpoint",
+    "write_mtpv2_checkpoint",
+    "write_safetensors",
+]
 
 DEFAULT_HPARAMS = TinyHparams()
 
@@ -200,6 +213,74 @@ def write_safetensors(path: str | os.PathLike[str], tensors: list[CheckpointTens
                 f.write(_encode(chunk, tensor.dtype).tobytes())
 
 
+def mlp_tensors(prefix: str, n_embd: int, n_ff: int) -> list[CheckpointTensor]:
+    """A BF16 gated MLP's ``{prefix}gate_proj`` / ``up_proj`` [n_ff, n_embd] and ``down_proj`` [n_embd, n_ff]."""
+    return [CheckpointTensor(prefix + "gate_proj.weight", (n_ff, n_embd), "BF16", "weight"),
+            CheckpointTensor(prefix + "up_proj.weight", (n_ff, n_embd), "BF16", "weight"),
+            CheckpointTensor(prefix + "down_proj.weight", (n_embd, n_ff), "BF16", "weight")]
+
+
+def moe_tensors(prefix: str, n_embd: int, n_ff_exp: int, n_expert: int, *, router: str = "gate.weight",
+                router_dtype: str = "BF16", bias: str = "gate.e_score_correction_bias", shared: str | None = None,
+                n_ff_shexp: int | None = None) -> list[CheckpointTensor]:
+    """A DeepSeek-style MoE under ``prefix`` (e.g. ``model.layers.3.mlp.``), in the checkpoints' order: the router
+    [n_expert, n_embd], its F32 score-correction ``bias``, each expert's MLP (``experts.{e}.``), then the
+    ``shared`` expert's MLP (``n_ff_shexp`` wide, default ``n_ff_exp``) when there is one."""
+    tensors = [CheckpointTensor(prefix + router, (n_expert, n_embd), router_dtype, "weight"),
+               CheckpointTensor(prefix + bias, (n_expert,), "F32", "bias")]
+    for e in range(n_expert):  # interleaved per expert, as in the published checkpoints
+        tensors += mlp_tensors(f"{prefix}experts.{e}.", n_embd, n_ff_exp)
+    if shared is not None:
+        tensors += mlp_tensors(f"{prefix}{shared}.", n_embd, n_ff_shexp or n_ff_exp)
+    return tensors
+
+
+def shard_names(files: int) -> list[str]:
+    """Hugging Face's shard file names: ``model-00001-of-0000n.safetensors`` ..."""
+    return [f"model-{number:05d}-of-{files:05d}.safetensors" for number in range(1, files + 1)]
+
+
+def write_config(out: Path, config: dict[str, object]) -> None:
+    """Write ``config`` as ``out``'s ``config.json`` (creating ``out``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def first_of_layer(tensors: list[CheckpointTensor], layer: int) -> int:
+    """Where ``model.layers.{layer}.`` (a checkpoint's first MTP / NextN layer, after the trunk's) starts in
+    ``tensors``: the split of a "trunk in the first shard, the MTP layers in the last" checkpoint."""
+    prefix = f"model.layers.{layer}."
+    return next(i for i, t in enumerate(tensors) if t.name.startswith(prefix))
+
+
+def write_checkpoint(
+    out_dir: str | os.PathLike[str], config: dict[str, object], shards: list[list[CheckpointTensor]], *,
+    names: list[str] | None = None, first_indices: list[int] | None = None, seed: int = 0, index: bool = True,
+) -> Path:
+    """Write a checkpoint folder: ``config.json``, one safetensors file per group of ``shards`` and (``index``) the
+    ``model.safetensors.index.json`` naming each tensor's file; returns the folder.
+
+    ``names``: the files' names (default :func:`shard_names`; one shard without an index: ``model.safetensors``).
+    ``first_indices``: each file's first tensor index, which seeds the values (default: the tensors are numbered
+    across the files, so a tensor's values do not depend on how the checkpoint is split).
+    """
+    out = Path(out_dir)
+    write_config(out, config)
+    if names is None:
+        names = ["model.safetensors"] if len(shards) == 1 and not index else shard_names(len(shards))
+    if first_indices is None:
+        first_indices = [sum(len(group) for group in shards[:number]) for number in range(len(shards))]
+    weight_map: dict[str, str] = {}
+    for name, group, first in zip(names, shards, first_indices, strict=True):
+        write_safetensors(out / name, group, seed=seed, first_index=first)
+        weight_map.update({t.name: name for t in group})
+    if index:
+        total = sum(t.nbytes for group in shards for t in group)
+        index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX_NAME).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
 def _split(tensors: list[CheckpointTensor], files: int) -> list[list[CheckpointTensor]]:
     """Contiguous groups of about equal bytes, every group non-empty."""
     if files > len(tensors):
@@ -249,30 +330,16 @@ def write_mtpv2_checkpoint(
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}")
     if files < 1 or (with_trunk and files < 2):
         raise ValueError("files must be >= 1 (>= 2 with_trunk)")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = mtpv2_config(hparams, trunk_pattern=trunk_pattern, dtype=dtype, config_style=config_style)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tensors = mtpv2_tensors(hparams, dtype=dtype, bias_spelling=bias_spelling, with_trunk=with_trunk)
+    if files == 1:
+        return write_checkpoint(out_dir, config, [tensors], seed=seed, index=False)
     if with_trunk:
         trunk = [t for t in tensors if not t.name.startswith("mtp.")]
         groups = [trunk, *_split(tensors[len(trunk) :], files - 1)]
     else:
         groups = _split(tensors, files)
-    if files == 1:
-        write_safetensors(out / "model.safetensors", tensors, seed=seed)
-        return out
-    weight_map: dict[str, str] = {}
-    index = 0
-    for number, group in enumerate(groups, start=1):
-        name = f"model-{number:05d}-of-{files:05d}.safetensors"
-        write_safetensors(out / name, group, seed=seed, first_index=index)
-        index += len(group)
-        weight_map.update({t.name: name for t in group})
-    total = sum(t.nbytes for t in tensors)
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / INDEX_NAME).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
-    return out
+    return write_checkpoint(out_dir, config, groups, seed=seed)
 
 
 def mamba_layer_tensors(hparams: TinyHparams, layer: int, dtype: str = "bfloat16") -> list[CheckpointTensor]:
@@ -302,11 +369,15 @@ def write_full_nemotron_checkpoint(out_dir: str | os.PathLike[str], hparams: Tin
     makes blocks 0..2 of it and the MTP block ``blk.3``. One safetensors file; a tokenizer is the caller's
     (llama.cpp's converter needs a real one).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = mtpv2_config(hparams, trunk_pattern="M*E")
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    head = mtpv2_tensors(hparams, with_trunk=True)
+    return write_full_mtpv2_checkpoint(out_dir, mtpv2_config(hparams, trunk_pattern="M*E"),
+                                       mtpv2_tensors(hparams, with_trunk=True), hparams)
+
+
+def write_full_mtpv2_checkpoint(out_dir: str | os.PathLike[str], config: dict[str, object],
+                                head: list[CheckpointTensor], hparams: TinyHparams) -> Path:
+    """A complete Nemotron-H checkpoint of ``config`` (trunk ``M*E``) around the MTPv2 ``head`` (with the trunk's
+    embedding, final norm and LM head first), in one ``model.safetensors``: a Mamba-2 layer, then an attention
+    and a MoE layer shaped like the head's two sub-layers (their tensors renamed into ``backbone.layers.{1,2}``)."""
 
     def as_trunk(tensor: CheckpointTensor, prefix: str, layer: int) -> CheckpointTensor:
         return replace(tensor, name=f"backbone.layers.{layer}." + tensor.name[len(prefix) :])
@@ -315,5 +386,4 @@ def write_full_nemotron_checkpoint(out_dir: str | os.PathLike[str], hparams: Tin
     moe = [t for t in head if t.name.startswith("mtp.layers.1.") and not t.name.endswith("final_layernorm.weight")]
     trunk = mamba_layer_tensors(hparams, 0)
     trunk += [as_trunk(t, "mtp.layers.0.", 1) for t in attention] + [as_trunk(t, "mtp.layers.1.", 2) for t in moe]
-    write_safetensors(out / "model.safetensors", head[:3] + trunk + head[3:])
-    return out
+    return write_checkpoint(out_dir, config, [head[:3] + trunk + head[3:]], index=False)

@@ -10,7 +10,7 @@ Stages, each a function of the ones before it:
 3. **compose**: splice the draft into the target (:func:`gguf_mtp.jobs.compose.compose`);
 4. **verify**: check the composite against both inputs, with llama.cpp when installed
    (:func:`gguf_mtp.check.verify.verify`);
-5. **publish**: upload it with a model card when ``out_repo`` is given (:func:`gguf_mtp.hub.publish.publish`).
+5. **publish**: upload it with a model card when ``out_repo`` is given (:func:`gguf_mtp.release.publish.publish`).
 
 Resuming: a small JSON state file in the work folder records, for every finished stage, a key (a hash
 of its parameters and of its inputs' sha256) and its outputs (path, size, sha256). A re-run reuses a
@@ -39,24 +39,35 @@ from typing import Any
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
 from gguf_mtp.errors import HubError, ShardSetError, VerificationError
 from gguf_mtp.files.commit import folder_lock, remove_leftovers
-from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
+from gguf_mtp.files.json_io import write_json_file
+from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import progress_bar
 
-from . import client as hub
 from .card import Provenance
 from .pipeline_state import load_stages
 
-__all__ = ["STATE_NAME", "PipelineReport", "StageResult", "run_pipeline", "select_target_files"]
+__all__ = [
+    "LOCK_NAME",
+    "STATE_FORMAT",
+    "STATE_NAME",
+    "PipelineReport",
+    "StageResult",
+    "basename_of",
+    "run_pipeline",
+    "select_target_files",
+    "target_listing",
+]
 
 #: The state file in the work folder.
 STATE_NAME = "gguf-mtp-pipeline.json"
 STATE_FORMAT = 1
 STAGES = ("target", "draft", "compose", "verify", "publish")
 #: The lock file of earlier versions (the work folder itself is locked now): still proof of ownership.
-_LOCK_NAME = ".gguf-mtp-pipeline.lock"
+LOCK_NAME = ".gguf-mtp-pipeline.lock"
 _SPLIT_GLOB_TAIL = "-*-of-*.gguf"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -167,8 +178,7 @@ class _State:
             self._save()
 
     def _save(self) -> None:
-        data = json.dumps({"format": STATE_FORMAT, "stages": self.stages}, indent=2, sort_keys=True).encode()
-        replace_atomically(self.path, data)
+        write_json_file(self.path, {"format": STATE_FORMAT, "stages": self.stages})
 
 
 # ----------------------------------------------------------------------------------- reports
@@ -323,7 +333,7 @@ def run_pipeline(
     basename: str | None = None,
     outtype: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    api: Any = None,
+    api: HubApi | None = None,
     llama: bool | None = None,
     progress: bool = True,
     say: Callable[[str], None] | None = None,
@@ -345,7 +355,7 @@ def run_pipeline(
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
         replace_readme: replace ``out_repo``'s ``README.md`` even when gguf-mtp did not write it (checked
-            before any download: :func:`gguf_mtp.hub.publish.check_card_replaceable`).
+            before any download: :func:`gguf_mtp.release.publish.check_card_replaceable`).
         basename: the composite's file prefix (default: the target's prefix + ``-MTP``).
         outtype: the draft's matrix type (any of convert's: ``q8_0``, ``q4_k``...; default: the head's).
         cache_dir: the Hub cache for the target (default: huggingface_hub's, ``HF_HOME``/``HF_HUB_CACHE``).
@@ -389,7 +399,7 @@ def run_pipeline(
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
     while not top.parent.exists() and top.parent != top:
         top = top.parent
-    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME))
+    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME))
     try:
         return _run(
             work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
@@ -414,7 +424,7 @@ def _remove_unused_work_dir(work: Path, top: Path) -> None:
 
     try:
         names = set(os.listdir(work))
-        if not names <= {MARKER_NAME, _LOCK_NAME}:
+        if not names <= {MARKER_NAME, LOCK_NAME}:
             return
         for name in names:
             (work / name).unlink()
@@ -430,7 +440,7 @@ def _remove_unused_work_dir(work: Path, top: Path) -> None:
 
 def _run(
     work: Path,
-    hub_api: Any,
+    hub_api: HubApi,
     token: str | None,
     say: Callable[[str], None],
     progress: bool,
@@ -495,8 +505,9 @@ def _status(before: str | None) -> str:
     return "redone" if before else "ran"
 
 
-def _target_listing(
-    api: Any, token: str | None, repo: str, pattern: str, revision: str | None, cache_dir: str | os.PathLike[str] | None
+def target_listing(
+    api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
+    cache_dir: str | os.PathLike[str] | None,
 ) -> list[str]:
     """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
     if not hub.is_offline():
@@ -512,7 +523,7 @@ def _target_listing(
 def _stage_target(
     runner: _Runner,
     report: PipelineReport,
-    api: Any,
+    api: HubApi,
     token: str | None,
     repo: str,
     pattern: str,
@@ -535,7 +546,7 @@ def _stage_target(
         return outputs, record["detail"].get("commit")
     if why:
         runner.say(f"[1/5] target: {why}; downloading again")
-    names = select_target_files(_target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
+    names = select_target_files(target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
     shown = ", ".join(n.rpartition("/")[2] for n in names)
     runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
     snapshot = hub.download_files(
@@ -621,10 +632,10 @@ def _stage_draft(
 
 
 def _default_basename(target: Sequence[FileDigest]) -> str:
-    return _basename_of(target[0].name)
+    return basename_of(target[0].name)
 
 
-def _basename_of(first: str) -> str:
+def basename_of(first: str) -> str:
     """The composite's default prefix for a target whose first file is named ``first``."""
     name = first.rpartition("/")[2]
     match = SPLIT_NAME.match(name)
@@ -721,7 +732,7 @@ def _stage_verify(
 def _stage_publish(
     runner: _Runner,
     report: PipelineReport,
-    api: Any,
+    api: HubApi,
     token: str | None,
     composite: list[FileDigest],
     repo: str | None,

@@ -8,7 +8,7 @@ looks complete before it is:
 2. **check** (cheap Hub calls, skipped by ``dry_run``): token, ``whoami``, ``create_repo(exist_ok=True)``,
    branch, write access, and that the repo's ``README.md``, if any, is a card gguf-mtp wrote (another one
    is replaced only with ``replace_readme``: :func:`check_card_replaceable`);
-3. **hash** every file (streaming sha256) and render the card (:mod:`gguf_mtp.hub.card`);
+3. **hash** every file (streaming sha256) and render the card (:mod:`gguf_mtp.release.card`);
 4. **upload** from a staging folder recreated on every run (links to the shards + ``README.md``):
    a set that fits goes up as ONE commit; a large set goes up resumably, with any earlier card removed
    first and the new card committed last, only after the shards on the Hub were checked;
@@ -32,10 +32,11 @@ from gguf_mtp.constants import SPLIT_NAME
 from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
 
-from . import client as hub
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
 if TYPE_CHECKING:
@@ -440,7 +441,7 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
 
 
 def _upload(
-    report: PublishReport, hub_api: Any, token: str | None, staging: Path, card_bytes: bytes, message: str
+    report: PublishReport, hub_api: HubApi, token: str | None, staging: Path, card_bytes: bytes, message: str
 ) -> None:
     """Upload the staged files and card (one commit, or resumably with the card last); record the checks."""
     from gguf_mtp._version import __version__
@@ -503,10 +504,10 @@ def _upload(
 
 
 def check_card_replaceable(
-    api: Any, repo: str, *, token: str | None, revision: str | None, replace_readme: bool = False
+    api: HubApi, repo: str, *, token: str | None, revision: str | None, replace_readme: bool = False
 ) -> str | None:
     """Make sure publishing may replace ``repo``'s ``README.md``: it is missing, or a card gguf-mtp wrote
-    (:func:`~gguf_mtp.hub.card.is_gguf_mtp_card`), or ``replace_readme`` says to replace whatever is there.
+    (:func:`~gguf_mtp.release.card.is_gguf_mtp_card`), or ``replace_readme`` says to replace whatever is there.
 
     Returns:
         A note when a ``README.md`` gguf-mtp did not write will be replaced (``replace_readme``), else ``None``.
@@ -549,7 +550,7 @@ def publish(
     private: bool = False,
     revision: str | None = None,
     dry_run: bool = False,
-    api: Any = None,
+    api: HubApi | None = None,
     provenance: Provenance | None = None,
     digests: Mapping[str, FileDigest] | None = None,
     upload_mode: str = "auto",
@@ -658,6 +659,7 @@ def publish(
     staging = _stage(plan.files, card_bytes, names, card_path)
     what = "MTP draft" if standalone else "GGUF with MTP head"
     message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
+    assert hub_api is not None  # made above unless dry_run
     _upload(report, hub_api, token, staging, card_bytes, message)
     bad = [c for c in report.checks if not c.ok]
     if bad:

@@ -168,7 +168,7 @@ def shell_word(text: str) -> str:
 
 
 def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
-    from .client import is_repo_id
+    from gguf_mtp.hub.client import is_repo_id
 
     # Only ids the Hub accepts: the value comes from a file's general.base_model.0.repo_url or a flag.
     candidates = [r for r in (provenance.base_model, facts.base_model) if r and is_repo_id(r)]
@@ -191,7 +191,7 @@ def _front_matter(facts: ModelFacts, provenance: Provenance) -> str:
 
 def _repo_link(repo: str, revision: str | None = None) -> str:
     """A link to a Hub repo (only for an id the Hub's rules accept; anything else is shown as text)."""
-    from .client import is_repo_id
+    from gguf_mtp.hub.client import is_repo_id
 
     link = f"[{repo}]({_HF_URL}{repo})" if is_repo_id(repo) else markdown_code(repo)
     return f"{link} at {markdown_code(revision)}" if revision else link

@@ -46,7 +46,6 @@ __all__ = [
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
-SINGLE_FILE_NAME = "model.safetensors"
 
 #: safetensors dtype -> numpy dtype of its raw elements (BF16 as its uint16 bit pattern).
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -389,41 +388,78 @@ def open_checkpoint(folder: str | os.PathLike[str], *, prefix: NamePrefix | None
     weight_map, names, index_path = _files_of(folder)
     if not names:
         raise CheckpointError("no .safetensors files", folder)
-
-    def keep(name: str) -> bool:
-        return prefix is None or name.startswith(prefix)
-
     if weight_map is not None:
-        needed = {f for t, f in weight_map.items() if keep(t)}
-        # exists, not is_file: a listed file that is a pipe or a directory is refused as such, not "missing".
-        missing = sorted((f for f in needed if not (folder / f).exists()), key=natural_key)
-        if missing:
-            held = sorted((t for t, f in weight_map.items() if f == missing[0] and keep(t)), key=natural_key)
-            raise CheckpointError(
-                f"{index_path.name if index_path else INDEX_NAME} lists {', '.join(missing)}, which is missing "
-                f"(it holds {len(held)} needed tensor(s), e.g. {held[0]})",
-                folder,
-            )
+        needed = _needed_files(folder, weight_map, index_path, prefix)
         names = [n for n in names if n in needed]
+    tensors, opened = _read_tensors(folder, names, weight_map, prefix)
+    if weight_map is not None:
+        _check_index_is_held(folder, weight_map, tensors, prefix)
+    return Checkpoint(folder, config, tensors, tuple(opened), index_path)
+
+
+def _wanted(name: str, prefix: NamePrefix | None) -> bool:
+    """Whether tensor ``name`` is kept: every tensor without a ``prefix``, else those starting with it."""
+    return prefix is None or name.startswith(prefix)
+
+
+def _needed_files(
+    folder: Path, weight_map: dict[str, str], index_path: Path | None, prefix: NamePrefix | None
+) -> set[str]:
+    """The files the index places wanted tensors in; each must be in ``folder``.
+
+    Raises:
+        CheckpointError: a needed file is missing (named, with one tensor it holds).
+    """
+    needed = {f for t, f in weight_map.items() if _wanted(t, prefix)}
+    # exists, not is_file: a listed file that is a pipe or a directory is refused as such, not "missing".
+    missing = sorted((f for f in needed if not (folder / f).exists()), key=natural_key)
+    if missing:
+        held = sorted((t for t, f in weight_map.items() if f == missing[0] and _wanted(t, prefix)), key=natural_key)
+        raise CheckpointError(
+            f"{index_path.name if index_path else INDEX_NAME} lists {', '.join(missing)}, which is missing "
+            f"(it holds {len(held)} needed tensor(s), e.g. {held[0]})",
+            folder,
+        )
+    return needed
+
+
+def _read_tensors(
+    folder: Path, names: list[str], weight_map: dict[str, str] | None, prefix: NamePrefix | None
+) -> tuple[dict[str, SafetensorsTensor], list[Path]]:
+    """The wanted tensors of the files ``names`` (read in that order), and the paths of the files opened.
+
+    Raises:
+        CheckpointError: a file holds a tensor the index places elsewhere, or one another file holds too.
+    """
     tensors: dict[str, SafetensorsTensor] = {}
     opened: list[Path] = []
     for file_name in names:
         st = SafetensorsFile(folder / file_name)
         opened.append(st.path)
         for name, tensor in st.tensors.items():
-            if not keep(name):
+            if not _wanted(name, prefix):
                 continue
-            if weight_map is not None and weight_map.get(name) != file_name:
-                raise CheckpointError(
-                    f"holds {name!r}, but the index places it in {weight_map.get(name, 'no file')}", st.path
-                )
-            if name in tensors:
-                raise CheckpointError(f"tensor {name!r} is also in {tensors[name].path.name}", st.path)
+            _check_placement(st.path, name, weight_map, tensors)
             tensors[name] = tensor
-    if weight_map is not None:
-        absent = sorted((t for t, f in weight_map.items() if keep(t) and t not in tensors), key=natural_key)
-        if absent:
-            raise CheckpointError(
-                f"the index places {absent[0]!r} in {weight_map[absent[0]]}, but that file does not hold it", folder
-            )
-    return Checkpoint(folder, config, tensors, tuple(opened), index_path)
+    return tensors, opened
+
+
+def _check_placement(
+    path: Path, name: str, weight_map: dict[str, str] | None, tensors: Mapping[str, SafetensorsTensor]
+) -> None:
+    """Refuse tensor ``name`` of file ``path`` where the index places it elsewhere, or an earlier file held it."""
+    if weight_map is not None and weight_map.get(name) != path.name:
+        raise CheckpointError(f"holds {name!r}, but the index places it in {weight_map.get(name, 'no file')}", path)
+    if name in tensors:
+        raise CheckpointError(f"tensor {name!r} is also in {tensors[name].path.name}", path)
+
+
+def _check_index_is_held(
+    folder: Path, weight_map: dict[str, str], tensors: Mapping[str, SafetensorsTensor], prefix: NamePrefix | None
+) -> None:
+    """Refuse an index that places a wanted tensor in a file that does not hold it."""
+    absent = sorted((t for t, f in weight_map.items() if _wanted(t, prefix) and t not in tensors), key=natural_key)
+    if absent:
+        raise CheckpointError(
+            f"the index places {absent[0]!r} in {weight_map[absent[0]]}, but that file does not hold it", folder
+        )

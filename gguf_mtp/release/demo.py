@@ -24,13 +24,12 @@ from gguf_mtp.check.verify import verify
 from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.formatting import human_bytes
-from gguf_mtp.hub.card import Provenance
-from gguf_mtp.hub.publish import CARD_NAME, publish
+from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
+from gguf_mtp.release.card import Provenance
+from gguf_mtp.release.publish import CARD_NAME, publish
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
-
-from .compose import compose
-from .convert import convert
 
 __all__ = ["run_demo"]
 

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
 
-from . import client as hub
 from .pipeline import (
-    _LOCK_NAME,
+    LOCK_NAME,
     STATE_FORMAT,
     STATE_NAME,
     PipelineReport,
     StageResult,
-    _basename_of,
-    _target_listing,
+    basename_of,
     select_target_files,
+    target_listing,
 )
 from .pipeline_state import load_stages
 
@@ -34,7 +34,7 @@ _PLANNED = "planned"
 
 
 def _target_sizes(
-    api: Any, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
+    api: HubApi, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
 ) -> dict[str, int | None]:
     """Each file's size: the Hub's record, or offline the cached copy's (``None`` when unknown)."""
     if hub.is_offline():
@@ -48,7 +48,7 @@ def _size(value: int | None) -> str:
 
 
 def _check_out_readme(
-    report: PipelineReport, api: Any, token: str | None, repo: str, revision: str | None, replace_readme: bool
+    report: PipelineReport, api: HubApi, token: str | None, repo: str, revision: str | None, replace_readme: bool
 ) -> None:
     """Refuse, as the real run would, an ``out_repo`` README.md gguf-mtp did not write (a read, no write);
     where the Hub cannot say (offline, a repo that does not exist yet), a note says so."""
@@ -71,7 +71,7 @@ def _check_out_readme(
 
 
 def plan_pipeline(
-    api: Any,
+    api: HubApi,
     token: str | None,
     *,
     target_repo: str,
@@ -87,7 +87,7 @@ def plan_pipeline(
     out_revision: str | None = None,
     replace_readme: bool = False,
 ) -> PipelineReport:
-    """The plan of a :func:`~gguf_mtp.hub.pipeline.run_pipeline` call with the same arguments; writes nothing.
+    """The plan of a :func:`~gguf_mtp.release.pipeline.run_pipeline` call with the same arguments; writes nothing.
 
     Raises:
         HubError: the Hub cannot be asked for the file list (and, offline, the cache does not hold it).
@@ -95,11 +95,11 @@ def plan_pipeline(
         UnsafeOutputError: the work folder would be refused by a real run.
         StateFileError: the work folder's state file is not one gguf-mtp wrote.
         HubError: ``out_repo`` has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set
-            (online only; see :func:`~gguf_mtp.hub.publish.check_card_replaceable`).
+            (online only; see :func:`~gguf_mtp.release.publish.check_card_replaceable`).
     """
     report = PipelineReport(work, dry_run=True)
     would_create = claim_work_dir(
-        work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, _LOCK_NAME), dry_run=True
+        work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME), dry_run=True
     )
     if would_create:
         report.notes.append(f"the work folder {work} would be created")
@@ -111,7 +111,7 @@ def plan_pipeline(
                 "(size, sha256) and reuses those that still match"
             )
 
-    names = select_target_files(_target_listing(api, token, target_repo, target_files, target_revision, cache_dir),
+    names = select_target_files(target_listing(api, token, target_repo, target_files, target_revision, cache_dir),
                                 target_files)
     cached = {n: hub.cached_file(target_repo, n, revision=target_revision, cache_dir=cache_dir) for n in names}
     sizes = _target_sizes(api, token, target_repo, names, target_revision, cached)
@@ -132,7 +132,7 @@ def plan_pipeline(
         else f"download config.json, the index and the safetensors files holding the MTP head of {head_repo}, "
         f"convert -> {work / 'draft' / 'mtp-draft.gguf'}",
     ))
-    name = basename or _basename_of(names[0])
+    name = basename or basename_of(names[0])
     outputs = [split_file_name(name, i, len(names)) for i in range(1, len(names) + 1)] if len(names) > 1 \
         else [f"{name}.gguf"]
     report.stages.append(StageResult(

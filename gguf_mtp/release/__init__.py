@@ -1,0 +1,1 @@
+"""Releases: publish (with its model card), the whole pipeline (plan, state) and the demo, above the jobs."""
