@@ -22,7 +22,6 @@ Output folders of a redone stage are recreated, never reused.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import glob
 import hashlib
 import json
@@ -30,14 +29,12 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.constants import SPLIT_NAME, split_file_name
-from gguf_mtp.errors import HubError, ShardSetError, VerificationError
+from gguf_mtp.errors import HubError, VerificationError
 from gguf_mtp.files.commit import folder_lock, remove_leftovers
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
@@ -48,7 +45,10 @@ from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
 
 from .card import Provenance
-from .pipeline_state import load_stages
+from .pipeline_plan import plan_pipeline
+from .pipeline_report import PipelineReport, StageResult
+from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .pipeline_target import basename_of, select_target_files, target_listing
 
 __all__ = [
     "LOCK_NAME",
@@ -62,73 +62,7 @@ __all__ = [
     "target_listing",
 ]
 
-#: The state file in the work folder.
-STATE_NAME = "gguf-mtp-pipeline.json"
-STATE_FORMAT = 1
-STAGES = ("target", "draft", "compose", "verify", "publish")
-#: The lock file of earlier versions (the work folder itself is locked now): still proof of ownership.
-LOCK_NAME = ".gguf-mtp-pipeline.lock"
-_SPLIT_GLOB_TAIL = "-*-of-*.gguf"
-_GLOB_CHARS = re.compile(r"[*?\[]")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-# ----------------------------------------------------------------------------------- choosing the target's files
-
-
-def _group_key(path: str) -> tuple[str, str, int] | None:
-    folder, _, name = path.rpartition("/")
-    match = SPLIT_NAME.match(name)
-    return (folder, match["prefix"], int(match["count"])) if match else None
-
-
-def _complete_set(folder: str, prefix: str, count: int, available: set[str], pattern: str) -> list[str]:
-    base = f"{folder}/" if folder else ""
-    names = [base + split_file_name(prefix, i, count) for i in range(1, count + 1)]
-    missing = [n.rpartition("/")[2] for n in names if n not in available]
-    if missing:
-        raise ShardSetError(f"{pattern!r}: the repo's split set is incomplete, missing {', '.join(missing)}")
-    return names
-
-
-def select_target_files(repo_files: Iterable[str], pattern: str) -> list[str]:
-    """The exact files of the one model ``pattern`` names in a repo, in shard order (pure).
-
-    ``pattern`` may be ``DIR/NAME-*-of-*.gguf`` (the split set whose prefix is exactly ``NAME``: a glob
-    would also match ``NAME-MTP-00001-of-00003.gguf``), one shard's exact name (its whole set), one
-    single-file model's name, or any other glob that matches the files of exactly one model.
-
-    Raises:
-        ShardSetError: nothing matches, several models match, or the split set is incomplete.
-    """
-    available = set(repo_files)
-    folder, _, base = pattern.rpartition("/")
-    if base.endswith(_SPLIT_GLOB_TAIL) and not _GLOB_CHARS.search(base[: -len(_SPLIT_GLOB_TAIL)] + folder):
-        prefix = base[: -len(_SPLIT_GLOB_TAIL)]
-        counts = sorted({k[2] for f in available if (k := _group_key(f)) and k[:2] == (folder, prefix)})
-        if not counts:
-            raise ShardSetError(f"{pattern!r} matches no file of the repo")
-        if len(counts) > 1:
-            raise ShardSetError(f"{pattern!r} matches split sets of {' and '.join(map(str, counts))} shards")
-        return _complete_set(folder, prefix, counts[0], available, pattern)
-    if not _GLOB_CHARS.search(pattern):
-        key = _group_key(pattern)
-        if key is not None:
-            return _complete_set(*key, available, pattern)
-        if pattern not in available:
-            raise ShardSetError(f"{pattern!r} is not a file of the repo")
-        return [pattern]
-    groups: dict[tuple[str, str, int] | str, list[str]] = {}
-    for f in sorted(available):
-        if fnmatch.fnmatchcase(f, pattern) and f.endswith(".gguf"):
-            groups.setdefault(_group_key(f) or f, []).append(f)
-    if not groups:
-        raise ShardSetError(f"{pattern!r} matches no .gguf file of the repo")
-    if len(groups) > 1:
-        shown = ", ".join(f"{k[1]}-*-of-{k[2]:05d}.gguf" if isinstance(k, tuple) else k for k in groups)
-        raise ShardSetError(f"{pattern!r} matches {len(groups)} models ({shown}); name one exactly")
-    chosen = next(iter(groups))
-    return _complete_set(*chosen, available, pattern) if isinstance(chosen, tuple) else [chosen]
 
 
 # ----------------------------------------------------------------------------------- the state file
@@ -182,79 +116,6 @@ class _State:
 
 
 # ----------------------------------------------------------------------------------- reports
-
-
-@dataclass
-class StageResult:
-    """One stage of a run: ``ran`` (first time), ``reused`` (checked and kept), ``redone`` (a recorded
-    output no longer matched) or ``skipped`` (not asked for)."""
-
-    name: str
-    status: str
-    summary: str
-    seconds: float = 0.0
-    outputs: list[FileDigest] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "seconds": round(self.seconds, 3),
-            "outputs": [d.to_dict() for d in self.outputs],
-        }
-
-
-@dataclass
-class PipelineReport:
-    """What a pipeline run did, stage by stage."""
-
-    work_dir: Path
-    stages: list[StageResult] = field(default_factory=list)
-    target: list[Path] = field(default_factory=list)
-    draft: Path | None = None
-    composite: list[Path] = field(default_factory=list)
-    verification: Any = None  # a VerifyReport, when verify ran in this run
-    published: Any = None  # a PublishReport, when publish ran in this run
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    dry_run: bool = False
-    disk_needed: int | None = None  # with dry_run: the bytes a real run would add to the disks, at least
-    planned: dict[str, Any] | None = None  # with dry_run: the files it would download, write and upload
-
-    def stage(self, name: str) -> StageResult:
-        return next(s for s in self.stages if s.name == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "command": "pipeline",
-            "work_dir": str(self.work_dir),
-            "stages": [s.to_dict() for s in self.stages],
-            "target": [str(p) for p in self.target],
-            "draft": str(self.draft) if self.draft else None,
-            "composite": [str(p) for p in self.composite],
-            "verification": self.verification.to_dict() if self.verification is not None else None,
-            "published": self.published.to_dict() if self.published is not None else None,
-            "notes": list(self.notes),
-            "seconds": round(self.seconds, 3),
-            "dry_run": self.dry_run,
-            "disk_needed": self.disk_needed,
-            "planned": self.planned,
-        }
-
-    def describe(self) -> list[str]:
-        lines = [f"{s.name:8s} {s.status:8s} {s.summary}" for s in self.stages]
-        if self.composite:
-            lines.append(
-                f"composite: {self.composite[0]}"
-                + (f" (+{len(self.composite) - 1} shards)" if len(self.composite) > 1 else "")
-            )
-        lines += [f"note: {n}" for n in self.notes]
-        if self.dry_run:
-            lines.append("dry run: nothing was downloaded, written or uploaded")
-        else:
-            lines.append(f"done in {self.seconds:.1f} s")
-        return lines
 
 
 # ----------------------------------------------------------------------------------- the run
@@ -388,8 +249,6 @@ def run_pipeline(
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
     if dry_run:
-        from .pipeline_plan import plan_pipeline
-
         return plan_pipeline(
             hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
             out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
@@ -505,21 +364,6 @@ def _status(before: str | None) -> str:
     return "redone" if before else "ran"
 
 
-def target_listing(
-    api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-) -> list[str]:
-    """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
-    if not hub.is_offline():
-        return hub.list_repo_files(api, repo, token=token, revision=revision)
-    # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
-    listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)
-    if listing is None:
-        snapshot = hub.download_files(api, repo, [pattern], token=token, revision=revision, cache_dir=cache_dir)
-        listing = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-    return listing
-
-
 def _stage_target(
     runner: _Runner,
     report: PipelineReport,
@@ -633,14 +477,6 @@ def _stage_draft(
 
 def _default_basename(target: Sequence[FileDigest]) -> str:
     return basename_of(target[0].name)
-
-
-def basename_of(first: str) -> str:
-    """The composite's default prefix for a target whose first file is named ``first``."""
-    name = first.rpartition("/")[2]
-    match = SPLIT_NAME.match(name)
-    stem = match["prefix"] if match else Path(name).stem
-    return f"{stem}-MTP"
 
 
 def _stage_compose(

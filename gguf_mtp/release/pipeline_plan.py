@@ -16,17 +16,9 @@ from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
-from .pipeline import (
-    LOCK_NAME,
-    STATE_FORMAT,
-    STATE_NAME,
-    PipelineReport,
-    StageResult,
-    basename_of,
-    select_target_files,
-    target_listing,
-)
-from .pipeline_state import load_stages
+from .pipeline_report import PipelineReport, StageResult
+from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .pipeline_target import basename_of, select_target_files, target_listing
 
 __all__ = ["plan_pipeline"]
 

@@ -29,11 +29,19 @@ from typing import Any
 from gguf_mtp.errors import GGUFMTPError
 from gguf_mtp.files.json_io import load_json_file
 
-__all__ = ["DETAILS", "MAX_OUTPUTS", "MAX_STATE_BYTES", "OUTPUT_COUNTS", "StateFileError", "check_state", "load_stages"]
+__all__ = [
+    "DETAILS", "LOCK_NAME", "MAX_OUTPUTS", "MAX_STATE_BYTES", "OUTPUT_COUNTS", "STAGES", "STATE_FORMAT", "STATE_NAME",
+    "StateFileError", "check_state", "load_stages",
+]
 
 #: A state file records a few dozen files; a megabyte-sized one was not written by gguf-mtp.
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
+#: The state file in the work folder, and the format it is written in.
+STATE_NAME = "gguf-mtp-pipeline.json"
+STATE_FORMAT = 1
+#: The lock file of earlier versions (the work folder itself is locked now): still proof of ownership.
+LOCK_NAME = ".gguf-mtp-pipeline.lock"
 #: The stages of a pipeline run; a record for any other name was not written by gguf-mtp.
 STAGES = ("target", "draft", "compose", "verify", "publish")
 

@@ -1,0 +1,98 @@
+"""Choosing a pipeline's target files on the Hub: the exact shard set a pattern names (pure), the repo's file list
+(online or from the cache), and the composite's default name."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from gguf_mtp.constants import SPLIT_NAME, split_file_name
+from gguf_mtp.errors import ShardSetError
+from gguf_mtp.hub import client as hub
+from gguf_mtp.hub.hub_api import HubApi
+
+__all__ = ["basename_of", "select_target_files", "target_listing"]
+
+_SPLIT_GLOB_TAIL = "-*-of-*.gguf"
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def _group_key(path: str) -> tuple[str, str, int] | None:
+    folder, _, name = path.rpartition("/")
+    match = SPLIT_NAME.match(name)
+    return (folder, match["prefix"], int(match["count"])) if match else None
+
+
+def _complete_set(folder: str, prefix: str, count: int, available: set[str], pattern: str) -> list[str]:
+    base = f"{folder}/" if folder else ""
+    names = [base + split_file_name(prefix, i, count) for i in range(1, count + 1)]
+    missing = [n.rpartition("/")[2] for n in names if n not in available]
+    if missing:
+        raise ShardSetError(f"{pattern!r}: the repo's split set is incomplete, missing {', '.join(missing)}")
+    return names
+
+
+def select_target_files(repo_files: Iterable[str], pattern: str) -> list[str]:
+    """The exact files of the one model ``pattern`` names in a repo, in shard order (pure).
+
+    ``pattern`` may be ``DIR/NAME-*-of-*.gguf`` (the split set whose prefix is exactly ``NAME``: a glob
+    would also match ``NAME-MTP-00001-of-00003.gguf``), one shard's exact name (its whole set), one
+    single-file model's name, or any other glob that matches the files of exactly one model.
+
+    Raises:
+        ShardSetError: nothing matches, several models match, or the split set is incomplete.
+    """
+    available = set(repo_files)
+    folder, _, base = pattern.rpartition("/")
+    if base.endswith(_SPLIT_GLOB_TAIL) and not _GLOB_CHARS.search(base[: -len(_SPLIT_GLOB_TAIL)] + folder):
+        prefix = base[: -len(_SPLIT_GLOB_TAIL)]
+        counts = sorted({k[2] for f in available if (k := _group_key(f)) and k[:2] == (folder, prefix)})
+        if not counts:
+            raise ShardSetError(f"{pattern!r} matches no file of the repo")
+        if len(counts) > 1:
+            raise ShardSetError(f"{pattern!r} matches split sets of {' and '.join(map(str, counts))} shards")
+        return _complete_set(folder, prefix, counts[0], available, pattern)
+    if not _GLOB_CHARS.search(pattern):
+        key = _group_key(pattern)
+        if key is not None:
+            return _complete_set(*key, available, pattern)
+        if pattern not in available:
+            raise ShardSetError(f"{pattern!r} is not a file of the repo")
+        return [pattern]
+    groups: dict[tuple[str, str, int] | str, list[str]] = {}
+    for f in sorted(available):
+        if fnmatch.fnmatchcase(f, pattern) and f.endswith(".gguf"):
+            groups.setdefault(_group_key(f) or f, []).append(f)
+    if not groups:
+        raise ShardSetError(f"{pattern!r} matches no .gguf file of the repo")
+    if len(groups) > 1:
+        shown = ", ".join(f"{k[1]}-*-of-{k[2]:05d}.gguf" if isinstance(k, tuple) else k for k in groups)
+        raise ShardSetError(f"{pattern!r} matches {len(groups)} models ({shown}); name one exactly")
+    chosen = next(iter(groups))
+    return _complete_set(*chosen, available, pattern) if isinstance(chosen, tuple) else [chosen]
+
+
+def target_listing(
+    api: HubApi, token: str | None, repo: str, pattern: str, revision: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> list[str]:
+    """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
+    if not hub.is_offline():
+        return hub.list_repo_files(api, repo, token=token, revision=revision)
+    # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
+    listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)
+    if listing is None:
+        snapshot = hub.download_files(api, repo, [pattern], token=token, revision=revision, cache_dir=cache_dir)
+        listing = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    return listing
+
+
+def basename_of(first: str) -> str:
+    """The composite's default prefix for a target whose first file is named ``first``."""
+    name = first.rpartition("/")[2]
+    match = SPLIT_NAME.match(name)
+    stem = match["prefix"] if match else Path(name).stem
+    return f"{stem}-MTP"
