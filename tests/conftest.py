@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,18 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GGUF_MTP_DISABLE_PROGRESS", "1")
+    _deliverable_signals()
+
+
+def _deliverable_signals() -> None:
+    """Let the commands the tests start receive SIGINT and SIGHUP whatever started the suite: a shell runs a
+    background job (``make test &``) with SIGINT ignored and ``nohup`` ignores SIGHUP, and an ignored signal stays
+    ignored across exec, so the interrupt tests' children would never see the signals they are sent. (The test
+    of a run under nohup sets SIGHUP ignored in its own child.)"""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 #: The fixtures that give llama.cpp's own tools, which are compiled from source the first time (minutes).
