@@ -219,15 +219,8 @@ class BailingMoeV3MTPModel(HeadModel):
     def nextn_layer_values(self) -> dict[str, int]:
         # head_count_kv 1: a full-attention block (0 marks a recurrent one, bailingmoe3.cpp:35-37); clamps 0.0: the
         # converter pads them so (conversion/bailingmoe3.py:82-86).
-        return {
-            "attention.head_count": self.n_head,
-            "attention.head_count_kv": 1,
-            "expert_used_count": self.n_expert_used,
-            "expert_feed_forward_length": self.n_ff_exp,
-            "swiglu_clamp_exp": 0,
-            "swiglu_clamp_shexp": 0,
-            **({"feed_forward_length": self.n_ff} if self.n_ff is not None else {}),
-        }
+        return {**self.moe_block_values(self.n_ff_exp, self.n_ff), "attention.head_count_kv": 1,
+                "swiglu_clamp_exp": 0, "swiglu_clamp_shexp": 0}
 
     def trunk_layer_values(self, n_trunk: int) -> dict[str, list[int]] | None:
         if n_trunk != self.n_layer:

@@ -632,6 +632,17 @@ class HeadModel:
         """Per-layer array (``{arch}.`` suffix) -> the NextN block's entry."""
         raise NotImplementedError
 
+    def moe_block_values(self, n_ff_exp: int, n_ff: int | None) -> dict[str, int]:
+        """The per-layer entries of a MoE NextN block, for a target that states these per layer: heads, KV heads,
+        experts used, the expert width ``n_ff_exp`` and the dense width ``n_ff`` when config.json has one."""
+        return {
+            "attention.head_count": self.n_head,
+            "attention.head_count_kv": self.n_head_kv,
+            "expert_used_count": self.n_expert_used,
+            "expert_feed_forward_length": n_ff_exp,
+            **({"feed_forward_length": n_ff} if n_ff is not None else {}),
+        }
+
     def nextn_block_values(self, offset: int) -> dict[str, Any]:
         """Per-layer array -> the entry of the ``offset``-th NextN block (a family whose blocks differ overrides
         it; by default every block takes :meth:`nextn_layer_values`)."""

@@ -112,14 +112,7 @@ class Glm4MoeMTPModel(NextNLayerModel):
         return ()  # glm4moe has no per-layer arrays: every value above is a scalar
 
     def nextn_layer_values(self) -> dict[str, int]:
-        # For a target that states one of these per layer anyway: the NextN block is a MoE block.
-        return {
-            "attention.head_count": self.n_head,
-            "attention.head_count_kv": self.n_head_kv,
-            "expert_used_count": self.n_expert_used,
-            "expert_feed_forward_length": self.n_ff_exp,
-            **({"feed_forward_length": self.n_ff} if self.n_ff is not None else {}),
-        }
+        return self.moe_block_values(self.n_ff_exp, self.n_ff)
 
     def target_checks(self) -> list[TargetCheck]:
         return [

@@ -9,7 +9,7 @@ fusion (``enorm``, ``hnorm``, ``eh_proj``) and the trailing ``final_layernorm``,
 to ``shared_head.norm`` (conversion/hunyuan.py:425-428) and its loader reads as ``nextn.shared_head_norm``
 (src/models/hy-v3.cpp:92-95). The checkpoint has no MTP embedding or LM head of its own (hy-v3.cpp:236-238).
 
-Names come from one table (:data:`_LAYER`, :data:`_NEXTN`), the HF spellings llama.cpp's ``TensorNameMap`` maps for
+Names come from one table (:data:`_NAMES`), the HF spellings llama.cpp's ``TensorNameMap`` maps for
 this architecture (PyPI gguf 0.19.0 has no ``hy_v3``); the GGUF names are gguf-py's global ``TENSOR_NAMES``. Note
 llama.cpp's own spellings: ``post_attention_layernorm`` is ``ffn_norm`` here, and the selection bias is
 ``exp_probs_b`` without a ``.bias`` suffix (hy-v3.cpp:68). Experts are stacked one at a time, q/k copied as they are
@@ -28,35 +28,25 @@ from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
 
 from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
 
 __all__ = ["HYV3MTPModel"]
 
 T = MODEL_TENSOR
 
 #: ``model.layers.{N}.X`` -> (gguf-py tensor, GGUF suffix): the decoder layer of a NextN block.
-_LAYER: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "input_layernorm.weight": (T.ATTN_NORM, ".weight"),
-    "self_attn.q_proj.weight": (T.ATTN_Q, ".weight"),
-    "self_attn.k_proj.weight": (T.ATTN_K, ".weight"),
-    "self_attn.v_proj.weight": (T.ATTN_V, ".weight"),
-    "self_attn.o_proj.weight": (T.ATTN_OUT, ".weight"),
-    "self_attn.q_norm.weight": (T.ATTN_Q_NORM, ".weight"),
-    "self_attn.k_norm.weight": (T.ATTN_K_NORM, ".weight"),
-    "post_attention_layernorm.weight": (T.FFN_NORM, ".weight"),
+#: ``model.layers.{N}.X`` -> (gguf-py tensor, GGUF suffix): the decoder layer of a NextN block (the shared Llama-style
+#: names, Hy3's router and shared expert) and the NextN glue around it (``final_layernorm`` is its head norm).
+_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    **DECODER_NAMES,
     "mlp.router.gate.weight": (T.FFN_GATE_INP, ".weight"),
     "mlp.expert_bias": (T.FFN_EXP_PROBS_B, ""),
     "mlp.shared_mlp.gate_proj.weight": (T.FFN_GATE_SHEXP, ".weight"),
     "mlp.shared_mlp.up_proj.weight": (T.FFN_UP_SHEXP, ".weight"),
     "mlp.shared_mlp.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
-}
-#: ``model.layers.{N}.X`` -> (gguf-py tensor, GGUF suffix): the NextN glue around it.
-_NEXTN: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
-    "enorm.weight": (T.NEXTN_ENORM, ".weight"),
-    "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
+    **NEXTN_GLUE_NAMES,
     "final_layernorm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
 }
-_NAMES = {**_LAYER, **_NEXTN}
 #: A head tensor: its layer (at most 3 digits: bounded before int() sees it) and its name within the layer.
 _HEAD = re.compile(r"^model\.layers\.(?P<layer>[0-9]{1,3})\.(?P<local>.+)$")
 #: At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
@@ -169,14 +159,7 @@ class HYV3MTPModel(HeadModel):
         return ()  # hy_v3 writes only scalars
 
     def nextn_layer_values(self) -> dict[str, int]:
-        # For a target that states one of these per layer anyway: the NextN block is a MoE block.
-        return {
-            "attention.head_count": self.n_head,
-            "attention.head_count_kv": self.n_head_kv,
-            "expert_used_count": self.n_expert_used,
-            "expert_feed_forward_length": self.n_ff_exp,
-            **({"feed_forward_length": self.n_ff} if self.n_ff is not None else {}),
-        }
+        return self.moe_block_values(self.n_ff_exp, self.n_ff)
 
     def target_checks(self) -> list[TargetCheck]:
         return [

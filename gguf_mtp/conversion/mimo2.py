@@ -40,6 +40,7 @@ from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTe
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
+from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
 
@@ -48,20 +49,12 @@ T = MODEL_TENSOR
 #: HF name inside ``model.mtp.layers.{i}.`` -> GGUF tensor and suffix (gguf-py's tensor_mapping.py entries: the six
 #: generic NextN sources, the mimo2 block, ``final_layernorm`` -> ``layer_output_norm``).
 NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
-    "enorm.weight": (T.NEXTN_ENORM, ".weight"),
-    "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
-    "embed_tokens.weight": (T.NEXTN_EMBED_TOKENS, ".weight"),
-    "shared_head.norm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
-    "shared_head.head.weight": (T.NEXTN_SHARED_HEAD_HEAD, ".weight"),
-    "input_layernorm.weight": (T.ATTN_NORM, ".weight"),
+    **NEXTN_GLUE_NAMES,
+    # the attention is fused (qkv_proj below), without QK norm: separate q/k/v projections are refused, naming it
+    **{name: entry for name, entry in DECODER_NAMES.items()
+       if name.split(".")[1] not in ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm")},
     "self_attn.qkv_proj.weight": (T.ATTN_QKV, ".weight"),
-    "self_attn.o_proj.weight": (T.ATTN_OUT, ".weight"),
     "self_attn.attention_sink_bias": (T.ATTN_SINKS, ".weight"),
-    "post_attention_layernorm.weight": (T.FFN_NORM, ".weight"),
-    "mlp.gate_proj.weight": (T.FFN_GATE, ".weight"),
-    "mlp.up_proj.weight": (T.FFN_UP, ".weight"),
-    "mlp.down_proj.weight": (T.FFN_DOWN, ".weight"),
     "final_layernorm.weight": (T.LAYER_OUT_NORM, ".weight"),
 }
 PREFIX = "model.mtp.layers."

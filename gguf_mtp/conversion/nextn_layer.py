@@ -23,6 +23,7 @@ from gguf_mtp.errors import CheckpointError, ParameterError
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource, at_block
+from .hf_names import NEXTN_GLUE_NAMES
 
 __all__ = ["NEXTN_COPIES", "NEXTN_GLUE", "NextNLayerModel"]
 
@@ -34,14 +35,7 @@ NEXTN_COPIES = (T.NEXTN_EMBED_TOKENS, T.NEXTN_SHARED_HEAD_HEAD)
 _LAYER = re.compile(r"^model\.layers\.(?P<layer>[0-9]{1,6})\.(?P<suffix>.+)$")
 #: checkpoint suffix (after ``model.layers.{N}.``) -> gguf-py tensor: llama.cpp's generic NextN sources
 #: (gguf-py ``tensor_mapping.py``, ``MODEL_TENSOR.NEXTN_*``).
-NEXTN_GLUE: dict[str, MODEL_TENSOR] = {
-    "eh_proj.weight": T.NEXTN_EH_PROJ,
-    "enorm.weight": T.NEXTN_ENORM,
-    "hnorm.weight": T.NEXTN_HNORM,
-    "shared_head.norm.weight": T.NEXTN_SHARED_HEAD_NORM,
-    "embed_tokens.weight": T.NEXTN_EMBED_TOKENS,
-    "shared_head.head.weight": T.NEXTN_SHARED_HEAD_HEAD,
-}
+NEXTN_GLUE: dict[str, MODEL_TENSOR] = {name: key for name, (key, _) in NEXTN_GLUE_NAMES.items()}
 
 
 class NextNLayerModel(HeadModel):

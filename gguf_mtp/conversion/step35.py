@@ -35,6 +35,7 @@ from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
 from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
+from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
 from .qwen35 import PlusOneTensor
 
 __all__ = ["Step35MTPModel"]
@@ -44,24 +45,9 @@ T = MODEL_TENSOR
 #: HF name inside an MTP layer (after llama.cpp's ``transformer.`` strip and ``output`` -> ``head``) -> GGUF tensor
 #: and suffix (gguf-py's tensor_mapping.py entries for step3.5 and its six generic NextN sources).
 NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
-    "enorm.weight": (T.NEXTN_ENORM, ".weight"),
-    "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
-    "embed_tokens.weight": (T.NEXTN_EMBED_TOKENS, ".weight"),
-    "shared_head.norm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
-    "shared_head.head.weight": (T.NEXTN_SHARED_HEAD_HEAD, ".weight"),
-    "input_layernorm.weight": (T.ATTN_NORM, ".weight"),
-    "self_attn.q_proj.weight": (T.ATTN_Q, ".weight"),
-    "self_attn.k_proj.weight": (T.ATTN_K, ".weight"),
-    "self_attn.v_proj.weight": (T.ATTN_V, ".weight"),
-    "self_attn.o_proj.weight": (T.ATTN_OUT, ".weight"),
-    "self_attn.q_norm.weight": (T.ATTN_Q_NORM, ".weight"),
-    "self_attn.k_norm.weight": (T.ATTN_K_NORM, ".weight"),
+    **NEXTN_GLUE_NAMES,
+    **DECODER_NAMES,
     "self_attn.g_proj.weight": (T.ATTN_GATE, ".weight"),
-    "post_attention_layernorm.weight": (T.FFN_NORM, ".weight"),
-    "mlp.gate_proj.weight": (T.FFN_GATE, ".weight"),
-    "mlp.up_proj.weight": (T.FFN_UP, ".weight"),
-    "mlp.down_proj.weight": (T.FFN_DOWN, ".weight"),
     "moe.gate.weight": (T.FFN_GATE_INP, ".weight"),
     "moe.router_bias": (T.FFN_EXP_PROBS_B, ".bias"),
     "moe.gate_proj.weight": (T.FFN_GATE_EXP, ".weight"),
