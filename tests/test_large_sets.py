@@ -399,3 +399,4 @@ def test_publish_reports_the_upload_and_the_bytes_that_differ_from_the_target(
         "deduplication metrics for an upload)" in lines
     assert any(line.startswith("expected upload: ") and f"({plan.bytes_to_write - copied + card:,} bytes)" in line
                for line in lines)
+    assert "of it differing from the target set: the expected upload" in report.stage("publish").summary

@@ -45,6 +45,7 @@ from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
@@ -707,7 +708,11 @@ def _stage_publish(
     )
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
+    sent = result.upload
+    size = "" if sent is None else (f" ({human_bytes(sent.total_bytes)} uploaded, {human_bytes(sent.differing_bytes)} "
+                                    "of it differing from the target set: the expected upload)")
     report.stages.append(
-        StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}", time.perf_counter() - started)
+        StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}{size}",
+                    time.perf_counter() - started)
     )
     return True
