@@ -22,14 +22,21 @@ gguf-mtp is not on PyPI, so the Job installs it from git: ``--package`` names th
 without either, this checkout's ``origin`` remote is used (``gguf-mtp[llama] @ git+URL``) when it has
 one the Job can reach (https or ssh), and ``--dry-run`` says which. The token goes to the Job as the
 secret ``HF_TOKEN`` (never as a plain variable). A Job's disk is discarded when it ends, so a submitted
-run must publish (``--out-repo``); pick a flavor whose ephemeral storage holds the target and the
-composite (about twice the target's size).
+run must publish (``--out-repo``).
+
+``--mount-target`` (the default where the installed huggingface_hub has Job volumes, 1.8.0 and later): the Job
+mounts the target repo read-only at the commit resolved when submitting (``Volume(type="model", ...,
+revision=COMMIT)``) and runs ``pipeline --target-dir`` on it: nothing is downloaded, and the Job's disk needs
+to hold only the composite (about the target's size). Without it (``--no-mount-target``, or an older
+huggingface_hub) the Job downloads the target first: pick a flavor whose ephemeral storage holds the target
+and the composite (about twice the target's size). ``--dry-run`` prints the exact request and both figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import re
 import sys
@@ -41,6 +48,11 @@ from typing import Any
 REQUIREMENT = "gguf-mtp[llama]"
 DEFAULT_FLAVOR = "cpu-xl"
 DEFAULT_TIMEOUT = "8h"
+#: Where the Job mounts the target repo (not /data: huggingface_hub ships a local script to the Job there).
+MOUNT_PATH = "/target-repo"
+#: The huggingface_hub release that added Job volumes (``huggingface_hub.Volume``, ``run_uv_job(volumes=...)``).
+VOLUMES_SINCE = "1.8.0"
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default: $GGUF_MTP_PACKAGE, else '{REQUIREMENT} @ git+URL' of this checkout's origin remote)")
     p.add_argument("--namespace", help="user or organisation the Job runs under (default: the token's user)")
     p.add_argument("--dry-run", action="store_true", help="print the Job that would be submitted; submit nothing")
+    p.add_argument("--mount-target", action=argparse.BooleanOptionalAction, default=None,
+                   help="mount the target repo read-only in the Job (at the commit resolved now) instead of "
+                   f"downloading it (default: on where huggingface_hub has Job volumes, {VOLUMES_SINCE} and later)")
     return p
+
+
+def _target_options(pipeline_args: list[str]) -> argparse.Namespace:
+    """The pipeline options that say which target the Job reads (the rest are passed on untouched)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--target-repo", "--target-files", "--target-revision", "--target-dir"):
+        p.add_argument(flag)
+    return p.parse_known_args(pipeline_args)[0]
 
 
 def checkout_package(root: Path | None = None) -> str | None:
@@ -120,9 +143,13 @@ def _token() -> str | None:
     return get_token()
 
 
-def job_request(args: argparse.Namespace, pipeline_args: list[str]) -> dict[str, Any]:
-    """The keyword arguments of ``HfApi.run_uv_job`` for this submission (without the token)."""
-    return {
+def job_request(args: argparse.Namespace, pipeline_args: list[str], mount: Any = None) -> dict[str, Any]:
+    """The keyword arguments of ``HfApi.run_uv_job`` for this submission (without the token).
+
+    ``mount``: a ``huggingface_hub.Volume`` of the target repo: the pipeline then reads the target from it
+    (``--target-dir``) at the volume's revision instead of downloading it.
+    """
+    request: dict[str, Any] = {
         "script": str(Path(__file__).resolve()),
         "script_args": ["--local", *pipeline_args],
         "dependencies": [args.package or _package(args)[0]],
@@ -131,6 +158,90 @@ def job_request(args: argparse.Namespace, pipeline_args: list[str]) -> dict[str,
         "namespace": args.namespace,
         "env": {"PYTHONUNBUFFERED": "1"},
     }
+    if mount is not None:
+        # The last --target-revision wins (argparse): the commit the volume is pinned to, whatever was asked.
+        request["script_args"] += ["--target-dir", mount.mount_path, "--target-revision", mount.revision]
+        request["volumes"] = [mount]
+    return request
+
+
+def volume_class(api: Any = None) -> Any:
+    """``huggingface_hub.Volume`` where Jobs can mount repos (the class exists and ``run_uv_job`` takes
+    ``volumes``), else ``None``."""
+    try:
+        from huggingface_hub import Volume
+    except ImportError:
+        return None
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi
+    method = getattr(api, "run_uv_job", None)
+    if method is None:
+        return None
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    takes = any(p.name == "volumes" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return Volume if takes else None
+
+
+def _hub_version() -> str:
+    from huggingface_hub import __version__
+
+    return __version__
+
+
+def _resolve_commit(api: Any, repo: str, revision: str | None, token: str | None) -> str:
+    """The commit ``revision`` (default: main) of ``repo`` is at now: what the Job's volume is pinned to."""
+    if revision is not None and _COMMIT.match(revision):
+        return revision
+    info = api.model_info(repo, revision=revision, token=token)
+    return str(info.sha)
+
+
+def _disk_lines(api: Any, target: argparse.Namespace, commit: str, token: str | None) -> list[str]:
+    """The disk the Job needs with the mount (the composite), next to what it needs without (target + composite),
+    from the Hub's sizes of the target's shard set at ``commit``."""
+    library = _library("gguf_mtp.release.pipeline_target")
+    client = _library("gguf_mtp.hub.client")
+    if library is None or client is None:
+        return ["disk: not computed here (gguf-mtp's libraries are not importable: run this dry run from a clone "
+                "after `make install`); the Job checks its disk before the first byte"]
+    names = library.select_target_files(
+        client.list_repo_files(api, target.target_repo, token=token, revision=commit), target.target_files
+    )
+    remote = client.remote_files(api, target.target_repo, names, token=token, revision=commit)
+    total = sum(remote[n].size for n in names if n in remote)
+    gib = 2**30
+    return [
+        f"disk: the Job needs about {total / gib:,.1f} GiB ({total:,} bytes: the composite; the target's "
+        f"{len(names)} file(s) are read from the mount), plus the head's MTP files and the draft",
+        f"      without the mount: about {2 * total / gib:,.1f} GiB ({2 * total:,} bytes: the target downloaded + "
+        "the composite)",
+    ]
+
+
+def _is_bad_input(error: BaseException) -> bool:
+    """Whether ``error`` is one a user can fix and gets as one line: gguf-mtp's own (a Hub refusal mapped by its
+    Hub boundary, a pattern naming no complete model), or without gguf-mtp here, huggingface_hub's."""
+    errors = _library("gguf_mtp.errors")
+    if errors is not None:
+        return isinstance(error, errors.GGUFMTPError)
+    return isinstance(error, (OSError, ValueError))
+
+
+def _library(module: str) -> Any:
+    """A gguf-mtp module (installed, or from this checkout), or None where it cannot be imported here."""
+    if _hub_boundary() is None:
+        return None
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
 
 
 def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = None) -> int:
@@ -149,25 +260,65 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
               file=sys.stderr)
         return 2
     args.package = package
-    request = job_request(args, pipeline_args)
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    if not args.dry_run and not hasattr(api, "run_uv_job"):
+        print(f"hf_job.py: error: huggingface_hub {_hub_version()} cannot submit Jobs (HfApi.run_uv_job is newer): "
+              "pip install -U huggingface_hub, or run `uv run scripts/hf_job.py ...`", file=sys.stderr)
+        return 2
+    target = _target_options(pipeline_args)
+    volume = volume_class(api)
+    notes: list[str] = []
+    mounted = args.mount_target is not False and target.target_dir is None and target.target_repo is not None
+    if mounted and volume is None:
+        if args.mount_target:
+            print(f"hf_job.py: error: huggingface_hub {_hub_version()} cannot mount the target in a Job (Job volumes, "
+                  f"huggingface_hub.Volume, came in huggingface_hub {VOLUMES_SINCE}): pip install -U "
+                  f"'huggingface_hub>={VOLUMES_SINCE}', or pass --no-mount-target to download it in the Job",
+                  file=sys.stderr)
+            return 2
+        notes.append(f"huggingface_hub {_hub_version()} has no Job volumes (added in {VOLUMES_SINCE}): the Job "
+                     "downloads the target")
+        mounted = False
+    mount, commit, disk = None, None, []
+    if mounted:
+        read_token = token or _token()  # a dry run reads the Hub too (a private target needs the token)
+        boundary = _hub_boundary()
+        guard = boundary.hub_errors("look up the target's commit", target.target_repo) if boundary \
+            else contextlib.nullcontext()
+        try:
+            with guard:
+                commit = _resolve_commit(api, target.target_repo, target.target_revision, read_token)
+                disk = _disk_lines(api, target, commit, read_token) if args.dry_run else []
+        except Exception as e:  # one line for what the user can fix: a Hub refusal, a pattern naming no model
+            if not _is_bad_input(e):
+                raise
+            print(f"hf_job.py: error: {e}", file=sys.stderr)
+            return 2
+        mount = volume(type="model", source=target.target_repo, mount_path=MOUNT_PATH, revision=commit,
+                       read_only=True)
+    request = job_request(args, pipeline_args, mount)
     if args.dry_run:
         print(f"package: the Job installs {package!r} (from {source})")
+        if mount is not None:
+            print(f"target: {target.target_repo} at commit {commit}, mounted read-only at {MOUNT_PATH} and read "
+                  "from the mounted repo, not downloaded")
+        else:
+            print("target: downloaded in the Job (--no-mount-target, or a huggingface_hub without Job volumes)")
+        for note in notes:
+            print(f"note: {note}")
         print("would submit HfApi.run_uv_job(")
         for key, value in request.items():
             print(f"    {key}={value!r},")
         print("    secrets={'HF_TOKEN': <your token>},")
         print(")")
+        for line in disk:
+            print(line)
         return 0
-    if api is None:
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-    if not hasattr(api, "run_uv_job"):
-        from huggingface_hub import __version__ as hub_version
-
-        print(f"hf_job.py: error: huggingface_hub {hub_version} cannot submit Jobs (HfApi.run_uv_job is newer): "
-              "pip install -U huggingface_hub, or run `uv run scripts/hf_job.py ...`", file=sys.stderr)
-        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     boundary = _hub_boundary()
     guard = boundary.hub_errors("submit the Job", args.namespace or "jobs") if boundary else contextlib.nullcontext()
     try:

@@ -152,5 +152,38 @@ class LargeFolderHub(RecordingHub):
         self.commits.extend([n] for n in names)
 
 
+class JobsHub(RecordingHub):
+    """A Hub that runs Jobs (``run_uv_job`` with ``volumes``, as huggingface_hub 1.8 and later) and holds the
+    target repo in ``source`` (its ``.gguf`` files stored, so ``get_paths_info`` reports their sizes and sha256; the
+    one repo a stand-in keeps also receives the upload, so the target's README.md is left out)."""
+
+    def __init__(self, *, commit: str = "c0ffee" + "0" * 34, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commit = commit
+        if self.source is not None:
+            self._store(self.source, ["*.gguf"])
+
+    def model_info(self, repo_id: str, *, revision: str | None = None, token: Any = None) -> Any:
+        self._record("model_info", repo_id, revision=revision, token=token)
+        return SimpleNamespace(id=repo_id, sha=self.commit)
+
+    def run_uv_job(self, script: str, **kwargs: Any) -> Any:
+        self._record("run_uv_job", script, **kwargs)
+        return SimpleNamespace(id="job-123", url="https://huggingface.co/jobs/me/job-123")
+
+
+class NoVolumesJobsHub(JobsHub):
+    """A Hub whose ``run_uv_job`` takes no ``volumes`` (huggingface_hub before 1.8)."""
+
+    def run_uv_job(  # type: ignore[override]
+        self, script: str, *, script_args: list[str] | None = None, dependencies: list[str] | None = None,
+        flavor: str | None = None, timeout: str | None = None, namespace: str | None = None,
+        env: dict[str, str] | None = None, secrets: dict[str, str] | None = None, token: Any = None,
+    ) -> Any:
+        self._record("run_uv_job", script, script_args=script_args, dependencies=dependencies, flavor=flavor,
+                     timeout=timeout, namespace=namespace, env=env, secrets=secrets, token=token)
+        return SimpleNamespace(id="job-456", url=None)
+
+
 # mypy (pyproject's [tool.mypy] files) checks both stand-ins against the Protocol the Hub code is typed with.
 STAND_INS: tuple[type[HubApi], ...] = (RecordingHub, LargeFolderHub)

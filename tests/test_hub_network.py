@@ -135,16 +135,23 @@ def test_convert_from_a_repo_id(unreachable: tuple[str, str, str], tmp_path: Pat
 def test_hf_job_submit(unreachable: tuple[str, str, str], tmp_path: Path) -> None:
     endpoint, host, cause = unreachable
     argv = ["--", "--target-repo", "o/t", "--target-files", "t.gguf", "--head-repo", "o/h", "--out-repo", "me/o"]
-    proc = run(endpoint, tmp_path, *argv, script=HF_JOB)
+    proc = run(endpoint, tmp_path, "--no-mount-target", *argv, script=HF_JOB)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     if hasattr(huggingface_hub.HfApi, "run_uv_job"):
         assert_names(proc.stderr.strip(), host, cause)
         assert proc.stderr.startswith("hf_job.py: error: cannot submit the Job: ")
     else:  # huggingface_hub before 0.34 has no Jobs API
         assert "cannot submit Jobs" in proc.stderr
-    dry = run(endpoint, tmp_path, "--dry-run", *argv, script=HF_JOB)  # a dry run asks nothing of the network
+    # Without a mount, a dry run asks nothing of the network
+    dry = run(endpoint, tmp_path, "--dry-run", "--no-mount-target", *argv, script=HF_JOB)
     assert dry.returncode == 0 and dry.stderr == "", dry.stderr
     assert "package: the Job installs 'gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp'" in dry.stdout
+    if hasattr(huggingface_hub, "Volume"):  # with one (the default), the commit to pin it to is looked up first
+        for extra in ([], ["--dry-run"]):
+            mounted = run(endpoint, tmp_path, *extra, *argv, script=HF_JOB)
+            line = error_line(mounted, prefix="hf_job.py: error: ")
+            assert_names(line, host, cause)
+            assert line.startswith("hf_job.py: error: cannot look up the target's commit: ")
 
 
 @pytest.fixture(autouse=True)

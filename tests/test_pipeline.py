@@ -480,6 +480,7 @@ def test_hf_job_submits_the_pipeline_with_the_token_as_a_secret(
     api = JobsStandIn()
     rc = hf_job.main(
         [
+            "--no-mount-target",  # the mounted target: tests/test_large_sets.py
             "--flavor",
             "cpu-performance",
             "--timeout",
@@ -526,7 +527,8 @@ def test_hf_job_dry_run_shows_the_request_without_the_token(
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.setenv("GGUF_MTP_PACKAGE", "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp")
-    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"], api=JobsStandIn()) == 0
+    assert hf_job.main(["--dry-run", "--no-mount-target", *PIPELINE_ARGS, "--out-repo", "me/Out"],
+                       api=JobsStandIn()) == 0
     out = capsys.readouterr().out
     assert "run_uv_job(" in out and "'--local'" in out and "hf_secret" not in out
 
@@ -652,7 +654,7 @@ def test_hf_job_installs_this_checkouts_origin_and_says_so(
     assert hf_job.checkout_package(checkout) == "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git"
     real = hf_job.checkout_package
     monkeypatch.setattr(hf_job, "checkout_package", lambda root=None: real(checkout))
-    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
+    assert hf_job.main(["--dry-run", "--no-mount-target", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
     out = capsys.readouterr().out
     assert "package: the Job installs 'gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git' " \
         "(from this checkout's origin remote)" in out
@@ -666,9 +668,10 @@ def test_hf_job_installs_this_checkouts_origin_and_says_so(
     assert real(tmp_path / "not-a-checkout") is None
 
     monkeypatch.setenv("GGUF_MTP_PACKAGE", "gguf-mtp[llama] @ git+https://example.com/env")
-    assert hf_job.main(["--dry-run", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
+    assert hf_job.main(["--dry-run", "--no-mount-target", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
     assert "(from GGUF_MTP_PACKAGE)" in capsys.readouterr().out
-    assert hf_job.main(["--dry-run", "--package", "x @ git+https://e/x", *PIPELINE_ARGS, "--out-repo", "me/O"]) == 0
+    assert hf_job.main(["--dry-run", "--no-mount-target", "--package", "x @ git+https://e/x", *PIPELINE_ARGS,
+                        "--out-repo", "me/O"]) == 0
     assert "installs 'x @ git+https://e/x' (from --package)" in capsys.readouterr().out
 
 

@@ -29,6 +29,10 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="use a non-empty --work-dir that no pipeline made (its draft/ and composite/ are replaced)")
     p.add_argument("--target-revision", metavar="REV", help="revision of the target repo (default: main)")
+    p.add_argument("--target-dir", metavar="DIR",
+                   help="read the target from DIR, laid out like --target-repo (its root: the repo mounted "
+                   "read-only in a Hugging Face Job, or a local copy) instead of downloading it; never written to, "
+                   "and checked against the Hub's record of --target-repo at --target-revision when online")
     p.add_argument("--head-revision", metavar="REV", help="revision of the head repo (default: main)")
     p.add_argument("--out-revision", metavar="BRANCH", help="branch to publish to (default: main)")
     p.add_argument("--private", action="store_true", help="create --out-repo private")
@@ -62,7 +66,7 @@ def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
     return run_pipeline(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
         out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, force=getattr(args, "force", False),
-        target_revision=args.target_revision,
+        target_revision=args.target_revision, target_dir=getattr(args, "target_dir", None),
         head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
         replace_readme=getattr(args, "replace_readme", False),
         basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,

@@ -773,6 +773,15 @@ def cached_repo_files(
     return [f.path for f in tree]
 
 
+def cache_folder(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The Hub cache downloads go to: ``cache_dir``, else huggingface_hub's (``HF_HUB_CACHE`` / ``HF_HOME``)."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
 def cached_file(
     repo: str, name: str, *, revision: str | None, cache_dir: str | os.PathLike[str] | None = None
 ) -> Path | None:

@@ -4,7 +4,9 @@ Stages, each a function of the ones before it:
 
 1. **target**: download exactly the target's shard set (``<prefix>-NNNNN-of-NNNNN.gguf``, chosen from
    the repo's file list by the exact split pattern: never an earlier composite or an mmproj file that
-   a glob would also catch) into the Hub cache;
+   a glob would also catch) into the Hub cache; or, with ``target_dir``, read it from a folder laid out
+   like the repo (the repo mounted read-only in a Hugging Face Job), never written to, checked against the
+   Hub's record of the repo at ``target_revision`` (names, sizes, sha256);
 2. **draft**: convert the head checkpoint to a draft GGUF (:func:`gguf_mtp.jobs.convert.convert`, which
    downloads only the head's MTP files);
 3. **compose**: splice the draft into the target (:func:`gguf_mtp.jobs.compose.compose`);
@@ -17,6 +19,9 @@ of its parameters and of its inputs' sha256) and its outputs (path, size, sha256
 stage only when the key is the same *and* every recorded output still has its size and sha256 (they
 are checked, not trusted); anything else is redone, and the stages after it follow by their keys.
 Output folders of a redone stage are recreated, never reused.
+
+Before the first byte, the disk the run needs (downloads + composite, or the composite alone for a target
+folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline_disk`).
 """
 
 from __future__ import annotations
@@ -40,15 +45,24 @@ from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
 
 from .card import Provenance
-from .pipeline_plan import plan_pipeline
+from .pipeline_disk import check_disk
+from .pipeline_plan import plan_pipeline, run_disk_need
 from .pipeline_report import PipelineReport, StageResult
 from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import basename_of, select_target_files, target_listing
+from .pipeline_target import (
+    basename_of,
+    check_folder_digests,
+    check_folder_matches,
+    select_folder_files,
+    select_target_files,
+    target_listing,
+)
 
 __all__ = [
     "LOCK_NAME",
@@ -187,6 +201,7 @@ def run_pipeline(
     keep: bool = False,
     force: bool = False,
     target_revision: str | None = None,
+    target_dir: str | os.PathLike[str] | None = None,
     head_revision: str | None = None,
     out_revision: str | None = None,
     private: bool = False,
@@ -213,6 +228,10 @@ def run_pipeline(
             replaced); without it such a folder is refused, and a new or empty one gets the marker
             :data:`gguf_mtp.files.workdir.MARKER_NAME`.
         target_revision, head_revision: revisions to download (default: the main branch).
+        target_dir: read the target from this folder, laid out like ``target_repo`` (its root: the repo
+            mounted read-only in a Hugging Face Job, or a local copy), instead of downloading it; the folder is
+            never written to. Online, its files are checked against the Hub's record of ``target_repo`` at
+            ``target_revision`` (present, same size, same sha256): another repo or revision is refused.
         out_revision: the branch to publish to.
         private: create ``out_repo`` private.
         replace_readme: replace ``out_repo``'s ``README.md`` even when gguf-mtp did not write it (checked
@@ -253,6 +272,7 @@ def run_pipeline(
             hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
             out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
             cache_dir=cache_dir, keep=keep, out_revision=out_revision, replace_readme=replace_readme,
+            target_dir=Path(target_dir) if target_dir is not None else None,
         )
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
@@ -263,7 +283,8 @@ def run_pipeline(
         return _run(
             work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
             head_repo=head_repo, out_repo=out_repo, keep=keep, target_revision=target_revision,
-            head_revision=head_revision, out_revision=out_revision, private=private, basename=basename,
+            target_dir=Path(target_dir) if target_dir is not None else None, head_revision=head_revision,
+            out_revision=out_revision, private=private, basename=basename,
             outtype=outtype, cache_dir=cache_dir, llama=llama, replace_readme=replace_readme,
         )
     except BaseException:
@@ -311,6 +332,7 @@ def _run(
     out_repo: str | None,
     keep: bool,
     target_revision: str | None,
+    target_dir: Path | None,
     head_revision: str | None,
     out_revision: str | None,
     private: bool,
@@ -334,9 +356,22 @@ def _run(
         if leftovers is not None:
             report.notes.append(leftovers)
         runner = _Runner(work, say, progress)
-        target, commit = _stage_target(
-            runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir
-        )
+        # Hours of downloading are wasted too if the composite cannot be written at the end: check the disk first.
+        need = run_disk_need(hub_api, token, target_repo=target_repo, target_files=target_files,
+                             target_revision=target_revision, target_dir=target_dir, cache_dir=cache_dir, work=work,
+                             composite_done="compose" in runner.state.stages)
+        if need is None:
+            report.notes.append("the disk was not checked before the run: the target's sizes are unknown offline")
+        else:
+            check_disk(need)
+        if target_dir is not None:
+            target, commit = _stage_target_folder(
+                runner, report, hub_api, token, target_repo, target_files, target_revision, target_dir
+            )
+        else:
+            target, commit = _stage_target(
+                runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir
+            )
         draft = _stage_draft(runner, report, target, head_repo, head_revision, outtype)
         composite = _stage_compose(runner, report, target, draft, basename)
         _stage_verify(runner, report, target, draft, composite, llama)
@@ -416,6 +451,61 @@ def _stage_target(
             stage,
             _status(why),
             f"{len(names)} file(s) of {repo}" + (f" @ {commit[:12]}" if commit else ""),
+            time.perf_counter() - started,
+            outputs,
+        )
+    )
+    return outputs, commit
+
+
+def _stage_target_folder(
+    runner: _Runner,
+    report: PipelineReport,
+    api: HubApi,
+    token: str | None,
+    repo: str,
+    pattern: str,
+    revision: str | None,
+    folder: Path,
+) -> tuple[list[FileDigest], str | None]:
+    """The target read from a folder laid out like the repo (a read-only mount): nothing downloaded, nothing
+    written there; online, checked against the Hub's record of the repo at ``revision``."""
+    stage = "target"
+    source = folder.resolve()
+    key = _key(stage, {"repo": repo, "files": pattern, "revision": revision, "dir": str(source)})
+    started = time.perf_counter()
+    record, why = runner.recorded(stage, key)
+    if record is not None:
+        outputs = runner.state.outputs(record)
+        runner.say(f"[1/5] target: {len(outputs)} file(s) in {folder} already read (sizes and sha256 checked)")
+        report.stages.append(
+            StageResult(stage, "reused", f"{len(outputs)} file(s) in {folder}, checked",
+                        time.perf_counter() - started, outputs)
+        )
+        report.target = [d.path for d in outputs]
+        return outputs, record["detail"].get("commit")
+    names = select_folder_files(folder, pattern, repo)
+    remote = None
+    if hub.is_offline():
+        report.notes.append(f"offline: the files in {folder} were not checked against {repo}'s record on the Hub")
+    else:
+        remote = hub.remote_files(api, repo, names, token=token, revision=revision)
+        check_folder_matches(folder, names, remote, repo, revision)
+    runner.say(f"[1/5] target: reading {len(names)} file(s) of {repo} from the mounted repo {folder}, not downloaded")
+    paths = [folder / n for n in names]
+    model = open_model(paths[0])  # the set is complete and consistent, as llama.cpp will see it
+    outputs = runner.digest(model.paths, stage)
+    if remote is not None:
+        check_folder_digests(folder, [(n, d.sha256) for n, d in zip(names, outputs)], remote, repo, revision)
+    commit = revision if revision is not None and _COMMIT.match(revision) else None
+    runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo, "dir": str(source)})
+    report.target = [d.path for d in outputs]
+    report.stages.append(
+        StageResult(
+            stage,
+            _status(why),
+            f"{len(names)} file(s) of {repo} read from the mounted repo {folder}, not downloaded"
+            + (f" @ {commit[:12]}" if commit else ""),
             time.perf_counter() - started,
             outputs,
         )
@@ -618,7 +708,11 @@ def _stage_publish(
     )
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
+    sent = result.upload
+    size = "" if sent is None else (f" ({human_bytes(sent.total_bytes)} uploaded, {human_bytes(sent.differing_bytes)} "
+                                    "of it differing from the target set: the expected upload)")
     report.stages.append(
-        StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}", time.perf_counter() - started)
+        StageResult(stage, _status(why), f"{repo}: {result.commit_url or result.url}{size}",
+                    time.perf_counter() - started)
     )
     return True

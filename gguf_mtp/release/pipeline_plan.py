@@ -1,13 +1,16 @@
 """``pipeline --dry-run``: what a run would download, convert, write and upload, and the disk it needs.
 
 Read-only: the Hub is asked for the target repo's file list and the files' sizes (offline, the Hub cache
-answers), the Hub cache for which files it already holds, and the work folder for its state file. Nothing
-is created, not even the work folder; no write access is asked for (that would create the repo).
+answers), the Hub cache for which files it already holds, and the work folder for its state file; with a target
+folder (a mounted repo), the folder is listed instead. Nothing is created, not even the work folder; no write
+access is asked for (that would create the repo). :func:`run_disk_need` is the same disk arithmetic a real run
+checks before its first byte.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from gguf_mtp.constants import split_file_name
@@ -16,11 +19,12 @@ from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
+from .pipeline_disk import DiskNeed, disk_need
 from .pipeline_report import PipelineReport, StageResult
 from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import basename_of, select_target_files, target_listing
+from .pipeline_target import basename_of, select_folder_files, select_target_files, target_listing
 
-__all__ = ["plan_pipeline"]
+__all__ = ["TargetFiles", "plan_pipeline", "run_disk_need", "target_files_of"]
 
 _PLANNED = "planned"
 
@@ -33,6 +37,71 @@ def _target_sizes(
         return {n: (p.stat().st_size if (p := cached[n]) is not None else None) for n in names}
     remote = hub.remote_files(api, repo, names, token=token, revision=revision)
     return {n: (remote[n].size if n in remote else None) for n in names}
+
+
+@dataclass(frozen=True)
+class TargetFiles:
+    """The target's files as a run will get them: their repo paths, sizes (``None``: unknown) and local copies
+    (``None``: to download)."""
+
+    names: list[str]
+    sizes: dict[str, int | None]
+    local: dict[str, Path | None]
+    folder: Path | None  # the target folder they are read from (nothing is downloaded), or None
+
+    @property
+    def total(self) -> int | None:
+        known = [s for s in self.sizes.values() if s is not None]
+        return sum(known) if len(known) == len(self.names) else None
+
+    @property
+    def to_download(self) -> list[str]:
+        return [n for n in self.names if self.local[n] is None]
+
+    @property
+    def download_bytes(self) -> int | None:
+        sizes = [self.sizes[n] for n in self.to_download]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
+
+
+def target_files_of(
+    api: HubApi, token: str | None, *, repo: str, pattern: str, revision: str | None,
+    cache_dir: str | os.PathLike[str] | None, folder: Path | None,
+) -> TargetFiles:
+    """Which target files a run reads and which it downloads, with their sizes (reads only).
+
+    Raises:
+        ShardSetError: ``pattern`` does not name exactly one complete model (of the repo, or of ``folder``).
+        HubError: the Hub cannot be asked (and, offline, the cache does not hold the listing).
+    """
+    if folder is not None:
+        names = select_folder_files(folder, pattern, repo)
+        local: dict[str, Path | None] = {n: folder / n for n in names}
+        return TargetFiles(names, {n: (folder / n).stat().st_size for n in names}, local, folder)
+    names = select_target_files(target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
+    local = {n: hub.cached_file(repo, n, revision=revision, cache_dir=cache_dir) for n in names}
+    return TargetFiles(names, _target_sizes(api, token, repo, names, revision, local), local, None)
+
+
+def _disk_need(files: TargetFiles, cache_dir: str | os.PathLike[str] | None, work: Path,
+               composite_done: bool) -> DiskNeed | None:
+    sizes, download = [files.sizes[n] for n in files.names], files.download_bytes
+    if None in sizes or download is None:
+        return None
+    local = [p for p in files.local.values() if p is not None]
+    return disk_need([s for s in sizes if s is not None], local=local, download=download,
+                     cache=hub.cache_folder(cache_dir), work=work, composite_done=composite_done)
+
+
+def run_disk_need(
+    api: HubApi, token: str | None, *, target_repo: str, target_files: str, target_revision: str | None,
+    target_dir: Path | None, cache_dir: str | os.PathLike[str] | None, work: Path, composite_done: bool,
+) -> DiskNeed | None:
+    """The disk a run needs (downloads + composite, or the composite alone from ``target_dir``), or ``None`` where
+    the sizes are unknown (offline, a file the cache does not hold)."""
+    files = target_files_of(api, token, repo=target_repo, pattern=target_files, revision=target_revision,
+                            cache_dir=cache_dir, folder=target_dir)
+    return _disk_need(files, cache_dir, work, composite_done)
 
 
 def _size(value: int | None) -> str:
@@ -78,6 +147,7 @@ def plan_pipeline(
     keep: bool,
     out_revision: str | None = None,
     replace_readme: bool = False,
+    target_dir: Path | None = None,
 ) -> PipelineReport:
     """The plan of a :func:`~gguf_mtp.release.pipeline.run_pipeline` call with the same arguments; writes nothing.
 
@@ -103,20 +173,21 @@ def plan_pipeline(
                 "(size, sha256) and reuses those that still match"
             )
 
-    names = select_target_files(target_listing(api, token, target_repo, target_files, target_revision, cache_dir),
-                                target_files)
-    cached = {n: hub.cached_file(target_repo, n, revision=target_revision, cache_dir=cache_dir) for n in names}
-    sizes = _target_sizes(api, token, target_repo, names, target_revision, cached)
-    known = [s for s in sizes.values() if s is not None]
-    target_bytes = sum(known) if len(known) == len(names) else None
-    fetch = [n for n in names if cached[n] is None]
-    fetch_sizes = [sizes[n] for n in fetch]
-    fetch_bytes = sum(s for s in fetch_sizes if s is not None) if None not in fetch_sizes else None
-    report.stages.append(StageResult(
-        "target", _PLANNED,
-        f"download {len(fetch)} of {len(names)} file(s) of {target_repo} ({_size(fetch_bytes)}; "
-        f"{len(names) - len(fetch)} already in the Hub cache)",
-    ))
+    files = target_files_of(api, token, repo=target_repo, pattern=target_files, revision=target_revision,
+                            cache_dir=cache_dir, folder=target_dir)
+    names, sizes, target_bytes = files.names, files.sizes, files.total
+    if target_dir is not None:
+        report.stages.append(StageResult(
+            "target", _PLANNED,
+            f"read {len(names)} file(s) ({_size(target_bytes)}) from the mounted repo {target_dir}, not downloaded "
+            f"(checked against {target_repo}'s record on the Hub when online; never written to)",
+        ))
+    else:
+        report.stages.append(StageResult(
+            "target", _PLANNED,
+            f"download {len(files.to_download)} of {len(names)} file(s) of {target_repo} "
+            f"({_size(files.download_bytes)}; {len(names) - len(files.to_download)} already in the Hub cache)",
+        ))
     local_head = Path(head_repo).expanduser()
     report.stages.append(StageResult(
         "draft", _PLANNED,
@@ -144,15 +215,17 @@ def plan_pipeline(
         ))
     else:
         report.stages.append(StageResult("publish", "skipped", "no --out-repo given"))
-    if target_bytes is not None and fetch_bytes is not None:
-        report.disk_needed = fetch_bytes + target_bytes
+    need = _disk_need(files, cache_dir, work, composite_done=False)
+    if need is not None:
+        report.disk_needed = need.total
         report.notes.append(
-            f"disk needed: at least {human_bytes(report.disk_needed)} ({human_bytes(fetch_bytes)} into the Hub "
-            f"cache, a composite of about {human_bytes(target_bytes)} in {work}), plus the head's MTP files and "
-            "the draft; less on a reflink filesystem holding both"
+            f"disk needed: at least {need.describe()}, plus the head's MTP files and the draft"
+            + ("" if need.shared or target_dir is not None else "; less on a reflink filesystem holding both")
         )
     report.planned = {
-        "download": [{"path": n, "size": sizes[n], "cached": cached[n] is not None} for n in names],
+        "download": [] if target_dir is not None else
+        [{"path": n, "size": sizes[n], "cached": files.local[n] is not None} for n in names],
+        "read": [{"path": n, "size": sizes[n]} for n in names] if target_dir is not None else [],
         "head": head_repo,
         "write": [str(work / "draft" / "mtp-draft.gguf"), *(str(work / "composite" / o) for o in outputs)],
         "upload": [*outputs, "README.md"] if out_repo else [],

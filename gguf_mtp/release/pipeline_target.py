@@ -1,12 +1,13 @@
 """Choosing a pipeline's target files on the Hub: the exact shard set a pattern names (pure), the repo's file list
-(online or from the cache), and the composite's default name."""
+(online or from the cache), a target folder laid out like the repo (a mounted repo) checked against the Hub's
+record, and the composite's default name."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
@@ -14,7 +15,15 @@ from gguf_mtp.errors import ShardSetError
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
-__all__ = ["basename_of", "select_target_files", "target_listing"]
+__all__ = [
+    "basename_of",
+    "check_folder_digests",
+    "check_folder_matches",
+    "folder_listing",
+    "select_folder_files",
+    "select_target_files",
+    "target_listing",
+]
 
 _SPLIT_GLOB_TAIL = "-*-of-*.gguf"
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -96,3 +105,81 @@ def basename_of(first: str) -> str:
     match = SPLIT_NAME.match(name)
     stem = match["prefix"] if match else Path(name).stem
     return f"{stem}-MTP"
+
+
+def folder_listing(folder: Path, pattern: str) -> list[str]:
+    """The files of a target folder laid out like the repo (a mounted repo, a local copy), as repo paths.
+
+    Only the pattern's own folder is listed when it has no glob characters (a mounted repo of hundreds of files
+    is not walked for nothing); otherwise the whole tree.
+
+    Raises:
+        ShardSetError: ``folder`` is not a folder (or the pattern's folder is missing in it).
+    """
+    if not folder.is_dir():
+        raise ShardSetError("target_dir is not a folder", folder, parameter="target_dir")
+    sub, _, _ = pattern.rpartition("/")
+    if not _GLOB_CHARS.search(sub):
+        where = folder / sub if sub else folder
+        if not where.is_dir():
+            raise ShardSetError(f"has no folder {sub!r}: not the target repo's layout", folder, parameter="target_dir")
+        base = f"{sub}/" if sub else ""
+        return sorted(base + p.name for p in where.iterdir() if p.is_file())
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def select_folder_files(folder: Path, pattern: str, repo: str) -> list[str]:
+    """The exact shard set ``pattern`` names in a target folder (as :func:`select_target_files` does in the repo).
+
+    Raises:
+        ShardSetError: one line naming the folder: it does not hold that model's complete shard set, as the
+            repo's layout would.
+    """
+    try:
+        return select_target_files(folder_listing(folder, pattern), pattern)
+    except ShardSetError as e:
+        if e.path is not None:
+            raise
+        raise ShardSetError(
+            f"{e.message.replace('the repo', 'the folder')} (not the layout of {repo})", folder, parameter="target_dir"
+        ) from None
+
+
+def check_folder_matches(
+    folder: Path, names: Sequence[str], remote: Mapping[str, hub.RemoteFile], repo: str, revision: str | None
+) -> None:
+    """A target folder's files against the Hub's record of them at ``revision``: present there, same size.
+
+    Raises:
+        ShardSetError: one line naming the first file the Hub does not have or that differs in size (a mount
+            of another revision, another repo).
+    """
+    where = repo + (f"@{revision}" if revision else "")
+    for name in names:
+        record = remote.get(name)
+        if record is None:
+            raise ShardSetError(f"{name} is not a file of {where}: not that repo's layout", folder,
+                                parameter="target_dir")
+        size = (folder / name).stat().st_size
+        if size != record.size:
+            raise ShardSetError(
+                f"{name} is {size:,} bytes here, {record.size:,} on {where}: the folder holds another revision",
+                folder, parameter="target_dir",
+            )
+
+
+def check_folder_digests(folder: Path, digests: Sequence[tuple[str, str]],
+                         remote: Mapping[str, hub.RemoteFile], repo: str, revision: str | None) -> None:
+    """Each ``(name, sha256)`` of a target folder against the Hub's sha256 of that file (where it has one).
+
+    Raises:
+        ShardSetError: one line naming the first file whose sha256 differs (another revision of the same size).
+    """
+    where = repo + (f"@{revision}" if revision else "")
+    for name, sha256 in digests:
+        record = remote.get(name)
+        if record is not None and record.sha256 is not None and record.sha256 != sha256:
+            raise ShardSetError(
+                f"{name} has sha256 {sha256[:12]}..., {where} has {record.sha256[:12]}...: the folder holds another "
+                "revision", folder, parameter="target_dir",
+            )

@@ -13,7 +13,13 @@ looks complete before it is:
    a set that fits goes up as ONE commit; a large set goes up resumably, with any earlier card removed
    first and the new card committed last, only after the shards on the Hub were checked;
 5. **compare** what the Hub reports (size; sha256 for LFS/Xet files; the git blob id of the card)
-   with the local files.
+   with the local files;
+6. **say what was sent** (:class:`UploadSize`): the bytes of every file, and the bytes that differ from the
+   target set (every shard's header and the NextN block: the rest is the target's tensor data, which Xet
+   storage, deduplicating ~64 KB chunks across repos, already holds when the target is on the Hub). The new
+   bytes Xet actually stored would be the measurement; huggingface_hub's ``upload_folder`` returns a commit
+   without them (hf_xet computes them, huggingface_hub up to 2.4 drops them), so the report says so and
+   labels the differing bytes as the expected upload.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gguf_mtp.constants import SPLIT_NAME
+from gguf_mtp.constants import BLOCK_TENSOR, SPLIT_NAME
 from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
+from gguf_mtp.format.header import align_up
+from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
@@ -49,6 +57,8 @@ __all__ = [
     "PublishPlan",
     "PublishReport",
     "RemoteCheck",
+    "UploadSize",
+    "bytes_beyond_target",
     "check_card_replaceable",
     "compare_remote",
     "find_model",
@@ -135,6 +145,64 @@ class RemoteCheck:
         }
 
 
+def bytes_beyond_target(model: ShardSet) -> int:
+    """The bytes of a composite that are not its target's: every shard's header (KV and tensor table, up to its
+    data section) and the NextN block's tensors; all the rest is the target's tensor data, copied verbatim by
+    compose (the same bytes :func:`gguf_mtp.jobs.compose.compose` plans as copies of the target)."""
+    trunk_blocks = model.trunk_block_count
+    total = 0
+    for header in model.headers:
+        trunk = 0
+        for tensor in header.tensors:
+            match = BLOCK_TENSOR.match(tensor.name)
+            if match is None or int(match["block"]) < trunk_blocks:
+                trunk += align_up(tensor.nbytes, header.alignment)
+        total += header.file_size - min(trunk, header.data_size)
+    return total
+
+
+@dataclass(frozen=True)
+class UploadSize:
+    """What an upload sent, as far as the installed huggingface_hub lets us know.
+
+    The measurement would be the new bytes Xet stored after deduplication; no huggingface_hub release returns
+    it from an upload (hf_xet reports it to huggingface_hub, whose ``upload_folder`` returns only the commit), so
+    ``new_bytes`` stays unknown and ``differing_bytes`` is the expected upload.
+    """
+
+    total_bytes: int  # every uploaded file, the card included
+    differing_bytes: int  # of those, bytes not in the target set (headers + the NextN block + card; a draft: all)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total_bytes": self.total_bytes,
+            "new_bytes": None,
+            "new_bytes_measured": False,
+            "why_not_measured": self.why_not_measured,
+            "expected_new_bytes": self.differing_bytes,
+        }
+
+    @property
+    def why_not_measured(self) -> str:
+        return f"huggingface_hub {_hub_version()} does not return Xet's deduplication metrics for an upload"
+
+    def describe(self, dry_run: bool) -> list[str]:
+        verb = "would upload" if dry_run else "uploaded"
+        lines = [f"upload size: {verb} {human_bytes(self.total_bytes)} ({self.total_bytes:,} bytes)"]
+        if not dry_run:
+            lines.append(f"new bytes: not measured ({self.why_not_measured})")
+        lines.append(f"expected upload: {human_bytes(self.differing_bytes)} ({self.differing_bytes:,} bytes), the "
+                     "bytes that differ from the target set (headers + the NextN block + the card); Xet deduplicates "
+                     "the rest against the target's chunks on the Hub")
+        return lines
+
+
+def _hub_version() -> str:
+    from huggingface_hub import __version__
+
+    return __version__
+
+
 @dataclass
 class PublishReport:
     """What a publish run did (or, with ``dry_run``, would do)."""
@@ -149,6 +217,7 @@ class PublishReport:
     checks: list[RemoteCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    upload: UploadSize | None = None
 
     @property
     def ok(self) -> bool:
@@ -183,6 +252,7 @@ class PublishReport:
             "ok": self.ok,
             "notes": list(self.notes),
             "seconds": round(self.seconds, 3),
+            "upload": self.upload.to_dict() if self.upload is not None else None,
         }
 
     def describe(self) -> list[str]:
@@ -203,6 +273,8 @@ class PublishReport:
             else:
                 lines.append(f"checked on the Hub: {len(self.checks)} file(s), sizes and hashes match")
             lines.append(f"published: {self.commit_url or self.url}")
+        if self.upload is not None:
+            lines += self.upload.describe(self.dry_run)
         lines += [f"note: {n}" for n in self.notes]
         return lines
 
@@ -647,7 +719,10 @@ def publish(
         path_in_repo=plan.path_in_repo,
         bench=bench,
     )
-    report = PublishReport(plan, dry_run, files, card, user=user)
+    card_size = len(card.encode())
+    beyond = sum(f.size for f in files) if standalone else bytes_beyond_target(plan.model)
+    upload = UploadSize(sum(f.size for f in files) + card_size, beyond + card_size)
+    report = PublishReport(plan, dry_run, files, card, user=user, upload=upload)
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report

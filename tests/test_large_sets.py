@@ -1,0 +1,402 @@
+"""Large sets on Hugging Face's machines (issue 32): a Job that mounts the target repo instead of downloading it,
+a pipeline that reads a read-only target folder, the disk check before the first byte, and what an upload sent.
+
+Everything here runs against stand-ins (no Hub, no Job, no Xet storage on the test machines): the recorded
+``run_uv_job`` request, a read-only bind mount (or, where this process may not mount, a folder whose every
+entry's bytes and timestamps are compared before and after), and a free-space figure injected through
+:func:`gguf_mtp.release.pipeline_disk.free_space`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import huggingface_hub.constants
+import pytest
+from helpers import flip_byte
+from hub_standin import JobsHub, NoVolumesJobsHub
+
+from gguf_mtp import ShardSetError, UnsafeOutputError
+from gguf_mtp.files.plan import CopyRange
+from gguf_mtp.jobs.compose_plan import plan_composition
+from gguf_mtp.model.shards import open_model
+from gguf_mtp.release import pipeline_disk
+from gguf_mtp.release.pipeline import run_pipeline
+from gguf_mtp.release.publish import bytes_beyond_target
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
+from gguf_mtp.testing.tiny_models import write_target
+
+TARGET_REPO = "unsloth/Tiny-Nemotron-GGUF"
+PREFIX = "Tiny-Nemotron-UD-Q4_K_XL"
+PATTERN = f"UD-Q4_K_XL/{PREFIX}-*-of-*.gguf"
+SHARDS = [f"UD-Q4_K_XL/{PREFIX}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+COMMIT = "c0ffee" + "0" * 34
+HF_JOB = Path(__file__).resolve().parent.parent / "scripts" / "hf_job.py"
+JOB_ARGS = ["--package", "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp", "--",
+            "--target-repo", TARGET_REPO, "--target-files", PATTERN, "--head-repo", "nvidia/Tiny-Nemotron-MTPv2",
+            "--out-repo", "me/Out"]
+HAS_VOLUMES = hasattr(huggingface_hub, "Volume")
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def target_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder laid out like the target's Hub repo, an earlier composite beside the shards as on real repos."""
+    root = tmp_path_factory.mktemp("target-repo")
+    write_target(root / "UD-Q4_K_XL", shards=3, name=PREFIX)
+    write_target(root / "UD-Q4_K_XL", shards=3, name=f"{PREFIX}-MTPv2", seed=7)
+    (root / "README.md").write_text("target card\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def target_bytes(target_repo: Path) -> int:
+    return sum((target_repo / s).stat().st_size for s in SHARDS)
+
+
+@pytest.fixture(scope="module")
+def head_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_mtpv2_checkpoint(tmp_path_factory.mktemp("head") / "Tiny-Nemotron-MTPv2")
+
+
+@pytest.fixture
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture(scope="module")
+def hf_job() -> Any:
+    spec = importlib.util.spec_from_file_location("hf_job_large", HF_JOB)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _state(folder: Path) -> dict[str, tuple[int, int, int, str]]:
+    """Every entry of ``folder``: size, mtime and ctime (ns) and, for files, sha256. A write of any kind, by
+    anyone (root included), changes one of them."""
+    entries = {}
+    for path in sorted([folder, *folder.rglob("*")]):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        entries[str(path.relative_to(folder))] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, digest)
+    return entries
+
+
+@pytest.fixture
+def read_only_target(target_repo: Path, tmp_path: Path) -> Iterator[Path]:
+    """The target repo as a Job sees its mounted volume: a read-only bind mount where this process may mount
+    (root in a container), else the folder itself (its state is compared before and after either way)."""
+    mount = tmp_path / "target-repo"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "--bind", str(target_repo), str(mount)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        mount.rmdir()
+        yield target_repo
+        return
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True, capture_output=True)
+        with pytest.raises(OSError):  # the mount really refuses writes, root's included
+            (mount / "probe").write_bytes(b"x")
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def _run(hub: JobsHub, tmp_path: Path, head: Path, **kwargs: Any) -> Any:
+    options: dict[str, Any] = dict(
+        target_repo=TARGET_REPO, target_files=PATTERN, head_repo=str(head), work_dir=tmp_path / "work",
+        cache_dir=tmp_path / "cache", api=hub, llama=False, progress=False, say=lambda line: None,
+    )
+    return run_pipeline(**(options | kwargs))
+
+
+# ------------------------------------------------------------------------------------------- item 1: the Job
+
+
+@pytest.mark.skipif(not HAS_VOLUMES, reason="huggingface_hub < 1.8 has no Job volumes: "
+                    "test_a_job_request_on_a_hub_without_volumes_* cover that line")
+def test_the_job_mounts_the_target_repo_at_the_resolved_commit(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main(JOB_ARGS, api=hub) == 0
+    assert hub.calls[0][:2] == ("model_info", (TARGET_REPO,)) and hub.calls[0][2]["revision"] is None
+    (_, (script,), request) = next(c for c in hub.calls if c[0] == "run_uv_job")
+    assert script == str(HF_JOB)
+    (volume,) = request["volumes"]
+    assert volume == huggingface_hub.Volume(type="model", source=TARGET_REPO, mount_path="/target-repo",
+                                            revision=COMMIT, read_only=True)
+    assert volume.to_dict() == {"type": "model", "source": TARGET_REPO, "mountPath": "/target-repo",
+                                "revision": COMMIT, "readOnly": True}
+    assert request["script_args"][-4:] == ["--target-dir", "/target-repo", "--target-revision", COMMIT]
+    assert request["secrets"] == {"HF_TOKEN": "hf_secret"}
+    assert not [c for c in hub.calls if c[0] in ("snapshot_download", "hf_hub_download")]
+
+
+@pytest.mark.skipif(not HAS_VOLUMES, reason="huggingface_hub < 1.8 has no Job volumes")
+def test_the_dry_run_prints_the_request_with_its_volume_and_both_disk_figures(
+    hf_job: Any, target_repo: Path, target_bytes: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main(["--dry-run", *JOB_ARGS[:-2], "--target-revision", "main", *JOB_ARGS[-2:]], api=hub) == 0
+    out = capsys.readouterr().out
+    assert f"volumes=[Volume(type='model', source='{TARGET_REPO}', mount_path='/target-repo', revision='{COMMIT}'" \
+        in out
+    assert f"'--target-dir', '/target-repo', '--target-revision', '{COMMIT}']" in out
+    assert "read from the mounted repo, not downloaded" in out
+    assert f"({target_bytes:,} bytes: the composite; the target's 3 file(s) are read from the mount)" in out
+    assert f"({2 * target_bytes:,} bytes: the target downloaded + the composite)" in out
+    assert [c[0] for c in hub.calls if c[0] == "run_uv_job"] == []
+    assert next(c for c in hub.calls if c[0] == "model_info")[2]["revision"] == "main"
+
+
+def test_a_job_request_on_a_hub_without_volumes_is_one_line_naming_the_release(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = NoVolumesJobsHub(source=target_repo)
+    for dry in ([], ["--dry-run"]):
+        assert hf_job.main(["--mount-target", *dry, *JOB_ARGS], api=hub) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "huggingface_hub 1.8.0" in err and "--no-mount-target" in err
+    assert "run_uv_job" not in hub.methods
+
+
+def test_a_job_request_on_a_hub_without_volumes_downloads_by_default_and_says_so(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = NoVolumesJobsHub(source=target_repo)
+    assert hf_job.main(JOB_ARGS, api=hub) == 0
+    (_, _, request) = next(c for c in hub.calls if c[0] == "run_uv_job")
+    assert "volumes" not in request and "--target-dir" not in request["script_args"]
+    assert "has no Job volumes (added in 1.8.0): the Job downloads the target" in capsys.readouterr().err
+
+
+def test_no_mount_target_downloads_in_the_job(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo)
+    assert hf_job.main(["--no-mount-target", *JOB_ARGS], api=hub) == 0
+    assert hub.methods == ["run_uv_job"]  # nothing resolved, nothing mounted
+    assert "volumes" not in hub.calls[0][2]
+
+
+# ------------------------------------------------------------------------------ item 1: a read-only target folder
+
+
+def test_a_pipeline_over_a_read_only_target_folder_composes_verifies_and_publishes_without_writing_there(
+    online: None, read_only_target: Path, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    before = _state(read_only_target)
+    hub = JobsHub(source=target_repo)
+    report = _run(hub, tmp_path, head_checkpoint, target_dir=read_only_target, target_revision=COMMIT,
+                  out_repo="me/Tiny-MTP", keep=True)
+    assert [(s.name, s.status) for s in report.stages] == [
+        ("target", "ran"), ("draft", "ran"), ("compose", "ran"), ("verify", "ran"), ("publish", "ran")]
+    assert "read from the mounted repo" in report.stage("target").summary
+    assert "not downloaded" in report.stage("target").summary
+    assert [p.parent for p in report.target] == [read_only_target / "UD-Q4_K_XL"] * 3
+    assert _state(read_only_target) == before  # not one byte, name or timestamp changed
+    assert not [m for m in hub.methods if m in ("snapshot_download", "hf_hub_download")]
+    assert not (tmp_path / "cache").exists()
+    assert f"at `{COMMIT}`" in report.published.card
+    # the same composite as from a downloaded copy of the same files
+    downloaded = _run(JobsHub(source=target_repo), tmp_path / "dl", head_checkpoint, keep=True)
+    assert [hashlib.sha256(p.read_bytes()).digest() for p in report.composite] == \
+        [hashlib.sha256(p.read_bytes()).digest() for p in downloaded.composite]
+
+
+def test_the_dry_run_of_a_target_folder_plans_no_download(
+    online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = JobsHub(source=target_repo)
+    report = _run(hub, tmp_path, head_checkpoint, target_dir=target_repo, dry_run=True)
+    target = report.stage("target").summary
+    assert target.startswith("read 3 file(s) (") and "from the mounted repo" in target and "not downloaded" in target
+    assert report.planned["download"] == [] and [r["path"] for r in report.planned["read"]] == SHARDS
+    shared = pipeline_disk.can_share(target_repo / SHARDS[0], tmp_path)
+    assert report.disk_needed == (0 if shared else target_bytes)  # the composite only, nothing into a cache
+    assert hub.methods == []  # the folder is listed, not the Hub
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.fixture
+def folder_copy(target_repo: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "mounted"
+    shutil.copytree(target_repo, copy)
+    return copy
+
+
+def test_a_target_folder_missing_a_shard_is_one_line(
+    online: None, folder_copy: Path, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    (folder_copy / SHARDS[1]).unlink()
+    hub = JobsHub(source=target_repo)
+    with pytest.raises(ShardSetError) as e:
+        _run(hub, tmp_path, head_checkpoint, target_dir=folder_copy)
+    assert "\n" not in str(e.value) and e.value.path == str(folder_copy)
+    assert f"missing {SHARDS[1].rpartition('/')[2]}" in e.value.message and TARGET_REPO in e.value.message
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_target_folder_without_the_patterns_folder_is_one_line(
+    online: None, tmp_path: Path, target_repo: Path, head_checkpoint: Path
+) -> None:
+    empty = tmp_path / "not-the-repo"
+    empty.mkdir()
+    with pytest.raises(ShardSetError, match="has no folder 'UD-Q4_K_XL': not the target repo's layout"):
+        _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=empty)
+
+
+def test_a_target_folder_of_another_revision_is_one_line(
+    online: None, folder_copy: Path, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = JobsHub(source=target_repo)
+    with open(folder_copy / SHARDS[2], "ab") as f:  # another revision: the last shard grew
+        f.write(b"\0" * 32)
+    with pytest.raises(ShardSetError) as e:
+        _run(hub, tmp_path, head_checkpoint, target_dir=folder_copy, target_revision=COMMIT)
+    assert "\n" not in str(e.value) and f"on {TARGET_REPO}@{COMMIT}: the folder holds another revision" in str(e.value)
+
+
+def test_a_target_folder_of_another_revision_of_the_same_size_is_one_line(
+    online: None, folder_copy: Path, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = JobsHub(source=target_repo)
+    shard = folder_copy / SHARDS[2]
+    flip_byte(shard, shard.stat().st_size - 10)  # same size, other bytes: only the sha256 tells
+    with pytest.raises(ShardSetError) as e:
+        _run(hub, tmp_path, head_checkpoint, target_dir=folder_copy, target_revision=COMMIT)
+    assert "\n" not in str(e.value) and "has sha256" in str(e.value) and "another revision" in str(e.value)
+    assert not (tmp_path / "work" / "composite").exists()
+
+
+def test_the_cli_refuses_a_folder_that_is_not_the_repos_layout_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_HUB_OFFLINE": "1",
+                                                                              "HF_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf_mtp", "pipeline", "--target-repo", TARGET_REPO, "--target-files", PATTERN,
+         "--head-repo", str(tmp_path), "--target-dir", str(tmp_path), "--work-dir", str(tmp_path / "w")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"gguf-mtp: error: {tmp_path}: has no folder 'UD-Q4_K_XL': not the target repo's")
+
+
+# ------------------------------------------------------------------------------------------- item 4: the disk
+
+
+def _free(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> list[Path]:
+    asked: list[Path] = []
+
+    def free_space(folder: Path) -> int:
+        asked.append(folder)
+        return nbytes
+
+    monkeypatch.setattr(pipeline_disk, "free_space", free_space)
+    return asked
+
+
+def test_a_download_and_composite_that_do_not_fit_are_refused_before_the_first_byte(
+    online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    need = 2 * target_bytes  # the download into the Hub cache + the composite, on the same filesystem here
+    _free(monkeypatch, need - 1)
+    hub = JobsHub(source=target_repo)
+    with pytest.raises(UnsafeOutputError) as e:
+        _run(hub, tmp_path, head_checkpoint)
+    message = str(e.value)
+    assert "\n" not in message and f"({need:,} bytes:" in message and f"free ({need - 1:,} bytes)" in message
+    assert "into the Hub cache" in message
+    assert "snapshot_download" not in hub.methods and not (tmp_path / "cache").exists()
+    assert not (tmp_path / "work").exists()  # the run made nothing it leaves behind
+
+
+def test_a_target_folder_needs_only_the_composite(
+    online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pipeline_disk.can_share(target_repo / SHARDS[0], tmp_path):
+        pytest.skip("a reflink filesystem: the composite shares the target's bytes (tested below)")
+    _free(monkeypatch, target_bytes - 1)
+    refusal = rf"\({target_bytes:,} bytes: .*composite .*free \({target_bytes - 1:,}"
+    with pytest.raises(UnsafeOutputError, match=refusal):
+        _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo)
+    _free(monkeypatch, target_bytes)  # exactly enough: the run goes through
+    report = _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo)
+    assert report.stage("compose").status == "ran"
+
+
+def test_reflink_sharing_is_counted_as_free(tmp_path: Path, target_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_disk, "can_share", lambda source, folder: True)
+    need = pipeline_disk.disk_need([1000, 2000], local=[target_repo / SHARDS[0]], download=0, cache=None,
+                                   work=tmp_path / "w")
+    assert (need.composite, need.shared, need.total) == (3000, 3000, 0)
+    _free(monkeypatch, 0)
+    pipeline_disk.check_disk(need)  # nothing lands: nothing to refuse
+
+
+def test_the_cache_and_the_work_folder_on_two_filesystems_are_checked_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    need = pipeline_disk.DiskNeed(download=500, composite=700, shared=0, cache=Path("/dev/shm"), work=tmp_path)
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem here")
+    _free(monkeypatch, 700)
+    pipeline_disk.check_disk(need)  # 500 fits the cache's, 700 the work folder's
+    _free(monkeypatch, 600)
+    with pytest.raises(UnsafeOutputError, match=r"\(700 bytes: .*free \(600 bytes\)"):
+        pipeline_disk.check_disk(need)
+
+
+# ------------------------------------------------------------------------------------------- item 3: the upload
+
+
+def test_publish_reports_the_upload_and_the_bytes_that_differ_from_the_target(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    report = _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, out_repo="me/Tiny-MTP", keep=True)
+    published = report.published
+    card = len(published.card.encode())
+    total = sum(p.stat().st_size for p in report.composite)
+    # the bytes compose did not copy from the target: its plan says exactly which
+    target, draft = open_model(report.target[0]), open_model(report.draft)
+    plan = plan_composition(target, draft, tmp_path / "replan")
+    target_paths = {str(p) for p in target.paths}
+    copied = sum(s.nbytes for o in plan.outputs for s in o.segments
+                 if isinstance(s, CopyRange) and str(s.source) in target_paths)
+    assert bytes_beyond_target(open_model(report.composite[0])) == plan.bytes_to_write - copied
+    upload = published.to_dict()["upload"]
+    assert upload == {
+        "total_bytes": total + card, "new_bytes": None, "new_bytes_measured": False,
+        "why_not_measured": f"huggingface_hub {huggingface_hub.__version__} does not return Xet's deduplication "
+                            "metrics for an upload",
+        "expected_new_bytes": plan.bytes_to_write - copied + card,
+    }
+    assert 0 < upload["expected_new_bytes"] < total  # the trunk is never sent again
+    lines = published.describe()
+    assert f"new bytes: not measured (huggingface_hub {huggingface_hub.__version__} does not return Xet's " \
+        "deduplication metrics for an upload)" in lines
+    assert any(line.startswith("expected upload: ") and f"({plan.bytes_to_write - copied + card:,} bytes)" in line
+               for line in lines)
+    assert "of it differing from the target set: the expected upload" in report.stage("publish").summary
