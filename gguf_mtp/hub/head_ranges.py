@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,18 +160,22 @@ def _write_head_shard(
         write_all(fd, len(raw).to_bytes(8, "little") + raw)
         if remote is not None:
             for start, end in ranges:
-                at = data_start + placed[start]
-                remote.copy_range(start, end - start, lambda done, body, at=at: _pwrite_all(fd, body, at + done))
+                remote.copy_range(start, end - start, _writer(fd, data_start + placed[start]))
         os.ftruncate(fd, data_start + position)
     finally:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+def _writer(fd: int, at: int) -> Callable[[int, bytes], None]:
+    """Writes the bytes of one fetched range, ``done`` bytes into it, at ``at + done`` of ``fd``."""
+
+    def write(done: int, data: bytes) -> None:
+        view, offset = memoryview(data), at + done
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    return write
 
 
 def fetch_head_ranges(
