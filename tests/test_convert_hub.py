@@ -328,3 +328,24 @@ def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path,
     assert done.stderr.count("\n") == 1 and "the file changed on the Hub while it was read" in done.stderr
     assert last in done.stderr
     assert not (tmp_path / "d.gguf").exists() and not list(tmp_path.glob(".gguf-mtp-head-*"))
+
+
+def test_a_multi_layer_head_is_fetched_by_ranges(on_hub: Any, tmp_path: Path) -> None:
+    """Two NextN layers (a tuple of name prefixes), the last trunk layer beside them in the last shard."""
+    from deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
+
+    from gguf_mtp.testing.tiny_checkpoints import first_of_layer, write_checkpoint
+
+    tensors = mla_tensors("glm47flash", n_nextn=2)
+    cut = first_of_layer(tensors, N_LAYERS - 1)
+    folder = write_checkpoint(tmp_path / "two", mla_config("glm47flash", n_nextn=2), [tensors[:cut], tensors[cut:]])
+    repo = "zai-org/Tiny-Two-NextN"
+    on_hub.publish(sorted(p for p in folder.iterdir() if p.is_file()), folder="", repo=repo)
+    on_hub.reset()
+    report = convert(repo, tmp_path / "draft.gguf", block=N_LAYERS, progress=False)
+    local = convert(folder, tmp_path / "local.gguf", block=N_LAYERS, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local) and report.plan.nextn_blocks == 2
+    last = "model-00002-of-00002.safetensors"
+    head = sum(_head_and_headers(folder, last, f"model.layers.{layer}.")[0] for layer in (N_LAYERS, N_LAYERS + 1))
+    header = _head_and_headers(folder, last, "-")[1]
+    assert head + header <= on_hub.sent(last) <= head + header + 2 * 64 * 1024 < (folder / last).stat().st_size
