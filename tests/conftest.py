@@ -14,6 +14,8 @@ from helpers import build_llama_tools
 from gguf_mtp.check.llama_check import llama_cpp_available
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
 
+pytest_plugins = ["hub_http"]  # the loopback Hub file server's fixtures (server, hub)
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import huggingface_hub
 import pytest
@@ -212,3 +213,139 @@ def test_cli_gated_repo_is_one_clear_line(refusing_hub: tuple[str, type], tmp_pa
     done = _run_cli([REPO, "-o", str(tmp_path / "d.gguf"), "--block", "3"], _hub_env(endpoint, tmp_path))
     assert done.returncode == 2, done.stderr
     assert f"{REPO} is gated: accept its terms" in done.stderr and done.stderr.count("\n") == 1
+
+
+# ------------------------------------------- the head by byte ranges, from a loopback Hub (issue 32 item 2)
+
+RANGES_REPO = "deepseek-ai/Tiny-DeepSeek-V3-FP8"
+
+
+@pytest.fixture(scope="module")
+def shared_last_shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DeepSeek V3 FP8 checkpoint (block-scaled weights, their ``weight_scale_inv`` beside them) whose last
+    shard holds the NextN layer beside trunk tensors (the last trunk layer, the final norm, the LM head)."""
+    from deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
+    from fp8_checkpoints import quantize_checkpoint
+
+    from gguf_mtp.testing.tiny_checkpoints import first_of_layer, write_checkpoint
+
+    work = tmp_path_factory.mktemp("ranges")
+    tensors = mla_tensors("deepseekv3")
+    cut = first_of_layer(tensors, N_LAYERS - 1)
+    bf16 = write_checkpoint(work / "bf16", mla_config("deepseekv3"), [tensors[:cut], tensors[cut:]])
+    return quantize_checkpoint(bf16, work / "fp8")
+
+
+def _head_and_headers(folder: Path, shard: str, prefix: str) -> tuple[int, int]:
+    """(the head tensors' bytes, the header's bytes) of one local shard."""
+    from gguf_mtp.format.safetensors_io import SafetensorsFile
+
+    st = SafetensorsFile(folder / shard)
+    return sum(t.nbytes for t in st.tensors.values() if t.name.startswith(prefix)), st.data_start
+
+
+@pytest.fixture
+def on_hub(hub: Any, shared_last_shard: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The checkpoint on the loopback Hub; huggingface_hub's downloads in this process go there too, into a
+    cache of the test's own (it reads HF_ENDPOINT and HF_HOME once, at import)."""
+    import huggingface_hub.file_download
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    reset = getattr(huggingface_hub.utils, "reset_sessions", None)  # 0.x: drop the offline adapter an earlier
+    if callable(reset):  # test's session was given
+        reset()
+
+    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    if hasattr(huggingface_hub.file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):  # 0.x keeps a copy
+        monkeypatch.setattr(huggingface_hub.file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    hub.publish(sorted(p for p in shared_last_shard.iterdir() if p.is_file()), folder="", repo=RANGES_REPO)
+    hub.reset()
+    return hub
+
+
+def test_repo_head_is_fetched_by_byte_ranges(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
+    from deepseek_checkpoints import N_LAYERS
+
+    last = "model-00002-of-00002.safetensors"
+    head, header = _head_and_headers(shared_last_shard, last, f"model.layers.{N_LAYERS}.")
+    shard_size = (shared_last_shard / last).stat().st_size
+    assert shard_size - head - header > shard_size / 4  # the trunk shares the shard: a download moves it too
+
+    report = convert(RANGES_REPO, tmp_path / "draft.gguf", block=N_LAYERS, progress=False)
+
+    local = convert(shared_last_shard, tmp_path / "local.gguf", block=N_LAYERS, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local)  # every tensor's bytes
+    names = {"general.name"}  # taken from the source's name: the repo's, the folder's
+    ranged_kvs, local_kvs = reader_kvs(report.output), reader_kvs(local)
+    assert {k: v for k, v in ranged_kvs.items() if k not in names} == {k: v for k, v in local_kvs.items()
+                                                                         if k not in names}
+    assert ranged_kvs["general.name"][1] == "Tiny-DeepSeek-V3-FP8 MTP head"
+    served = on_hub.sent(last)
+    assert head + header <= served <= head + header + 2 * 64 * 1024  # the head, its header, joined gaps at most
+    assert on_hub.sent("model-00001-of-00002.safetensors") == 0
+    fetched = report.to_dict()["download"]
+    assert fetched["method"] == "ranges" and fetched["ranges"]["shards"] == [last]
+    assert fetched["ranges"]["bytes_fetched"] == served and fetched["ranges"]["shard_bytes"] == shard_size
+    assert fetched["ranges"]["commit"] == on_hub.commits[(RANGES_REPO, "main")]
+    ranged = [path for _, path, _ in on_hub.requests if path.endswith(last)]
+    assert all(f"/resolve/{fetched['ranges']['commit']}/" in path for path in ranged)  # pinned, every one
+    assert any(line.startswith("fetched by byte ranges at commit ") for line in report.plan_lines())
+    assert not list(tmp_path.glob(".gguf-mtp-head-*"))  # the scratch folder is gone
+
+
+def test_a_dry_run_reads_only_the_headers(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
+    from deepseek_checkpoints import N_LAYERS
+
+    last = "model-00002-of-00002.safetensors"
+    _, header = _head_and_headers(shared_last_shard, last, f"model.layers.{N_LAYERS}.")
+    report = convert(RANGES_REPO, tmp_path / "draft.gguf", block=N_LAYERS, dry_run=True)
+    local = convert(shared_last_shard, tmp_path / "draft.gguf", block=N_LAYERS, dry_run=True)
+    assert [t.to_dict() for t in report.plan.tensors] == [t.to_dict() for t in local.plan.tensors]
+    assert on_hub.sent(last) <= max(header, 64 * 1024) and not (tmp_path / "draft.gguf").exists()
+
+
+def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
+    """A mirror that serves the newest bytes whatever commit is asked for: the change is refused, nothing written."""
+    from deepseek_checkpoints import N_LAYERS
+
+    last = "model-00002-of-00002.safetensors"
+    changed = tmp_path / "changed" / last
+    changed.parent.mkdir()
+    changed.write_bytes((shared_last_shard / last).read_bytes()[:-1] + b"\x01")
+    on_hub.serve_newest = True
+
+    def push(_gets_before: int) -> None:
+        shard_gets = [r for r in on_hub.log if r.method == "GET" and r.path.endswith(last)]
+        if len(shard_gets) == 2:  # the shard's header answered; its tensor data is asked for next
+            on_hub.publish([changed], folder="", repo=RANGES_REPO)
+
+    on_hub.before_get = push
+    done = _run_cli([RANGES_REPO, "-o", str(tmp_path / "d.gguf"), "--block", str(N_LAYERS)],
+                    _hub_env(on_hub.url, tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "the file changed on the Hub while it was read" in done.stderr
+    assert last in done.stderr
+    assert not (tmp_path / "d.gguf").exists() and not list(tmp_path.glob(".gguf-mtp-head-*"))
+
+
+def test_a_multi_layer_head_is_fetched_by_ranges(on_hub: Any, tmp_path: Path) -> None:
+    """Two NextN layers (a tuple of name prefixes), the last trunk layer beside them in the last shard."""
+    from deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
+
+    from gguf_mtp.testing.tiny_checkpoints import first_of_layer, write_checkpoint
+
+    tensors = mla_tensors("glm47flash", n_nextn=2)
+    cut = first_of_layer(tensors, N_LAYERS - 1)
+    folder = write_checkpoint(tmp_path / "two", mla_config("glm47flash", n_nextn=2), [tensors[:cut], tensors[cut:]])
+    repo = "zai-org/Tiny-Two-NextN"
+    on_hub.publish(sorted(p for p in folder.iterdir() if p.is_file()), folder="", repo=repo)
+    on_hub.reset()
+    report = convert(repo, tmp_path / "draft.gguf", block=N_LAYERS, progress=False)
+    local = convert(folder, tmp_path / "local.gguf", block=N_LAYERS, progress=False).output
+    assert reader_tensors(report.output) == reader_tensors(local) and report.plan.nextn_blocks == 2
+    last = "model-00002-of-00002.safetensors"
+    head = sum(_head_and_headers(folder, last, f"model.layers.{layer}.")[0] for layer in (N_LAYERS, N_LAYERS + 1))
+    header = _head_and_headers(folder, last, "-")[1]
+    assert head + header <= on_hub.sent(last) <= head + header + 2 * 64 * 1024 < (folder / last).stat().st_size

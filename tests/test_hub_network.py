@@ -282,3 +282,65 @@ def test_cli_says_once_that_it_retries(tmp_path: Path) -> None:
     ], proc.stderr
     assert lines[-1].startswith("gguf-mtp: error: cannot download config.json from o/head: repository o/head not found")
     assert flaky.requests == 3
+
+
+# ------------------------------------------------- no back-off where waiting cannot help (issue 29 item 18)
+
+#: Runs the command line with ``socket.getaddrinfo`` counted: every connection attempt, by requests (0.x) or
+#: httpx / httpx2 (1.x, 2.x), resolves its host first, so the count of one host's look-ups is its attempts.
+COUNTING = """
+import atexit, os, socket, sys
+looked_up = []
+real = socket.getaddrinfo
+def counting(host, *args, **kwargs):
+    looked_up.append(host)
+    return real(host, *args, **kwargs)
+socket.getaddrinfo = counting
+atexit.register(lambda: open(os.environ["ATTEMPTS_FILE"], "w").write("\\n".join(map(str, looked_up))))
+from gguf_mtp.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def attempts(endpoint: str, tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run the command line against ``endpoint``: its outcome, and how many times it tried to connect there."""
+    record = tmp_path / "attempts.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN": "hf_test_token",
+            "HF_HUB_DISABLE_TELEMETRY": "1", "GGUF_MTP_DISABLE_PROGRESS": "1", "ATTEMPTS_FILE": str(record)}
+    proc = subprocess.run([sys.executable, "-c", COUNTING, *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+    host = endpoint.split("//", 1)[1].split(":", 1)[0]
+    return proc, record.read_text().split("\n").count(host)
+
+
+@pytest.mark.parametrize(
+    ("argv", "most"),
+    [
+        # huggingface_hub's hf_hub_download asks once without retries, then (nothing cached) once more with them
+        (["convert", "o/head", "-o", "{tmp}/draft.gguf"], 2),
+        (["pipeline", "--dry-run", "--target-repo", "o/t", "--target-files", "t.gguf", "--head-repo", "o/h",
+          "--work-dir", "{tmp}/work"], 1),
+        (["inspect", "hf://o/t/t.gguf"], 1),
+    ],
+    ids=["convert", "pipeline-dry-run", "inspect"],
+)
+def test_an_unknown_host_or_a_refused_connection_is_not_retried(
+    unreachable: tuple[str, str, str], tmp_path: Path, argv: list[str], most: int
+) -> None:
+    endpoint, host, cause = unreachable
+    proc, tried = attempts(endpoint, tmp_path, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
+    assert_names(error_line(proc), host, cause)
+    assert RETRY_LINE not in proc.stderr  # huggingface_hub never backed off
+    assert 1 <= tried <= most, (tried, proc.stderr)
+
+
+def test_fails_at_once_knows_the_causes() -> None:
+    import socket as sockets
+
+    refused = ConnectionRefusedError(111, "Connection refused")
+    wrapped = OSError("wrapped")
+    wrapped.__cause__ = sockets.gaierror(-2, "Name or service not known")
+    assert client.fails_at_once(refused) and client.fails_at_once(wrapped)
+    assert not client.fails_at_once(TimeoutError("timed out"))
+    assert not client.fails_at_once(ConnectionResetError(104, "Connection reset by peer"))

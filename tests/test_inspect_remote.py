@@ -7,7 +7,6 @@ Hub, and counts every body byte it sends. ``HF_ENDPOINT`` points at it; nothing 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -18,11 +17,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pytest
 from gguf import GGUFValueType
 from helpers import LoopbackServer, shard_files
+from hub_http import FOLDER, REPO, HubStandIn, handler_for
 
 from gguf_mtp import BadGGUFError, HubError, compose
 from gguf_mtp.check.inspect import inspect
@@ -30,251 +29,6 @@ from gguf_mtp.cli import main
 from gguf_mtp.format.header import encode_kv, read_header
 from gguf_mtp.hub.remote import FIRST_READ, HubFile
 from gguf_mtp.testing.tiny_models import add_raw_kvs, write_target
-
-REPO = "tiny-org/Tiny-Nemotron-GGUF"
-FOLDER = "UD-Q4_K_XL"
-
-
-@dataclass
-class Served:
-    """One request the loopback Hub answered, and the body bytes it sent for it."""
-
-    method: str
-    path: str
-    byte_range: str | None
-    authorization: str | None
-    headers: dict[str, str] = field(default_factory=dict)  # every header, by its lower-case name
-    sent: int = 0
-    done: threading.Event = field(default_factory=threading.Event, repr=False)  # set once the reply is over
-
-
-@dataclass
-class HubStandIn:
-    """What the loopback Hub serves and what it saw."""
-
-    root: Path  # files live at root/{owner}/{repo}/{revision}/{path}
-    url: str = ""
-    redirect: bool = False
-    redirect_base: str = ""  # where a redirect points: "" (the same host) or another origin, e.g. http://localhost:PORT
-    ignore_range: bool = False
-    misbehave: str | None = None  # "trickle", "trickle-headers", "redirect-loop", "fake-gzip", "huge-403" or "huge-503"
-    log: list[Served] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def publish(self, files: list[Path], folder: str = FOLDER, revision: str = "main") -> None:
-        dest = self.root / REPO / revision / folder
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copy(f, dest / f.name)
-
-    @property
-    def requests(self) -> list[tuple[str, str, str | None]]:
-        """(method, path, Range header) of every request since the last reset."""
-        return [(r.method, r.path, r.byte_range) for r in self.log]
-
-    @property
-    def authorization(self) -> list[str | None]:
-        return [r.authorization for r in self.log]
-
-    def _finished(self) -> list[Served]:
-        """Every record, once its handler thread is done: the client may have its bytes before the
-        server thread has counted them."""
-        log = list(self.log)
-        for record in log:
-            record.done.wait(5)
-        return log
-
-    @property
-    def total_sent(self) -> int:
-        return sum(r.sent for r in self._finished())
-
-    def sent(self, name: str) -> int:
-        """Body bytes sent for the file called ``name`` since the last reset."""
-        return sum(r.sent for r in self._finished() if r.path.endswith("/" + name))
-
-    def reset(self) -> None:
-        # A new list: a late writer of an earlier test updates its own, now forgotten, record.
-        with self.lock:
-            self.log = []
-
-
-_RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
-_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<rev>[^/]+)/(?P<path>.+)$")
-
-
-def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:  # keep test output quiet
-            pass
-
-        def _file(self) -> Path | None:
-            match = _RESOLVE.match(self.path) or _CDN.match(self.path)
-            if not match:
-                return None
-            if hub.redirect and self.path.startswith("/") and not self.path.startswith("/cdn/"):
-                return Path("redirect")
-            repo, rev, path = match["repo"], unquote(match["rev"]), unquote(match["path"])
-            if not (hub.root / repo).is_dir():
-                self._error(404, "RepoNotFound")
-                return Path("answered")
-            file = hub.root / repo / rev / path
-            return file if file.is_file() else None
-
-        def _error(self, status: int, code: str) -> None:
-            body = json.dumps({"error": code}).encode()
-            self.send_response(status)
-            self.send_header("X-Error-Code", code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _serve(self, head: bool) -> None:
-            headers = {name.lower(): value for name, value in self.headers.items()}
-            record = Served(self.command, self.path, headers.get("range"), headers.get("authorization"), headers)
-            with hub.lock:
-                hub.log.append(record)
-            try:
-                self._reply(record, head)
-            finally:
-                record.done.set()
-
-        def _misbehave(self, mode: str, record: Served) -> None:
-            """The hostile servers of issue 11 item 7; a trickle ends after 30 s whatever happens."""
-            if mode == "redirect-loop":
-                self.send_response(302)
-                self.send_header("Location", self.path)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            if mode.startswith("huge-"):  # a 1 GiB error page, sent until the client hangs up
-                self.send_response(int(mode.removeprefix("huge-")))
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(1 << 30))
-                self.end_headers()
-                with contextlib.suppress(OSError):
-                    while record.sent < 1 << 30:
-                        self.wfile.write(bytes(64 * 1024))
-                        record.sent += 64 * 1024
-                return
-            if mode == "fake-gzip":
-                body = b"GGUF" + bytes(60)  # not gzip at all
-                self.send_response(206)
-                self.send_header("Content-Encoding", "gzip")
-                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/100000")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            try:
-                if mode == "trickle-headers":
-                    self.wfile.write(b"HTTP/1.1 206 Partial Content\r\n")
-                    for _ in range(15):
-                        self.wfile.write(b"X")
-                        self.wfile.flush()
-                        time.sleep(2)
-                    return
-                self.send_response(206)
-                self.send_header("Content-Range", "bytes 0-65535/100000")
-                self.send_header("Content-Length", "65536")
-                self.end_headers()
-                for _ in range(15):
-                    self.wfile.write(b"G")
-                    self.wfile.flush()
-                    time.sleep(2)
-            except OSError:
-                pass  # the client gave up, as it should
-
-        def _reply(self, record: Served, head: bool) -> None:
-            if hub.misbehave:
-                self._misbehave(hub.misbehave, record)
-                return
-            file = self._file()
-            if file == Path("answered"):
-                return
-            if file == Path("redirect"):
-                match = _RESOLVE.match(self.path)
-                assert match
-                self.send_response(302)
-                self.send_header("Location", f"{hub.redirect_base}/cdn/{match['repo']}/{match['rev']}/{match['path']}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            if file is None:
-                self._error(404, "EntryNotFound")
-                return
-            size = file.stat().st_size
-            start, end = 0, size - 1
-            status = 200
-            ranged = re.match(r"^bytes=(\d+)-(\d*)$", self.headers.get("Range") or "")
-            if ranged and not hub.ignore_range:
-                start = int(ranged[1])
-                end = min(int(ranged[2]) if ranged[2] else size - 1, size - 1)
-                status = 206
-                if start >= size:
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{size}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-            self.send_response(status)
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(end - start + 1))
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.end_headers()
-            if head:
-                return
-            with open(file, "rb") as f:
-                f.seek(start)
-                try:
-                    while record.sent < end - start + 1:
-                        chunk = f.read(min(64 * 1024, end - start + 1 - record.sent))
-                        self.wfile.write(chunk)
-                        record.sent += len(chunk)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client hung up once it had enough
-
-        def do_GET(self) -> None:
-            self._serve(head=False)
-
-        def do_HEAD(self) -> None:
-            self._serve(head=True)
-
-    return Handler
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
-    hub = HubStandIn(tmp_path_factory.mktemp("hub"))
-    httpd = LoopbackServer(("127.0.0.1", 0), _handler(hub))
-    hub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield hub
-    httpd.shutdown()
-    httpd.server_close()
-
-
-@pytest.fixture
-def hub(server: HubStandIn, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> HubStandIn:
-    """The loopback Hub, with HF_ENDPOINT pointing at it, online, no stored token, counters reset."""
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    server.redirect = False
-    server.redirect_base = ""
-    server.ignore_range = False
-    server.misbehave = None
-    server.reset()
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -818,7 +572,7 @@ def tls_hub(server: HubStandIn, tmp_path_factory: pytest.TempPathFactory) -> Ite
     )  # fmt: skip
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    httpd = LoopbackServer(("127.0.0.1", 0), _handler(server))
+    httpd = LoopbackServer(("127.0.0.1", 0), handler_for(server))
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"https://localhost:{httpd.server_address[1]}", cert
@@ -861,3 +615,115 @@ def test_an_untrusted_certificate_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "TLS with localhost:" in err and "certificate verify failed" in err, err
     assert hub.requests == []
+
+
+# ------------------------------------------------ one version per file (issue 29 item 4)
+
+
+def _long_header(folder: Path, tokens: int) -> Path:
+    """A one-file model named ``Pushed.gguf`` whose header needs several range requests (``tokens`` sets its
+    size, so two versions differ in their header's length and bytes)."""
+    model = write_target(folder, name="Pushed")
+    names = [f"<tok-{i:06d}-{'y' * 20}>" for i in range(tokens)]
+    add_raw_kvs(model, [encode_kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, names, GGUFValueType.STRING)])
+    assert read_header(model).data_offset > 4 * FIRST_READ
+    return model
+
+
+@pytest.fixture
+def two_versions(tmp_path: Path) -> tuple[Path, Path]:
+    return _long_header(tmp_path / "v1", 9_000), _long_header(tmp_path / "v2", 11_000)
+
+
+def _push_after_first_answer(hub: HubStandIn, new: Path, folder: str) -> None:
+    """A push of ``new`` lands between the first and the second range request."""
+
+    def push(gets_before: int) -> None:
+        if gets_before == 1:
+            hub.publish([new], folder=folder)
+
+    hub.before_get = push
+
+
+@pytest.mark.parametrize("send_commit", [True, False], ids=["mirror-with-commit", "no-commit-header"])
+def test_a_file_changed_between_range_reads_is_one_line_and_nothing_is_reported(
+    hub: HubStandIn, two_versions: tuple[Path, Path], send_commit: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that serves the newest bytes whatever commit is asked for (or names no commit): the change is
+    seen in the ETag / size of the next answer, and the read stops; no header stitched from two versions."""
+    old, new = two_versions
+    hub.publish([old], folder="push")
+    hub.serve_newest, hub.send_commit = True, send_commit
+    _push_after_first_answer(hub, new, "push")
+    address = f"hf://{REPO}/push/{old.name}"
+    assert main(["inspect", address]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"gguf-mtp: error: {address}: the file changed on the Hub while it was read (")
+    assert len(hub.requests) == 2  # the second answer is refused; nothing more is asked for
+    hub.publish([old], folder="push")
+    hub.reset()
+    _push_after_first_answer(hub, new, "push")
+    assert main(["verify", address]) != 0
+    out, err = capsys.readouterr()
+    assert "PASS" not in out and "changed on the Hub while it was read" in err, out + err
+
+
+def test_later_ranges_are_pinned_to_the_first_answers_commit(
+    hub: HubStandIn, two_versions: tuple[Path, Path]
+) -> None:
+    """The Hub keeps every commit: the reads after the first ask for the first answer's commit, so a push
+    between them changes nothing that is read."""
+    old, new = two_versions
+    commit = hub.publish([old], folder="pin")
+    _push_after_first_answer(hub, new, "pin")
+    summary = inspect(f"hf://{REPO}/pin/{old.name}")
+    assert _comparable(summary.to_dict()) == _comparable(inspect(old).to_dict())
+    paths = [path for _, path, _ in hub.requests]
+    assert len(paths) > 2 and paths[0].startswith(f"/{REPO}/resolve/main/pin/")
+    assert all(path.startswith(f"/{REPO}/resolve/{commit}/pin/") for path in paths[1:]), paths
+    assert hub.commits[(REPO, "main")] != commit  # the push did land in between
+    assert inspect(f"hf://{REPO}/pin/{old.name}").shards[0].header_bytes == read_header(new).data_offset
+
+
+# ------------------------------------------------ bounded shard walks (issue 29 item 8)
+
+
+def _renamed(files: list[Path], folder: Path, count: int) -> list[Path]:
+    """``files`` (a set's shards, in order) under names that promise ``count`` shards."""
+    folder.mkdir()
+    out = []
+    for number, f in enumerate(files, start=1):
+        out.append(folder / f"Many-{number:05d}-of-{count:05d}.gguf")
+        shutil.copy(f, out[-1])
+    return out
+
+
+def test_a_name_promising_5000_shards_asks_only_for_those_the_set_declares(
+    hub: HubStandIn, composite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _renamed(shard_files(composite), tmp_path / "many", 5000)  # shard 1 says split.count = 3
+    hub.publish(files, folder="many")
+    address = f"hf://{REPO}/many/{files[0].name}"
+    summary = inspect(address)
+    assert [path.rsplit("/", 1)[1] for _, path, _ in hub.requests] == [f.name for f in files]  # 3, not 5,000
+    assert summary.http_requests == 3
+    assert summary.problems[0] == (
+        f"the file names promise 5,000 shards, but shard 1 ({files[0].name}) says split.count = 3: "
+        "4,997 of them were not asked for"
+    )
+    assert main(["inspect", address]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "inconsistent: the file names promise 5,000 shards" in err, err
+    assert "consistency: ok" not in out and "promise 5,000 shards" in out, out
+
+
+def test_missing_shards_in_a_row_end_the_walk(hub: HubStandIn, composite: Path, tmp_path: Path) -> None:
+    """No readable shard to go by: three missing shards in a row end the walk (the named one is still read)."""
+    files = _renamed(shard_files(composite) * 2, tmp_path / "gaps", 99_999)
+    hub.publish([files[4]], folder="gaps")  # shards 1-4 absent: only the named shard 5 is there
+    summary = inspect(f"hf://{REPO}/gaps/{files[4].name}")
+    assert [path.rsplit("/", 1)[1] for _, path, _ in hub.requests] == [f.name for f in files[:3]] + [files[4].name]
+    assert summary.problems[0] == (
+        "the file names promise 99,999 shards, but 3 shards in a row are missing: 99,995 of them were not asked for"
+    )

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("source", metavar="SOURCE",
                    help="checkpoint folder (config.json + *.safetensors) or Hub repo id; from the Hub only "
-                        "config.json, the index and the shards holding mtp.* tensors are downloaded")
+                        "config.json, the index, and the headers and head tensors' byte ranges of the shards "
+                        "holding the head are fetched")
     p.add_argument("-o", "--output", required=True, metavar="DRAFT.gguf", help="the GGUF file to write")
     p.add_argument("--target", metavar="TARGET.gguf",
                    help="the model the head belongs to (any shard of a split set): gives the block index and is "
@@ -39,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="convert only the first K NextN blocks of a checkpoint with several (default: all; "
                         "llama.cpp's glm4moe and deepseek2 MTP graphs run a file of one)")
     p.add_argument("--revision", metavar="REV", help="Hub revision (branch, tag or commit) of a repo-id SOURCE")
+    p.add_argument("--download", action="store_true",
+                   help="repo-id SOURCE: download the whole shards holding the head into the Hub cache (reused by "
+                        "later runs) instead of fetching the head's byte ranges")
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         report = convert(
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
             standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies,
-            nextn_blocks=args.nextn_blocks, revision=args.revision, **write_options(args),
+            nextn_blocks=args.nextn_blocks, revision=args.revision, download=args.download, **write_options(args),
         )
     except (ParameterError, IncompatibleDraftError) as e:
         raise _in_flags(e) from None

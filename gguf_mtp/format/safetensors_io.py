@@ -34,6 +34,7 @@ from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
 __all__ = [
     "CONFIG_NAME",
     "INDEX_NAME",
+    "MAX_HEADER_BYTES",
     "SAFETENSORS_DTYPES",
     "Checkpoint",
     "SafetensorsFile",
@@ -198,9 +199,11 @@ class SafetensorsFile:
         CheckpointError: the file is missing, truncated, or its header is not valid safetensors.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, header: tuple[int, bytes] | None = None) -> None:
+        """Read and check the header of the file ``path``; or, with ``header`` (the file's size and its JSON
+        header's bytes, read elsewhere: a file on the Hub), check that one, ``path`` naming the file."""
         self.path = Path(path)
-        size, raw = self._read_header_bytes()
+        size, raw = header if header is not None else self._read_header_bytes()
         header = parse_json(raw, self.path, error=CheckpointError, what="corrupt safetensors header")
         if not isinstance(header, dict):
             raise CheckpointError("corrupt safetensors header (not a JSON object)", self.path)

@@ -1,10 +1,14 @@
 """Fetch just the MTP head of a checkpoint on the Hugging Face Hub.
 
-A full model is hundreds of GB; its MTP head lives in one or two safetensors shards. So the index
-(``model.safetensors.index.json``) is fetched first, the shards holding ``mtp.*`` tensors are picked
-from its ``weight_map``, and ``huggingface_hub.snapshot_download`` gets ``config.json``, the index and
-those shards only (with the Hub's own progress bars and cache, so a second run downloads nothing).
-``HF_HUB_OFFLINE=1``, a missing or refused token, a gated repo and a wrong revision each become one
+A full model is hundreds of GB; its MTP head lives in one or a few safetensors shards, beside trunk
+layers. ``config.json`` and the index (``model.safetensors.index.json``) are fetched first (through
+huggingface_hub's download and cache), the shards holding head tensors are picked from its
+``weight_map``, and then, by default, only the head tensors' byte ranges and those shards' headers are
+read (:mod:`.head_ranges`, pinned to the commit ``config.json`` came from). With ``download=True``,
+offline (``HF_HUB_OFFLINE=1``: the Hub cache answers) or for a repo without an index,
+``huggingface_hub.snapshot_download`` gets ``config.json``, the index and those whole shards instead
+(with the Hub's own progress bars and cache, so a second run downloads nothing).
+A missing or refused token, a gated repo and a wrong revision each become one
 :class:`~gguf_mtp.errors.HubError` line.
 """
 
@@ -18,6 +22,8 @@ from typing import Any
 
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, NamePrefix, natural_key, read_config, read_index
+
+from .head_ranges import RangeFetch, fetch_head_ranges
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 
@@ -34,8 +40,9 @@ class HubCheckpoint:
 
     repo_id: str
     revision: str | None
-    folder: Path  # the snapshot folder in the Hub cache
+    folder: Path  # the snapshot folder in the Hub cache, or the folder the byte ranges were written to
     allow_patterns: tuple[str, ...]
+    ranges: RangeFetch | None = None  # the head was fetched by byte ranges (None: whole files downloaded)
 
 
 def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextManager[None]:
@@ -61,13 +68,18 @@ def download_head(
     revision: str | None = None,
     prefix: NamePrefix = "mtp.",
     head_prefix: Callable[[dict[str, Any]], NamePrefix] | None = None,
+    ranges_into: Path | None = None,
+    tensor_data: bool = True,
 ) -> HubCheckpoint:
-    """Download ``config.json``, the index and only the shards that hold the MTP head of ``repo_id``.
+    """Fetch ``config.json``, the index and the MTP head of ``repo_id``: by byte ranges into the empty folder
+    ``ranges_into`` when given (:func:`~.head_ranges.fetch_head_ranges`; ``tensor_data=False``: the shards'
+    headers only, for a dry run), else the whole shards that hold it, into the Hub cache.
 
     The head is the tensors whose names start with ``prefix``, or with ``head_prefix(config)`` when given
     (``model.layers.{num_hidden_layers}.`` for GLM: it depends on the downloaded ``config.json``).
 
-    A repo without an index (one ``model.safetensors``) is fetched whole: there is nothing to choose.
+    Offline, the Hub cache answers (whole shards). A repo without an index (one ``model.safetensors``) is
+    fetched whole: there is nothing to choose.
 
     Raises:
         HubError: offline without a cached copy, no access (token, gated repo), unknown revision.
@@ -75,16 +87,25 @@ def download_head(
     """
     import huggingface_hub
 
-    from .client import check_repo_id, check_token_env
+    from .client import check_repo_id, check_token_env, is_offline
 
     check_repo_id(repo_id)
     check_token_env()  # huggingface_hub reads HF_TOKEN itself: a non-ASCII one would be a traceback there
     with _fetching(repo_id, revision, CONFIG_NAME):
         config_path = huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
+    # The snapshot folder is named by the commit the Hub resolved: the index comes from that commit too.
+    snapshot = Path(config_path).parent.name
+    pinned = snapshot if len(snapshot) == 40 and all(c in "0123456789abcdef" for c in snapshot) else revision
     if head_prefix is not None:
         prefix = head_prefix(read_config(Path(config_path).parent))
     with _fetching(repo_id, revision, INDEX_NAME):
-        index_path = _download_index(repo_id, revision)
+        index_path = _download_index(repo_id, pinned)
+    if ranges_into is not None and index_path is not None and not is_offline():
+        fetched = fetch_head_ranges(
+            repo_id, ranges_into, config_path=Path(config_path), index_path=Path(index_path), prefix=prefix,
+            data=tensor_data,
+        )
+        return HubCheckpoint(repo_id, revision, ranges_into, (CONFIG_NAME, INDEX_NAME, *fetched.files), fetched)
     if index_path is not None:
         files = head_files(read_index(index_path), prefix)
         if not files:

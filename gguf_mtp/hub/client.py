@@ -9,8 +9,9 @@ Network failures: huggingface_hub's transport is requests (0.x), httpx (1.x) or 
 with its own exception tree. :func:`transport_failure` recognises all three by their libraries' base
 classes (and the socket errors beneath them), so every Hub call made through :func:`hub_errors` turns
 a refused connection, an unknown host or a timeout into one :class:`~gguf_mtp.errors.HubUnreachableError`
-naming the host and the cause. While huggingface_hub retries a call with back-off, one line says so
-(:func:`retry_notice`).
+naming the host and the cause. huggingface_hub retries timeouts and busy answers (429, 5xx) with
+back-off, and one line says so (:func:`retry_notice`); a host name that does not resolve and a refused
+connection fail at once (:func:`fails_at_once`): no wait makes them succeed.
 
 Token rule (the Hub's own): ``HF_TOKEN`` in the environment overrides the stored login
 (``hf auth login``).
@@ -50,6 +51,7 @@ __all__ = [
     "check_write_access",
     "delete_remote_file",
     "download_files",
+    "fails_at_once",
     "hub_error",
     "hub_errors",
     "is_offline",
@@ -299,6 +301,12 @@ def transport_failure(error: BaseException, host: str | None = None) -> tuple[st
     return printable(found), _cause(chain, printable(found))
 
 
+def fails_at_once(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised from, a failure that waiting cannot cure: the host name does not
+    resolve, or the host refuses the connection. Only timeouts and busy answers (429, 5xx) are worth a retry."""
+    return any(isinstance(e, (socket.gaierror, ConnectionRefusedError)) for e in _chain(error))
+
+
 def unreachable_error(what: str, failure: tuple[str, str], path: str | None = None) -> HubUnreachableError:
     """The one line for a Hub that cannot be reached."""
     return HubUnreachableError(f"cannot {what}: {failure[1]}; check the network, a proxy, or HF_ENDPOINT", path)
@@ -329,6 +337,11 @@ class _RetryNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if " thrown while requesting " in text:
+            # The back-off logs this while it handles the failure, before it waits: a failure no wait can
+            # cure (see fails_at_once) leaves the back-off here, as it would once its retries ran out.
+            handled = sys.exc_info()[1]
+            if handled is not None and fails_at_once(handled):
+                raise handled
             failure, _, request = text.partition(" thrown while requesting ")
             url = request.rpartition(" ")[2]
             from urllib.parse import urlsplit
@@ -348,7 +361,9 @@ class _RetryNotice(logging.Filter):
 def retry_notice(what: str) -> Iterator[None]:
     """While the block runs, huggingface_hub's first "Retrying in ..." becomes one line on ``gguf_mtp.hub``.
 
-    Without it a Hub call that backs off (up to about half a minute) is silent unless ``-v`` is given.
+    Without it a Hub call that backs off (up to about half a minute) is silent unless ``-v`` is given. A host
+    name that does not resolve or a refused connection is not retried at all (:func:`fails_at_once`): the call
+    fails at its first attempt, as it would after its last.
     Nested and concurrent blocks share one filter: the outermost one installs and removes it.
     """
     global _notice_depth, _notice_filter

@@ -12,6 +12,16 @@ followed, and the token is not sent to another host. The first request asks for 
 learns the file size from ``Content-Range``; the header parser then asks for more only as it needs it,
 doubling each time, and never more than :data:`MAX_REMOTE_HEADER_BYTES` in all.
 
+One version only: a push between two range requests must not give a header neither version has. The
+first answer names the commit it came from (``X-Repo-Commit``), and every later range of the file is asked
+of ``resolve/<that commit>``, which no push changes; each answer's commit, ETag (the Hub's
+``X-Linked-Etag`` when it sends one) and total size (``Content-Range``) must still equal the first's, or
+the read stops with one line naming the file (a server that sends no commit, a mirror that serves the
+newest bytes whatever the commit asked for).
+
+Retries: huggingface_hub's back-off retries a timeout and a busy answer (429, 5xx); a host name that
+does not resolve and a refused connection fail at the first attempt.
+
 Hub web addresses (``https://huggingface.co/OWNER/REPO/blob/REV/path``, ``.../resolve/REV/path``) name the
 same file. Paths are normalised and refused when they would leave the repository (``..``, empty or
 absolute segments): the token travels with every request. Each request has an overall deadline
@@ -46,6 +56,7 @@ from gguf_mtp.formatting import printable
 from .client import RemoteNotFoundError
 
 __all__ = [
+    "DATA_CHUNK",
     "FIRST_READ",
     "HF_SCHEME",
     "MAX_REMOTE_HEADER_BYTES",
@@ -64,6 +75,10 @@ FIRST_READ = 64 * 1024
 #: The most header bytes read from one remote file before it is called malformed.
 MAX_REMOTE_HEADER_BYTES = 64 * 1024 * 1024
 
+#: The most bytes one range request of tensor data asks for (:meth:`RemoteFile.copy_range`): a retry
+#: fetches again no more than this.
+DATA_CHUNK = 32 * 1024 * 1024
+
 _REPO_TYPE_PREFIXES = {"datasets": "dataset", "spaces": "space", "models": "model"}
 _WEB_HOSTS = {"huggingface.co", "www.huggingface.co", "hf.co"}
 _USAGE = f"expected {HF_SCHEME}OWNER/REPO/path/to/file.gguf[@revision]"
@@ -73,6 +88,18 @@ _ATTEMPTS = 3
 _BACKOFF_WAIT = 1.0  # seconds before the first retry; doubled each time
 _ERROR_BODY_LIMIT = 64 * 1024  # the most bytes of an error answer read for its message
 _CHUNK = 64 * 1024
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One range answer: its body, the file size it states, the bytes received, and the version it is of."""
+
+    body: bytes
+    size: int
+    received: int
+    commit: str | None = None  # X-Repo-Commit of the Hub's answer
+    etag: str | None = None  # X-Linked-Etag of the Hub's answer, else the final answer's ETag
 
 
 def is_hub_path(source: object) -> bool:
@@ -224,6 +251,9 @@ class RemoteFile:
     back short, which the header parser reports as a header over its limit). ``bytes_received``
     counts every body byte the server sent.
 
+    Every read after the first asks for the commit the first answer came from, and each answer must be of
+    the same version as the first (commit, ETag, size), or the read is refused (:meth:`_same_version`).
+
     Use :meth:`open`, which makes the first request and learns the size.
     """
 
@@ -231,18 +261,18 @@ class RemoteFile:
         self,
         hub_file: HubFile,
         url: str,
-        size: int,
-        prefix: bytes,
-        bytes_received: int,
+        first: _Answer,
         limit: int,
         deadline: float | None = None,
     ) -> None:
         self.hub_file = hub_file
         self.url = url
-        self.size = size
+        self.size = first.size
         self.limit = limit
-        self._prefix = bytearray(prefix)
-        self.bytes_received = bytes_received
+        self.commit = first.commit  # the commit every read of this file is pinned to (None: the server named none)
+        self._first = first
+        self._prefix = bytearray(first.body)
+        self.bytes_received = first.received
         self.requests = 1
         self._deadline = deadline  # time.monotonic() by which every read of this file must be done
 
@@ -261,8 +291,41 @@ class RemoteFile:
         file_timeout = timeout_setting(ENV_HUB_FILE_TIMEOUT, DEFAULT_HUB_FILE_TIMEOUT)
         deadline = time.monotonic() + file_timeout
         url = hub_file.url()
-        body, size, received = _get_range(hub_file, url, 0, min(first_read, limit), deadline)
-        return cls(hub_file, url, size, body, received, limit, deadline)
+        first = _get_range(hub_file, url, 0, min(first_read, limit), deadline)
+        if first.commit and hub_file.revision != first.commit:
+            url = replace(hub_file, revision=first.commit).url()  # a commit's files never change
+        return cls(hub_file, url, first, limit, deadline)
+
+    def _range(self, start: int, length: int, deadline: float | None, *, allow_short: bool = False) -> bytes:
+        """``length`` bytes at ``start`` of the version the first answer came from (fewer: see :func:`_get_range`)."""
+        try:
+            answer = _get_range(self.hub_file, self.url, start, length, deadline, allow_short=allow_short)
+        except RemoteNotFoundError:
+            if self.commit is None:
+                raise
+            raise self._changed(f"commit {self.commit[:12]} no longer serves it") from None
+        self.bytes_received += answer.received
+        self.requests += 1
+        self._same_version(answer)
+        return answer.body
+
+    def _same_version(self, answer: _Answer) -> None:
+        """Refuse an answer of another version of the file than the first answer's."""
+        first = self._first
+        if answer.size != first.size:
+            raise self._changed(f"{first.size:,} bytes at the first request, {answer.size:,} later")
+        if first.commit and answer.commit and answer.commit != first.commit:
+            raise self._changed(f"commit {first.commit[:12]} at the first request, {answer.commit[:12]} later")
+        if first.etag and answer.etag and answer.etag != first.etag:
+            raise self._changed(
+                f"ETag {printable(first.etag)[:70]} at the first request, {printable(answer.etag)[:70]} later"
+            )
+
+    def _changed(self, what: str) -> HubError:
+        return HubError(
+            f"the file changed on the Hub while it was read ({what}); nothing read is used: run again",
+            str(self.hub_file),
+        )
 
     def read_at(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (fewer only at the end of the file or at ``limit``)."""
@@ -272,9 +335,7 @@ class RemoteFile:
         have = len(self._prefix)
         if end > have:
             start = max(offset, have)
-            body, _, received = _get_range(self.hub_file, self.url, start, end - start, self._deadline)
-            self.bytes_received += received
-            self.requests += 1
+            body = self._range(start, end - start, self._deadline)
             if start == have:
                 self._prefix += body
             elif offset >= start:
@@ -283,14 +344,51 @@ class RemoteFile:
                 return bytes(self._prefix[offset:have]) + body
         return bytes(self._prefix[offset:end])
 
+    def copy_range(self, start: int, length: int, write: Callable[[int, bytes], None]) -> None:
+        """Fetch bytes ``start .. start+length`` of the file (tensor data, past any header ``limit``) and hand
+        them to ``write(position within the range, bytes)`` in order, :data:`DATA_CHUNK` bytes a request.
+
+        Each request has its own deadline (``GGUF_MTP_HUB_REQUEST_TIMEOUT``), not the file's: a large
+        tensor takes as long as the network needs, but no request can stall. An answer cut short is
+        resumed from its last byte (at most :data:`_ATTEMPTS` times in a row without a complete answer).
+
+        Raises:
+            HubError: as :meth:`open`; the file changed on the Hub; the range is outside the file.
+        """
+        if start < 0 or length < 0 or start + length > self.size:
+            raise HubError(f"bytes {start:,}..{start + length:,} are outside the file ({self.size:,} bytes)",
+                           str(self.hub_file))
+        done = cut_short = 0
+        while done < length:
+            want = min(DATA_CHUNK, length - done)
+            body = self._range(start + done, want, None, allow_short=True)
+            if len(body) < want:
+                cut_short += 1
+                if cut_short > _ATTEMPTS:
+                    raise HubError(
+                        f"the connection closed early {cut_short} times in a row at byte {start + done + len(body):,}",
+                        str(self.hub_file),
+                    )
+            else:
+                cut_short = 0
+            write(done, body)
+            done += len(body)
+
 
 def _get_range(
-    hub_file: HubFile, url: str, start: int, length: int, file_deadline: float | None = None
-) -> tuple[bytes, int, int]:
-    """GET ``length`` bytes at ``start``: (body, file size, bytes received).
+    hub_file: HubFile,
+    url: str,
+    start: int,
+    length: int,
+    file_deadline: float | None = None,
+    *,
+    allow_short: bool = False,
+) -> _Answer:
+    """GET ``length`` bytes at ``start``.
 
-    huggingface_hub's back-off retries transport failures and busy answers (:data:`_ATTEMPTS` attempts in
-    all), all within one deadline: the request's own, or the file's when that comes first.
+    huggingface_hub's back-off retries timeouts and busy answers (:data:`_ATTEMPTS` attempts in all), all
+    within one deadline: the request's own, or the file's when that comes first. With ``allow_short``, a
+    body cut off after some bytes comes back short (the caller resumes) instead of being an error.
     """
     from .client import hub_error, is_offline, resolve_token
 
@@ -313,7 +411,7 @@ def _get_range(
     per_file = file_deadline is not None and file_deadline < deadline
     watchdog = _Watchdog(file_deadline if per_file and file_deadline is not None else deadline)
     try:
-        return watchdog.run(lambda: _fetch(hub_file, url, headers, start, length, watchdog))
+        return watchdog.run(lambda: _fetch(hub_file, url, headers, start, length, watchdog, allow_short))
     except _DeadlinePassed:
         what = (
             f"reading the header took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})"
@@ -379,7 +477,9 @@ class _Watchdog:
         self.deadline = deadline
         self.cancelled = threading.Event()
         self.response: Any = None  # the response being read, once there is one
-        self._result: tuple[bytes, int, int] | None = None
+        self.commit: str | None = None  # the first X-Repo-Commit among the answers (redirects included)
+        self.linked_etag: str | None = None  # the first X-Linked-Etag among them (the Hub's, before its CDN)
+        self._result: _Answer | None = None
         self._error: BaseException | None = None
 
     def guard(self, request: Any) -> Any:
@@ -394,6 +494,11 @@ class _Watchdog:
         error body (neither we, nor ``hf_raise_for_status`` for the server's message, nor the back-off when
         it gives up)."""
         self.response = response
+        headers = response.headers
+        commit = (headers.get("X-Repo-Commit") or "").strip().lower()
+        if self.commit is None and _COMMIT.match(commit):
+            self.commit = commit
+        self.linked_etag = self.linked_etag or (headers.get("X-Linked-Etag") or "").strip() or None
         if response.status_code >= 400 and not 0 <= _content_length(response) <= _ERROR_BODY_LIMIT:
             response.close()
 
@@ -402,7 +507,7 @@ class _Watchdog:
             if self.response is not None:
                 self.response.close()
 
-    def run(self, work: Callable[[], tuple[bytes, int, int]]) -> tuple[bytes, int, int]:
+    def run(self, work: Callable[[], _Answer]) -> _Answer:
         """``work()``, or :class:`_DeadlinePassed` when it is not done by the deadline."""
 
         def worker() -> None:
@@ -444,13 +549,20 @@ def _range_response(url: str, headers: dict[str, str], timeout: float, watchdog:
     }
     stream = getattr(hf_utils, "http_stream_backoff", None)
     if stream is not None:
-        auth = _httpx_hooks(hf_utils.get_session(), watchdog)
+        session = hf_utils.get_session()
+        library = _httpx_library(session)
+        auth = _httpx_hooks(library, watchdog)
+        # Timeouts only: a host name that does not resolve or a refused connection does not get better by waiting.
+        backoff["retry_on_exceptions"] = (library.TimeoutException,) if library is not None else ()
         with stream(
             "GET", url, headers=headers, timeout=timeout, follow_redirects=True, auth=auth, **backoff
         ) as response:
             yield response
         return
+    import requests
+
     hooks = {"response": [watchdog.answered]}
+    backoff["retry_on_exceptions"] = (requests.Timeout,)
     response = hf_utils.http_backoff(
         "GET",
         url,
@@ -468,15 +580,20 @@ def _range_response(url: str, headers: dict[str, str], timeout: float, watchdog:
         response.close()
 
 
-def _httpx_hooks(session: object, watchdog: _Watchdog) -> Any:
-    """The watchdog's :meth:`~_Watchdog.guard` and :meth:`~_Watchdog.answered` as an httpx / httpx2 ``Auth``
-    (the one per-request hook that sees each response before the back-off does); a client of another
-    kind gets the guard alone."""
+def _httpx_library(session: object) -> Any:
+    """The module (httpx2 or httpx) whose ``Client`` ``session`` is, or ``None``."""
     for name in ("httpx2", "httpx"):
         library = sys.modules.get(name)
         if library is not None and isinstance(session, library.Client):
-            break
-    else:
+            return library
+    return None
+
+
+def _httpx_hooks(library: Any, watchdog: _Watchdog) -> Any:
+    """The watchdog's :meth:`~_Watchdog.guard` and :meth:`~_Watchdog.answered` as an httpx / httpx2 ``Auth``
+    (the one per-request hook that sees each response before the back-off does); a client of another
+    kind (``library`` is ``None``) gets the guard alone."""
+    if library is None:
         return watchdog.guard
 
     def auth_flow(self: object, request: Any) -> Iterator[Any]:
@@ -487,15 +604,27 @@ def _httpx_hooks(session: object, watchdog: _Watchdog) -> Any:
 
 
 def _fetch(
-    hub_file: HubFile, url: str, headers: dict[str, str], start: int, length: int, watchdog: _Watchdog
-) -> tuple[bytes, int, int]:
+    hub_file: HubFile,
+    url: str,
+    headers: dict[str, str],
+    start: int,
+    length: int,
+    watchdog: _Watchdog,
+    allow_short: bool = False,
+) -> _Answer:
     read_timeout = max(
         1.0, min(float(getattr(hf_constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10)) * 3, watchdog.deadline - time.monotonic())
     )
     with _range_response(url, headers, read_timeout, watchdog) as response:
         if response.status_code >= 400 and response.status_code != 416:
             _raise_for_status(hub_file, response)
-        return _read_body(hub_file, response, start, length, watchdog)
+        body, size, received = _read_body(hub_file, response, start, length, watchdog, allow_short)
+        commit = watchdog.commit
+        if commit is None:
+            stated = (response.headers.get("X-Repo-Commit") or "").strip().lower()
+            commit = stated if _COMMIT.match(stated) else None
+        etag = watchdog.linked_etag or (response.headers.get("ETag") or "").strip() or None
+        return _Answer(body, size, received, commit, etag)
 
 
 def _raise_for_status(hub_file: HubFile, response: Any) -> None:
@@ -518,9 +647,10 @@ def _body_chunks(response: Any, size: int) -> Iterator[bytes]:
 
 
 def _read_body(
-    hub_file: HubFile, response: Any, start: int, length: int, watchdog: _Watchdog
+    hub_file: HubFile, response: Any, start: int, length: int, watchdog: _Watchdog, allow_short: bool = False
 ) -> tuple[bytes, int, int]:
-    """The body of a range response, the file size it states, and the bytes received."""
+    """The body of a range response, the file size it states, and the bytes received (with ``allow_short``,
+    a body cut off after its first bytes, by the server or the network, comes back short)."""
     name = str(hub_file)
     status = response.status_code
     encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
@@ -553,16 +683,22 @@ def _read_body(
         raise HubError(f"unexpected HTTP status {status}", name)
     chunks: list[bytes] = []
     received = 0
-    for chunk in _body_chunks(response, min(_CHUNK, length)):
-        if watchdog.cancelled.is_set():
-            raise _DeadlinePassed
-        chunks.append(chunk[: length - received])  # never more than asked for, whatever the server means to send
-        received += len(chunk)
-        if received >= length:
-            break
+    try:
+        for chunk in _body_chunks(response, min(_CHUNK, length)):
+            if watchdog.cancelled.is_set():
+                raise _DeadlinePassed
+            chunks.append(chunk[: length - received])  # never more than asked for, whatever the server means to send
+            received += len(chunk)
+            if received >= length:
+                break
+    except Exception as error:
+        from .client import transport_failure
+
+        if not (allow_short and received and transport_failure(error) is not None):
+            raise
     body = b"".join(chunks)
     expected = min(length, size - start)
-    if len(body) < expected:
+    if len(body) < expected and not (allow_short and body):
         raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
     return body, size, received
 

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -429,9 +432,16 @@ def _graph_notes(model: HeadModel) -> list[str]:
     return [f"{note}; converting only the first block (nextn_blocks=1, --nextn-blocks 1) gives a file it runs"]
 
 
-def resolve_source(source: str | os.PathLike[str], revision: str | None = None) -> tuple[Path, HubCheckpoint | None]:
-    """A local checkpoint folder for ``source``: the folder itself, or the Hub snapshot of the repo id
-    ``source`` holding only its MTP shards (downloaded if not cached).
+def resolve_source(
+    source: str | os.PathLike[str],
+    revision: str | None = None,
+    *,
+    ranges_into: Path | None = None,
+    tensor_data: bool = True,
+) -> tuple[Path, HubCheckpoint | None]:
+    """A local checkpoint folder for ``source``: the folder itself; for a repo id, ``ranges_into`` holding the
+    head fetched by byte ranges (``tensor_data=False``: headers only), or without it the Hub snapshot holding
+    the whole shards of the head (downloaded if not cached).
 
     Raises:
         CheckpointError: ``source`` is a file, not a folder.
@@ -449,7 +459,8 @@ def resolve_source(source: str | os.PathLike[str], revision: str | None = None) 
         return path, None
     text = os.fspath(source)
     if is_repo_id(text) and not text.startswith((".", "/", "~")):
-        download = download_head(text, revision=revision, head_prefix=_head_prefix)
+        download = download_head(text, revision=revision, head_prefix=_head_prefix, ranges_into=ranges_into,
+                                 tensor_data=tensor_data)
         return download.folder, download
     raise CheckpointNotFoundError("no such folder, and not a Hub repo id (owner/name)", text)
 
@@ -488,6 +499,8 @@ class ConvertReport(WriteReport):
                 "revision": self.download.revision,
                 "allow_patterns": list(self.download.allow_patterns),
                 "folder": str(self.download.folder),
+                "method": "download" if self.download.ranges is None else "ranges",
+                "ranges": None if self.download.ranges is None else self.download.ranges.to_dict(),
             },
             "hf_architecture": plan.hf_architecture,
             "architecture": plan.arch,
@@ -513,7 +526,9 @@ class ConvertReport(WriteReport):
             f"source: {plan.source} ({plan.hf_architecture}; {len(ckpt.tensors)} head tensors, "
             f"{human_bytes(ckpt.total_bytes)}, in {', '.join(p.name for p in ckpt.files)})",
         ]
-        if self.download is not None:
+        if self.download is not None and self.download.ranges is not None:
+            lines.append(self.download.ranges.describe())
+        elif self.download is not None:
             lines.append(f"downloaded only: {', '.join(self.download.allow_patterns)} -> {self.download.folder}")
         kind = "standalone MTP-only model" if plan.standalone else "draft"
         from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
@@ -554,6 +569,7 @@ def convert(
     drop_nextn_copies: bool = False,
     nextn_blocks: int | None = None,
     revision: str | None = None,
+    download: bool = False,
     dry_run: bool = False,
     force: bool = False,
     progress: bool = True,
@@ -563,8 +579,8 @@ def convert(
 
     Args:
         source: a checkpoint folder (``config.json`` + ``*.safetensors``, with an index when sharded) or a
-            Hub repo id (``nvidia/...``), of which only ``config.json``, the index and the shards holding
-            ``mtp.*`` tensors are downloaded.
+            Hub repo id (``nvidia/...``), of which only ``config.json``, the index, and the headers and head
+            tensors' byte ranges of the shards holding the head are fetched (see ``download``).
         output: the GGUF file to write.
         target: the (quantized, possibly sharded) model the head belongs to: its trunk block count is the
             NextN block index, and its architecture and hyperparameters are checked against the head.
@@ -579,6 +595,9 @@ def convert(
         nextn_blocks: convert only the first this many NextN blocks of a head that has several (default: all;
             llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
+        download: for a repo-id ``source``, download the whole shards that hold the head into the Hub cache
+            (reused by later runs) instead of their headers and the head's byte ranges (which go to a
+            scratch folder beside ``output``, removed afterwards). Offline, the Hub cache is used either way.
         dry_run: plan and check only (every refusal a real run would make is made): read headers, write nothing.
         force: replace an existing output (never an input).
         progress: progress bars on stderr (when it is a terminal).
@@ -601,8 +620,8 @@ def convert(
         ...         target="NVIDIA-Nemotron-3-Super-120B-A12B-UD-Q4_K_XL-00001-of-00003.gguf")  # doctest: +SKIP
     """
 
-    def prepare() -> tuple[ConvertReport, list[OutputFile], list[Path]]:
-        folder, download = resolve_source(source, revision)
+    def prepare(scratch: Path | None) -> tuple[ConvertReport, list[OutputFile], list[Path]]:
+        folder, fetched = resolve_source(source, revision, ranges_into=scratch, tensor_data=not dry_run)
         config = read_config(folder)
         model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
         checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
@@ -611,8 +630,27 @@ def convert(
             checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
             standalone=standalone, drop_nextn_copies=drop_nextn_copies, nextn_blocks=nextn_blocks,
         )
-        report = ConvertReport(plan=plan, dry_run=dry_run, download=download)
+        report = ConvertReport(plan=plan, dry_run=dry_run, download=fetched)
         return report, [plan.output], list(plan.inputs)
 
-    return run_write(prepare, desc="convert", force=force, progress=progress, on_plan=on_plan)
+    with _scratch_folder(source, output, wanted=not download) as scratch:
+        return run_write(lambda: prepare(scratch), desc="convert", force=force, progress=progress, on_plan=on_plan)
+
+
+@contextmanager
+def _scratch_folder(
+    source: str | os.PathLike[str], output: str | os.PathLike[str], *, wanted: bool
+) -> Iterator[Path | None]:
+    """For a repo-id ``source`` fetched by ranges: a new folder beside ``output`` (the same file system, so the
+    head's bytes can be shared with the output), removed afterwards; else ``None``."""
+    text = os.fspath(source)
+    if not wanted or Path(source).exists() or not is_repo_id(text) or text.startswith((".", "/", "~")):
+        yield None
+        return
+    parent = Path(output).parent
+    folder = Path(tempfile.mkdtemp(prefix=".gguf-mtp-head-", dir=parent if parent.is_dir() else None))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gguf_mtp.constants import (
     KEY_ARCHITECTURE,
+    KEY_SPLIT_COUNT,
     KEY_SPLIT_TENSORS_COUNT,
     SPLIT_NAME,
     max_header_bytes,
@@ -46,7 +47,12 @@ __all__ = [
     "scan_model",
     "split_key_problems",
     "tensor_count_problems",
+    "unread_shard_problems",
 ]
+
+#: Remote sets: after this many missing shards in a row (and no readable shard's ``split.count`` to go by),
+#: the shards the name still promises are not asked for.
+MISSING_RUN = 3
 
 #: A size no real file has: reading the tables "as if the file were complete" lets a truncated file
 #: still tell which tensors it should hold and which of them are cut off.
@@ -85,11 +91,18 @@ class ScannedModel:
     remote: bool = False
     bytes_fetched: int = 0  # remote: body bytes received over HTTP
     http_requests: int = 0
+    promised: int = 0  # files the name promises, when more than ``shards`` (the rest were not asked for)
+    unread_reason: str = ""  # why they were not
 
     @property
     def count(self) -> int:
         """Files the name promises (1 for a single file)."""
-        return len(self.shards)
+        return max(self.promised, len(self.shards))
+
+    @property
+    def unread(self) -> int:
+        """Files the name promises that were not asked for (remote sets whose own keys say they are fewer)."""
+        return self.count - len(self.shards)
 
     @property
     def is_split(self) -> bool:
@@ -108,7 +121,7 @@ class ScannedModel:
     @property
     def complete(self) -> bool:
         """Every file is present and has a readable header and data."""
-        return all(s.header is not None and s.data_error is None for s in self.shards)
+        return not self.unread and all(s.header is not None and s.data_error is None for s in self.shards)
 
     @property
     def total_size(self) -> int:
@@ -187,26 +200,61 @@ def _scan_local(source: str) -> ScannedModel:
     return ScannedModel(source, prefix, shards)
 
 
+def _declared_count(header: GGUFHeader | None) -> int | None:
+    """A header's ``split.count`` when it is a positive integer, else ``None``."""
+    value = header.get(KEY_SPLIT_COUNT) if header is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _scan_remote(source: str) -> ScannedModel:
+    """Every shard the name promises, asked for in order, but no more than the set itself says it has.
+
+    Each request carries the user's token, and a name may promise 99,999 shards: the first readable
+    shard's ``split.count`` bounds the shards asked for, and :data:`MISSING_RUN` missing shards in a row
+    (before any ``split.count`` was read) end the walk. The named file is always read.
+    """
     named = HubFile.parse(source)
     prefix, number, count = _split_names(named.name)
-    files = [named]
-    if prefix is not None:
-        files = [named.sibling(split_file_name(prefix, i, count)) for i in range(1, count + 1)]
+    if prefix is None:
+        shard, fetched, requests = _read_remote(0, named, must_exist=True)
+        return ScannedModel(source, None, (shard,), remote=True, bytes_fetched=fetched, http_requests=requests)
     shards: list[ShardScan] = []
-    fetched = requests = 0
-    for index, hub_file in enumerate(files, start=1 if prefix else 0):
-        try:
-            remote = RemoteFile.open(hub_file, limit=MAX_REMOTE_HEADER_BYTES)
-        except RemoteNotFoundError:
-            if hub_file == named or index == number:
-                raise
-            shards.append(ShardScan(index, str(hub_file), None, None, error="missing"))
+    fetched = requests = missing_run = 0
+    bound, reason = count, ""
+    for index in range(1, count + 1):
+        if index > bound and index != number:
+            if index > number:
+                break
             continue
-        shards.append(_read(index, str(hub_file), remote.size, remote.read_at, MAX_REMOTE_HEADER_BYTES, FIRST_READ))
-        fetched += remote.bytes_received
-        requests += remote.requests
-    return ScannedModel(source, prefix, tuple(shards), remote=True, bytes_fetched=fetched, http_requests=requests)
+        shard, got, asked = _read_remote(index, named.sibling(split_file_name(prefix, index, count)), index == number)
+        shards.append(shard)
+        fetched, requests = fetched + got, requests + asked
+        missing_run = missing_run + 1 if shard.missing else 0
+        declared = _declared_count(shard.header)
+        if reason:
+            continue
+        if declared is not None and declared < count:
+            bound, reason = declared, f"{shard.label} says {KEY_SPLIT_COUNT} = {declared}"
+        elif missing_run >= MISSING_RUN and index < count:
+            bound, reason = index, f"{MISSING_RUN} shards in a row are missing"
+    return ScannedModel(source, prefix, tuple(shards), remote=True, bytes_fetched=fetched, http_requests=requests,
+                        promised=count, unread_reason=reason)
+
+
+def _read_remote(number: int, hub_file: HubFile, must_exist: bool) -> tuple[ShardScan, int, int]:
+    """One remote file's scan, the body bytes received and the requests made for it.
+
+    Raises:
+        RemoteNotFoundError: the file is missing and ``must_exist`` (the file the user named).
+    """
+    try:
+        remote = RemoteFile.open(hub_file, limit=MAX_REMOTE_HEADER_BYTES)
+    except RemoteNotFoundError:
+        if must_exist:
+            raise
+        return ShardScan(number, str(hub_file), None, None, error="missing"), 0, 1
+    shard = _read(number, str(hub_file), remote.size, remote.read_at, MAX_REMOTE_HEADER_BYTES, FIRST_READ)
+    return shard, remote.bytes_received, remote.requests
 
 
 def scan_model(source: str | os.PathLike[str]) -> ScannedModel:
@@ -234,14 +282,24 @@ def scan_model(source: str | os.PathLike[str]) -> ScannedModel:
 
 
 def missing_shard_problems(model: ScannedModel) -> list[str]:
-    """Files of the set that do not exist or whose header cannot be read."""
-    problems = []
+    """Files of the set that do not exist, whose header cannot be read, or that were not asked for."""
+    problems = unread_shard_problems(model)
     for shard in model.shards:
         if shard.missing:
             problems.append(f"{shard.label} is missing ({model.count} files expected)")
         elif shard.header is None:
             problems.append(f"{shard.label}: {shard.error}")
     return problems
+
+
+def unread_shard_problems(model: ScannedModel) -> list[str]:
+    """Shards the name promises that were not asked for, and why (a remote set whose own keys say it is smaller)."""
+    if not model.unread:
+        return []
+    return [
+        f"the file names promise {model.count:,} shards, but {model.unread_reason}: "
+        f"{model.unread:,} of them were not asked for"
+    ]
 
 
 def split_key_problems(model: ScannedModel) -> list[str]:
