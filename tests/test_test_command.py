@@ -85,10 +85,40 @@ def test_make_test_reaches_lint_types_suite_upstream_proof_and_floor_suite() -> 
     assert done.returncode == 0, done.stderr
     steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
              if line.startswith("gguf-mtp: make ")]
-    assert steps == ["lint", "typecheck", "test-pytest", "test-upstream", "test-floor"]
+    assert steps == ["lint", "typecheck", "tools", "test-pytest", "test-upstream", "test-floor"]
     for command in ("-m ruff check .", "-m mypy", "-m pytest -q\n", "reproduce.py --upstream-python",
                     '-m pytest -q -m "not llama and not upstream"'):
         assert command in done.stdout + "\n", command
+
+
+def test_make_test_builds_llama_cpps_tools_in_a_step_before_pytest_which_never_builds_them() -> None:
+    # issue 29 item 11: the first build (10-30 minutes) never starts inside a test's timed subprocess
+    done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    tools_step, pytest_step = lines.index("gguf-mtp: make tools"), lines.index("gguf-mtp: make test-pytest")
+    assert tools_step < pytest_step
+    assert any(line.endswith("/python scripts/build_llama_tools.py -j 2") for line in lines[tools_step:pytest_step])
+    [suite] = [line for line in lines[pytest_step:] if line.endswith("-m pytest -q")]
+    assert suite.startswith("GGUF_MTP_TOOLS_NO_BUILD=1 ")
+
+
+NO_BUILD_SAMPLE = """
+    def test_quantizes(llama_quantize_tool):
+        pass
+"""
+
+
+def test_a_tool_test_that_may_not_build_fails_saying_to_run_make_tools(tmp_path: Path) -> None:
+    # what a test needing llama.cpp's tools does under `make test` when they are missing: one clear failure
+    missing = {"GGUF_MTP_TOOLS_NO_BUILD": "1", "GGUF_MTP_TOOLS_CACHE": str(tmp_path / "empty-cache"),
+               "GGUF_MTP_LLAMA_SDIST": "", "GGUF_MTP_LLAMA_QUANTIZE": ""}
+    done = _pytest(tmp_path, NO_BUILD_SAMPLE, env=missing)
+    assert done.returncode == 1, done.stdout
+    assert "1 error" in done.stdout  # the fixture failed: an error of the test, with the reason
+    assert "forbids building it here: run `make tools` (scripts/build_llama_tools.py) first" in done.stdout
+    assert not (tmp_path / "empty-cache").exists()  # nothing fetched, nothing built
 
 
 # --------------------------------------------------------------------------------------- item 20
