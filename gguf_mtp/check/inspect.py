@@ -305,7 +305,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     Raises:
         BadGGUFError: a file of the model exists but its header cannot be read.
     """
-    _require_readable_headers(model)
+    model.require_readable_headers()
     problems = consistency_problems(model)
     first = model.first
     arch = _text_kv(first, KEY_ARCHITECTURE)
@@ -342,13 +342,6 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
     )
-
-
-def _require_readable_headers(model: ScannedModel) -> None:
-    """Refuse a model with a file that exists but whose header cannot be read (a missing file is a problem only)."""
-    for shard in model.shards:
-        if shard.header is None and not shard.missing:
-            raise BadGGUFError(shard.error or "unreadable header", shard.name)
 
 
 def _text_kv(header: GGUFHeader | None, key: str) -> str | None:
