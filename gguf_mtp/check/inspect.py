@@ -19,7 +19,6 @@ from gguf_mtp.constants import (
     KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
 )
-from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader
 from gguf_mtp.formatting import human_bytes
