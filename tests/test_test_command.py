@@ -10,6 +10,7 @@ and conftest.py, on tests written here: fast, and nothing is built.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -238,3 +239,72 @@ def test_a_failing_session_leaves_only_what_failed(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     # the failed test's folder, and the module's shared folder a failed test used; not the passed test's
     assert _left(tmp_path) == {"pytest-0/shared0": 4 * MiB, "pytest-0/test_fails0": 4 * MiB}
+
+
+# --------------------------------------------------------------------------------------- issue 29 item 13
+
+README = ROOT / "README.md"
+#: How far the README's rounded test counts may drift while tests are added, before this test asks for new ones.
+COUNT_TOLERANCE = 0.15
+COUNTER = """
+import json
+
+def pytest_collection_finish(session):
+    floor = [i for i in session.items if not i.get_closest_marker("llama") and not i.get_closest_marker("upstream")]
+    print("COUNTS " + json.dumps({"all": len(session.items), "floor": len(floor)}))
+"""
+
+
+def _section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _collected_counts(tmp_path: Path) -> dict[str, int]:
+    """What pytest collects: the whole suite (``make test``'s pytest step) and its non-llama part (the floor step)."""
+    (tmp_path / "count_plugin.py").write_text(COUNTER)
+    environment = {k: v for k, v in os.environ.items() if k != "CI"}
+    environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environment.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "count_plugin", "-p",
+                           "no:cacheprovider"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=environment)
+    assert done.returncode == 0, done.stdout[-3000:]
+    import json
+
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("COUNTS ")]
+    return dict(json.loads(line.removeprefix("COUNTS ")))
+
+
+def _about(text: str, what: str) -> list[int]:
+    return [int(n.replace(",", "")) for n in re.findall(rf"about ([\d,]+) {what}", text)]
+
+
+def _row(step: str) -> str:
+    """The Quick start table's row of ``make test``'s step ``step``."""
+    return next(line for line in _section("Quick start").splitlines() if line.startswith(f"| `{step}`"))
+
+
+def test_the_readmes_test_counts_are_what_pytest_collects(tmp_path: Path) -> None:
+    counts = _collected_counts(tmp_path)
+    stated = {"all": _about(_row("test-pytest"), "tests") + _about(_section("Tests"), "tests"),
+              "floor": _about(_row("test-floor"), "tests")}
+    assert [len(stated["all"]), len(stated["floor"])] == [2, 1], stated
+    for part, figures in stated.items():
+        for figure in figures:
+            assert abs(figure - counts[part]) <= COUNT_TOLERANCE * counts[part], (part, figure, counts)
+
+
+def test_the_quick_start_table_names_every_step_of_make_test_and_the_prerequisites_what_they_need() -> None:
+    done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
+             if line.startswith("gguf-mtp: make ")]
+    rows = {name.strip("` ") for line in _section("Quick start").splitlines() if line.startswith("| `")
+            for name in line.split("|")[1].split(",")}
+    assert set(steps) <= rows, set(steps) - rows
+    prerequisites = _section("Prerequisites")
+    # what the tools step (cmake), the reflink test (mkfs.xfs, .ci/run installs xfsprogs) and pip's build need
+    for program in ("`cmake`", "`xfsprogs` (`mkfs.xfs`)", "C/C++ compiler and `make`"):
+        assert program in prerequisites, program
+    assert "apt-get install -y xfsprogs" in (ROOT / ".ci" / "run").read_text()
