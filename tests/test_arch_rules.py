@@ -273,7 +273,7 @@ def test_graft_follows_the_same_rules(base: dict[str, Path], tmp_path: Path) -> 
     key = "qwen35moe.attention.recurrent_layers"
     donor = _as("qwen35moe", base["full"], tmp_path / "q8" / "full.gguf", _array(key, BOOL, (True, False, False)))
     receiver = _as("qwen35moe", base["target"], tmp_path / "ud" / "trunk.gguf", _array(key, BOOL, (True, False)))
-    report = graft(donor, receiver, tmp_path / "out", llama=False, progress=False)
+    report = graft(donor, receiver, tmp_path / "out", verify=True, llama=False, progress=False)
     assert report.ok, report.describe()
     assert read_header(report.output_paths[0]).get(key) == [True, False, False]
 

@@ -186,3 +186,30 @@ def test_unreadable_output_name_is_refused_before_writing(
     assert err.count("\n") == 1
     assert "cannot use this output path: File name too long" in err
     assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("content", [b"hello, not a model\n", bytes(100), b"GGUF\x03\x00\x00\x00"],
+                         ids=["text", "zeros", "header-cut-short"])
+def test_verify_of_a_file_that_is_not_a_gguf_says_one_line_as_inspect_does(
+    content: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 29 item 16: no PASS rows about a header there is none of, and no llama.cpp run on it
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    verified = run_cli(["verify", str(path)], capsys)  # llama.cpp check on by default when installed
+    inspected = run_cli(["inspect", str(path)], capsys)
+    assert verified == inspected
+    status, out, err = verified
+    assert status == 2 and out == "" and err.count("\n") == 1 and str(path) in err, verified
+
+
+def test_verify_of_a_split_set_with_a_shard_that_is_not_a_gguf_names_that_shard(
+    nemotron_split: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = [tmp_path / p.name for p in sorted(nemotron_split.parent.glob("*.gguf"))]
+    for source, copy in zip(sorted(nemotron_split.parent.glob("*.gguf")), shards):
+        copy.write_bytes(source.read_bytes())
+    shards[1].write_bytes(b"not a gguf")
+    status, out, err = run_cli(["verify", str(shards[0])], capsys)
+    assert (status, out) == (2, "")
+    assert err == f"gguf-mtp: error: {shards[1]}: not a GGUF file (magic b'not ', expected b'GGUF')\n"

@@ -36,8 +36,9 @@ def _doc_bytes() -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def quick_run(request: pytest.FixtureRequest) -> tuple[Path, dict, str, dict[str, bytes]]:
-    """``bench.py --quick`` run once with only a work folder given.
+def quick_run(request: pytest.FixtureRequest, llama_quantize_tool: Path) -> tuple[Path, dict, str, dict[str, bytes]]:
+    """``bench.py --quick`` run once with only a work folder given, and the llama-quantize the suite has (a run
+    under a timeout never builds llama.cpp's tools: the fixture has them before it starts).
 
     Returns (its report folder, results.json, its stderr, the committed docs/benchmarks files before it ran).
     """
@@ -46,6 +47,7 @@ def quick_run(request: pytest.FixtureRequest) -> tuple[Path, dict, str, dict[str
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work")],
         capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "GGUF_MTP_LLAMA_QUANTIZE": str(llama_quantize_tool)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = root / "work" / "quick-report"

@@ -1,6 +1,6 @@
 """Options are honoured or refused in one line, never silently ignored (issue 15, items 6 and 7; issue 11, item 15).
 
-- ``compose --no-llama`` without ``--verify``: exit 2, one line; ``--dry-run --verify``: a one-line note.
+- ``compose``/``graft`` ``--no-llama --no-verify``: exit 2, one line; ``--dry-run --verify``: a one-line note.
 - ``-v`` after the subcommand as well as before it; word choices in any case (``--outtype Q8_0``).
 - long per-layer arrays in a change line show where they differ (``… 0, 2] -> … 0, 2, 2]``).
 - verify's metadata check names every KV the plan changed (``--set-kv general.name=...`` included).
@@ -29,11 +29,9 @@ def test_no_llama_without_verify_is_refused_in_one_line(
 ) -> None:
     target, draft = pair
     out = tmp_path / "out"
-    assert main(["compose", str(target), str(draft), "-o", str(out), "--no-llama"]) == 2
+    assert main(["compose", str(target), str(draft), "-o", str(out), "--no-llama", "--no-verify"]) == 2
     err = capsys.readouterr().err
-    assert err == (
-        "gguf-mtp: error: --no-llama only applies with --verify (compose loads nothing with llama.cpp otherwise)\n"
-    )
+    assert err == "gguf-mtp: error: --no-llama only applies when verifying (drop --no-verify)\n"
     assert not out.exists()
 
 
@@ -41,9 +39,10 @@ def test_no_llama_without_verify_gives_a_json_error(
     pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target, draft = pair
-    assert main(["compose", str(target), str(draft), "-o", str(tmp_path / "o"), "--no-llama", "--json"]) == 2
+    argv = ["compose", str(target), str(draft), "-o", str(tmp_path / "o"), "--no-llama", "--no-verify", "--json"]
+    assert main(argv) == 2
     report = json.loads(capsys.readouterr().out)
-    assert report["exit_status"] == 2 and report["error"].startswith("--no-llama only applies with --verify")
+    assert report["exit_status"] == 2 and report["error"].startswith("--no-llama only applies when verifying")
 
 
 def test_dry_run_with_verify_says_verify_is_ignored(
@@ -233,3 +232,62 @@ def test_output_dir_naming_a_file_says_it_must_be_a_folder(
         f"gguf-mtp: error: {existing}: --output-dir must be a folder (the outputs go inside it), but this is a file\n"
     )
     assert existing.read_bytes() == b"mine"
+
+
+# ------------------------------------------------------------------ issue 29 item 17: one verification rule
+
+
+def _composite(pair: tuple[Path, Path], root: Path) -> Path:
+    target, draft = pair
+    assert main(["compose", str(target), str(draft), "-o", str(root / "donor"), "--no-verify", "-q"]) == 0
+    return next((root / "donor").glob("*.gguf"))
+
+
+def _argv(command: str, pair: tuple[Path, Path], root: Path, out: Path) -> list[str]:
+    target, draft = pair
+    if command == "compose":
+        return ["compose", str(target), str(draft), "-o", str(out)]
+    return ["graft", "--from", str(_composite(pair, root)), "--into", str(target), "-o", str(out)]
+
+
+@pytest.mark.parametrize("command", ["compose", "graft"])
+@pytest.mark.parametrize("flags", [[], ["--verify"], ["--no-verify"]], ids=["default", "verify", "no-verify"])
+def test_compose_and_graft_verify_by_default_with_the_same_flags(
+    command: str, flags: list[str], pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quick = [] if flags == ["--no-verify"] else ["--no-llama"]  # verify without loading llama.cpp
+    assert main([*_argv(command, pair, tmp_path, tmp_path / "out"), *flags, *quick]) == 0
+    out = capsys.readouterr().out
+    verified = "verified: 10 checks passed, 1 skipped" in out  # --no-llama: the llama.cpp row skipped
+    assert verified == (flags != ["--no-verify"]), out
+
+
+@pytest.mark.parametrize("command", ["compose", "graft"])
+def test_a_failed_verification_says_which_files_are_kept_and_where(
+    command: str, pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gguf_mtp.check.verify
+    import gguf_mtp.jobs.graft
+
+    real = gguf_mtp.check.verify.verify
+
+    def verify_a_damaged_copy(composite: str, **kwargs: object) -> object:
+        data = bytearray(Path(composite).read_bytes())  # a writer bug: the last NextN byte is wrong
+        data[-1] ^= 0xFF
+        Path(composite).write_bytes(bytes(data))
+        return real(composite, **kwargs)
+
+    monkeypatch.setattr(gguf_mtp.check.verify, "verify", verify_a_damaged_copy)
+    monkeypatch.setattr(gguf_mtp.jobs.graft, "verify_composite", verify_a_damaged_copy)
+    out = tmp_path / "out"
+    argv = _argv(command, pair, tmp_path, out)
+    capsys.readouterr()
+    assert main([*argv, "--no-llama"]) == 2
+    captured = capsys.readouterr()
+    [written] = sorted(out.glob("*.gguf"))
+    assert "NOT verified: 1 of 11 checks failed, 1 skipped" in captured.out
+    assert captured.err == (
+        f"gguf-mtp: error: {written}: failed verification (1 check(s) failed, listed above); the 1 file(s) written "
+        f"are kept in {out} for inspection (delete them, or write again with --force)\n"
+    )

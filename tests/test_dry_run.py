@@ -56,7 +56,7 @@ def argv(command: str, ins: Inputs, out: Path) -> list[str]:
     """The command writing into ``out`` (a folder; convert and extract write ``out/draft.gguf``)."""
     return {
         "convert": ["convert", str(ins.head), "-o", str(out / "draft.gguf"), "--target", str(ins.target)],
-        "compose": ["compose", str(ins.target), str(ins.draft), "-o", str(out)],
+        "compose": ["compose", str(ins.target), str(ins.draft), "-o", str(out), "--no-verify"],
         "extract": ["extract", str(ins.model), "-o", str(out / "draft.gguf")],
         "strip": ["strip", str(ins.model), "-o", str(out)],
         "graft": ["graft", "--from", str(ins.model), "--into", str(ins.target), "-o", str(out), "--no-verify"],

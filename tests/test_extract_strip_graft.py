@@ -458,7 +458,7 @@ def test_graft_verification_compares_the_nextn_bytes_with_the_source(
     donor_and_receiver: tuple[Path, Path], tmp_path: Path
 ) -> None:
     donor, receiver = donor_and_receiver
-    report = graft(donor, receiver, tmp_path / "out", llama=False, progress=False)
+    report = graft(donor, receiver, tmp_path / "out", verify=True, llama=False, progress=False)
     assert report.ok and report.verification is not None
     draft_check = report.verification.check("draft tensors")
     assert draft_check.ok and f"{len(_nextn_names(donor))} draft block tensors" in draft_check.detail
@@ -477,7 +477,7 @@ def test_grafted_model_runs_an_mtp_decode_step_in_llama_cpp(
     donor_and_receiver: tuple[Path, Path], tmp_path: Path
 ) -> None:
     donor, receiver = donor_and_receiver
-    report = graft(donor, receiver, tmp_path / "out", llama=True, progress=False)
+    report = graft(donor, receiver, tmp_path / "out", verify=True, llama=True, progress=False)
     assert report.ok and report.verification is not None, report.describe()
     check = check_with_llama(report.output_paths[0])
     assert check.ok and check.n_layer_nextn == 1 and check.mtp_decode_ok, check.summary()

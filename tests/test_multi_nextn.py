@@ -149,7 +149,7 @@ def test_standalone_extract_of_three_blocks_carries_the_globals(glm_converted3: 
 
 def test_graft_moves_three_blocks_and_equals_extract_then_compose(glm_converted3: Path, tmp_path: Path) -> None:
     receiver = write_target(tmp_path / "ud", family=GLM4MOE, quant="mixed", shards=2, name="glm-UD", seed=4)
-    report = graft(glm_converted3, receiver, tmp_path / "grafted", llama=False, progress=False)
+    report = graft(glm_converted3, receiver, tmp_path / "grafted", verify=True, llama=False, progress=False)
     assert report.plan.composition.nextn_blocks == 3
     # Every check passes but the one that says llama.cpp's glm4moe MTP graph takes exactly one NextN block.
     assert report.verification is not None

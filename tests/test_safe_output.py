@@ -89,8 +89,7 @@ def test_verify_and_compose_dry_run_print_hostile_names(hostile: Path, nemotron_
     composite = hostile.parent / "composite" / BAD_FILE
     result = _cli("verify", str(composite), "--target", BAD_FILE, "--no-llama", cwd=hostile.parent)
     _no_crash(result, 0)
-    hint, verdict = result.stdout.splitlines()[-2:]  # how to measure the head with bench, then the verdict
-    assert "verified" in verdict and hint.startswith("measure what MTP gains on your machine: gguf-mtp bench ")
+    assert "verified" in result.stdout.splitlines()[-1]
     result = _cli("verify", BAD_FILE, "--no-llama", cwd=hostile.parent)  # not a composite: a failed check
     _no_crash(result, 2)
     result = _cli("compose", BAD_FILE, str(nemotron_draft0), "-o", "out", "--dry-run", cwd=hostile.parent)

@@ -10,6 +10,7 @@ and conftest.py, on tests written here: fast, and nothing is built.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,10 +86,40 @@ def test_make_test_reaches_lint_types_suite_upstream_proof_and_floor_suite() -> 
     assert done.returncode == 0, done.stderr
     steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
              if line.startswith("gguf-mtp: make ")]
-    assert steps == ["lint", "typecheck", "test-pytest", "test-upstream", "test-floor"]
+    assert steps == ["lint", "typecheck", "tools", "test-pytest", "test-upstream", "test-floor"]
     for command in ("-m ruff check .", "-m mypy", "-m pytest -q\n", "reproduce.py --upstream-python",
                     '-m pytest -q -m "not llama and not upstream"'):
         assert command in done.stdout + "\n", command
+
+
+def test_make_test_builds_llama_cpps_tools_in_a_step_before_pytest_which_never_builds_them() -> None:
+    # issue 29 item 11: the first build (10-30 minutes) never starts inside a test's timed subprocess
+    done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    tools_step, pytest_step = lines.index("gguf-mtp: make tools"), lines.index("gguf-mtp: make test-pytest")
+    assert tools_step < pytest_step
+    assert any(line.endswith("/python scripts/build_llama_tools.py -j 2") for line in lines[tools_step:pytest_step])
+    [suite] = [line for line in lines[pytest_step:] if line.endswith("-m pytest -q")]
+    assert suite.startswith("GGUF_MTP_TOOLS_NO_BUILD=1 ")
+
+
+NO_BUILD_SAMPLE = """
+    def test_quantizes(llama_quantize_tool):
+        pass
+"""
+
+
+def test_a_tool_test_that_may_not_build_fails_saying_to_run_make_tools(tmp_path: Path) -> None:
+    # what a test needing llama.cpp's tools does under `make test` when they are missing: one clear failure
+    missing = {"GGUF_MTP_TOOLS_NO_BUILD": "1", "GGUF_MTP_TOOLS_CACHE": str(tmp_path / "empty-cache"),
+               "GGUF_MTP_LLAMA_SDIST": "", "GGUF_MTP_LLAMA_QUANTIZE": ""}
+    done = _pytest(tmp_path, NO_BUILD_SAMPLE, env=missing)
+    assert done.returncode == 1, done.stdout
+    assert "1 error" in done.stdout  # the fixture failed: an error of the test, with the reason
+    assert "forbids building it here: run `make tools` (scripts/build_llama_tools.py) first" in done.stdout
+    assert not (tmp_path / "empty-cache").exists()  # nothing fetched, nothing built
 
 
 # --------------------------------------------------------------------------------------- item 20
@@ -208,3 +239,72 @@ def test_a_failing_session_leaves_only_what_failed(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     # the failed test's folder, and the module's shared folder a failed test used; not the passed test's
     assert _left(tmp_path) == {"pytest-0/shared0": 4 * MiB, "pytest-0/test_fails0": 4 * MiB}
+
+
+# --------------------------------------------------------------------------------------- issue 29 item 13
+
+README = ROOT / "README.md"
+#: How far the README's rounded test counts may drift while tests are added, before this test asks for new ones.
+COUNT_TOLERANCE = 0.15
+COUNTER = """
+import json
+
+def pytest_collection_finish(session):
+    floor = [i for i in session.items if not i.get_closest_marker("llama") and not i.get_closest_marker("upstream")]
+    print("COUNTS " + json.dumps({"all": len(session.items), "floor": len(floor)}))
+"""
+
+
+def _section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _collected_counts(tmp_path: Path) -> dict[str, int]:
+    """What pytest collects: the whole suite (``make test``'s pytest step) and its non-llama part (the floor step)."""
+    (tmp_path / "count_plugin.py").write_text(COUNTER)
+    environment = {k: v for k, v in os.environ.items() if k != "CI"}
+    environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environment.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "count_plugin", "-p",
+                           "no:cacheprovider"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=environment)
+    assert done.returncode == 0, done.stdout[-3000:]
+    import json
+
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("COUNTS ")]
+    return dict(json.loads(line.removeprefix("COUNTS ")))
+
+
+def _about(text: str, what: str) -> list[int]:
+    return [int(n.replace(",", "")) for n in re.findall(rf"about ([\d,]+) {what}", text)]
+
+
+def _row(step: str) -> str:
+    """The Quick start table's row of ``make test``'s step ``step``."""
+    return next(line for line in _section("Quick start").splitlines() if line.startswith(f"| `{step}`"))
+
+
+def test_the_readmes_test_counts_are_what_pytest_collects(tmp_path: Path) -> None:
+    counts = _collected_counts(tmp_path)
+    stated = {"all": _about(_row("test-pytest"), "tests") + _about(_section("Tests"), "tests"),
+              "floor": _about(_row("test-floor"), "tests")}
+    assert [len(stated["all"]), len(stated["floor"])] == [2, 1], stated
+    for part, figures in stated.items():
+        for figure in figures:
+            assert abs(figure - counts[part]) <= COUNT_TOLERANCE * counts[part], (part, figure, counts)
+
+
+def test_the_quick_start_table_names_every_step_of_make_test_and_the_prerequisites_what_they_need() -> None:
+    done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
+             if line.startswith("gguf-mtp: make ")]
+    rows = {name.strip("` ") for line in _section("Quick start").splitlines() if line.startswith("| `")
+            for name in line.split("|")[1].split(",")}
+    assert set(steps) <= rows, set(steps) - rows
+    prerequisites = _section("Prerequisites")
+    # what the tools step (cmake), the reflink test (mkfs.xfs, .ci/run installs xfsprogs) and pip's build need
+    for program in ("`cmake`", "`xfsprogs` (`mkfs.xfs`)", "C/C++ compiler and `make`"):
+        assert program in prerequisites, program
+    assert "apt-get install -y xfsprogs" in (ROOT / ".ci" / "run").read_text()

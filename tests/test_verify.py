@@ -11,11 +11,14 @@ from gguf import GGUFValueType
 from helpers import copy_model
 
 from gguf_mtp import BadGGUFError, compose
+from gguf_mtp.check.bench import check_model
 from gguf_mtp.check.llama_check import INSTALL_HINT
 from gguf_mtp.check.verify import Check, VerifyReport, verify
 from gguf_mtp.cli import main
+from gguf_mtp.errors import ParameterError
 from gguf_mtp.format.header import encode_kv
 from gguf_mtp.model.shards import open_model
+from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import add_raw_kvs
 
 STRUCTURAL = [
@@ -171,10 +174,24 @@ def test_cli_passes_with_exit_0_and_one_line_per_check(
     )
     out = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert [line.split()[0] for line in out[1:-2]] == ["PASS"] * 10 + ["SKIP"]
+    assert [line.split()[0] for line in out[1:-1]] == ["PASS"] * 10 + ["SKIP"]
     assert out[-1] == "verified: 10 checks passed, 1 skipped"
-    assert out[-2] == f"measure what MTP gains on your machine: gguf-mtp bench {split_composite} --server " \
+
+
+def test_cli_hints_at_bench_only_for_a_model_bench_can_run(
+    single_composite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 29 item 15: bench refuses a model without a tokenizer (llama-server cannot tokenize the prompts)
+    assert main(["verify", str(single_composite), "--no-llama"]) == 0
+    assert "gguf-mtp bench" not in capsys.readouterr().out
+    with pytest.raises(ParameterError, match="model has no tokenizer"):
+        check_model(single_composite, None)
+    tokenized = with_test_tokenizer(single_composite, tmp_path / "tokenized.gguf")
+    assert main(["verify", str(tokenized), "--no-llama"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == f"measure what MTP gains on your machine: gguf-mtp bench {tokenized} --server " \
         "PATH/TO/llama-server"
+    assert check_model(tokenized, None).nextn == 1  # and bench takes it
 
 
 def test_cli_fails_with_exit_2(nemotron_split: Path, capsys: pytest.CaptureFixture[str]) -> None:

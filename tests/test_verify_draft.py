@@ -20,6 +20,7 @@ from gguf_mtp.cli import main
 from gguf_mtp.constants import KEY_TOKENS
 from gguf_mtp.format.header import GGUFArray, encode_kv
 from gguf_mtp.jobs.extract import extract
+from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, add_raw_kvs, write_draft, write_target
 
 
@@ -175,8 +176,13 @@ def test_a_draft_llama_cpp_cannot_run_through_every_nextn_block_fails(root: Path
 
 
 def test_the_bench_hint_of_a_sidecar_benches_its_target_with_it_and_a_bare_draft_gets_none(
-    sidecar: Path, target: Path, root: Path, capsys: pytest.CaptureFixture[str]
+    root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # a target bench can run (with a tokenizer: issue 29 item 15), and its sidecar (the same tokenizer)
+    target = with_test_tokenizer(write_target(root / "target-1", shards=1, name="Tiny-Q4"), root / "tokenized.gguf")
+    with_mtp = write_target(root / "with-mtp-1", with_nextn=True, name="Tiny-Q8_0", quant="Q8_0")
+    source = with_test_tokenizer(with_mtp, root / "tokenized-mtp.gguf")
+    sidecar = extract(source, root / "mtp-tokenized.gguf", standalone=True, progress=False).output
     assert main(["verify", str(sidecar), "--target", str(target), "--no-llama"]) == 0
     assert capsys.readouterr().out.splitlines()[-2] == (  # the verdict stays the last line
         f"measure what MTP gains on your machine: gguf-mtp bench {target} --draft {sidecar} --server "

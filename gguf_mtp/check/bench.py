@@ -18,7 +18,7 @@ from typing import Any
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.json_io import load_json_file
 from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
-from gguf_mtp.model.shards import open_model
+from gguf_mtp.model.shards import ShardSet, open_model
 
 from .bench_rules import (
     DEFAULT_HEALTH_TIMEOUT,
@@ -35,7 +35,8 @@ from .bench_rules import (
 )
 from .llama_server import ServerHandle, free_port, probe_server, running_server
 
-__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts"]
+__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts",
+           "tokenizer_refusal"]
 
 #: The most tokens one request may ask for, and the most prompts a run sends.
 MAX_TOKENS = 1 << 16
@@ -136,6 +137,14 @@ class BenchModel:
     context_length: int | None  # the training context ({arch}.context_length)
 
 
+def tokenizer_refusal(model: ShardSet) -> str | None:
+    """Why bench cannot measure ``model`` (llama-server cannot tokenize its prompts), or None when it can."""
+    tokenizer = model.get("tokenizer.ggml.model")
+    if tokenizer is None or tokenizer in _NO_TOKENIZER:
+        return f"model has no tokenizer (tokenizer.ggml.model = {tokenizer!r}): llama-server cannot tokenize prompts"
+    return None
+
+
 def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> BenchModel:
     """Read the model (and draft) headers: MTP must be there to measure, and llama-server must be able to
     tokenize.
@@ -146,12 +155,9 @@ def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | N
         ParameterError: the model has no tokenizer.
     """
     target = open_model(model)
-    tokenizer = target.get("tokenizer.ggml.model")
-    if tokenizer is None or tokenizer in _NO_TOKENIZER:
-        raise ParameterError(
-            f"model has no tokenizer (tokenizer.ggml.model = {tokenizer!r}): llama-server cannot tokenize prompts",
-            target.name,
-        )
+    refusal = tokenizer_refusal(target)
+    if refusal is not None:
+        raise ParameterError(refusal, target.name)
     if draft is None:
         nextn = target.nextn_predict_layers
         if nextn == 0:

@@ -19,7 +19,6 @@ from gguf_mtp.constants import (
     KEY_SPLIT_NO,
     KEY_SPLIT_TENSORS_COUNT,
 )
-from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader
 from gguf_mtp.formatting import human_bytes
@@ -305,7 +304,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     Raises:
         BadGGUFError: a file of the model exists but its header cannot be read.
     """
-    _require_readable_headers(model)
+    model.require_readable_headers()
     problems = consistency_problems(model)
     first = model.first
     arch = _text_kv(first, KEY_ARCHITECTURE)
@@ -342,13 +341,6 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
     )
-
-
-def _require_readable_headers(model: ScannedModel) -> None:
-    """Refuse a model with a file that exists but whose header cannot be read (a missing file is a problem only)."""
-    for shard in model.shards:
-        if shard.header is None and not shard.missing:
-            raise BadGGUFError(shard.error or "unreadable header", shard.name)
 
 
 def _text_kv(header: GGUFHeader | None, key: str) -> str | None:

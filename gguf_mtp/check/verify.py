@@ -677,7 +677,8 @@ def verify(
         checked as a model or as an MTP-only draft.
 
     Raises:
-        BadGGUFError: ``composite`` does not exist, or ``target``/``draft`` is unreadable.
+        BadGGUFError: ``composite`` does not exist or a file of it is not a readable GGUF (no check runs, nor
+            llama.cpp), or ``target``/``draft`` is unreadable.
         ParameterError: ``draft`` is given for an MTP-only file.
         ShardSetError: ``target``/``draft`` is an inconsistent split set.
         HubError: a remote composite could not be reached.
@@ -686,6 +687,7 @@ def verify(
     if is_hub_path(composite) and (target is not None or draft is not None):
         raise BadGGUFError("comparing bytes with --target/--draft needs the composite on disk", str(composite))
     model = scan_model(composite)
+    model.require_readable_headers()  # a file that is not a GGUF: one line, as inspect and compose say it
     report = VerifyReport(
         composite=str(composite),
         target=os.fspath(target) if target is not None else None,

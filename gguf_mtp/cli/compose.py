@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
-
-from gguf_mtp.errors import GGUFMTPError
 
 from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .verifying import add_verify_flags, verification_status, verify_requested
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
-    p.add_argument("--verify", action="store_true", help="verify the composite after writing it")
-    p.add_argument("--no-llama", action="store_true", help="with --verify: skip the llama.cpp load")
+    add_verify_flags(p, "the composite")
     add_output_flags(p)
     p.set_defaults(run=run)
 
@@ -41,11 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.jobs.compose import compose
 
-    if args.no_llama and not args.verify:
-        raise GGUFMTPError("--no-llama only applies with --verify (compose loads nothing with llama.cpp otherwise)")
-    if args.verify and args.dry_run:
-        print("gguf-mtp: note: --verify is ignored with --dry-run: nothing is written, so there is nothing to verify",
-              file=sys.stderr)
+    verify = verify_requested(args)
     report = compose(
         args.target,
         args.draft,
@@ -54,11 +47,9 @@ def run(args: argparse.Namespace) -> int:
         outtype=args.outtype,
         set_kv=args.set_kv,
         basename=args.basename,
-        verify=args.verify,
+        verify=verify,
         llama=False if args.no_llama else None,
         **write_options(args),
     )
     print_outcome(args, report)
-    if report.verification is not None and not report.verification.ok:
-        return 2
-    return 0
+    return verification_status(report.output_paths, report.verification)

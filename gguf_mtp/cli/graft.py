@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .verifying import add_verify_flags, verification_status, verify_requested
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,8 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_outtype_flag(p, "the NextN block's tensors (a quantized source is dequantized first, as llama-quantize "
                      "--allow-requantize does; the target's bytes are copied as they are)")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
-    p.add_argument("--no-verify", action="store_true", help="do not verify the composite after writing it")
-    p.add_argument("--no-llama", action="store_true", help="verify without loading the composite with llama.cpp")
+    add_verify_flags(p, "the composite")
     add_output_flags(p)
     p.set_defaults(run=run)
 
@@ -34,10 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = graft(
         args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype,
-        verify=not args.no_verify, llama=False if args.no_llama else None, **write_options(args),
+        verify=verify_requested(args), llama=False if args.no_llama else None, **write_options(args),
     )
     print_outcome(args, report)
-    if not report.ok:
-        print(f"gguf-mtp: error: {report.output_paths[0]}: the grafted model failed verification", file=sys.stderr)
-        return 2
-    return 0
+    return verification_status(report.output_paths, report.verification)

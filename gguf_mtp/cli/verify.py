@@ -42,10 +42,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(run=run)
 
 
-def _bench_command(args: argparse.Namespace, kind: str) -> str:
-    """The ``gguf-mtp bench`` command for what was verified: the composite, or a sidecar beside its target."""
+def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
+    """The ``gguf-mtp bench`` command for what was verified: the composite, or a sidecar beside its target; None
+    when bench would refuse the model (no tokenizer: llama-server cannot tokenize prompts)."""
     import shlex
 
+    from gguf_mtp.check.bench import tokenizer_refusal
+    from gguf_mtp.hub.remote import is_hub_path
+    from gguf_mtp.model.shards import open_model
+
+    model_path = args.target if kind == "mtp-draft" else args.composite
+    if model_path is not None and not is_hub_path(model_path) and tokenizer_refusal(open_model(model_path)):
+        return None
     if kind == "mtp-draft":
         model = f"{shlex.quote(args.target) if args.target else 'TARGET.gguf'} --draft {shlex.quote(args.composite)}"
     else:
@@ -64,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
     else:
         lines = report.describe()
-        if report.ok and (report.kind != "mtp-draft" or report.sidecar):  # a bare draft runs only in a composite
+        command = _bench_command(args, report.kind) if report.ok else None
+        if command and (report.kind != "mtp-draft" or report.sidecar):  # a bare draft runs only in a composite
             # before the verdict, which stays the last line
-            lines.insert(-1, f"measure what MTP gains on your machine: {_bench_command(args, report.kind)}")
+            lines.insert(-1, f"measure what MTP gains on your machine: {command}")
         print_report(lines)
     return 0 if report.ok else 2
 

@@ -329,7 +329,7 @@ def graft(
     basename: str | None = None,
     outtype: str | None = None,
     force: bool = False,
-    verify: bool = True,
+    verify: bool = False,
     llama: bool | None = None,
     dry_run: bool = False,
     progress: bool = True,
@@ -349,7 +349,8 @@ def graft(
             ``llama-quantize --pure --allow-requantize`` would; ``None`` copies them byte for byte.
         force: replace existing outputs (never inputs).
         verify: verify the written composite (:func:`gguf_mtp.check.verify.verify`, which loads it with
-            llama.cpp and runs an MTP decode step).
+            llama.cpp and runs an MTP decode step), as :func:`gguf_mtp.jobs.compose.compose` does when asked
+            (the ``graft`` and ``compose`` commands ask by default).
         llama: with ``verify``, whether to load it with llama.cpp (default: when installed).
         dry_run: plan and check only (compatibility, and every refusal a real run would make); write nothing.
         progress: show a progress bar on stderr when it is a terminal.

@@ -127,6 +127,17 @@ class ScannedModel:
     def total_size(self) -> int:
         return sum(s.size or 0 for s in self.shards)
 
+    def require_readable_headers(self) -> None:
+        """Refuse a model with a file that exists but whose header cannot be read (not a GGUF, cut short): nothing
+        about such a model can be summarised or checked (inspect, verify). A missing file is a problem to report.
+
+        Raises:
+            BadGGUFError: one line naming the first such file and why.
+        """
+        for shard in self.shards:
+            if shard.header is None and not shard.missing:
+                raise BadGGUFError(shard.error or "unreadable header", shard.name)
+
 
 # ------------------------------------------------------------------------------------------------ reading
 
