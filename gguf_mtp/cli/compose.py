@@ -7,7 +7,7 @@ import sys
 
 from gguf_mtp.errors import GGUFMTPError
 
-from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import add_output_flags, add_outtype_flag, add_replace_head_flag, print_outcome, write_options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)")
+    add_replace_head_flag(p, "DRAFT's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     p.add_argument("--verify", action="store_true", help="verify the composite after writing it")
     p.add_argument("--no-llama", action="store_true", help="with --verify: skip the llama.cpp load")
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         outtype=args.outtype,
         set_kv=args.set_kv,
         basename=args.basename,
+        replace_head=args.replace_head,
         verify=args.verify,
         llama=False if args.no_llama else None,
         **write_options(args),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import add_output_flags, add_outtype_flag, add_replace_head_flag, print_outcome, write_options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (a quantized source is dequantized first, as llama-quantize "
                      "--allow-requantize does; the target's bytes are copied as they are)")
+    add_replace_head_flag(p, "SOURCE's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     p.add_argument("--no-verify", action="store_true", help="do not verify the composite after writing it")
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite with llama.cpp")
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = graft(
         args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype,
+        replace_head=args.replace_head,
         verify=not args.no_verify, llama=False if args.no_llama else None, **write_options(args),
     )
     print_outcome(args, report)
