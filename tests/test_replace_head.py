@@ -18,7 +18,9 @@ from helpers import file_hashes, shard_files
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main
 from gguf_mtp.errors import IncompatibleDraftError
+from gguf_mtp.files.kernel_copy import SHARE_BLOCK
 from gguf_mtp.format.header import GGUFArray, encode_kv, read_header
+from gguf_mtp.format.layout import placements
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.graft import graft
 from gguf_mtp.jobs.replace_head import VIRTUAL_FOLDER
@@ -85,6 +87,9 @@ def test_replace_head_equals_strip_then_compose_byte_for_byte(
     # One pass: every byte comes from the model or the draft, never from the trunk-only set it stands for.
     sources = {s for output in report.plan.outputs for s in output.sources}
     assert sources <= {*shard_files(model), draft} and not any(VIRTUAL_FOLDER in str(s) for s in sources)
+    # Zero-copy where the file system shares extents: every range read from the model lands in step with it.
+    from_model = [(at, r) for o in report.plan.outputs for at, r in placements(o) if r.source in shard_files(model)]
+    assert from_model and all((at - r.offset) % SHARE_BLOCK == 0 for at, r in from_model)
     assert [p.name for p in report.output_paths] == [p.name for p in shard_files(model)]
     replaced = report.plan.replaced
     assert replaced is not None and replaced.head.main_type == "Q2_K" and replaced.count == 1
