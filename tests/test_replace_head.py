@@ -91,6 +91,8 @@ def test_replace_head_equals_strip_then_compose_byte_for_byte(
     from_model = [(at, r) for o in report.plan.outputs for at, r in placements(o) if r.source in shard_files(model)]
     assert from_model and all((at - r.offset) % SHARE_BLOCK == 0 for at, r in from_model)
     assert [p.name for p in report.output_paths] == [p.name for p in shard_files(model)]
+    assert not any(c.key.endswith((".block_count", ".nextn_predict_layers", "split.tensors.count"))
+                   for c in report.plan.kv_changes)  # one block for one: the counts stay
     replaced = report.plan.replaced
     assert replaced is not None and replaced.head.main_type == "Q2_K" and replaced.count == 1
     assert report.plan.head.main_type == ("Q8_0" if outtype else report.plan.head.main_type)
@@ -175,6 +177,10 @@ def test_one_block_replaced_by_a_three_block_chain_and_back_equals_strip_then_co
     assert (header.get("mimo2.block_count"), header.get("mimo2.nextn_predict_layers")) == (5, 3)
     assert header.get(SWA) == [0, 1, 1, 1, 1]
     assert three.plan.replaced is not None and three.plan.replaced.count == 1 and three.plan.nextn_blocks == 3
+    # The plan's metadata changes are the target's to the output's, not the trunk-only set's in between.
+    changes = sorted((c.key, c.old, c.new) for c in three.plan.kv_changes)
+    assert changes == [("mimo2.attention.sliding_window_pattern", [0, 1, 1], [0, 1, 1, 1, 1]),
+                       ("mimo2.block_count", 3, 5), ("mimo2.nextn_predict_layers", 1, 3)]
 
     back = compose(three.output_paths[0], chain["draft1"], tmp_path / "back", replace_head=True, progress=False)
     assert file_hashes(tmp_path / "back") == file_hashes(

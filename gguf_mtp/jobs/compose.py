@@ -48,6 +48,7 @@ class ComposeReport(WriteReport):
         for f in plan.files:
             lines.append(
                 f"{self.action(f.path)} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                + (f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else "")
                 + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
                 + ")"
             )

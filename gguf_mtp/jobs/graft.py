@@ -292,7 +292,8 @@ class GraftReport(WriteReport):
             *replace_lines(composition),
         ]
         for f in composition.files:
-            added = f", +{len(f.added_tensors)} NextN" if f.added_tensors else ""
+            added = (f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else "") + (
+                f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
             size = human_bytes(f.output.size)
             lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{added})")
             lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)

@@ -18,7 +18,7 @@ no repair.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from gguf_mtp.constants import KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.errors import IncompatibleDraftError
 from gguf_mtp.files.plan import Bytes, rebind
 from gguf_mtp.format.header import parse_header
+from gguf_mtp.format.kv_edit import KVChange
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet
 
@@ -65,8 +66,28 @@ class HeadRemoval:
         if note is not None:
             raise IncompatibleDraftError(f"cannot replace the head with this one: {note}", plan.draft.name)
         virtual = {f.output.path: f.output for f in self.strip.files}
-        files = tuple(dataclasses.replace(f, output=rebind(f.output, virtual)) for f in plan.files)
+        files = tuple(
+            dataclasses.replace(
+                composed, output=rebind(composed.output, virtual), removed_tensors=stripped.removed_tensors,
+                kv_changes=_net_changes(stripped.kv_changes, composed.kv_changes, composed.output.path.name),
+            )
+            for composed, stripped in zip(plan.files, self.strip.files, strict=True)
+        )
         return dataclasses.replace(plan, target=self.target, files=files, replaced=self.replaced)
+
+
+def _net_changes(stripped: Sequence[KVChange], composed: Sequence[KVChange], file: str) -> tuple[KVChange, ...]:
+    """The metadata changes from the target to the output: strip's then compose's, netted per key (a key strip
+    removed and compose put back as it was is no change at all)."""
+    before = {c.key: c for c in stripped}
+    changes = []
+    for change in composed:
+        first = before.pop(change.key, None)
+        old = first.old if first is not None else change.old
+        if old != change.new:
+            changes.append(dataclasses.replace(change, old=old))
+    changes += [dataclasses.replace(c, file=file) for c in before.values() if c.old != c.new]
+    return tuple(changes)
 
 
 def plan_head_removal(target: ShardSet, command: str = "compose") -> HeadRemoval:
