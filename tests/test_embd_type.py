@@ -20,7 +20,7 @@ from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.extract import extract
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
-from gguf_mtp.testing.tiny_models import write_target
+from gguf_mtp.testing.tiny_models import GLM4MOE, with_hparams, write_target
 
 EMBEDDINGS = ("token_embd.weight", "output.weight")
 
@@ -92,11 +92,11 @@ def test_convert_standalone_embd_type_writes_what_llama_quantize_writes(
 def test_embd_type_needs_a_standalone_file_and_a_type_whose_blocks_fit(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(ParameterError, match="embd_type applies to a standalone file"):
+    with pytest.raises(ParameterError, match="^embd_type needs standalone: "):
         extract(model, tmp_path / "draft.gguf", embd_type="q4_0", progress=False)
     rc = main(["extract", str(model), "-o", str(tmp_path / "draft.gguf"), "--embd-type", "q4_0"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "--embd-type" in err and "--standalone" in err
+    assert rc == 2 and err.count("\n") == 1 and "--embd-type needs --standalone: " in err
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["extract", str(model), "--standalone", "--embd-type", "IQ2_XS"])
     assert exit_info.value.code == 2
@@ -113,3 +113,24 @@ def test_the_plan_shows_the_embeddings_new_type(model: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert rc == 0 and "token_embd.weight (Q8_0" in out and "output.weight (Q8_0" in out
     assert not (tmp_path / "mtp.gguf").exists()
+
+
+def test_rows_that_do_not_fit_the_type_are_refused_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """llama-quantize applies --token-embedding-type without a fallback (llama-quant.cpp 721-740): a width of 320
+    does not split into Q4_K's 256-blocks, so it would fail; so does gguf-mtp, before writing anything."""
+    source = write_target(tmp_path / "m", family=GLM4MOE, hparams=with_hparams(n_embd=320, n_ff_exp=160),
+                          with_nextn=True, quant="Q8_0", name="narrow")
+    out = tmp_path / "mtp.gguf"
+    rc = main(["extract", str(source), "-o", str(out), "--standalone", "--embd-type", "q4_k"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and not out.exists()
+    assert "--embd-type q4_k: token_embd.weight: rows of 320 do not split into Q4_K's blocks of 256" in err
+
+
+def test_convert_embd_type_needs_standalone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head = write_mtpv2_checkpoint(tmp_path / "head")
+    out = tmp_path / "draft.gguf"
+    rc = main(["convert", str(head), "-o", str(out), "--block", "3", "--embd-type", "q4_0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--embd-type needs --standalone: " in err and not out.exists()

@@ -48,8 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 #: How the library's parameter names read on this command line (the library never names flags).
 _AS_FLAGS = (
     (re.compile(r"^(block|outtype|revision) '?([^':]*)'?:"), lambda m: f"--{m[1]} {m[2]}:"),
-    (re.compile(r"^embd_type (applies to a standalone file) \(standalone\)"),
-     lambda m: f"--embd-type {m[1]} (--standalone)"),
+    (re.compile(r"^embd_type needs standalone:"), lambda m: "--embd-type needs --standalone:"),
     (re.compile(r"^embd_type "), lambda m: "--embd-type "),
     (re.compile(r"^standalone needs target:"), lambda m: "--standalone needs --target:"),
     (re.compile(r"^drop_nextn_copies:"), lambda m: "--drop-nextn-copies:"),

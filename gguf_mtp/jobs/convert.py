@@ -15,7 +15,9 @@ Two outputs are possible:
 * a *standalone* MTP-only model (``standalone=True``, for ``llama-server --spec-draft-model``): the
   same block(s) plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
   and the target's metadata (tokenizer included) with ``block_count``, ``nextn_predict_layers`` and
-  the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only.
+  the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only. With
+  ``embd_type``, ``token_embd`` and ``output`` are re-typed as ``llama-quantize --token-embedding-type
+  --output-tensor-type`` would (the low-bit sidecar llama.cpp's maintainers recommend).
 """
 
 from __future__ import annotations
@@ -369,8 +371,8 @@ def plan_conversion(
     wanted_type = _outtype(outtype)
     embedding_type = parse_outtype(embd_type, "embd_type")
     if embedding_type is not None and not standalone:
-        raise ParameterError("embd_type applies to a standalone file (standalone): a draft carries no token_embd "
-                             "or output", parameter=("embd_type", "standalone"))
+        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
+                             parameter=("embd_type", "standalone"))
     if target is not None:
         model.check_target(target)
     head = model.mapped_tensors(index, wanted_type)

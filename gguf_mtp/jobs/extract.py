@@ -12,7 +12,9 @@ Two kinds of output:
 * a *standalone* MTP-only model (``standalone=True``): additionally the source's ``token_embd``,
   ``output_norm`` and ``output`` and every model KV including the tokenizer -- the layout llama.cpp's
   converter writes with ``--mtp``. llama.cpp loads it as MTP-only because ``blk.0.attn_norm.weight`` is
-  absent, so it serves as ``llama-server --spec-draft-model``.
+  absent, so it serves as ``llama-server --spec-draft-model``. With ``embd_type`` its ``token_embd`` and
+  ``output`` are written in that type (llama.cpp's maintainers recommend low-bit ones, e.g. Q4_0) as
+  ``llama-quantize --token-embedding-type --output-tensor-type`` writes them.
 """
 
 from __future__ import annotations
@@ -303,8 +305,8 @@ def plan_extraction(
     head_type = parse_outtype(outtype)
     embedding_type = parse_outtype(embd_type, "embd_type")
     if embedding_type is not None and not standalone:
-        raise ParameterError("embd_type applies to a standalone file (standalone): a draft carries no token_embd "
-                             "or output", parameter=("embd_type", "standalone"))
+        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
+                             parameter=("embd_type", "standalone"))
     nextn = find_nextn_blocks(source)
     wanted = set(nextn.names)
     if standalone:

@@ -34,7 +34,7 @@ from .compose_plan import CompositionPlan, ReplacedHead
 from .head_type import summarize_head
 from .strip import StripPlan, plan_strip
 
-__all__ = ["HeadRemoval", "plan_head_removal", "replace_lines"]
+__all__ = ["VIRTUAL_FOLDER", "HeadRemoval", "plan_head_removal", "replace_lines"]
 
 #: The folder name the never-written trunk-only files are given (messages about the trunk name it).
 VIRTUAL_FOLDER = "(trunk only, never written)"
