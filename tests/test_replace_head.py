@@ -277,9 +277,17 @@ def test_a_draft_for_another_architecture_width_or_vocabulary_is_one_line(
 
 @pytest.mark.llama
 @pytest.mark.parametrize("shipped", ["nemotron-3-shards", "glm4moe-2-shards"], indirect=True)
-def test_llama_cpp_runs_the_replaced_heads_mtp_decode(shipped: tuple[Path, Path], tmp_path: Path) -> None:
+def test_llama_cpp_runs_the_replaced_heads_mtp_decode(
+    shipped: tuple[Path, Path], donors: dict[str, Path], tmp_path: Path
+) -> None:
     model, draft = shipped
     report = compose(model, draft, tmp_path / "out", outtype="q8_0", replace_head=True, verify=True, progress=False)
     assert report.verification is not None and report.verification.ok, report.verification.describe()
     check = check_with_llama(report.output_paths[0])
     assert check.ok and check.mtp_decode_ok and check.n_layer_nextn == 1, check.summary()
+    # graft verifies by default: the new head's bytes against the source's, and llama.cpp's MTP decode
+    grafted = graft(donors[read_header(model).get("general.architecture")], model, tmp_path / "graft",
+                    replace_head=True, progress=False)
+    assert grafted.ok and grafted.verification is not None, grafted.outcome_lines()
+    llama = grafted.verification.llama
+    assert llama is not None and llama.mtp_decode_ok, grafted.verification.describe()
