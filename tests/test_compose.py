@@ -207,7 +207,7 @@ def test_cli_json_report_is_machine_readable(
     rc = main(["compose", str(nemotron_split), str(nemotron_draft0), "-o", str(tmp_path / "out"), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 0
-    assert report["tensors"] == {"target": 26, "added": 18, "total": 44}
+    assert report["tensors"] == {"target": 26, "added": 18, "removed": 0, "total": 44}
     assert report["bytes_written"] == sum(f["bytes"] for f in report["files"]) > 0
     changes = {(c["file"], c["key"]): (c["old"], c["new"]) for c in report["kv_changes"]}
     assert changes[(nemotron_split.name, f"{ARCH}.block_count")] == (3, 4)

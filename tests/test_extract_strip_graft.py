@@ -12,11 +12,11 @@ from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, co
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.check.verify import verify
 from gguf_mtp.errors import NoNextNBlockError
-from gguf_mtp.files.plan import Bytes, CopyRange, Zeros
+from gguf_mtp.files.plan import Bytes, CopyRange, Zeros, slice_segments
 from gguf_mtp.format.header import GGUFArray, align_up, encode_kv, read_header
 from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.jobs.extract import extract, find_nextn_blocks
-from gguf_mtp.jobs.graft import _slice, graft
+from gguf_mtp.jobs.graft import graft
 from gguf_mtp.jobs.strip import strip
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, TinyFamily, add_raw_kvs, with_hparams, write_target
 
@@ -564,7 +564,7 @@ def test_graft_dry_run_checks_everything_and_writes_nothing(
 
 def test_virtual_draft_ranges_resolve_to_the_bytes_they_were_planned_from() -> None:
     planned = (Bytes(b"HEAD"), Zeros(4), CopyRange(Path("/src"), 100, 8), Zeros(2))
-    assert list(_slice(planned, 2, 12, "draft")) == [Bytes(b"AD"), Zeros(4), CopyRange(Path("/src"), 100, 6)]
-    assert list(_slice(planned, 10, 6, "draft")) == [CopyRange(Path("/src"), 102, 6)]
+    assert list(slice_segments(planned, 2, 12, "draft")) == [Bytes(b"AD"), Zeros(4), CopyRange(Path("/src"), 100, 6)]
+    assert list(slice_segments(planned, 10, 6, "draft")) == [CopyRange(Path("/src"), 102, 6)]
     with pytest.raises(ValueError, match="beyond the planned file"):
-        list(_slice(planned, 16, 4, "draft"))
+        list(slice_segments(planned, 16, 4, "draft"))

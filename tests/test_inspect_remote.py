@@ -28,7 +28,7 @@ from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main
 from gguf_mtp.format.header import encode_kv, read_header
 from gguf_mtp.hub.remote import FIRST_READ, HubFile
-from gguf_mtp.testing.tiny_models import add_raw_kvs, write_target
+from gguf_mtp.testing.tiny_models import add_raw_kvs, write_draft, write_target
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,22 @@ def test_remote_summary_equals_the_local_one(hub: HubStandIn, published: str, co
     assert _comparable(remote.to_dict()) == _comparable(inspect(composite, tensors=True).to_dict())
     assert remote.mtp_verdict == "MTP: yes (1 block, blk.3)"
     assert [s.name for s in remote.shards] == [f"hf://{REPO}/{FOLDER}/{p.name}" for p in shard_files(composite)]
+
+
+def test_remote_head_report_of_a_low_type_head_equals_the_local_one(
+    hub: HubStandIn, nemotron_split: Path, tmp_path: Path
+) -> None:
+    draft = write_draft(tmp_path / "q2_k.gguf", quant="Q2_K", seed=62)
+    model = compose(nemotron_split, draft, tmp_path / "low", progress=False).output_paths[0]
+    hub.publish(shard_files(model), folder="low-type")
+    remote = inspect(f"hf://{REPO}/low-type/{model.name}")
+    local = inspect(model)
+    assert remote.head is not None and remote.head.weak_types == ("Q2_K",)
+    assert "--replace-head" in remote.head.suggestion
+    assert local.head is not None and remote.head.to_dict() == local.head.to_dict()
+    report = ("head: ", "  nextn_predict_layers = ", "  suggestion: ")
+    assert [line for line in remote.describe() if line.startswith(report)] == [
+        line for line in local.describe() if line.startswith(report)]
 
 
 def test_only_header_bytes_are_transferred(hub: HubStandIn, published: str, composite: Path) -> None:

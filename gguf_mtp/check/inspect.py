@@ -24,6 +24,7 @@ from gguf_mtp.format.header import GGUFHeader
 from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
+    block_index,
     block_indices,
     block_layout_problem,
     block_tensor_problems,
@@ -32,9 +33,10 @@ from gguf_mtp.model.blocks import (
     missing_nextn_by_block,
     per_layer_problems,
 )
+from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
 
-__all__ = ["ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
+__all__ = ["HeadReport", "ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,60 @@ class TensorRow:
 
 
 @dataclass(frozen=True)
+class HeadReport:
+    """What the NextN head of a file is: its types and size, whether they usually break acceptance, whether
+    ``nextn_predict_layers`` matches the tensors, and what to do about it."""
+
+    blocks: tuple[int, ...]  # declared: the last nextn_predict_layers blocks
+    types: tuple[TypeUsage, ...]  # the NextN blocks' tensors, by bytes
+    weak_types: tuple[str, ...]  # of those, the types that usually break acceptance (model.head_types)
+    declared: int  # {arch}.nextn_predict_layers
+    with_tensors: tuple[int, ...]  # blocks that hold NextN tensors (declared ones with any tensor, nextn.* elsewhere)
+    suggestion: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.types)
+
+    @property
+    def main_type(self) -> str | None:
+        """The type holding most of the head's bytes."""
+        return self.types[0].type_name if self.types else None
+
+    @property
+    def matches(self) -> bool:
+        """Whether ``nextn_predict_layers`` declares exactly the blocks that hold NextN tensors."""
+        return self.with_tensors == self.blocks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "blocks": list(self.blocks),
+            "type": self.main_type,
+            "bytes": self.nbytes,
+            "types": [t.to_dict() for t in self.types],
+            "weak_types": list(self.weak_types),
+            "usually_breaks_acceptance": bool(self.weak_types),
+            "nextn_predict_layers": self.declared,
+            "blocks_with_tensors": list(self.with_tensors),
+            "nextn_predict_layers_matches_tensors": self.matches,
+            "suggestion": self.suggestion,
+        }
+
+    def describe(self) -> list[str]:
+        """``head: ...``, the count's agreement with the tensors, and the suggestion."""
+        kinds = ", ".join(f"{t.type_name} {t.count}" for t in self.types) or "no tensors"
+        weak = f"; {', '.join(self.weak_types)} usually break{'s' * (len(self.weak_types) == 1)} acceptance" \
+            if self.weak_types else ""
+        where = ", ".join(f"blk.{b}" for b in self.blocks)
+        lines = [f"head: {where}: {self.main_type or 'empty'}, {human_bytes(self.nbytes)} ({kinds}){weak}"]
+        found = ", ".join(f"blk.{b}" for b in self.with_tensors) or "none"
+        agreement = "matches the tensors" if self.matches else f"does not match the tensors (NextN tensors in: {found})"
+        lines.append(f"  nextn_predict_layers = {self.declared}: {agreement}")
+        lines.append(f"  suggestion: {self.suggestion}")
+        return lines
+
+
+@dataclass(frozen=True)
 class ModelSummary:
     """What a model holds; :attr:`mtp_verdict` says in one line whether it has a usable MTP head."""
 
@@ -114,6 +170,7 @@ class ModelSummary:
     uncommitted: str | None = None  # a gguf-mtp journal beside the files names them: the set was never committed
     #: more NextN blocks than llama.cpp's MTP graph of the architecture runs (arch_rules.nextn_graph_note)
     graph_note: str | None = None
+    head: HeadReport | None = None  # a file with NextN blocks (declared, or nextn.* tensors): what its head is
 
     @property
     def trunk_blocks(self) -> int | None:
@@ -184,6 +241,7 @@ class ModelSummary:
             "consistent": not self.problems,
             "problems": list(self.problems),
             "uncommitted": self.uncommitted,
+            "head": self.head.to_dict() if self.head is not None else None,
         }
         if self.remote:
             result["bytes_fetched"] = self.bytes_fetched
@@ -231,6 +289,8 @@ class ModelSummary:
                 if usage:
                     lines.append(f"  {what}: {human_bytes(sum(t.nbytes for t in usage))}: "
                                  + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in usage))
+        if self.head is not None:
+            lines.extend(self.head.describe())
         if self.tensors is not None:
             lines.append("tensors:")
             width = max((len(t.name) for t in self.tensors), default=0)
@@ -340,7 +400,32 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         graph_note=nextn_graph_note(arch, blocks.nextn),
         nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
+        head=_head_report(names, blocks, _by_bytes(tally.nextn_usage) if nextn_blocks else ()),
     )
+
+
+def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, ...]) -> HeadReport | None:
+    """The head report of a file with declared NextN blocks or ``nextn.*`` tensors (``None`` for neither)."""
+    declared = blocks.nextn_blocks
+    holding = set(declared) & set(block_indices(names))
+    holding |= {b for name in names if ".nextn." in name and (b := block_index(name)) is not None}
+    if not declared and not holding:
+        return None
+    with_tensors = tuple(sorted(holding))
+    weak = tuple(t.name for t in weak_head_types(t.type_name for t in types))
+    main = types[0].type_name if types else None
+    if blocks.mtp_only:
+        fix = "extract or convert it again with --outtype q8_0"
+    else:
+        fix = "replace it in one pass: gguf-mtp compose MODEL Q8_0-DRAFT.gguf --replace-head -o OUTDIR (or graft " \
+              "--from A-Q8_0-QUANT --into MODEL --replace-head)"
+    if weak:
+        suggestion = f"a {main} head usually drafts nothing accepted: {fix}"
+    elif with_tensors != declared:
+        suggestion = f"nextn_predict_layers does not match the NextN tensors: {fix}"
+    else:
+        suggestion = "measure what the head is worth: gguf-mtp verify --acceptance FILE; if it is low, " + fix
+    return HeadReport(declared, types, weak, blocks.nextn, with_tensors, suggestion)
 
 
 def _text_kv(header: GGUFHeader | None, key: str) -> str | None:

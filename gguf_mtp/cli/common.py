@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from gguf_mtp.write import WriteReport
 
 __all__ = [
+    "add_embd_type_flag",
     "add_output_flags",
     "add_outtype_flag",
+    "add_replace_head_flag",
     "error_object",
     "human_bytes",
     "plan_printer",
@@ -64,6 +66,38 @@ def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN blo
         help=f"write {what} in TYPE, exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep "
         f"their type; rows that do not fit TYPE's blocks take its fallback); one of {', '.join(OUTTYPE_NAMES)}. "
         "Below q4_k a head drafts worse. Default: unchanged, byte for byte",
+    )
+
+
+def _embd_type_name(value: str) -> str:
+    """An ``--embd-type`` value in lower case, or argparse's one-line refusal saying why."""
+    from gguf_mtp.format.quant_rules import head_type
+
+    try:
+        head_type(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value.strip().lower()
+
+
+def add_embd_type_flag(parser: argparse.ArgumentParser) -> None:
+    """``--embd-type TYPE``: a standalone sidecar's ``token_embd`` and ``output`` in TYPE."""
+    from gguf_mtp.format.quant_rules import HEAD_TYPES
+
+    parser.add_argument(
+        "--embd-type", type=_embd_type_name, metavar="TYPE",
+        help="with --standalone: write token_embd and output in TYPE, exactly as llama-quantize "
+        "--token-embedding-type TYPE --output-tensor-type TYPE would (q4_0 is what llama.cpp's maintainers "
+        f"recommend for a sidecar); one of {', '.join(HEAD_TYPES)}. Default: unchanged, byte for byte",
+    )
+
+
+def add_replace_head_flag(parser: argparse.ArgumentParser, whose: str) -> None:
+    """``--replace-head``: the target's own NextN block(s) give way to the new ones, in one pass."""
+    parser.add_argument(
+        "--replace-head", action="store_true",
+        help=f"the target already has NextN block(s) (e.g. a low-type head a quantizer shipped): drop them and put "
+        f"{whose} in their place, in one copy; the same files as gguf-mtp strip followed by this command",
     )
 
 

@@ -8,7 +8,7 @@ import re
 from gguf_mtp.conversion import supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")
+    add_embd_type_flag(p)
     p.add_argument("--drop-nextn-copies", action="store_true",
                    help="GLM-4.5: leave out the NextN layer's own embed_tokens/shared_head.head copies (about 1.5 GB "
                         "each); llama.cpp uses the trunk's")
@@ -51,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 #: How the library's parameter names read on this command line (the library never names flags).
 _AS_FLAGS = (
     (re.compile(r"^(block|outtype|revision) '?([^':]*)'?:"), lambda m: f"--{m[1]} {m[2]}:"),
+    (re.compile(r"^embd_type needs standalone:"), lambda m: "--embd-type needs --standalone:"),
+    (re.compile(r"^embd_type "), lambda m: "--embd-type "),
     (re.compile(r"^standalone needs target:"), lambda m: "--standalone needs --target:"),
     (re.compile(r"^drop_nextn_copies:"), lambda m: "--drop-nextn-copies:"),
     (re.compile(r"^nextn_blocks "), lambda m: "--nextn-blocks "),
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = convert(
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
-            standalone=args.standalone, drop_nextn_copies=args.drop_nextn_copies,
+            standalone=args.standalone, embd_type=args.embd_type, drop_nextn_copies=args.drop_nextn_copies,
             nextn_blocks=args.nextn_blocks, revision=args.revision, download=args.download, **write_options(args),
         )
     except (ParameterError, IncompatibleDraftError) as e:

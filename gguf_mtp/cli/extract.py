@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--standalone", action="store_true", help="write an MTP-only model llama.cpp loads on its own")
     add_outtype_flag(p)
+    add_embd_type_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else default_output(args.source, args.standalone)
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
-    report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype, **write_options(args))
+    report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype,
+                     embd_type=args.embd_type, **write_options(args))
     print_outcome(args, report)
     return 0

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 __all__ = [
+    "EMBEDDING_TENSORS",
     "FALLBACKS",
     "HEAD_TYPES",
     "HEAD_TYPE_FILE_TYPES",
     "IMATRIX_TYPES",
-    "LOW_BIT_TYPES",
     "NEVER_QUANTIZED",
     "KeepRule",
+    "embedding_tensor_type",
     "head_tensor_type",
     "head_type",
     "is_quantized",
@@ -49,10 +50,6 @@ HEAD_TYPES: dict[str, GGMLQuantizationType] = {
 #: Types llama-quantize will not write without an importance matrix (``tensor_requires_imatrix``,
 #: llama-quant.cpp lines 861-867; ``ggml_quantize_requires_imatrix`` in ggml.c), refused by name.
 IMATRIX_TYPES: frozenset[str] = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs"})
-
-#: Head types below Q4_K: a drafter loses acceptance there (Qwen3.6-27B: 66.6 % at Q4_K_M, Q3_K_M 63.5 %,
-#: Q2_K 55.3 %), so they are allowed with a warning.
-LOW_BIT_TYPES: frozenset[GGMLQuantizationType] = frozenset({Q.Q3_K, Q.Q2_K})
 
 #: ``general.file_type`` llama-quantize writes for each head type (``tools/quantize/quantize.cpp``'s names:
 #: ``Q4_K`` is its alias of Q4_K_M, ``Q5_K`` of Q5_K_M, ``Q3_K`` of Q3_K_M).
@@ -215,3 +212,25 @@ def head_tensor_type(
     if not is_quantized(wanted):  # llama-quant.cpp line 745: float targets take no fallback
         return wanted
     return _fallback(shape[0], wanted)
+
+
+#: The tensors ``llama-quantize --token-embedding-type T --output-tensor-type T`` writes in ``T``
+#: (``tensor_name_match_token_embd`` / ``tensor_name_match_output_weight``, llama-quant.cpp 104-111).
+EMBEDDING_TENSORS: frozenset[str] = frozenset({"token_embd.weight", "per_layer_token_embd.weight", "output.weight"})
+
+
+def embedding_tensor_type(name: str, shape: Sequence[int], wanted: GGMLQuantizationType) -> GGMLQuantizationType | None:
+    """The type ``llama-quantize --token-embedding-type wanted --output-tensor-type wanted`` writes tensor ``name``
+    in: ``wanted`` for the embedding and output matrices (llama-quant.cpp 721-740 return it as given, with no
+    fallback), ``None`` for every other tensor (not this option's to decide).
+
+    Raises:
+        ValueError: the rows do not split into ``wanted``'s blocks (llama-quantize fails on such a tensor too).
+    """
+    if name not in EMBEDDING_TENSORS or kept_by(name, shape) is not None:
+        return None
+    block = GGML_QUANT_SIZES[wanted][0]
+    if shape[0] % block:
+        raise ValueError(f"{name}: rows of {shape[0]} do not split into {wanted.name}'s blocks of {block} "
+                         "(llama-quantize fails on it too); choose a type with blocks that fit")
+    return wanted

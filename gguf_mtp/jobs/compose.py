@@ -16,6 +16,7 @@ from gguf_mtp.write import WriteReport, run_write
 
 from .compose_plan import CompositionPlan, plan_composition
 from .head_type import head_notes, parse_outtype
+from .replace_head import plan_head_removal, replace_lines
 
 __all__ = ["ComposeReport", "compose", "plan", "plan_compose"]
 
@@ -41,11 +42,13 @@ class ComposeReport(WriteReport):
             f"draft:  {len(plan.renamed)} tensors -> blk.{plan.block}"
             + (f" (left out {', '.join(plan.dropped)})" if plan.dropped else ""),
             f"head:   {plan.head.describe()}",
+            *replace_lines(plan),
             *(f"note:   {advice}" for advice in self.head_advice),
         ]
         for f in plan.files:
             lines.append(
                 f"{self.action(f.path)} {f.path} ({human_bytes(f.output.size)}, {len(f.tensors)} tensors"
+                + (f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else "")
                 + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
                 + ")"
             )
@@ -74,11 +77,13 @@ class ComposeReport(WriteReport):
             "tensors": {
                 "target": plan.target.tensor_count,
                 "added": len(plan.renamed),
-                "total": plan.target.tensor_count + len(plan.renamed),
+                "removed": plan.replaced.tensors if plan.replaced is not None else 0,
+                "total": sum(len(f.tensors) for f in plan.files),
             },
             "renamed": [{"draft": a, "composite": b} for a, b in plan.renamed],
             "dropped": list(plan.dropped),
             "head": plan.head.to_dict(),
+            "replaced_head": plan.replaced.to_dict() if plan.replaced is not None else None,
             "kv_changes": [c.to_dict() for c in plan.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
             **self.write_fields(),
@@ -101,10 +106,14 @@ def plan_compose(
     set_kv: Sequence[str | KVOverride] = (),
     basename: str | None = None,
     outtype: str | None = None,
+    replace_head: bool = False,
 ) -> CompositionPlan:
-    """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written)."""
-    return plan_composition(
-        open_model(target),
+    """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written); with
+    ``replace_head``, of the target without its NextN block(s) (:mod:`gguf_mtp.jobs.replace_head`)."""
+    model = open_model(target)
+    removal = plan_head_removal(model, "compose") if replace_head else None
+    plan = plan_composition(
+        removal.trunk if removal is not None else model,
         open_model(draft),
         Path(output_dir),
         block=block,
@@ -112,6 +121,7 @@ def plan_compose(
         basename=basename,
         outtype=outtype,
     )
+    return removal.apply(plan) if removal is not None else plan
 
 
 #: The earlier name of :func:`plan_compose`, kept so that existing callers keep working.
@@ -127,6 +137,7 @@ def compose(
     set_kv: Sequence[str | KVOverride] = (),
     basename: str | None = None,
     outtype: str | None = None,
+    replace_head: bool = False,
     dry_run: bool = False,
     force: bool = False,
     progress: bool = True,
@@ -153,6 +164,9 @@ def compose(
         basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
         outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...) exactly as ``llama-quantize --pure``
             would; ``None`` copies the draft's bytes. Target bytes are always copied.
+        replace_head: the target has NextN block(s): drop them and splice the draft's in their place, in one
+            pass, byte for byte what :func:`gguf_mtp.jobs.strip.strip` then compose write (the block count may
+            change; the new one must be one llama.cpp's MTP graph of the architecture runs).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         force: replace existing outputs (never inputs).
         progress: show a progress bar on stderr when it is a terminal.
@@ -177,7 +191,7 @@ def compose(
 
     def prepare() -> tuple[ComposeReport, list[OutputFile], list[Path]]:
         composition = plan_compose(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename,
-                                   outtype=outtype)
+                                   outtype=outtype, replace_head=replace_head)
         report = ComposeReport(plan=composition, dry_run=dry_run)
         placed = {name for name, _ in composition.renamed}
         head = [t for t in composition.draft.first.tensors if t.name in placed]
@@ -194,7 +208,8 @@ def compose(
         composition = report.plan
         report.verification = verify_composite(
             composition.files[0].path,
-            target=composition.target.paths[0],
+            # a replaced head is no longer the target's: its trunk is what strip + compose guarantee, by the plan
+            target=composition.target.paths[0] if composition.replaced is None else None,
             draft=composition.draft.paths[0] if outtype is None else None,  # re-typed: bytes differ
             llama=llama,
             progress=progress,

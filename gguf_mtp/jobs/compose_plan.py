@@ -60,6 +60,7 @@ __all__ = [
     "FilesPlan",
     "KVChange",
     "PlannedFile",
+    "ReplacedHead",
     "managed_key",
     "plan_composition",
 ]
@@ -113,6 +114,19 @@ class FilesPlan:
 
 
 @dataclass(frozen=True)
+class ReplacedHead:
+    """The NextN block(s) a ``replace_head`` plan drops from its target (:mod:`gguf_mtp.jobs.replace_head`)."""
+
+    blocks: str  # ``blk.88`` or ``blk.88..blk.90``
+    count: int  # how many blocks
+    head: HeadSummary  # their types and size
+    tensors: int  # how many tensors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"blocks": self.blocks, "nextn_blocks": self.count, "tensors": self.tensors, **self.head.to_dict()}
+
+
+@dataclass(frozen=True)
 class CompositionPlan(FilesPlan):
     """Everything a compose run will write."""
 
@@ -123,6 +137,7 @@ class CompositionPlan(FilesPlan):
     files: tuple[PlannedFile, ...]
     renamed: tuple[tuple[str, str], ...]  # (draft name, composite name)
     dropped: tuple[str, ...] = field(default=())  # draft globals left out (the trunk's are used)
+    replaced: ReplacedHead | None = None  # the target's own NextN block(s), dropped (``replace_head``)
 
     @property
     def head(self) -> HeadSummary:
@@ -511,8 +526,10 @@ def _check_free_slot(target: ShardSet, block: int | None) -> int:
     if target.nextn_predict_layers:
         raise IncompatibleDraftError(
             f"target already has {target.nextn_predict_layers} NextN block(s) "
-            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first",
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first, or replace them in one pass with "
+            "replace_head",
             target.name,
+            parameter="replace_head",
         )
     trunk = target.block_count
     if trunk < 1:

@@ -15,7 +15,9 @@ Two outputs are possible:
 * a *standalone* MTP-only model (``standalone=True``, for ``llama-server --spec-draft-model``): the
   same block(s) plus ``token_embd``, ``output_norm`` and ``output`` copied byte for byte from the target,
   and the target's metadata (tokenizer included) with ``block_count``, ``nextn_predict_layers`` and
-  the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only.
+  the per-layer arrays extended. llama.cpp sees no ``blk.0.attn_norm`` and loads it as MTP-only. With
+  ``embd_type``, ``token_embd`` and ``output`` are re-typed as ``llama-quantize --token-embedding-type
+  --output-tensor-type`` would (the low-bit sidecar llama.cpp's maintainers recommend).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pac
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
-from gguf_mtp.jobs.head_type import head_notes, parse_outtype, summarize_head
+from gguf_mtp.jobs.head_type import head_notes, parse_outtype, retype_embedding_tensor, summarize_head
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.write import WriteReport, run_write
@@ -272,8 +274,9 @@ def _head_item(tensor: MappedTensor) -> _OutputTensor:
                          tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
 
 
-def _target_globals(target: ShardSet) -> list[_OutputTensor]:
-    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies."""
+def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None) -> list[_OutputTensor]:
+    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies (with ``embd_type``,
+    ``token_embd`` and ``output`` as llama-quantize --token-embedding-type --output-tensor-type writes them)."""
     items = []
     for name in DRAFT_GLOBAL_TENSORS:
         if name not in target.tensor_locations:
@@ -282,7 +285,14 @@ def _target_globals(target: ShardSet) -> list[_OutputTensor]:
             raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
         shard, info = target.tensor_locations[name]
         header = target.headers[shard]
-        copy = CopyRange(Path(header.path), header.data_offset + info.offset, info.nbytes)
+        offset = header.data_offset + info.offset
+        retyped = retype_embedding_tensor(info, header.path, offset, embd_type)
+        if retyped is not None and retyped[0].ggml_type != info.ggml_type:
+            new, data = retyped
+            items.append(_OutputTensor(name, new.shape, new.ggml_type, new.nbytes, data, (name,), info.type_name,
+                                       f"quantize {info.type_name}->{new.type_name} from target"))
+            continue
+        copy = CopyRange(Path(header.path), offset, info.nbytes)
         items.append(_OutputTensor(name, info.shape, info.ggml_type, info.nbytes, (copy,), (name,), info.type_name,
                                    "copy from target"))
     return items
@@ -318,6 +328,7 @@ def plan_conversion(
     block: int | None = None,
     outtype: str | GGMLQuantizationType | None = None,
     standalone: bool = False,
+    embd_type: str | GGMLQuantizationType | None = None,
     drop_nextn_copies: bool = False,
     nextn_blocks: int | None = None,
 ) -> ConversionPlan:
@@ -334,6 +345,8 @@ def plan_conversion(
             them, or another of llama-quantize's types (``"q4_k"``, ``"iq4_xs"``...) as ``llama-quantize --pure``
             writes the converted head; ``None`` keeps the source dtype.
         standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
+        embd_type: with ``standalone``, the type of ``token_embd`` and ``output`` (as ``llama-quantize
+            --token-embedding-type --output-tensor-type`` writes the target's); ``None`` copies them.
         drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
             them in its NextN layer; llama.cpp falls back to the trunk's).
         nextn_blocks: plan only the first this many NextN blocks (default: every block the checkpoint has).
@@ -359,6 +372,10 @@ def plan_conversion(
         raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
                              f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
     wanted_type = _outtype(outtype)
+    embedding_type = parse_outtype(embd_type, "embd_type")
+    if embedding_type is not None and not standalone:
+        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
+                             parameter=("embd_type", "standalone"))
     if target is not None:
         model.check_target(target)
     head = model.mapped_tensors(index, wanted_type)
@@ -380,7 +397,7 @@ def plan_conversion(
     if standalone:
         assert target is not None
         _standalone_kvs(model, writer, index, target)
-        token_embd, *head_of_model = _target_globals(target)
+        token_embd, *head_of_model = _target_globals(target, embedding_type)
         # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
         items = [token_embd, *items, *head_of_model]
     else:
@@ -566,6 +583,7 @@ def convert(
     block: int | None = None,
     outtype: str | None = None,
     standalone: bool = False,
+    embd_type: str | None = None,
     drop_nextn_copies: bool = False,
     nextn_blocks: int | None = None,
     revision: str | None = None,
@@ -591,6 +609,9 @@ def convert(
             default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
         standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
             ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
+        embd_type: with ``standalone``, write ``token_embd`` and ``output`` in this type (``q4_0``, as llama.cpp's
+            maintainers recommend for sidecars), exactly as ``llama-quantize --token-embedding-type
+            --output-tensor-type`` would from the target's; ``None`` copies them.
         drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
         nextn_blocks: convert only the first this many NextN blocks of a head that has several (default: all;
             llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
@@ -628,7 +649,8 @@ def convert(
         target_set = open_model(target) if target is not None else None
         plan = plan_conversion(
             checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
-            standalone=standalone, drop_nextn_copies=drop_nextn_copies, nextn_blocks=nextn_blocks,
+            standalone=standalone, embd_type=embd_type, drop_nextn_copies=drop_nextn_copies,
+            nextn_blocks=nextn_blocks,
         )
         report = ConvertReport(plan=plan, dry_run=dry_run, download=fetched)
         return report, [plan.output], list(plan.inputs)

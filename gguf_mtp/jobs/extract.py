@@ -12,7 +12,9 @@ Two kinds of output:
 * a *standalone* MTP-only model (``standalone=True``): additionally the source's ``token_embd``,
   ``output_norm`` and ``output`` and every model KV including the tokenizer -- the layout llama.cpp's
   converter writes with ``--mtp``. llama.cpp loads it as MTP-only because ``blk.0.attn_norm.weight`` is
-  absent, so it serves as ``llama-server --spec-draft-model``.
+  absent, so it serves as ``llama-server --spec-draft-model``. With ``embd_type`` its ``token_embd`` and
+  ``output`` are written in that type (llama.cpp's maintainers recommend low-bit ones, e.g. Q4_0) as
+  ``llama-quantize --token-embedding-type --output-tensor-type`` writes them.
 """
 
 from __future__ import annotations
@@ -33,12 +35,19 @@ from gguf_mtp.constants import (
     KEY_TOKENS,
     KEY_VOCAB_SIZE,
 )
-from gguf_mtp.errors import BadGGUFError, NoNextNBlockError
+from gguf_mtp.errors import BadGGUFError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.formatting import human_bytes
-from gguf_mtp.jobs.head_type import HeadSummary, low_bit_warning, parse_outtype, retype_head_tensor, summarize_head
+from gguf_mtp.jobs.head_type import (
+    HeadSummary,
+    low_bit_warning,
+    parse_outtype,
+    retype_embedding_tensor,
+    retype_head_tensor,
+    summarize_head,
+)
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -247,13 +256,18 @@ def _layout(
     retyped: frozenset[str] = frozenset(),
     outtype: GGMLQuantizationType | None = None,
     arch: str | None = None,
+    embd_type: GGMLQuantizationType | None = None,
 ) -> tuple[list[TensorInfo], list[Segment]]:
     """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments).
-    Tensors named in ``retyped`` take ``outtype`` as llama-quantize --pure gives it; the rest are copied."""
+    Tensors named in ``retyped`` take ``outtype`` as llama-quantize --pure gives it, ``token_embd``/``output``
+    take ``embd_type``; the rest are copied."""
 
     def placed(path: Path, offset: int, tensor: TensorInfo) -> tuple[TensorInfo, tuple[Segment, ...]]:
         if tensor.name in retyped and outtype is not None:
             return retype_head_tensor(tensor, path, offset + tensor.offset, outtype, arch)
+        embedding = retype_embedding_tensor(tensor, path, offset + tensor.offset, embd_type)
+        if embedding is not None:
+            return embedding
         return tensor, (CopyRange(path, offset + tensor.offset, tensor.nbytes),)
 
     infos, segments, _ = pack_tensors((placed(*item) for item in tensors), alignment)
@@ -266,6 +280,7 @@ def plan_extraction(
     *,
     standalone: bool = False,
     outtype: str | GGMLQuantizationType | None = None,
+    embd_type: str | GGMLQuantizationType | None = None,
 ) -> ExtractionPlan:
     """Plan the extraction of ``source``'s NextN block(s) into ``output`` (pure: reads no tensor data).
 
@@ -275,6 +290,8 @@ def plan_extraction(
         standalone: also carry ``token_embd`` / ``output_norm`` / ``output`` and every model KV
             (tokenizer included): an MTP-only model llama.cpp loads on its own.
         outtype: the NextN tensors' type (see :mod:`gguf_mtp.jobs.head_type`); ``None`` copies them as they are.
+        embd_type: with ``standalone``, the type of ``token_embd`` and ``output``, as ``llama-quantize
+            --token-embedding-type --output-tensor-type`` writes them; ``None`` copies them.
 
     Returns:
         The :class:`ExtractionPlan`.
@@ -283,9 +300,13 @@ def plan_extraction(
         NoNextNBlockError: the source has no NextN block.
         BadGGUFError: its metadata and tensors disagree (see :func:`find_nextn_blocks`), or a
             standalone file is asked for and the source has no ``token_embd`` / ``output_norm``.
-        ParameterError: ``outtype`` is not a head type.
+        ParameterError: ``outtype`` or ``embd_type`` is not a head type, or ``embd_type`` without ``standalone``.
     """
     head_type = parse_outtype(outtype)
+    embedding_type = parse_outtype(embd_type, "embd_type")
+    if embedding_type is not None and not standalone:
+        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
+                             parameter=("embd_type", "standalone"))
     nextn = find_nextn_blocks(source)
     wanted = set(nextn.names)
     if standalone:
@@ -300,7 +321,7 @@ def plan_extraction(
         if tensor.name in wanted
     ]
     alignment = source.first.alignment
-    infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch)
+    infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch, embedding_type)
     kvs, left_out, added = _draft_kvs(source, standalone)
     # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.format.layout).
     head = congruent_header(source.first.version, kvs, infos, alignment, segments)
@@ -355,7 +376,10 @@ class ExtractReport(WriteReport):
         ]
         lines.append(f"    NextN block: {plan.head.describe()}")
         if plan.global_tensors:
-            lines.append(f"    with the source's {', '.join(plan.global_tensors)}")
+            types = plan.header.tensor_by_name
+            shown = ", ".join(f"{name} ({types[name].type_name}, {human_bytes(types[name].nbytes)})"
+                              for name in plan.global_tensors)
+            lines.append(f"    with the source's {shown}")
         lines.extend(f"    note: {n}" for n in self.notes)
         return lines
 
@@ -378,6 +402,7 @@ def extract(
     *,
     standalone: bool = False,
     outtype: str | None = None,
+    embd_type: str | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
@@ -392,6 +417,9 @@ def extract(
             the block plus ``token_embd`` / ``output_norm`` / ``output`` and every model KV.
         outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...), exactly as ``llama-quantize --pure``
             would; ``None`` copies them byte for byte. Other tensors are always copied.
+        embd_type: with ``standalone``, write ``token_embd`` and ``output`` in this type (``q4_0``: what
+            llama.cpp's maintainers recommend for a sidecar) exactly as ``llama-quantize --token-embedding-type
+            --output-tensor-type`` would; ``None`` copies them.
         force: replace an existing output (never an input).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
@@ -413,7 +441,7 @@ def extract(
 
     def prepare() -> tuple[ExtractReport, list[OutputFile], list[Path]]:
         model = open_model(source)
-        plan = plan_extraction(model, output, standalone=standalone, outtype=outtype)
+        plan = plan_extraction(model, output, standalone=standalone, outtype=outtype, embd_type=embd_type)
         warning = low_bit_warning(parse_outtype(outtype))
         report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
         return report, [plan.output], model.paths

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from gguf_mtp.constants import (
     KEY_VOCAB_SIZE,
 )
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
-from gguf_mtp.files.plan import Bytes, CopyRange, Generated, OutputFile, Segment, Zeros
+from gguf_mtp.files.plan import OutputFile, rebind
 from gguf_mtp.format.header import KeyValue
 from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
@@ -42,12 +42,17 @@ from gguf_mtp.write import WriteReport, run_write
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
 from .head_type import low_bit_warning, parse_outtype
+from .replace_head import plan_head_removal, replace_lines
 
 __all__ = ["GraftPlan", "GraftReport", "check_graft_compatible", "graft", "plan_graft"]
 
 
-def _incompatible(source: ShardSet, target: ShardSet, what: str) -> IncompatibleDraftError:
-    return IncompatibleDraftError(f"cannot graft the NextN block of {source.name} into {target.name}: {what}")
+def _incompatible(
+    source: ShardSet, target: ShardSet, what: str, parameter: str | None = None
+) -> IncompatibleDraftError:
+    return IncompatibleDraftError(
+        f"cannot graft the NextN block of {source.name} into {target.name}: {what}", parameter=parameter
+    )
 
 
 def _differ(source: ShardSet, target: ShardSet, what: str, ours: object, theirs: object) -> IncompatibleDraftError:
@@ -140,7 +145,9 @@ def check_graft_compatible(source: ShardSet, target: ShardSet) -> list[str]:
         raise _incompatible(
             source, target,
             f"the target already has {target.nextn_predict_layers} NextN block(s) "
-            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first (gguf-mtp strip)",
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); strip them first (gguf-mtp strip), or replace them in "
+            "one pass with replace_head",
+            parameter="replace_head",
         )
     if source.arch != target.arch:
         raise _differ(source, target, "architectures", repr(source.arch), repr(target.arch))
@@ -157,40 +164,9 @@ def check_graft_compatible(source: ShardSet, target: ShardSet) -> list[str]:
     return [f"hyperparameters differ: {d}" for d in _hparam_differences(source, target)]
 
 
-def _slice(segments: Sequence[Segment], offset: int, nbytes: int, name: str) -> Iterator[Segment]:
-    """The pieces of bytes ``offset .. offset + nbytes`` of a file planned as ``segments``."""
-    position, end = 0, offset + nbytes
-    for segment in segments:
-        segment_end = position + segment.nbytes
-        lo, hi = max(offset, position), min(end, segment_end)
-        if lo < hi:
-            if isinstance(segment, Bytes):
-                yield Bytes(segment.data[lo - position : hi - position])
-            elif isinstance(segment, Zeros):
-                yield Zeros(hi - lo)
-            elif isinstance(segment, CopyRange):
-                yield CopyRange(segment.source, segment.offset + lo - position, hi - lo)
-            elif isinstance(segment, Generated) and (lo, hi) == (position, segment_end):
-                yield segment  # a re-typed tensor, taken whole
-            else:  # a planned draft is header bytes, copies, padding and whole re-typed tensors
-                raise TypeError(f"{name}: cannot slice a {type(segment).__name__} segment")
-        position = segment_end
-        if position >= end:
-            return
-    raise ValueError(f"{name}: bytes {offset:,}..{end:,} lie beyond the planned file ({position:,} bytes)")
-
-
-def _rebind(file: PlannedFile, draft: OutputFile) -> PlannedFile:
-    """``file`` with every range of the virtual ``draft`` replaced by the source ranges it was planned from."""
-    segments: list[Segment] = []
-    for segment in file.output.segments:
-        if isinstance(segment, CopyRange) and segment.source == draft.path:
-            segments.extend(_slice(draft.segments, segment.offset, segment.nbytes, str(draft.path)))
-        else:
-            segments.append(segment)
-    output = OutputFile(file.output.path, tuple(segments))
-    assert output.size == file.output.size and draft.path not in output.sources
-    return dataclasses.replace(file, output=output)
+def _rebind(file: PlannedFile, *virtual: OutputFile) -> PlannedFile:
+    """``file`` with every range of the ``virtual`` files replaced by the input ranges they were planned from."""
+    return dataclasses.replace(file, output=rebind(file.output, {v.path: v for v in virtual}))
 
 
 @dataclass(frozen=True)
@@ -223,6 +199,7 @@ def plan_graft(
     *,
     basename: str | None = None,
     outtype: str | GGMLQuantizationType | None = None,
+    replace_head: bool = False,
 ) -> GraftPlan:
     """Plan the graft of ``source``'s NextN block(s) onto ``target`` (pure: reads headers only).
 
@@ -233,16 +210,22 @@ def plan_graft(
         basename: name the outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file) instead.
         outtype: the NextN tensors' type, as ``llama-quantize --pure --allow-requantize`` writes it from the
             source's (a quantized source is dequantized first); ``None`` copies them.
+        replace_head: the target has NextN block(s): they are dropped and the source's take their place, in
+            one pass (:mod:`gguf_mtp.jobs.replace_head`).
 
     Raises:
         NoNextNBlockError, IncompatibleDraftError: see :func:`check_graft_compatible`.
         BadGGUFError, KVEditError: the metadata of either model is unusable, or ``basename`` is invalid.
     """
-    notes = check_graft_compatible(source, target)
+    removal = plan_head_removal(target, "graft") if replace_head else None
+    trunk = removal.trunk if removal is not None else target
+    notes = check_graft_compatible(source, trunk)
     # The draft is never written: its name only appears in messages, and no output may refer to it.
     extraction = plan_extraction(source, f"{source.name} (NextN block)", outtype=outtype)
     draft = ShardSet((extraction.header,), None)
-    composition = plan_composition(target, draft, Path(output_dir), basename=basename)
+    composition = plan_composition(trunk, draft, Path(output_dir), basename=basename)
+    if removal is not None:
+        composition = removal.apply(composition)
     files = tuple(_rebind(f, extraction.output) for f in composition.files)
     return GraftPlan(source, target, extraction, dataclasses.replace(composition, files=files), tuple(notes))
 
@@ -278,12 +261,14 @@ class GraftReport(WriteReport):
             "tensors": {
                 "target": plan.target.tensor_count,
                 "added": len(composition.renamed),
-                "total": plan.target.tensor_count + len(composition.renamed),
+                "removed": composition.replaced.tensors if composition.replaced is not None else 0,
+                "total": sum(len(f.tensors) for f in composition.files),
             },
             "nextn_tensors": [
                 {"name": t.name, "type": t.type_name, "bytes": t.nbytes} for t in plan.extraction.header.tensors
             ],
             "head": composition.head.to_dict(),
+            "replaced_head": composition.replaced.to_dict() if composition.replaced is not None else None,
             "kv_changes": [c.to_dict() for c in composition.kv_changes],
             "bytes_to_write": plan.bytes_to_write,
             **self.write_fields(),
@@ -304,9 +289,11 @@ class GraftReport(WriteReport):
             f"target: {plan.target.name}: {plan.target.arch}, {len(plan.target.headers)} file(s), "
             f"{plan.target.tensor_count} tensors, blocks 0..{composition.block - 1}",
             f"head:   {composition.head.describe()}",
+            *replace_lines(composition),
         ]
         for f in composition.files:
-            added = f", +{len(f.added_tensors)} NextN" if f.added_tensors else ""
+            added = (f", -{len(f.removed_tensors)} NextN" if f.removed_tensors else "") + (
+                f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
             size = human_bytes(f.output.size)
             lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{added})")
             lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
@@ -328,6 +315,7 @@ def graft(
     *,
     basename: str | None = None,
     outtype: str | None = None,
+    replace_head: bool = False,
     force: bool = False,
     verify: bool = False,
     llama: bool | None = None,
@@ -347,6 +335,8 @@ def graft(
         basename: name outputs ``NAME-0000k-of-0000n.gguf`` (``NAME.gguf`` for one file).
         outtype: write the NextN tensors in this type (``q8_0``, ``q4_k``...) exactly as
             ``llama-quantize --pure --allow-requantize`` would; ``None`` copies them byte for byte.
+        replace_head: the target has NextN block(s): drop them and graft the source's in their place, in one
+            pass, byte for byte what :func:`gguf_mtp.jobs.strip.strip` then graft write.
         force: replace existing outputs (never inputs).
         verify: verify the written composite (:func:`gguf_mtp.check.verify.verify`, which loads it with
             llama.cpp and runs an MTP decode step), as :func:`gguf_mtp.jobs.compose.compose` does when asked
@@ -374,7 +364,7 @@ def graft(
 
     def prepare() -> tuple[GraftReport, list[OutputFile], list[Path]]:
         donor, receiver = open_model(source), open_model(target)
-        plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype)
+        plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype, replace_head=replace_head)
         warning = low_bit_warning(parse_outtype(outtype))
         report = GraftReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *plan.notes])
         return report, plan.outputs, [*donor.paths, *receiver.paths]
@@ -383,8 +373,11 @@ def graft(
         # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
         plan = report.plan
         report.verification = verify_composite(
-            plan.output_paths[0], target=plan.target.paths[0], draft=plan.source.paths[0] if outtype is None else None,
-            llama=llama, progress=progress
+            plan.output_paths[0],
+            # a replaced head is no longer the target's: its trunk is what strip + graft guarantee, by the plan
+            target=plan.target.paths[0] if plan.composition.replaced is None else None,
+            draft=plan.source.paths[0] if outtype is None else None,
+            llama=llama, progress=progress,
         )
 
     return run_write(

@@ -19,7 +19,13 @@ from gguf import GGMLQuantizationType
 from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.files.plan import Segment
 from gguf_mtp.format.header import TensorInfo, tensor_nbytes
-from gguf_mtp.format.quant_rules import HEAD_TYPES, LOW_BIT_TYPES, head_tensor_type, head_type, is_quantized
+from gguf_mtp.format.quant_rules import (
+    HEAD_TYPES,
+    embedding_tensor_type,
+    head_tensor_type,
+    head_type,
+    is_quantized,
+)
 from gguf_mtp.format.quantize import (
     INSTALL_HINT,
     NUMPY_TYPES,
@@ -28,6 +34,7 @@ from gguf_mtp.format.quantize import (
     retyped_tensor,
 )
 from gguf_mtp.formatting import human_bytes
+from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shards import ShardSet
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "head_notes",
     "low_bit_warning",
     "parse_outtype",
+    "retype_embedding_tensor",
     "retype_head_tensor",
     "summarize_head",
 ]
@@ -46,8 +54,11 @@ __all__ = [
 HEAD_TYPE_NAMES: tuple[str, ...] = tuple(HEAD_TYPES)
 
 
-def parse_outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:
-    """The head type ``outtype`` names (``None``: keep the source's types).
+def parse_outtype(
+    outtype: str | GGMLQuantizationType | None, parameter: str = "outtype"
+) -> GGMLQuantizationType | None:
+    """The head type ``outtype`` names (``None``: keep the source's types); ``parameter``: the parameter it was
+    given as, for the refusals (``outtype``, ``embd_type``).
 
     Raises:
         ParameterError: an unknown or importance-matrix type, or a type only llama.cpp's quantizer writes
@@ -59,11 +70,38 @@ def parse_outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizatio
         try:
             wanted = head_type(outtype)
         except ValueError as e:
-            raise ParameterError(f"outtype {e}", parameter="outtype") from None
+            raise ParameterError(f"{parameter} {e}", parameter=parameter) from None
     if wanted is not None and wanted not in NUMPY_TYPES and not ggml_available():
-        raise ParameterError(f"outtype {wanted.name.lower()} needs llama.cpp's quantizer: {INSTALL_HINT}",
-                             parameter="outtype")
+        raise ParameterError(f"{parameter} {wanted.name.lower()} needs llama.cpp's quantizer: {INSTALL_HINT}",
+                             parameter=parameter)
     return wanted
+
+
+def retype_embedding_tensor(
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, embd_type: GGMLQuantizationType | None
+) -> tuple[TensorInfo, tuple[Segment, ...]] | None:
+    """A sidecar's ``token_embd`` / ``output`` (its bytes at absolute ``offset`` of ``path``) in ``embd_type``, as
+    ``llama-quantize --token-embedding-type --output-tensor-type`` writes it (:func:`embedding_tensor_type`);
+    ``None`` for any other tensor, or without ``embd_type``.
+
+    Raises:
+        ParameterError: the rows do not fit the type's blocks, or the quantizer is missing.
+        BadGGUFError: the tensor cannot be converted (an integer type).
+    """
+    if embd_type is None:
+        return None
+    try:
+        wanted = embedding_tensor_type(tensor.name, tensor.shape, embd_type)
+    except ValueError as e:
+        raise ParameterError(f"embd_type {embd_type.name.lower()}: {e}", parameter="embd_type") from None
+    if wanted is None:
+        return None
+    try:
+        return retyped_tensor(tensor, path, offset, wanted)
+    except ValueError as e:
+        raise BadGGUFError(str(e), path) from None
+    except QuantizerUnavailableError as e:
+        raise ParameterError(str(e), parameter="embd_type") from None
 
 
 def retype_head_tensor(
@@ -124,8 +162,9 @@ def summarize_head(tensors: Iterable[HeadTensor]) -> HeadSummary:
 
 
 def low_bit_warning(outtype: GGMLQuantizationType | None) -> str | None:
-    """One line when ``outtype`` is below Q4_K, where drafters lose acceptance."""
-    if outtype not in LOW_BIT_TYPES:
+    """One line when ``outtype`` usually breaks acceptance (:data:`gguf_mtp.model.head_types.WEAK_HEAD_TYPES`:
+    of the head types, those below Q4_K)."""
+    if outtype is None or not weak_head_types([outtype]):
         return None
     return (f"a {outtype.name} head drafts worse: acceptance measured on a Qwen3.6-27B drafter is flat from Q4_K_M "
             "(66.6 %) to Q8_0 (66.4 %) and drops below (Q3_K_M 63.5 %, Q2_K 55.3 %); q4_k or above keeps it")
