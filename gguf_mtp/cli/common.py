@@ -62,9 +62,9 @@ QUANTIZE_HOW = ("exactly as llama-quantize --pure would (norms, routers and 1-D 
                 "do not fit TYPE's blocks take its fallback)")
 #: How ``--outtype`` writes a checkpoint's tensors (convert, pipeline): the converter's types its way, the rest
 #: llama-quantize's way from the converter's default output.
-CONVERT_HOW = ("f32, f16, bf16 and q8_0 exactly as llama.cpp's converter writes them, the others exactly as "
-               "llama-quantize --pure writes the converter's default output (norms, biases and the router stay F32; "
-               "rows that do not fit TYPE's blocks take its fallback)")
+CONVERT_HOW = ("exactly as llama.cpp's converter writes f32, f16, bf16 and q8_0, and as llama-quantize --pure writes "
+               "the converter's default output in the other types (norms, biases and the router stay F32; rows that "
+               "do not fit TYPE's blocks take its fallback)")
 
 
 def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors", how: str = QUANTIZE_HOW,
