@@ -10,6 +10,7 @@ own "found tensors with invalid data" comes with the tensors' names.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -243,3 +244,33 @@ def test_convert_writes_non_finite_values_as_llama_cpps_converter_does(
     assert (qtype, data) == (Q[outtype.upper()], want)
     back = quantize.to_f32(np.frombuffer(data, np.uint8), qtype, values.size).reshape(shape)
     assert np.isnan(back[ROW]).any() and not np.isfinite(back[ROW + 2]).all()
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_non_finite_values_are_written_as_upstreams_converter_writes_them(
+    tmp_path_factory: pytest.TempPathFactory, outtype: str
+) -> None:
+    from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
+
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp(f"up-non-finite-{outtype}")
+    folder = write_qwen_checkpoint(work / "hf", "qwen35moe", conditional=False, packed=False, d=QwenDims(n_vocab=256))
+    name = "mtp.layers.0.self_attn.q_proj.weight"
+    _, shape, raw = raw_tensor(folder, name)
+    bits = np.frombuffer(raw, np.uint16).copy().reshape(shape)
+    bits[ROW, COLUMN], bits[ROW + 2, 0] = BF16_BITS["nan"], BF16_BITS["inf"]
+    rewrite_checkpoint_tensor(folder, name, data=bits.tobytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = write_gpt2_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs = reader_tensors(upstream_convert(folder, work / "mtp.gguf", "--mtp", outtype=outtype))
+    ours = reader_tensors(convert(folder, work / "d.gguf", block=N_TRUNK, outtype=outtype, progress=False).output)
+    prefix = f"blk.{N_TRUNK}."
+    mtp = {n: t for n, t in theirs.items() if n.startswith(prefix)}
+    assert sorted(n for n in ours if n.startswith(prefix)) == sorted(mtp)
+    for tensor_name, tensor in mtp.items():
+        assert ours[tensor_name] == tensor, f"{tensor_name} differs from llama.cpp's converter"
+    q = ours[f"{prefix}attn_q.weight"]
+    assert not np.isfinite(quantize.to_f32(np.frombuffer(q[2], np.uint8), q[0], bits.size)).all()
