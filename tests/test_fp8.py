@@ -128,6 +128,20 @@ def test_q8_0_from_fp8_in_one_pass(fp8: Path, tmp_path: Path) -> None:
         assert data == gguf_quants.quantize(_reference(fp8, name), Q.Q8_0).tobytes(), name
 
 
+def test_a_llama_quantize_type_quantizes_the_values_of_the_converters_bf16(fp8: Path, tmp_path: Path) -> None:
+    """q4_0 is not a converter type: its bytes are llama-quantize's of the converter's default (BF16) output, so the
+    dequantized float32 is rounded to BF16 first (the real llama-quantize checks it in test_quant_oracle)."""
+    report = convert(fp8, tmp_path / "q4.gguf", block=BLOCK, outtype="q4_0", progress=False)
+    tensors = reader_tensors(report.output)
+    for name, gguf_name in LINEAR.items():
+        reference = _reference(fp8, name)
+        bf16_bits = np.frombuffer(gguf_quants.quantize(reference, Q.BF16).tobytes(), np.uint16)
+        rounded = (bf16_bits.astype(np.uint32) << 16).view(np.float32).reshape(reference.shape)
+        ggml_type, _, data = tensors[f"blk.{BLOCK}.{gguf_name}"]
+        assert (ggml_type, data) == (Q.Q4_0, gguf_quants.quantize(rounded, Q.Q4_0).tobytes()), name
+    assert any(t.how == "dequantize F8_E4M3->Q4_0 via BF16" for t in report.plan.tensors)
+
+
 def test_reading_any_run_of_rows_gives_the_same_values(fp8: Path) -> None:
     checkpoint = open_checkpoint(fp8, prefix="mtp.")
     q = checkpoint.tensors["mtp.layers.0.self_attn.q_proj.weight"]

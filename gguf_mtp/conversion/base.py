@@ -326,6 +326,17 @@ class MappedTensor:
     def nbytes(self) -> int:
         return tensor_nbytes(self.source.ggml_shape, self.ggml_type)
 
+    @property
+    def rounded_to(self) -> GGMLQuantizationType | None:
+        """``via`` where rounding to it changes the values before they are quantized: ``None`` without ``via``, when
+        ``via`` is the output type itself, or when the source is stored in ``via`` already (a BF16 matrix)."""
+        part = self.source.parts[0]
+        if self.via is None or self.via == self.ggml_type:
+            return None
+        if not part.transformed and FLOAT_DTYPES.get(part.dtype) == self.via:
+            return None
+        return self.via
+
 
 def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
     if rows.dtype == np.float32:
@@ -336,19 +347,19 @@ def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
     return rows.astype(np.float32, copy=False)
 
 
-def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int,
-                      via: GGMLQuantizationType | None = None) -> Iterator[np.ndarray]:
+def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int, checked: bool = False,
+                      rounded_to: GGMLQuantizationType | None = None) -> Iterator[np.ndarray]:
     """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks): as llama.cpp's
-    converter writes it (``via`` None), or as llama-quantize writes the converter's ``via`` output of it, refusing
-    what llama-quantize refuses. A chunk may share memory with the next one: consume it before asking for the next.
+    converter writes it, or (``checked``) as llama-quantize writes the converter's output of it, the values rounded
+    to ``rounded_to`` first (see :attr:`MappedTensor.rounded_to`) and refused where llama-quantize refuses them. A
+    chunk may share memory with the next one: consume it before asking for the next.
 
     Raises:
-        CheckpointError: (``via`` set) a row holds a NaN or an infinity, or overflows ``qtype``; one line naming
+        CheckpointError: (``checked``) a row holds a NaN or an infinity, or overflows ``qtype``; one line naming
             the tensor.
     """
     rows_per_chunk = max(1, chunk_bytes // max(1, part.row_size * 4))
     row_size = part.row_size or 1
-    exact = not part.transformed and FLOAT_DTYPES.get(part.dtype) == via  # the values are the converter's already
     buffer: np.ndarray | None = None
     fd = os.open(part.path, os.O_RDONLY)
     try:
@@ -358,11 +369,11 @@ def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chun
             if buffer is None:
                 buffer = buffer_rows.reshape(-1)
             values = _to_f32(buffer_rows, part.dtype).reshape(count, row_size)
-            if via is None:
+            if not checked:
                 yield converter_rows(values, qtype)
                 continue
-            if not exact and via != qtype:
-                values = to_f32(converter_rows(values, via), via, values.size).reshape(count, row_size)
+            if rounded_to is not None:
+                values = to_f32(converter_rows(values, rounded_to), rounded_to, values.size).reshape(count, row_size)
             try:
                 yield from_f32(values, qtype, checked=True)
             except InvalidRowsError as e:
@@ -396,7 +407,8 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)
-            chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes, tensor.via)
+            chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes, tensor.via is not None,
+                                       tensor.rounded_to)
             segments.append(Generated(nbytes, chunks))
     return _merge_copies(segments)
 

@@ -144,9 +144,8 @@ def _how(tensor: MappedTensor) -> str:
         how = f"convert {source.dtype}->{tensor.ggml_type.name}"
     else:
         how = f"quantize {source.dtype}->{tensor.ggml_type.name}"
-    exact = FLOAT_DTYPES.get(source.dtype) == tensor.via and not any(p.transformed for p in source.parts)
-    if tensor.via is not None and tensor.via != tensor.ggml_type and not exact:
-        how = f"{how} via {tensor.via.name}"  # rounded to the converter's default type first, as llama-quantize sees it
+    if tensor.rounded_to is not None:  # the converter's default type first, as llama-quantize would read it
+        how = f"{how} via {tensor.rounded_to.name}"
     if len(source.parts) > 1:
         how = f"stack {len(source.parts)} experts, {how}"
     return how
