@@ -85,17 +85,19 @@ class InvalidRowsError(ValueError):
     Attributes:
         row: the first such row, counted from the first row given.
         problem: what is wrong with it (``"a NaN"``, ``"an infinity"``, a magnitude the type cannot hold).
+        refusal: llama-quantize's words for it.
     """
 
-    def __init__(self, row: int, problem: str) -> None:
+    def __init__(self, row: int, problem: str, refusal: str = "has invalid data") -> None:
         super().__init__(f"{problem} in row {row}")
         self.row = row
         self.problem = problem
+        self.refusal = refusal
 
     def describe(self, tensor: str, first_row: int = 0) -> str:
         """One line naming ``tensor``, whose rows given started at its row ``first_row``."""
         return (f"tensor {tensor!r} holds {self.problem} (row {first_row + self.row}): llama-quantize refuses to "
-                "quantize it (\"has invalid data\"), so no file was written")
+                f"quantize it (\"{self.refusal}\"), so no file was written")
 
 
 # ------------------------------------------------------------------------------------------- ggml
@@ -226,7 +228,8 @@ def _first_overflow(values: np.ndarray, written: np.ndarray, qtype: GGMLQuantiza
     if not bad.any():
         return None
     row = int(np.argmax(bad))
-    return InvalidRowsError(row, f"values up to {float(np.abs(values[row]).max()):.6g}, more than {qtype.name} holds")
+    return InvalidRowsError(row, f"values up to {float(np.abs(values[row]).max()):.6g}, more than {qtype.name} holds",
+                            "quantized data validation failed")
 
 
 def from_f32(values: np.ndarray, qtype: int, *, checked: bool = False) -> np.ndarray:
