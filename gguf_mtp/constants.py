@@ -114,3 +114,19 @@ def install_hint(extra: str, what: str) -> str:
 def progress_disabled() -> bool:
     """Whether progress bars were turned off globally through :data:`ENV_DISABLE_PROGRESS`."""
     return bool(os.environ.get(ENV_DISABLE_PROGRESS))
+
+
+def free_cores() -> int:
+    """How many CPUs this process may use that are not already busy: the CPUs it may run on
+    (``sched_getaffinity``, which a container's or ``taskset``'s limit narrows) less the 1-minute load
+    average, at least 1: a thread pool of that size does not oversubscribe a shared machine. Read it once,
+    before the work starts: the work's own threads raise the load average it reads."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows
+        load = 0.0
+    return max(1, cpus - round(load))

@@ -128,6 +128,20 @@ def test_q8_0_from_fp8_in_one_pass(fp8: Path, tmp_path: Path) -> None:
         assert data == gguf_quants.quantize(_reference(fp8, name), Q.Q8_0).tobytes(), name
 
 
+def test_a_llama_quantize_type_quantizes_the_values_of_the_converters_bf16(fp8: Path, tmp_path: Path) -> None:
+    """q4_0 is not a converter type: its bytes are llama-quantize's of the converter's default (BF16) output, so the
+    dequantized float32 is rounded to BF16 first (the real llama-quantize checks it in test_quant_oracle)."""
+    report = convert(fp8, tmp_path / "q4.gguf", block=BLOCK, outtype="q4_0", progress=False)
+    tensors = reader_tensors(report.output)
+    for name, gguf_name in LINEAR.items():
+        reference = _reference(fp8, name)
+        bf16_bits = np.frombuffer(gguf_quants.quantize(reference, Q.BF16).tobytes(), np.uint16)
+        rounded = (bf16_bits.astype(np.uint32) << 16).view(np.float32).reshape(reference.shape)
+        ggml_type, _, data = tensors[f"blk.{BLOCK}.{gguf_name}"]
+        assert (ggml_type, data) == (Q.Q4_0, gguf_quants.quantize(rounded, Q.Q4_0).tobytes()), name
+    assert any(t.how == "dequantize F8_E4M3->Q4_0 via BF16" for t in report.plan.tensors)
+
+
 def test_reading_any_run_of_rows_gives_the_same_values(fp8: Path) -> None:
     checkpoint = open_checkpoint(fp8, prefix="mtp.")
     q = checkpoint.tensors["mtp.layers.0.self_attn.q_proj.weight"]
@@ -220,6 +234,58 @@ def test_activation_scales_are_dropped(fp8: Path, tmp_path: Path) -> None:
                                                  ("F32", [1], np.float32(1).tobytes())})
     ours = reader_tensors(convert(folder, tmp_path / "d.gguf", block=BLOCK, progress=False).output)
     assert not any("input_scale" in n for n in ours)
+
+
+SCALED = "mtp.layers.0.self_attn.q_proj.weight"  # 256 rows: two block rows, each its own scale
+
+
+def _scaled_bf16(fp8: Path, bf16: Path, folder: Path) -> tuple[Path, np.ndarray]:
+    """The FP8 checkpoint with :data:`SCALED` stored BF16 (its original values) and a ``weight_scale_inv`` still next
+    to it (as mixed checkpoints lay some layers out); returns the folder and the scale."""
+    folder = Path(shutil.copytree(fp8, folder))
+    _, _, raw = raw_tensor(bf16, SCALED)
+    scale = np.array([[1.7], [0.3711]], np.float32)
+    rewrite_checkpoint_tensor(folder, SCALED, dtype="BF16", data=raw)
+    rewrite_checkpoint_tensor(folder, SCALED + "_scale_inv", data=scale.tobytes())
+    return folder, scale
+
+
+def test_a_scale_next_to_a_bf16_weight_is_applied_as_upstream_applies_it(fp8: Path, bf16: Path, tmp_path: Path) -> None:
+    """llama.cpp's dequant_model multiplies every X.weight that has an X.weight_scale_inv, whatever its dtype."""
+    folder, scale = _scaled_bf16(fp8, bf16, tmp_path / "ckpt")
+    dtype, shape, raw = raw_tensor(folder, SCALED)
+    assert (dtype, raw_tensor(folder, SCALED + "_scale_inv")[:2]) == ("BF16", ("F32", (2, 1)))
+    weight = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64).reshape(shape)
+    # float64 holds the product of a BF16 and an F32 exactly: one rounding to float32, as torch's float32 product
+    reference = (weight * np.repeat(scale.astype(np.float64), 128, axis=0)[: shape[0]]).astype(np.float32)
+    name = f"blk.{BLOCK}.attn_q.weight"
+    f32 = reader_tensors(convert(folder, tmp_path / "f32.gguf", block=BLOCK, outtype="f32", progress=False).output)
+    assert (f32[name][0], f32[name][2]) == (Q.F32, reference.tobytes())
+    report = convert(folder, tmp_path / "auto.gguf", block=BLOCK, progress=False)
+    default = reader_tensors(report.output)[name]
+    assert (default[0], default[2]) == (Q.BF16, gguf_quants.quantize(reference, Q.BF16).tobytes())
+    assert default[2] != raw  # not the unscaled weight
+    assert not any("scale_inv" in n for n in reader_tensors(report.output))
+
+
+@pytest.mark.upstream
+def test_a_scaled_bf16_weight_converts_as_upstreams_converter_converts_it(
+    fp8: Path, bf16: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from upstream import upstream_convert, write_gpt2_tokenizer
+
+    work = tmp_path_factory.mktemp("up-scaled")
+    folder, _ = _scaled_bf16(fp8, bf16, work / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = write_gpt2_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    theirs = reader_tensors(upstream_convert(folder, work / "mtp.gguf", "--mtp", outtype="auto"))
+    ours = reader_tensors(convert(folder, work / "d.gguf", block=BLOCK, progress=False).output)
+    prefix = f"blk.{BLOCK}."
+    mtp = {n: t for n, t in theirs.items() if n.startswith(prefix)}
+    assert sorted(n for n in ours if n.startswith(prefix)) == sorted(mtp)
+    for name, tensor in mtp.items():
+        assert ours[name] == tensor, f"{name} differs from llama.cpp's converter"
 
 
 def test_is_linear_matches_what_the_releases_quantize() -> None:

@@ -125,3 +125,22 @@ def test_an_integer_source_tensor_is_refused_at_planning_time(tmp_path: Path) ->
     tensor = TensorInfo("blk.3.nextn.eh_proj.weight", (32, 4), int(Q.I32), 0, 32 * 4 * 4)
     with pytest.raises(BadGGUFError, match=r"eh_proj.weight: cannot convert a I32 tensor \(llama-quantize cannot"):
         retype_head_tensor(tensor, tmp_path / "x.gguf", 0, Q.Q8_0, "nemotron_h_moe")
+
+
+def _outtype_help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    start = text.index("--outtype TYPE write")
+    return text[start : text.index(" Default:", start)]
+
+
+@pytest.mark.parametrize("command", ["convert", "pipeline"])
+def test_converts_outtype_help_is_one_sentence_saying_both_rules_once(command: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """One clause: the converter's four types its way, the others llama-quantize's way (issue 29 item 19)."""
+    text = _outtype_help(command, capsys)
+    assert text.startswith("--outtype TYPE write the head's matrices in TYPE, exactly as llama.cpp's converter "
+                           "writes f32, f16, bf16 and q8_0, and as llama-quantize --pure writes the converter's "
+                           "default output in the other types"), text
+    assert text.count("llama-quantize --pure") == 1 and text.count("exactly as") == 1 and text.count("(") == 1

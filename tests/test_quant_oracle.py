@@ -11,11 +11,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
+from convert_support import raw_tensor
+from fp8_checkpoints import dequantize_reference, is_linear, quantize_checkpoint
 from gguf import GGMLQuantizationType as Q
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.format.header import GGUFHeader, read_header
+from gguf_mtp.format.quantize import from_f32, to_f32
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.extract import extract
@@ -127,6 +131,32 @@ def test_convert_outtype_writes_what_llama_quantize_writes_of_the_bf16_conversio
                    progress=False).output
     _assert_same_nextn(ours, oracle, family.nextn)
     assert read_header(ours).get("general.file_type") == {"q6_k": 18, "iq4_xs": 30}[qtype]
+
+
+@pytest.mark.parametrize("family", ["nemotron"], indirect=True)
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_k"])
+def test_convert_of_an_fp8_head_writes_what_llama_quantize_writes_of_the_converters_bf16_output(
+    family: Family, qtype: str, llama_quantize_tool: Path, tmp_path: Path
+) -> None:
+    """The user's other path: llama.cpp's converter (BF16 for an FP8 release: its --outtype auto), then llama-quantize
+    --pure. Its bytes are ours: the dequantized FP8 values are rounded to BF16 before they are quantized."""
+    assert family.checkpoint is not None
+    fp8 = quantize_checkpoint(family.checkpoint, tmp_path / "fp8",
+                              quantized=lambda name, shape: is_linear(name, shape) and not name.endswith("gate.weight"))
+    default = convert(fp8, tmp_path / "bf16.gguf", target=family.target, progress=False).output
+    assert _tensors(default, family.nextn)[f"{family.nextn}attn_q.weight"][0] == "BF16"
+    composed = compose(family.target, default, tmp_path / "composite", progress=False).output_paths[0]
+    oracle = _quantize(llama_quantize_tool, composed, tmp_path / f"oracle-{qtype}.gguf", qtype)
+    ours = convert(fp8, tmp_path / f"{qtype}.gguf", target=family.target, outtype=qtype, progress=False).output
+    _assert_same_nextn(ours, oracle, family.nextn)
+
+    # the rounding matters: quantizing the unrounded float32 dequantization gives other bytes
+    codes = raw_tensor(fp8, "mtp.layers.0.mixer.q_proj.weight")
+    scales = raw_tensor(fp8, "mtp.layers.0.mixer.q_proj.weight_scale_inv")
+    values = dequantize_reference(codes[2], codes[1], np.frombuffer(scales[2], np.float32).reshape(scales[1]),
+                                  (128, 128))
+    rounded = to_f32(from_f32(values, Q.BF16), Q.BF16, values.size).reshape(values.shape)
+    assert from_f32(values, Q[qtype.upper()]).tobytes() != from_f32(rounded, Q[qtype.upper()]).tobytes()
 
 
 def test_the_fallback_family_really_falls_back(family: Family, llama_quantize_tool: Path) -> None:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gguf_mtp.constants import install_hint
+from gguf_mtp.formatting import printable
 
 __all__ = ["CONTEXT_PARAMS", "INSTALL_HINT", "MODEL_PARAMS", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
 
@@ -118,12 +119,33 @@ class LlamaCheck:
         return "llama.cpp loaded it: " + ", ".join(parts)
 
 
+_INVALID_DATA = "found tensors with invalid data"
+_INVALID_TENSOR = re.compile(r"tensor '(?P<name>[^']*)' has invalid data")
+#: Tensor names shown after llama.cpp's "found tensors with invalid data" (the rest counted).
+_NAMES_SHOWN = 3
+
+
+def _named_tensors(reason: str, lines: list[str]) -> str:
+    """``reason`` with the tensors named when it is llama.cpp's "found tensors with invalid data", which names none:
+    its log names each one on a line of its own ("tensor '...' has invalid data": a NaN or an infinity, or a block
+    scale that is one, found by ``check_tensors``)."""
+    if reason != _INVALID_DATA:
+        return reason
+    names = list(dict.fromkeys(m["name"] for line in lines if (m := _INVALID_TENSOR.search(line))))
+    if not names:
+        return reason
+    shown = ", ".join(printable(name) for name in names[:_NAMES_SHOWN])
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return f"{reason} (NaN or infinity): {shown}{more}"
+
+
 def _reason(stderr: str) -> str | None:
-    """llama.cpp's most specific complaint: its "error loading model: ..." line, else the last error."""
+    """llama.cpp's most specific complaint: its "error loading model: ..." line (with the tensors named, for
+    invalid data), else the last error."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for line in reversed(lines):
         if "error loading model:" in line:
-            return line.split("error loading model:", 1)[1].strip()
+            return _named_tensors(line.split("error loading model:", 1)[1].strip(), lines)
     hits = [line for line in lines if _REASON.search(line) and "failed to load model" not in line]
     return hits[-1] if hits else (lines[-1] if lines else None)
 

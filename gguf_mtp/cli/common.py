@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from gguf_mtp.write import WriteReport
 
 __all__ = [
+    "CONVERT_HOW",
+    "QUANTIZE_HOW",
     "add_embd_type_flag",
     "add_output_flags",
     "add_outtype_flag",
@@ -57,15 +59,26 @@ def _outtype_name(value: str) -> str:
     return name
 
 
-def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors") -> None:
-    """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case)."""
+#: How ``--outtype`` writes a GGUF's tensors (compose, graft, extract).
+QUANTIZE_HOW = ("exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep their type; rows that "
+                "do not fit TYPE's blocks take its fallback)")
+#: How ``--outtype`` writes a checkpoint's tensors (convert, pipeline): the converter's types its way, the rest
+#: llama-quantize's way from the converter's default output.
+CONVERT_HOW = ("exactly as llama.cpp's converter writes f32, f16, bf16 and q8_0, and as llama-quantize --pure writes "
+               "the converter's default output in the other types (norms, biases and the router stay F32; rows that "
+               "do not fit TYPE's blocks take its fallback)")
+
+
+def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors", how: str = QUANTIZE_HOW,
+                     default: str = "unchanged, byte for byte") -> None:
+    """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case); the help is one
+    sentence: write ``what`` in TYPE, ``how``."""
     from gguf_mtp.conversion import OUTTYPE_NAMES
 
     parser.add_argument(
         "--outtype", type=_outtype_name, metavar="TYPE",
-        help=f"write {what} in TYPE, exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep "
-        f"their type; rows that do not fit TYPE's blocks take its fallback); one of {', '.join(OUTTYPE_NAMES)}. "
-        "Below q4_k a head drafts worse. Default: unchanged, byte for byte",
+        help=f"write {what} in TYPE, {how}; one of {', '.join(OUTTYPE_NAMES)}. Below q4_k a head drafts worse. "
+        f"Default: {default}",
     )
 
 

@@ -8,7 +8,7 @@ import re
 from gguf_mtp.conversion import supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import CONVERT_HOW, add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the model the head belongs to (any shard of a split set): gives the block index and is "
                         "checked against the head")
     p.add_argument("--block", type=int, metavar="N", help="NextN block index when there is no --target")
-    add_outtype_flag(p, "the head's matrices (norms, biases, router: F32; f32/f16/bf16/q8_0 as llama.cpp's "
-                     "converter writes them, the other types as llama-quantize --pure writes the converted head)")
+    add_outtype_flag(p, "the head's matrices", CONVERT_HOW, "the source's type (FP8 as llama.cpp's --outtype auto: "
+                     "BF16 for the FP8 releases)")
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from gguf_mtp.release.pipeline import PipelineReport
 
 
-from .common import add_output_flags, add_outtype_flag, print_json, print_report
+from .common import CONVERT_HOW, add_output_flags, add_outtype_flag, print_json, print_report
 
 DEFAULT_WORK_DIR = "gguf-mtp-work"
 
@@ -40,7 +40,7 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace --out-repo's README.md even when gguf-mtp did not write it (checked before the "
                         "downloads; without this flag such a README.md is refused)")
     p.add_argument("--basename", metavar="NAME", help="composite file prefix (default: the target's + '-MTP')")
-    add_outtype_flag(p, "the head's matrices (convert's --outtype)")
+    add_outtype_flag(p, "the head's matrices", CONVERT_HOW, "as convert's")
     p.add_argument("--cache-dir", metavar="DIR", help="Hub cache for the target (default: huggingface_hub's)")
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
 

@@ -48,7 +48,7 @@ from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.format.header import GGUFArray, KeyValue, encode_kv, tensor_nbytes
 from gguf_mtp.format.kv_edit import misfit
 from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
-from gguf_mtp.format.quantize import from_f32
+from gguf_mtp.format.quantize import InvalidRowsError, converter_rows, from_f32, to_f32
 from gguf_mtp.format.safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
@@ -310,15 +310,32 @@ class TensorSource:
 
 @dataclass(frozen=True)
 class MappedTensor:
-    """A checkpoint tensor (or stack) under its GGUF name, with the type it will be written in."""
+    """A checkpoint tensor (or stack) under its GGUF name, with the type it will be written in.
+
+    ``via`` is set when ``ggml_type`` follows llama-quantize's rules (an ``outtype`` llama.cpp's converter does not
+    write): the type the converter writes the tensor in by default, which llama-quantize would start from. The
+    values are rounded to it first (FP8 dequantized to BF16, as the converter's file holds them), then quantized
+    and checked as llama-quantize does (a NaN or an infinity is refused)."""
 
     name: str
     source: TensorSource
     ggml_type: GGMLQuantizationType
+    via: GGMLQuantizationType | None = None
 
     @property
     def nbytes(self) -> int:
         return tensor_nbytes(self.source.ggml_shape, self.ggml_type)
+
+    @property
+    def rounded_to(self) -> GGMLQuantizationType | None:
+        """``via`` where rounding to it changes the values before they are quantized: ``None`` without ``via``, when
+        ``via`` is the output type itself, or when the source is stored in ``via`` already (a BF16 matrix)."""
+        part = self.source.parts[0]
+        if self.via is None or self.via == self.ggml_type:
+            return None
+        if not part.transformed and FLOAT_DTYPES.get(part.dtype) == self.via:
+            return None
+        return self.via
 
 
 def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
@@ -330,10 +347,19 @@ def _to_f32(rows: np.ndarray, dtype: str) -> np.ndarray:
     return rows.astype(np.float32, copy=False)
 
 
-def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int) -> Iterator[np.ndarray]:
-    """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks).
-    A chunk may share memory with the next one: consume it before asking for the next."""
+def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chunk_bytes: int, checked: bool = False,
+                      rounded_to: GGMLQuantizationType | None = None) -> Iterator[np.ndarray]:
+    """``part`` converted to ``qtype``, a bounded run of rows at a time (rows are whole quant blocks): as llama.cpp's
+    converter writes it, or (``checked``) as llama-quantize writes the converter's output of it, the values rounded
+    to ``rounded_to`` first (see :attr:`MappedTensor.rounded_to`) and refused where llama-quantize refuses them. A
+    chunk may share memory with the next one: consume it before asking for the next.
+
+    Raises:
+        CheckpointError: (``checked``) a row holds a NaN or an infinity, or overflows ``qtype``; one line naming
+            the tensor.
+    """
     rows_per_chunk = max(1, chunk_bytes // max(1, part.row_size * 4))
+    row_size = part.row_size or 1
     buffer: np.ndarray | None = None
     fd = os.open(part.path, os.O_RDONLY)
     try:
@@ -342,10 +368,16 @@ def _converted_chunks(part: SafetensorsTensor, qtype: GGMLQuantizationType, chun
             buffer_rows = part.read_rows(fd, start, count, buffer)
             if buffer is None:
                 buffer = buffer_rows.reshape(-1)
-            values = _to_f32(buffer_rows, part.dtype)
-            # ggml's own quantizer (gguf-py's, byte-identical, without llama-cpp-python), as llama-quantize and
-            # llama.cpp's converter write these types (BF16 rounds to nearest even).
-            yield from_f32(values.reshape(count, part.row_size or 1), qtype)
+            values = _to_f32(buffer_rows, part.dtype).reshape(count, row_size)
+            if not checked:
+                yield converter_rows(values, qtype)
+                continue
+            if rounded_to is not None:
+                values = to_f32(converter_rows(values, rounded_to), rounded_to, values.size).reshape(count, row_size)
+            try:
+                yield from_f32(values, qtype, checked=True)
+            except InvalidRowsError as e:
+                raise CheckpointError(e.describe(part.name, start), part.path) from None
     finally:
         os.close(fd)
 
@@ -375,7 +407,8 @@ def tensor_segments(tensor: MappedTensor, *, chunk_bytes: int = CHUNK_BYTES) -> 
             segments.append(CopyRange(part.path, part.offset, part.nbytes))
         else:
             nbytes = tensor_nbytes(tuple(reversed(part.shape)) or (1,), tensor.ggml_type)
-            chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes)
+            chunks = functools.partial(_converted_chunks, part, tensor.ggml_type, chunk_bytes, tensor.via is not None,
+                                       tensor.rounded_to)
             segments.append(Generated(nbytes, chunks))
     return _merge_copies(segments)
 
@@ -964,8 +997,8 @@ class HeadModel:
         self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
     ) -> GGMLQuantizationType:
         """llama.cpp's type rule: 1-D tensors, norms, the router (``ffn_gate_inp``) and anything not named
-        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32; FP8
-        becomes :attr:`auto_outtype`).
+        ``*.weight`` in F32; other matrices in ``outtype``, by default the source dtype (F64 becomes F32; FP8, and a
+        float weight an FP8 checkpoint scales, become :attr:`auto_outtype`).
 
         A type llama.cpp's converter does not offer (``q4_k``, ``iq4_xs``...) is what ``llama-quantize --pure``
         gives the tensor of that default conversion (:func:`~gguf_mtp.format.quant_rules.head_tensor_type`)."""
@@ -978,7 +1011,8 @@ class HeadModel:
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or is_router:
             return Q.F32
         if outtype is None:
-            outtype = self.auto_outtype if source.dtype in FP8_DTYPES else FLOAT_DTYPES.get(source.dtype) or Q.F32
+            dequantized = source.dtype in FP8_DTYPES or isinstance(source.parts[0], BlockScaledTensor)
+            outtype = self.auto_outtype if dequantized else FLOAT_DTYPES.get(source.dtype) or Q.F32
         block_size, _ = GGML_QUANT_SIZES[outtype]
         if source.shape[-1] % block_size:
             # What llama.cpp's converter does when a row does not split into quant blocks.
@@ -1057,8 +1091,10 @@ class HeadModel:
         """:meth:`map_tensors` with the block indices filled in (``block`` the first NextN block's) and the output
         types chosen."""
         first = BlockIndex(block)
+        quantized = outtype is not None and outtype not in CONVERTER_TYPES  # llama-quantize's type, on the default
         return [
-            MappedTensor(name.format(bid=first), source, self.output_type(name, source, outtype))
+            MappedTensor(name.format(bid=first), source, self.output_type(name, source, outtype),
+                         self.output_type(name, source, None) if quantized else None)
             for name, source in self.map_tensors()
         ]
 

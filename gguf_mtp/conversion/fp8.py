@@ -13,8 +13,10 @@ The dequantized float32 rows then take the same path
 as any float source (gguf-py's ``quants.quantize`` to BF16, F16 or Q8_0), which is what llama.cpp's converter writes
 them with.
 
-Tensors the config leaves unquantized (``ignored_layers``, ``modules_to_not_convert``, norms, the router,
-embeddings) are ordinary BF16 tensors and pass as they are; activation scales are not weights and are dropped.
+As upstream, a scale applies whatever its weight's dtype: a ``X.weight_scale_inv`` next to a weight stored BF16
+(F16, F32) scales it too (llama.cpp's ``dequant_model`` multiplies every ``X.weight`` that has one). Tensors
+without a scale (``ignored_layers``, ``modules_to_not_convert``, norms, the router, embeddings) are ordinary BF16
+tensors and pass as they are; activation scales are not weights and are dropped.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ __all__ = [
 FP8_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 #: Scale dtypes of ``weight_scale_inv``.
 _SCALE_DTYPES = ("F32", "BF16")
+#: Float dtypes a scale also applies to (as llama.cpp's converter applies it: ``weight.float() * scale``).
+_SCALED_FLOAT_DTYPES = ("BF16", "F16", "F32")
 #: Suffixes of tensors that are not weights (static activation scales): dropped, as llama.cpp's converter drops them.
 _ACTIVATION_SCALES = (".activation_scale", "_activation_scale", ".input_scale")
 _SCALE_SUFFIX = "_scale_inv"
@@ -110,17 +114,25 @@ def fp8_lut(dtype: str) -> np.ndarray:
     return table
 
 
-def _scale_f32(scale: SafetensorsTensor) -> np.ndarray:
-    raw = scale.numpy()
-    if scale.dtype == "BF16":
+def _as_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored elements of ``dtype`` (FP8 codes, BF16 bits, F16, F32) as float32, exactly (torch's ``.float()``)."""
+    if dtype in FP8_DTYPES:
+        values: np.ndarray = fp8_lut(dtype)[raw]
+        return values
+    if dtype == "BF16":
         return (raw.astype(np.uint32) << 16).view(np.float32)
     return np.asarray(raw, dtype=np.float32)
 
 
+def _scale_f32(scale: SafetensorsTensor) -> np.ndarray:
+    return _as_f32(scale.numpy(), scale.dtype)
+
+
 @dataclass(frozen=True)
 class BlockScaledTensor(SafetensorsTensor):
-    """An FP8 weight read as ``float32(fp8) * scale`` of its block (llama.cpp's ``dequant_simple``). ``dtype`` stays
-    the stored one (``F8_E4M3``), so it is never copied as is; rows come back as float32."""
+    """A scaled weight read as ``float32(weight) * scale`` of its block (llama.cpp's ``dequant_simple``): FP8, or a
+    float weight that has a scale too. ``dtype`` stays the stored one (``F8_E4M3``, ``BF16``); it is never copied as
+    it is stored; rows come back as float32."""
 
     scale: SafetensorsTensor | None = None
     block: tuple[int, int] | None = None
@@ -135,7 +147,7 @@ class BlockScaledTensor(SafetensorsTensor):
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return np.dtype(np.uint8)
+        return np.dtype(np.uint8) if self.dtype in FP8_DTYPES else super().numpy_dtype
 
     def numpy(self) -> np.ndarray:
         """The dequantized values, float32 (whole: for small tensors and tests)."""
@@ -147,7 +159,7 @@ class BlockScaledTensor(SafetensorsTensor):
 
     def read_rows(self, fd: int, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
         raw = super().read_rows(fd, start, count, None).reshape(count, self.row_size)
-        values: np.ndarray = fp8_lut(self.dtype)[raw]
+        values = _as_f32(raw, self.dtype)
         assert self.scale is not None
         scale = _scale_f32(self.scale)
         if self.block is None:
@@ -171,13 +183,13 @@ def _expected_scale_shape(weight: SafetensorsTensor, block: tuple[int, int] | No
 
 def dequantized_head(tensors: list[SafetensorsTensor], quant: BlockFP8,
                      all_tensors: Mapping[str, SafetensorsTensor]) -> list[SafetensorsTensor]:
-    """``tensors`` (a head's, in order) with every FP8 weight paired with its ``weight_scale_inv`` (looked up in
-    ``all_tensors``: it may sit in another shard) as a :class:`BlockScaledTensor`, and scales and activation scales
-    left out. Other tensors are returned as they are.
+    """``tensors`` (a head's, in order) with every FP8 weight, and every float weight that has a scale too, paired
+    with its ``weight_scale_inv`` (looked up in ``all_tensors``: it may sit in another shard) as a
+    :class:`BlockScaledTensor`, and scales and activation scales left out. Other tensors are returned as they are.
 
     Raises:
         CheckpointError: an FP8 weight without its scale, a scale without its weight or of the wrong shape or dtype,
-            an FP8 tensor that is not a matrix.
+            a scaled tensor that is not a matrix.
     """
     names = {t.name for t in tensors}
     result: list[SafetensorsTensor] = []
@@ -188,15 +200,18 @@ def dequantized_head(tensors: list[SafetensorsTensor], quant: BlockFP8,
             if tensor.name.removesuffix(_SCALE_SUFFIX) not in names:
                 raise CheckpointError(f"{tensor.name} scales no tensor of the checkpoint", tensor.path)
             continue
-        if tensor.dtype not in FP8_DTYPES:
+        scale = all_tensors.get(tensor.name + _SCALE_SUFFIX)
+        fp8 = tensor.dtype in FP8_DTYPES
+        if not fp8 and (scale is None or tensor.dtype not in _SCALED_FLOAT_DTYPES):
             result.append(tensor)
             continue
-        fp8_lut(tensor.dtype)  # at planning time: a missing ml_dtypes is said before anything is written
-        scale = all_tensors.get(tensor.name + _SCALE_SUFFIX)
+        kind = "FP8" if fp8 else f"scaled {tensor.dtype}"
+        if fp8:
+            fp8_lut(tensor.dtype)  # at planning time: a missing ml_dtypes is said before anything is written
         if scale is None:
             raise CheckpointError(f"FP8 tensor {tensor.name!r} has no {tensor.name}{_SCALE_SUFFIX}", tensor.path)
         if len(tensor.shape) != 2:
-            raise CheckpointError(f"FP8 tensor {tensor.name!r} has shape {list(tensor.shape)}: only matrices are "
+            raise CheckpointError(f"{kind} tensor {tensor.name!r} has shape {list(tensor.shape)}: only matrices are "
                                   "dequantized", tensor.path)
         if scale.dtype not in _SCALE_DTYPES or scale.shape not in _expected_scale_shape(tensor, quant.block):
             wanted = " or ".join(str(list(s)) for s in _expected_scale_shape(tensor, quant.block)[:2])

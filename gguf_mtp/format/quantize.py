@@ -3,9 +3,16 @@
 The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama``
 extra) quantizes with ``ggml_quantize_chunk`` and dequantizes with the type's ``to_float``, as
 llama-quantize does (``llama_tensor_dequantize_impl`` / ``llama_tensor_quantize_impl``), rows split over
-one thread per CPU (ctypes releases the GIL). BF16 and F16 widen to F32 exactly (``ggml_bf16_to_fp32``
-is a shift). Without the extra, gguf-py's numpy quantizers (written to match ggml's reference code)
-serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to install.
+a pool of threads sized once to the CPUs that are free (:func:`~gguf_mtp.constants.free_cores`: the CPUs
+this process may use less the load average, so a busy machine is not oversubscribed; ctypes releases the
+GIL, and ``ggml_quantize_chunk`` runs on the calling thread only). BF16 and F16 widen to F32 exactly
+(``ggml_bf16_to_fp32`` is a shift). Without the extra, gguf-py's numpy quantizers (written to match ggml's
+reference code) serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to install.
+
+What llama-quantize refuses is refused here too (``from_f32(..., checked=True)``, :class:`InvalidRowsError`):
+it loads every tensor with ``check_tensors`` (a NaN or an infinity: "tensor ... has invalid data") and
+validates every chunk it writes with ``ggml_validate_row_data`` (a block scale that overflows: "quantized
+data validation failed"). llama.cpp's converter refuses neither: :func:`converter_rows` writes what it writes.
 
 Memory stays flat: a tensor (or an expert stack, whose slices are rows like any other) is read, converted
 and handed on :data:`CHUNK_BYTES` of float32 at a time. :func:`retyped_tensor` gives the plan's view of
@@ -17,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import math
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +35,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from gguf_mtp.constants import install_hint
+from gguf_mtp.constants import free_cores, install_hint
+from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.files.regular_file import open_regular
 
@@ -37,7 +46,9 @@ __all__ = [
     "CHUNK_BYTES",
     "INSTALL_HINT",
     "NUMPY_TYPES",
+    "InvalidRowsError",
     "QuantizerUnavailableError",
+    "converter_rows",
     "from_f32",
     "ggml_available",
     "retyped_tensor",
@@ -58,8 +69,35 @@ NUMPY_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_1, Q.Q5_0, Q.Q4_1, Q
 INSTALL_HINT = install_hint("llama", "llama.cpp's own quantizer, from llama-cpp-python")
 
 
+#: Finite values of at most this magnitude fit every type: no block scale can overflow its F16 (a scale is at
+#: most about twice its block's largest magnitude, F16 holds 65504), and F16 itself holds them. Only rows
+#: beyond it are checked after quantizing, by reading the written blocks back.
+SAFE_MAGNITUDE = 2.0**15
+
+
 class QuantizerUnavailableError(RuntimeError):
     """A type only llama.cpp's quantizer writes, and llama-cpp-python is not installed."""
+
+
+class InvalidRowsError(ValueError):
+    """Rows llama-quantize refuses to quantize (``ggml_validate_row_data``).
+
+    Attributes:
+        row: the first such row, counted from the first row given.
+        problem: what is wrong with it (``"a NaN"``, ``"an infinity"``, a magnitude the type cannot hold).
+        refusal: llama-quantize's words for it.
+    """
+
+    def __init__(self, row: int, problem: str, refusal: str = "has invalid data") -> None:
+        super().__init__(f"{problem} in row {row}")
+        self.row = row
+        self.problem = problem
+        self.refusal = refusal
+
+    def describe(self, tensor: str, first_row: int = 0) -> str:
+        """One line naming ``tensor``, whose rows given started at its row ``first_row``."""
+        return (f"tensor {tensor!r} holds {self.problem} (row {first_row + self.row}): llama-quantize refuses to "
+                f"quantize it (\"{self.refusal}\"), so no file was written")
 
 
 # ------------------------------------------------------------------------------------------- ggml
@@ -95,7 +133,7 @@ class _Ggml:
         get_traits.restype = ctypes.POINTER(_TypeTraits)
         get_traits.argtypes = [ctypes.c_int]
         self._get_traits = get_traits
-        self.threads = max(1, os.cpu_count() or 1)
+        self.threads = free_cores()
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ggml-quant")
 
     def to_float(self, qtype: int) -> Callable[[int, int, int], None] | None:
@@ -171,14 +209,64 @@ def to_f32(raw: np.ndarray, qtype: int, n_elements: int) -> np.ndarray:
     return out
 
 
-def from_f32(values: np.ndarray, qtype: int) -> np.ndarray:
+def _first_non_finite(values: np.ndarray) -> InvalidRowsError | None:
+    """The first row of ``values`` holding a NaN or an infinity (what ``check_tensors`` refuses), or ``None``."""
+    if values.size == 0 or (math.isfinite(float(values.max())) and math.isfinite(float(values.min()))):
+        return None
+    bad = ~np.isfinite(values).all(axis=1)
+    row = int(np.argmax(bad))
+    return InvalidRowsError(row, "a NaN" if np.isnan(values[row]).any() else "an infinity")
+
+
+def _first_overflow(values: np.ndarray, written: np.ndarray, qtype: GGMLQuantizationType) -> InvalidRowsError | None:
+    """The first row whose finite ``values`` did not fit ``qtype``: its ``written`` blocks read back as NaN or
+    infinity (an F16 overflow, a block scale beyond F16: "quantized data validation failed"), or ``None``."""
+    if values.size == 0 or max(float(values.max()), -float(values.min())) <= SAFE_MAGNITUDE:
+        return None
+    back = to_f32(written, qtype, values.size).reshape(values.shape)
+    bad = ~np.isfinite(back).all(axis=1)
+    if not bad.any():
+        return None
+    row = int(np.argmax(bad))
+    return InvalidRowsError(row, f"values up to {float(np.abs(values[row]).max()):.6g}, more than {qtype.name} holds",
+                            "quantized data validation failed")
+
+
+def from_f32(values: np.ndarray, qtype: int, *, checked: bool = False) -> np.ndarray:
     """Rows of float32 (shape ``(rows, n_per_row)``) as ``qtype`` bytes, as llama-quantize writes them.
+
+    Args:
+        checked: refuse what llama-quantize refuses: a NaN or an infinity among ``values`` (before anything is
+            quantized), and a row whose blocks come out non-finite (finite values beyond what ``qtype`` holds).
 
     Raises:
         QuantizerUnavailableError: ``qtype`` needs llama.cpp's quantizer and llama-cpp-python is missing.
+        InvalidRowsError: ``checked``, and a row llama-quantize refuses.
     """
     qtype = GGMLQuantizationType(qtype)
     values = np.ascontiguousarray(values, dtype=np.float32)
+    if checked and (invalid := _first_non_finite(values)) is not None:
+        raise invalid
+    written = _quantized(values, qtype)
+    if checked and (invalid := _first_overflow(values, written, qtype)) is not None:
+        raise invalid
+    return written
+
+
+def converter_rows(values: np.ndarray, qtype: int) -> np.ndarray:
+    """Rows of float32 as ``qtype`` bytes as llama.cpp's converter writes them (gguf-py's ``quants.quantize``, for
+    F32, F16, BF16 and Q8_0), non-finite values included: the converter refuses none. Rows of finite values go
+    through ggml's quantizer, which writes the same bytes faster; a chunk holding a NaN or an infinity through
+    gguf-py's own code, since the two may encode those differently."""
+    qtype = GGMLQuantizationType(qtype)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if _first_non_finite(values) is None:
+        return _quantized(values, qtype)
+    with np.errstate(all="ignore"):  # NaN cast to an integer code: numpy's warning, not an error
+        return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
+
+
+def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     rows, n_per_row = values.shape
     ggml = _ggml()
     if ggml is None:
@@ -202,7 +290,7 @@ def from_f32(values: np.ndarray, qtype: int) -> np.ndarray:
 
 
 def _retyped_chunks(
-    path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
+    name: str, path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
 ) -> Iterator[np.ndarray]:
     n_per_row = shape[0]
     rows = tensor_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
@@ -217,7 +305,10 @@ def _retyped_chunks(
                 raise OSError(f"{path}: ends inside a tensor (wanted {count * row_bytes:,} bytes at "
                               f"{offset + first * row_bytes:,})")
             values = to_f32(np.frombuffer(raw, dtype=np.uint8), source, count * n_per_row)
-            yield from_f32(values.reshape(count, n_per_row), wanted)
+            try:
+                yield from_f32(values.reshape(count, n_per_row), wanted, checked=True)
+            except InvalidRowsError as e:
+                raise BadGGUFError(e.describe(name, first), path) from None
     finally:
         os.close(fd)
 
@@ -227,12 +318,15 @@ def retyped_tensor(
 ) -> tuple[TensorInfo, tuple[Segment, ...]]:
     """``tensor`` (its bytes at absolute ``offset`` of ``path``) as ``wanted``: its new table entry (offset
     unchanged) and the segments that make its bytes: one kernel copy when the type stays (llama-quantize
-    copies such a tensor too), else one generated segment, dequantized and quantized by ggml.
+    copies such a tensor too), else one generated segment, dequantized and quantized by ggml and checked as
+    llama-quantize checks it (``from_f32(..., checked=True)``).
 
     Raises:
         QuantizerUnavailableError: at planning time, when the conversion needs llama.cpp's quantizer and it
             is missing.
         ValueError: the source is an integer or F64 tensor (llama-quantize refuses those too).
+        BadGGUFError: while the segment is written: a row llama-quantize refuses (a NaN, an infinity, a block
+            that overflows ``wanted``), in one line naming the tensor.
     """
     if tensor.ggml_type == wanted:
         return tensor, (CopyRange(Path(path), offset, tensor.nbytes),)
@@ -243,6 +337,6 @@ def retyped_tensor(
     if wanted_type not in NUMPY_TYPES:
         _need_ggml(wanted_type, "quantizing to")
     nbytes = tensor_nbytes(tensor.shape, wanted_type)
-    chunks = functools.partial(_retyped_chunks, Path(path), offset, tensor.shape, tensor.ggml_type, wanted_type,
-                               chunk_bytes)
+    chunks = functools.partial(_retyped_chunks, tensor.name, Path(path), offset, tensor.shape, tensor.ggml_type,
+                               wanted_type, chunk_bytes)
     return replace(tensor, ggml_type=int(wanted_type), nbytes=nbytes), (Generated(nbytes, chunks),)

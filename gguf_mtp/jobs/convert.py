@@ -37,7 +37,7 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
-from gguf_mtp.conversion.fp8 import FP8_DTYPES
+from gguf_mtp.conversion.fp8 import FP8_DTYPES, BlockScaledTensor
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
@@ -143,12 +143,14 @@ def _how(tensor: MappedTensor) -> str:
     same = FLOAT_DTYPES.get(source.dtype) == tensor.ggml_type and not any(p.transformed for p in source.parts)
     if same:
         how = "copy"
-    elif source.dtype in FP8_DTYPES:
+    elif source.dtype in FP8_DTYPES or isinstance(source.parts[0], BlockScaledTensor):
         how = f"dequantize {source.dtype}->{tensor.ggml_type.name}"
     elif tensor.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         how = f"convert {source.dtype}->{tensor.ggml_type.name}"
     else:
         how = f"quantize {source.dtype}->{tensor.ggml_type.name}"
+    if tensor.rounded_to is not None:  # the converter's default type first, as llama-quantize would read it
+        how = f"{how} via {tensor.rounded_to.name}"
     if len(source.parts) > 1:
         how = f"stack {len(source.parts)} experts, {how}"
     return how
