@@ -124,7 +124,8 @@ def test_a_trickled_completion_fails_in_one_line(handle: ServerHandle, ticking: 
     peer = Trickle(ENDLESS_HEADER, TRICKLE_PAUSE)
     handle.port = peer.port
     try:
-        with pytest.raises(LlamaServerError, match=r"^stand-in-server: /completion: no complete answer within 3600 s; log: "):
+        with pytest.raises(LlamaServerError,
+                           match=r"^stand-in-server: /completion: no complete answer within 3600 s; log: "):
             handle.post_json("/completion", {"prompt": "x"}, timeout=3600.0)
     finally:
         peer.close()
@@ -165,7 +166,8 @@ def test_deeply_nested_answers_are_one_line(handle: ServerHandle, path: str) -> 
     peer = Trickle(http_answer(DEEP))
     handle.port = peer.port
     try:
-        with pytest.raises(LlamaServerError, match=rf"^stand-in-server: {path} answered: JSON nested more than 64 levels deep"):
+        with pytest.raises(LlamaServerError,
+                           match=rf"^stand-in-server: {path} answered: JSON nested more than 64 levels deep"):
             handle.get_json(path, timeout=60.0)
     finally:
         peer.close()
@@ -184,7 +186,8 @@ def test_a_huge_number_in_an_answer_is_one_line(handle: ServerHandle) -> None:
 
 
 @pytest.mark.parametrize("key, value", [("predicted_n", 10**400), ("predicted_n", MAX_COUNT + 1),
-                                        ("draft_n", 2**64), ("draft_n_accepted", 10**30)])
+                                        ("draft_n", 2**64), ("draft_n_accepted", 10**30)],
+                         ids=["10**400", "MAX_COUNT+1", "2**64", "10**30"])
 def test_every_count_is_bounded(key: str, value: int) -> None:
     """Item 10, in the rules: a count beyond any run is refused before any arithmetic (no OverflowError)."""
     timings = {"predicted_n": 4, "predicted_ms": 2.0, "draft_n": 4, "draft_n_accepted": 1, key: value}

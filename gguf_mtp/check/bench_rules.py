@@ -17,6 +17,7 @@ bounded, and every float option of bench is checked in one place (:func:`check_f
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -285,7 +286,7 @@ def parse_metrics(data: bytes) -> PositionCounts | None:
     if sorted(positions) != list(range(len(positions))):
         raise LlamaServerError(f"/metrics answered {_PER_POSITION} for positions {sorted(positions)}, not 0, 1, ...")
     accepted = tuple(positions[i] for i in range(len(positions)))
-    if any(a > drafts for a in accepted) or any(b > a for a, b in zip(accepted, accepted[1:])):
+    if any(a > drafts for a in accepted) or any(b > a for a, b in itertools.pairwise(accepted)):
         raise LlamaServerError(f"/metrics answered {accepted} accepted by position of {drafts} drafts: impossible")
     return PositionCounts(drafts, accepted)
 

@@ -245,7 +245,7 @@ class _DeadlineConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         super().connect()
-        self.sock = _DeadlineSocket(self.sock, self._deadline)  # type: ignore[assignment]
+        self.sock = _DeadlineSocket(self.sock, self._deadline)
 
 
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:

@@ -128,8 +128,8 @@ class ServerOptions:
         trunk, trunk_env = spellings(TRUNK_THREADS)
         draft, draft_env = spellings(DRAFT_THREADS)
         return cls(
-            reserved=frozenset(reserved), reserved_env=frozenset(reserved_env), trunk_threads=trunk,
-            draft_threads=draft, thread_env=trunk_env | draft_env,
+            reserved=frozenset(reserved), reserved_env=frozenset(reserved_env), trunk_threads=trunk | {"-t"},
+            draft_threads=draft | {"-td"}, thread_env=trunk_env | draft_env,  # the spellings bench itself gives
             metrics=any("--metrics" in o.flags for o in options),
         )
 
@@ -185,8 +185,10 @@ class Threads:
 
     @property
     def oversubscribed(self) -> bool:
-        """The two pools of an MTP run hold more threads than there are free cores."""
-        return self.trunk is not None and self.head is not None and self.trunk + self.head > self.free
+        """The user's thread counts give the two pools of an MTP run more threads than there are free cores
+        (bench's own choice is the least there is: never said)."""
+        return not self.arguments and self.trunk is not None and self.head is not None \
+            and self.trunk + self.head > self.free
 
 
 def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> int | None:
