@@ -100,68 +100,10 @@ def test_server_arguments_ask_for_metrics_in_mtp_runs() -> None:
     assert "--metrics" not in server_arguments("m.gguf", 1, 0, None, [], metrics=True)
 
 
-#: Entries of llama-server's --help (llama.cpp of llama-cpp-python 0.3.36), as common_arg::to_string prints them:
-#: the spellings from column 0, the help indented by 40 columns, the environment variable last.
-RECORDED_HELP = """\
------ common params -----
-
--t,    --threads N                      number of CPU threads to use during generation (default: -1)
-                                        (env: LLAMA_ARG_THREADS)
--m,    --model FNAME                    model path to load
-                                        (env: LLAMA_ARG_MODEL)
--mu,   --model-url MODEL_URL            model download url (default: unused)
-                                        (env: LLAMA_ARG_MODEL_URL)
--dr,   --docker-repo [<repo>/]<model>[:quant]
-                                        Docker Hub model repository. repo is optional, default to ai/. quant
-                                        is optional, default to :latest.
-                                        example: gemma3
-                                        (default: unused)
-                                        (env: LLAMA_ARG_DOCKER_REPO)
--hf,   -hfr, --hf-repo <user>/<model>[:quant]
-                                        Hugging Face model repository; quant is optional, case-insensitive,
-                                        default to Q4_K_M, or falls back to the first file in the repo if
-                                        Q4_K_M doesn't exist.
-                                        (env: LLAMA_ARG_HF_REPO)
--hff,  --hf-file FILE                   Hugging Face model file. If specified, it will override the quant in
-                                        --hf-repo (default: unused)
-                                        (env: LLAMA_ARG_HF_FILE)
--ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM (default: auto)
-                                        (env: LLAMA_ARG_N_GPU_LAYERS)
-
-
------ speculative params -----
-
---spec-draft-hf, -hfd, -hfrd, --hf-repo-draft <user>/<model>[:quant]
-                                        Same as --hf-repo, but for the draft model (default: unused)
-                                        (env: LLAMA_ARG_SPEC_DRAFT_HF)
---spec-draft-threads, -td, --threads-draft N
-                                        number of threads to use during generation (default: same as
-                                        --threads)
---spec-draft-n-max N                    number of tokens to draft for speculative decoding (default: 16)
-                                        (env: LLAMA_ARG_SPEC_DRAFT_N_MAX)
---spec-draft-model, -md, --model-draft FNAME
-                                        draft model for speculative decoding (default: unused)
-                                        (env: LLAMA_ARG_SPEC_DRAFT_MODEL)
---spec-type [none|draft-simple|draft-mtp|...]
-                                        comma-separated list of types of speculative decoding to use
-                                        (env: LLAMA_ARG_SPEC_TYPE)
-
-
------ example-specific params -----
-
---host HOST                             ip address to listen, or bind to an UNIX socket if the address ends
-                                        with .sock (default: 127.0.0.1)
-                                        (env: LLAMA_ARG_HOST)
---port PORT                             port to listen (default: 8080)
-                                        (env: LLAMA_ARG_PORT)
---api-prefix PREFIX                     prefix path the server serves from, without the trailing slash
-                                        (default: )
-                                        (env: LLAMA_ARG_API_PREFIX)
---metrics                               enable prometheus compatible metrics endpoint (default: disabled)
-                                        (env: LLAMA_ARG_ENDPOINT_METRICS)
---fim-qwen-7b-spec                      use Qwen 2.5 Coder 7B + 0.5B draft for speculative decoding (note:
-                                        can download weights from the internet)
-"""
+#: Entries of llama-server's --help (llama.cpp of llama-cpp-python 0.3.36), recorded from the binary the tests
+#: build (tests/test_bench_server.py checks that each entry is still there, verbatim): the spellings from column 0,
+#: the help indented by 40 columns, the environment variable last.
+RECORDED_HELP = (REPO / "tests" / "llama_server_help.txt").read_text()
 
 #: Every spelling of an option bench sets itself, in the help above (item 7 of issue 29).
 OWNED_SPELLINGS = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "--hf-repo",
@@ -174,7 +116,7 @@ def test_the_reserved_flags_come_from_the_servers_help() -> None:
     options = ServerOptions.from_help(RECORDED_HELP)
     assert options.reserved == frozenset(OWNED_SPELLINGS)
     assert options.reserved_env == {"LLAMA_ARG_MODEL", "LLAMA_ARG_MODEL_URL", "LLAMA_ARG_DOCKER_REPO",
-                                    "LLAMA_ARG_HF_REPO", "LLAMA_ARG_HF_FILE", "LLAMA_ARG_SPEC_DRAFT_HF",
+                                    "LLAMA_ARG_HF_REPO", "LLAMA_ARG_HF_FILE", "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
                                     "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_API_PREFIX",
                                     "LLAMA_ARG_SPEC_TYPE", "LLAMA_ARG_SPEC_DRAFT_N_MAX",
                                     "LLAMA_ARG_SPEC_DRAFT_MODEL"}

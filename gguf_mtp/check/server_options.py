@@ -186,9 +186,9 @@ class Threads:
     @property
     def oversubscribed(self) -> bool:
         """The user's thread counts give the two pools of an MTP run more threads than there are free cores
-        (bench's own choice is the least there is: never said)."""
+        (one thread each, the least there is, never counts as too many)."""
         return not self.arguments and self.trunk is not None and self.head is not None \
-            and self.trunk + self.head > self.free
+            and self.trunk + self.head > max(2, self.free)
 
 
 def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> int | None:
