@@ -601,7 +601,7 @@ def test_a_whole_run_against_a_fake_server(fake_llama_server: tuple[Path, Path],
     prompt_lines = [line for line in proc.stderr.splitlines() if ": prompt " in line]
     assert [line.split(": prompt ")[1].split(":")[0] for line in prompt_lines] == [
         "1/2 (prompt 1)", "2/2 (prompt 2)"] * 3
-    assert prompt_lines[2].startswith("run 2/3: MTP n-max 1: prompt 1/2 (prompt 1): 5 tokens in 0.1 s (")
+    assert prompt_lines[2].startswith("run 2/3: MTP n-max 1: prompt 1/2 (prompt 1): 5 tokens in 0.05 s (")
     assert prompt_lines[2].endswith("5/5 drafted tokens accepted")
     assert "prompt 1/2" not in proc.stdout
     assert all(a[:4] == ["-m", str(glm_trunk), "--host", "127.0.0.1"] for a in started)

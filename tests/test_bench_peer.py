@@ -120,6 +120,20 @@ def test_a_trickled_answer_ends_at_its_deadline(handle: ServerHandle, ticking: T
     assert ticking.readings < 12 and peer.sent < len(ENDLESS_HEADER) // 10
 
 
+def test_the_health_wait_ends_at_its_deadline(handle: ServerHandle, ticking: TickingClock) -> None:
+    """Item 5, the wait for /health: a probe is cut at the time left, and the wait at its deadline (each probe
+    was 5 s of socket timeout per read before, the wait unbounded while the peer kept sending)."""
+    peer = Trickle(ENDLESS_HEADER, TRICKLE_PAUSE)
+    handle.port = peer.port
+    try:
+        with pytest.raises(LlamaServerError, match=r"^stand-in-server: test server did not become healthy on "
+                                                   r"127\.0\.0\.1:\d+ within 10 s \(health_timeout\); log: "):
+            llama_server._wait_healthy(handle, 10.0, "test server")
+    finally:
+        peer.close()
+    assert ticking.readings < 40 and peer.sent < len(ENDLESS_HEADER) // 10
+
+
 def test_a_trickled_completion_fails_in_one_line(handle: ServerHandle, ticking: TickingClock) -> None:
     peer = Trickle(ENDLESS_HEADER, TRICKLE_PAUSE)
     handle.port = peer.port

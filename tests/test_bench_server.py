@@ -218,7 +218,7 @@ def test_text_report(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
     # the user's -t stands; one line per server started, per prompt answered, per run
     steps = [line.split(":")[0] for line in proc.stderr.splitlines()]
     assert steps == ["threads"] + ["run 1/2"] * 4 + ["run 2/2"] * 4, proc.stderr
-    assert re.search(r"^run 2/2: MTP n-max 1: prompt 2/2 \(prompt 2\): 4 tokens in \d+\.\d s \(\d+\.\d tokens/s\), "
+    assert re.search(r"^run 2/2: MTP n-max 1: prompt 2/2 \(prompt 2\): 4 tokens in \d+\.\d\d s \(\d+\.\d tokens/s\), "
                      r"\d+/\d+ drafted tokens accepted$", proc.stderr, re.MULTILINE), proc.stderr
 
 

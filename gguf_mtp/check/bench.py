@@ -226,7 +226,7 @@ def _measure(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
         drafted = "" if not completion.draft_n else \
             f", {completion.draft_n_accepted}/{completion.draft_n} drafted tokens accepted"
         say(f"{step}: prompt {j}/{len(prompts)} ({prompt.name}): {completion.predicted_n} tokens in "
-            f"{completion.predicted_ms / 1000:.1f} s ({run.predicted_per_second:.1f} tokens/s){drafted}")
+            f"{completion.predicted_ms / 1000:.2f} s ({run.predicted_per_second:.1f} tokens/s){drafted}")
     return tuple(answers)
 
 
@@ -244,8 +244,9 @@ def _positions(handle: ServerHandle) -> PositionCounts | None:
 def _threads_line(threads: Threads, draft: bool) -> str:
     if threads.arguments:
         flags = " ".join((*threads.arguments, *threads.draft_arguments))
-        return (f"threads: {flags} in every run (half of the {threads.free} free core(s) for the trunk's pool, half "
-                f"for the MTP head's; give -t{' and -td' if draft else ''} after -- to choose)")
+        return (f"threads: {flags} in every run (an MTP run's two thread pools, the trunk's and the head's, get "
+                f"half of the {threads.free} free core(s) each, at least 1; give -t{' and -td' if draft else ''} "
+                "after -- to choose)")
     return f"threads: as given ({threads.free} free core(s))"
 
 
