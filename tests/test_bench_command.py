@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import stat
@@ -21,10 +22,12 @@ from helpers import pid_alive
 
 from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
 from gguf_mtp.check.bench_rules import (
+    FLOAT_OPTIONS,
     MAX_N_MAX,
     SEED,
     BenchReport,
     BenchRun,
+    check_float_options,
     completion_request,
     first_difference,
     parse_bench_json,
@@ -34,6 +37,7 @@ from gguf_mtp.check.bench_rules import (
     server_arguments,
 )
 from gguf_mtp.check.llama_server import probe_server
+from gguf_mtp.check.server_options import ServerOptions, Threads, check_extra_arguments, choose_threads
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
@@ -91,10 +95,75 @@ def test_server_arguments_per_run() -> None:
     assert "--spec-draft-model" not in server_arguments("trunk.gguf", 1, 0, "mtp.gguf", [])
 
 
-@pytest.mark.parametrize("flag", ["--port", "--host=0.0.0.0", "-m", "--spec-type", "--spec-draft-n-max", "-md"])
-def test_server_arguments_refuse_what_bench_sets(flag: str) -> None:
-    with pytest.raises(ParameterError, match="server_args"):
-        server_arguments("m.gguf", 1, 1, None, ["-t", "2", flag, "x"])
+def test_server_arguments_ask_for_metrics_in_mtp_runs() -> None:
+    assert server_arguments("m.gguf", 1, 2, None, [], metrics=True)[-1] == "--metrics"
+    assert "--metrics" not in server_arguments("m.gguf", 1, 0, None, [], metrics=True)
+
+
+#: Entries of llama-server's --help (llama.cpp of llama-cpp-python 0.3.36), recorded from the binary the tests
+#: build (tests/test_bench_server.py checks that each entry is still there, verbatim): the spellings from column 0,
+#: the help indented by 40 columns, the environment variable last.
+RECORDED_HELP = (REPO / "tests" / "llama_server_help.txt").read_text()
+
+#: Every spelling of an option bench sets itself, in the help above (item 7 of issue 29).
+OWNED_SPELLINGS = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "--hf-repo",
+                   "-hff", "--hf-file", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "--host", "--port",
+                   "--api-prefix", "--spec-type", "--spec-draft-n-max", "--spec-draft-model", "-md", "--model-draft",
+                   "--fim-qwen-7b-spec"]
+
+
+def test_the_reserved_flags_come_from_the_servers_help() -> None:
+    options = ServerOptions.from_help(RECORDED_HELP)
+    assert options.reserved == frozenset(OWNED_SPELLINGS)
+    assert options.reserved_env == {"LLAMA_ARG_MODEL", "LLAMA_ARG_MODEL_URL", "LLAMA_ARG_DOCKER_REPO",
+                                    "LLAMA_ARG_HF_REPO", "LLAMA_ARG_HF_FILE", "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
+                                    "LLAMA_ARG_HOST", "LLAMA_ARG_PORT", "LLAMA_ARG_API_PREFIX",
+                                    "LLAMA_ARG_SPEC_TYPE", "LLAMA_ARG_SPEC_DRAFT_N_MAX",
+                                    "LLAMA_ARG_SPEC_DRAFT_MODEL"}
+    assert options.trunk_threads == {"-t", "--threads"}
+    assert options.draft_threads == {"--spec-draft-threads", "-td", "--threads-draft"}
+    assert options.metrics
+    environment = options.server_environment({"LLAMA_ARG_MODEL_URL": "http://x", "LLAMA_ARG_THREADS": "2", "A": "b"})
+    assert environment == {"LLAMA_ARG_THREADS": "2", "A": "b"}
+    bare = ServerOptions.from_help("-m, --model FNAME --host HOST --port PORT --spec-type none,draft-mtp")
+    assert {"--hf-repo", "--model-url", "--spec-draft-model"} <= bare.reserved and not bare.metrics
+
+
+@pytest.mark.parametrize("flag", [*OWNED_SPELLINGS, "--host=0.0.0.0", "-hfr=me/x"])
+def test_extra_arguments_refuse_every_spelling_of_what_bench_sets(flag: str) -> None:
+    with pytest.raises(ParameterError, match=rf"server_args: {flag.split('=')[0]} is set by bench itself"):
+        check_extra_arguments(["-t", "2", flag, "x"], ServerOptions.from_help(RECORDED_HELP))
+
+
+def test_extra_arguments_pass_what_bench_does_not_set() -> None:
+    check_extra_arguments(["-ngl", "99", "-c", "8192", "-t", "4", "-td", "2", "--spec-draft-p-min", "0.5"],
+                          ServerOptions.from_help(RECORDED_HELP))
+
+
+# --- threads (issue 29 item 14) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("free, each", [(1, 1), (2, 1), (3, 1), (4, 2), (16, 8)])
+def test_threads_split_the_free_cores_when_none_are_given(free: int, each: int) -> None:
+    options = ServerOptions.from_help(RECORDED_HELP)
+    composite = choose_threads(["-ngl", "99"], options, free, draft=False, environ={})
+    assert composite == Threads(("-t", str(each)), (), each, each, free)
+    sidecar = choose_threads([], options, free, draft=True, environ={})
+    assert sidecar.arguments + sidecar.draft_arguments == ("-t", str(each), "-td", str(each))
+    assert not sidecar.oversubscribed  # bench's own choice is never warned of (one core: 1 + 1 is the least)
+
+
+def test_threads_given_by_the_user_stand_and_oversubscription_is_told() -> None:
+    options = ServerOptions.from_help(RECORDED_HELP)
+    mine = choose_threads(["--threads", "2"], options, 2, draft=False, environ={})
+    assert (mine.arguments, mine.trunk, mine.head, mine.oversubscribed) == ((), 2, 2, True)  # two pools of 2
+    assert not choose_threads(["-t", "1"], options, 2, draft=False, environ={}).oversubscribed
+    split = choose_threads(["-t=3", "--threads-draft", "1"], options, 4, draft=True, environ={})
+    assert (split.trunk, split.head, split.oversubscribed) == (3, 1, False)
+    inherited = choose_threads(["-t", "3"], options, 4, draft=True, environ={})
+    assert (inherited.head, inherited.oversubscribed) == (3, True)  # -td defaults to -t
+    from_env = choose_threads([], options, 2, draft=False, environ={"LLAMA_ARG_THREADS": "8"})
+    assert from_env.arguments == () and not from_env.oversubscribed
 
 
 def test_completion_request_is_greedy_and_uncached() -> None:
@@ -304,11 +373,34 @@ def test_refuses_a_model_without_nextn(tmp_path: Path, glm_trunk: Path) -> None:
     assert str(glm_trunk) in line and "no NextN" in line and "--draft" in line
 
 
-def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path) -> None:
+def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path, tmp_path: Path) -> None:
     common = [str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true"]
     assert "--n-max" in one_error_line(gguf_mtp("bench", *common, "--n-max", "0,1"))
     assert "--tokens" in one_error_line(gguf_mtp("bench", *common, "--tokens", "0"))
-    assert "--port is set by bench" in one_error_line(gguf_mtp("bench", *common, "--", "--port", "1"))
+    started = tmp_path / "started"
+    server = fake_server(tmp_path / "srv", HELP + f"touch {started}\nexec sleep 600\n")
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server),
+                                   "--", "--port", "1"))
+    assert "--port is set by bench" in line
+    assert not started.exists()  # refused before any server started
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400", "0", "-1", "604801"])
+def test_float_options_are_finite_and_in_range(value: str, glm_trunk: Path, glm_converted3: Path) -> None:
+    """Item 6: nan never expires as a deadline (``<= 0`` let it through); one rule refuses it, inf and the rest."""
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", "/bin/true",
+                                   f"--health-timeout={value}"))
+    assert line.startswith("gguf-mtp: error: --health-timeout ")
+    assert line.endswith(": give a finite number more than 0 and at most 604800")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.0, -1.0, 10**400, "5", True])
+def test_float_options_are_checked_in_the_library_too(value: object) -> None:
+    with pytest.raises(ParameterError, match=r"^health_timeout .*: give a finite number more than 0"):
+        check_float_options(health_timeout=value)  # type: ignore[arg-type]
+    check_float_options(health_timeout=0.5)
+    check_float_options(health_timeout=604800)
+    assert set(FLOAT_OPTIONS) == {"health_timeout"}  # bench's only float option; a new one gets a row there
 
 
 def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
@@ -497,13 +589,40 @@ def test_a_whole_run_against_a_fake_server(fake_llama_server: tuple[Path, Path],
     started = [json.loads(line) for line in log.read_text().splitlines()]
     assert [a[a.index("--port") + 1] != "0" for a in started] == [True] * 3
     sidecar = ["--spec-draft-model", str(glm_converted3)]
+    n = report["threads"][1]  # no thread count given: half the free cores for each pool, in every run
+    assert report["threads"] == ["-t", n, "-td", n] and 1 <= int(n) <= max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"threads: -t {n} -td {n} in every run" in proc.stderr
     assert [a[6:] for a in started] == [  # after -m MODEL --host 127.0.0.1 --port N
-        ["-ngl", "99"],
-        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "1", *sidecar, "-ngl", "99"],
-        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", *sidecar, "-ngl", "99"],
+        ["-t", n, "-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "1", *sidecar, "-t", n, "-td", n, "-ngl", "99"],
+        ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2", *sidecar, "-t", n, "-td", n, "-ngl", "99"],
     ]
+    # a progress line per prompt, on stderr only (item 14)
+    prompt_lines = [line for line in proc.stderr.splitlines() if ": prompt " in line]
+    assert [line.split(": prompt ")[1].split(":")[0] for line in prompt_lines] == [
+        "1/2 (prompt 1)", "2/2 (prompt 2)"] * 3
+    assert prompt_lines[2].startswith("run 2/3: MTP n-max 1: prompt 1/2 (prompt 1): 5 tokens in 0.05 s (")
+    assert prompt_lines[2].endswith("5/5 drafted tokens accepted")
+    assert "prompt 1/2" not in proc.stdout
     assert all(a[:4] == ["-m", str(glm_trunk), "--host", "127.0.0.1"] for a in started)
     assert not any(pid_alive(int(pid)) for pid in re.findall(r"llama-server pid (\d+)", proc.stderr))
+
+
+def test_threads_that_oversubscribe_the_free_cores_are_warned_of(fake_llama_server: tuple[Path, Path],
+                                                                  glm_trunk: Path, glm_converted3: Path) -> None:
+    """The user's own -t stands, with a warning when an MTP run's two pools hold more threads than free cores;
+    -q silences progress, never the warning."""
+    server, log = fake_llama_server
+    many = str(4 * (os.cpu_count() or 1))
+    proc = gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server), "--n-max", "1",
+                    "--tokens", "2", "-q", "--json", "--", "-t", many)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"gguf-mtp: warning: threads: an MTP run's two thread pools hold {many} + {many} threads for "
+        f"{proc.stderr.split(' threads for ')[1].split(' free')[0]} free core(s): it may run many times slower than "
+        "it would with fewer (give -t, and -td for a sidecar, after --)"]
+    assert json.loads(proc.stdout)["threads"] == []
+    assert all(a[6:][-2:] == ["-t", many] and "-td" not in a for a in map(json.loads, log.read_text().splitlines()))
 
 
 def test_output_that_differs_with_mtp_exits_2(fake_llama_server: tuple[Path, Path], glm_trunk: Path,
@@ -517,3 +636,24 @@ def test_output_that_differs_with_mtp_exits_2(fake_llama_server: tuple[Path, Pat
                     "without MTP at token 3; greedy output with MTP must equal the output without it")
     assert "NOT lossless: with MTP (n-max 2) prompt 1 differs from the run without MTP at token 3" in proc.stdout
     assert "recommended" not in proc.stdout
+
+
+def test_the_plot_is_titled_with_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 19: the model's name, not the PNG's."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from gguf_mtp.check.bench_plot import plot_title, write_plot
+
+    titles: list[str] = []
+    original = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda self, label, *a, **k: titles.append(label) or original(self, label, *a, **k))
+    base = run_of(0, answer(64, 500.0, None, [1, 2]))
+    fast = run_of(1, answer(64, 400.0, (40, 30), [1, 2]))
+    report = BenchReport("/models/Qwen3-MTP-Q4_K_M.gguf", None, "llama-server", 1, 64, (base, fast), (), 1.0)
+    write_plot(report, tmp_path / "plot.png", force=False)
+    assert titles == ["gguf-mtp bench: Qwen3-MTP-Q4_K_M.gguf"]
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    pair = BenchReport("/m/trunk.gguf", "/m/mtp.gguf", "llama-server", 1, 64, (base, fast), (), 1.0)
+    assert plot_title(pair) == "gguf-mtp bench: trunk.gguf + mtp.gguf"

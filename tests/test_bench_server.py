@@ -97,11 +97,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def metrics_counts(text: str) -> dict[str, object]:
+    """The verification steps and the accepted tokens by position in llama-server's /metrics (read here by a
+    regular expression of the test's own, not bench's parser)."""
+    drafts = re.search(r"^llamacpp:spec_decode_num_drafts_total (\d+)$", text, re.MULTILINE)
+    positions = re.findall(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\} (\d+)$',
+                           text, re.MULTILINE)
+    return {"drafts": int(drafts.group(1)) if drafts else None,
+            "accepted_by_position": [int(v) for _, v in sorted(positions, key=lambda p: int(p[0]))] or None}
+
+
 def ask_server_directly(server: Path, model: Path, spec: list[str], tokens: int) -> dict[str, object]:
-    """Start llama-server by hand, send every prompt as bench does, and sum what its timings say."""
+    """Start llama-server by hand, send every prompt as bench does, and sum what its timings say (and, for an MTP
+    run, what its /metrics count by draft position)."""
     port = free_port()
     proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *spec,
-                             *SERVER_FLAGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             *SERVER_FLAGS, "--metrics"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -126,6 +137,9 @@ def ask_server_directly(server: Path, model: Path, spec: list[str], tokens: int)
                 totals[key] += answer["timings"].get(key, 0)
             texts.append(answer["content"])
         totals["text_sha256"] = hashlib.sha256(json.dumps(texts, ensure_ascii=False).encode()).hexdigest()
+        if spec:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=300) as r:
+                totals.update(metrics_counts(r.read().decode()))
         return totals
     finally:
         proc.terminate()
@@ -133,6 +147,7 @@ def ask_server_directly(server: Path, model: Path, spec: list[str], tokens: int)
 
 
 COUNTS = ("predicted_n", "draft_n", "draft_n_accepted", "text_sha256")
+POSITIONS = ("drafts", "accepted_by_position")
 
 
 def test_counts_are_what_llama_server_returns(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -154,7 +169,15 @@ def test_counts_are_what_llama_server_returns(llama_server_tool: Path, tiny: dic
     assert len({r["text_sha256"] for r in runs.values()}) == 1
     for n_max, spec in ((0, []), (2, ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"])):
         direct = ask_server_directly(llama_server_tool, tiny["composite"], spec, tokens=8)
-        assert {k: runs[n_max][k] for k in COUNTS} == direct
+        keys = COUNTS + (POSITIONS if n_max else ())
+        assert {k: runs[n_max][k] for k in keys} == direct
+    # per-position acceptance (llama-server --metrics): one count per draft position, summing to the accepted tokens
+    assert runs[0]["accepted_by_position"] is None and runs[0]["by_position"] is None
+    for n_max in (1, 2):
+        by_position = runs[n_max]["accepted_by_position"]
+        assert len(by_position) == n_max and sum(by_position) == runs[n_max]["draft_n_accepted"]
+        assert runs[n_max]["drafts"] > 0 and runs[n_max]["by_position"] == [
+            round(a / runs[n_max]["drafts"], 4) for a in by_position]
     pids = server_pids(proc.stderr)
     assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -188,9 +211,15 @@ def test_text_report(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["n-max", "acceptance", "tokens/s", "speed-up", "tokens"]
     assert lines[2].startswith("0 (no MTP)") and lines[3].startswith("1 ")
-    assert lines[4].startswith("lossless: every MTP run generated exactly the tokens of the run without MTP")
-    assert lines[5].startswith("recommended: ")
-    assert [line.split(":")[0] for line in proc.stderr.splitlines()] == ["run 1/2"] * 2 + ["run 2/2"] * 2
+    assert re.fullmatch(r"n-max 1: acceptance by draft position \d\.\d\d \(of \d+ drafts, llama-server --metrics\)",
+                        lines[4]), lines[4]
+    assert lines[5].startswith("lossless: every MTP run generated exactly the tokens of the run without MTP")
+    assert lines[6].startswith("recommended: ")
+    # the user's -t stands; one line per server started, per prompt answered, per run
+    steps = [line.split(":")[0] for line in proc.stderr.splitlines()]
+    assert steps == ["threads"] + ["run 1/2"] * 4 + ["run 2/2"] * 4, proc.stderr
+    assert re.search(r"^run 2/2: MTP n-max 1: prompt 2/2 \(prompt 2\): 4 tokens in \d+\.\d\d s \(\d+\.\d tokens/s\), "
+                     r"\d+/\d+ drafted tokens accepted$", proc.stderr, re.MULTILINE), proc.stderr
 
 
 def test_mtp_output_that_differs_fails(llama_server_tool: Path, tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -284,3 +313,49 @@ def test_prompt_and_tokens_must_fit_the_servers_context(llama_server_tool: Path,
     assert len(server_pids(proc.stderr)) == 1  # refused in the first run, before any generation
     assert list(tmp_path.iterdir()) == []  # not the server's failure: its log is not kept
     assert not any(pid_alive(pid) for pid in server_pids(proc.stderr))
+
+
+def test_bench_chooses_the_threads_when_none_are_given(llama_server_tool: Path, tiny: dict[str, Path]) -> None:
+    """Issue 29 item 14: without -t, each pool gets half the free cores (on a busy 2-core machine, 1 each), the
+    server takes the flags and the run stays lossless."""
+    proc = run_bench(str(tiny["trunk"]), "--draft", str(tiny["sidecar"]), "--server", str(llama_server_tool),
+                     "--n-max", "1", "--tokens", "4", "--prompts", str(tiny["prompts"]), "--json", "--", "-c", "1024",
+                     "-np", "1")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    n = report["threads"][1]
+    assert report["threads"] == ["-t", n, "-td", n] and 1 <= int(n) <= max(1, len(os.sched_getaffinity(0)) // 2)
+    assert report["lossless"] is True and "warning" not in proc.stderr
+
+
+#: Every spelling llama-server's --help gives of an option bench sets itself (issue 29 item 7).
+OWNED = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "--hf-repo", "-hff",
+         "--hf-file", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "--host", "--port", "--api-prefix",
+         "--spec-type", "--spec-draft-n-max", "--spec-draft-model", "-md", "--model-draft", "--fim-qwen-7b-spec"]
+
+
+def test_reserved_flags_from_the_real_help(llama_server_tool: Path) -> None:
+    from gguf_mtp.check.llama_server import probe_server
+    from gguf_mtp.check.server_options import ServerOptions
+
+    text = probe_server(str(llama_server_tool))
+    recorded = (REPO / "tests" / "llama_server_help.txt").read_text()
+    entries = re.split(r"\n(?=-)", recorded.strip("\n"))
+    assert len(entries) == 17 and all(entry + "\n" in text for entry in entries)  # the unit tests' help is real
+    options = ServerOptions.from_help(text)
+    assert set(OWNED) <= options.reserved
+    assert {"-t", "--threads"} <= options.trunk_threads and {"-td", "--threads-draft"} <= options.draft_threads
+    assert options.metrics and {"LLAMA_ARG_MODEL_URL", "LLAMA_ARG_HF_REPO"} <= options.reserved_env
+    assert not {"-ngl", "-c", "-np", "-t", "--spec-draft-p-min"} & options.reserved
+
+
+@pytest.mark.parametrize("flag", ["-hfr", "-mu", "--model-url=http://127.0.0.1:9/x.gguf", "-dr", "--docker-repo",
+                                  "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-m"])
+def test_every_spelling_is_refused_before_a_server_starts(llama_server_tool: Path, tiny: dict[str, Path],
+                                                          flag: str) -> None:
+    proc = run_bench(str(tiny["composite"]), "--server", str(llama_server_tool), "--n-max", "1", "--tokens", "4",
+                     "--", "-t", "1", flag, "me/model")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"gguf-mtp: error: server_args: {flag.split('=')[0]} is set by bench itself (the model and where it comes "
+        "from, the loopback address, the MTP settings)"]

@@ -28,12 +28,16 @@ from .bench_rules import (
     BenchReport,
     BenchRun,
     Completion,
+    PositionCounts,
+    check_float_options,
     completion_request,
     first_difference,
     parse_completion,
+    parse_metrics,
     server_arguments,
 )
 from .llama_server import ServerHandle, free_port, probe_server, running_server
+from .server_options import ServerOptions, Threads, check_extra_arguments, choose_threads, free_cores
 
 __all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts",
            "tokenizer_refusal"]
@@ -43,8 +47,10 @@ MAX_TOKENS = 1 << 16
 MAX_PROMPTS = 64
 #: The largest ``--prompts`` file read.
 MAX_PROMPTS_BYTES = 4 * 1024 * 1024
-#: Seconds one ``/completion`` may take (a big model on CPU is slow; a dead server is noticed sooner).
+#: Seconds one whole ``/completion`` answer may take (a big model on CPU is slow; a dead server is noticed sooner).
 REQUEST_TIMEOUT = 3600.0
+#: Seconds one whole answer of ``/props``, ``/tokenize`` or ``/metrics`` may take.
+SMALL_REQUEST_TIMEOUT = 60.0
 _NO_TOKENIZER = ("no_vocab", "none")
 
 
@@ -191,13 +197,14 @@ def _check_request_sizes(tokens: int, n_max: Sequence[int]) -> None:
 def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int, n_max: int, model: str) -> None:
     """Prompt + tokens + n-max must fit the server's context per slot (capped by llama-server at the
     training context): near the end an MTP run stops a few tokens early, which would read as a difference."""
-    props = handle.get_json("/props", timeout=60.0)
+    props = handle.get_json("/props", timeout=SMALL_REQUEST_TIMEOUT)
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
     if not isinstance(n_ctx, int) or n_ctx <= 0:
         return  # an older server without the field: the per-run token counts still show a short run
     for prompt in prompts:
-        answer = handle.post_json("/tokenize", {"content": prompt.text, "add_special": True}, timeout=60.0)
+        answer = handle.post_json("/tokenize", {"content": prompt.text, "add_special": True},
+                                  timeout=SMALL_REQUEST_TIMEOUT)
         ids = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(ids, list):
             raise handle.failure("/tokenize answered without tokens")
@@ -211,15 +218,42 @@ def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
             )
 
 
-def _measure(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int) -> tuple[Completion, ...]:
+def _measure(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
+             say: Callable[[str], None], step: str) -> tuple[Completion, ...]:
     answers = []
-    for prompt in prompts:
+    for j, prompt in enumerate(prompts, 1):
         answer = handle.post_json("/completion", completion_request(prompt.text, tokens), timeout=REQUEST_TIMEOUT)
         try:
-            answers.append(parse_completion(answer))
+            completion = parse_completion(answer)
         except LlamaServerError as e:
             raise handle.failure(e.message) from None
+        answers.append(completion)
+        run = BenchRun(0, (completion,))
+        drafted = "" if not completion.draft_n else \
+            f", {completion.draft_n_accepted}/{completion.draft_n} drafted tokens accepted"
+        say(f"{step}: prompt {j}/{len(prompts)} ({prompt.name}): {completion.predicted_n} tokens in "
+            f"{completion.predicted_ms / 1000:.2f} s ({run.predicted_per_second:.1f} tokens/s){drafted}")
     return tuple(answers)
+
+
+def _positions(handle: ServerHandle) -> PositionCounts | None:
+    """Acceptance by draft position from ``/metrics``, when the server serves it."""
+    data = handle.get_text("/metrics", timeout=SMALL_REQUEST_TIMEOUT)
+    if data is None:
+        return None
+    try:
+        return parse_metrics(data)
+    except LlamaServerError as e:
+        raise handle.failure(e.message) from None
+
+
+def _threads_line(threads: Threads, draft: bool) -> str:
+    if threads.arguments:
+        flags = " ".join((*threads.arguments, *threads.draft_arguments))
+        return (f"threads: {flags} in every run (an MTP run's two thread pools, the trunk's and the head's, get "
+                f"half of the {threads.free} free core(s) each, at least 1; give -t{' and -td' if draft else ''} "
+                "after -- to choose)")
+    return f"threads: as given ({threads.free} free core(s))"
 
 
 def bench(
@@ -233,6 +267,7 @@ def bench(
     server_args: Sequence[str] = (),
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
     progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure ``model`` with ``server`` (the user's llama-server): once without MTP, once per ``n_max``.
 
@@ -245,16 +280,20 @@ def bench(
         prompts: the prompts (default: :func:`builtin_prompts`).
         server_args: more llama-server arguments, for every run (``-ngl 99``, ``-c 8192``, ``-t 8``...).
         health_timeout: seconds a server may take to load the model and answer ``/health``.
-        progress: called with one line per step.
+        progress: called with one line per step (each server started, each prompt answered, each run).
+        warn: called with a warning (the thread pools of an MTP run oversubscribe the free cores).
 
     Raises:
         LlamaServerError: the server is not llama-server, too old, never ready, or failed (the log is kept).
-        NoNextNBlockError, ParameterError, BadGGUFError: the inputs cannot be benchmarked (before anything runs).
+        NoNextNBlockError, ParameterError, BadGGUFError: the inputs cannot be benchmarked (before any server
+            starts; ``server_args`` may not set what bench sets, under any spelling the server's ``--help`` gives).
+
+    Without a thread count in ``server_args``, each of the two thread pools of an MTP run (the trunk's, the
+    head's) gets half the free cores, in every run (:func:`gguf_mtp.check.server_options.choose_threads`).
     """
     began = time.monotonic()
     _check_request_sizes(tokens, n_max)
-    if health_timeout <= 0:
-        raise ParameterError(f"health_timeout {health_timeout:g}: give seconds > 0", parameter="health_timeout")
+    check_float_options(health_timeout=health_timeout)
     info = check_model(model, draft)
     if info.context_length is not None and tokens + max(n_max) + 1 > info.context_length:
         raise ParameterError(
@@ -262,31 +301,43 @@ def bench(
             info.path, "tokens",
         )
     prompts = tuple(prompts) if prompts is not None else builtin_prompts()
-    server_arguments(info.path, 0, 0, info.draft, server_args)  # refuse reserved flags before starting anything
-    probe_server(server)
+    options = ServerOptions.from_help(probe_server(server))
+    check_extra_arguments(server_args, options)  # before any server starts
+    environment = options.server_environment(os.environ)
     say = progress or (lambda line: None)
+    threads = choose_threads(server_args, options, free_cores(), draft=info.draft is not None)
+    say(_threads_line(threads, info.draft is not None))
+    if threads.oversubscribed and warn is not None:
+        warn(f"threads: an MTP run's two thread pools hold {threads.trunk} + {threads.head} threads for "
+             f"{threads.free} free core(s): it may run many times slower than it would with fewer "
+             "(give -t, and -td for a sidecar, after --)")
     configurations = (0, *n_max)
     runs: list[BenchRun] = []
     for i, k in enumerate(configurations, 1):
         what = "without MTP" if k == 0 else f"MTP n-max {k}"
+        step = f"run {i}/{len(configurations)}: {what}"
         port = free_port()
-        args = server_arguments(info.path, port, k, info.draft, server_args)
+        extra = [*threads.arguments, *(threads.draft_arguments if k else ()), *server_args]
+        args = server_arguments(info.path, port, k, info.draft, extra, metrics=options.metrics)
 
-        def started(handle: ServerHandle, step: str = f"run {i}/{len(configurations)}: {what}") -> None:
+        def started(handle: ServerHandle, step: str = step) -> None:
             say(f"{step}: llama-server pid {handle.pid} on 127.0.0.1:{handle.port}, loading the model")
 
         with running_server(
-            server, args, port=port, health_timeout=health_timeout, label=f"llama-server ({what})", on_start=started
+            server, args, port=port, health_timeout=health_timeout, label=f"llama-server ({what})",
+            on_start=started, env=environment,
         ) as handle:
             _check_context(handle, prompts, tokens, max(n_max), info.path)
-            run = BenchRun(k, _measure(handle, prompts, tokens))
+            completions = _measure(handle, prompts, tokens, say, step)
+            positions = _positions(handle) if k and options.metrics else None
+            run = BenchRun(k, completions, positions)
         runs.append(run)
         acceptance = "" if run.acceptance is None else f", acceptance {run.acceptance:.2f}"
-        say(f"run {i}/{len(configurations)}: {what}: {run.predicted_n} tokens, "
-            f"{run.predicted_per_second:.1f} tokens/s{acceptance}")
+        say(f"{step}: {run.predicted_n} tokens, {run.predicted_per_second:.1f} tokens/s{acceptance}")
     baseline = runs[0]
     differences = tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
     return BenchReport(
         model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
         differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
+        threads=threads.arguments + threads.draft_arguments,
     )

@@ -14,10 +14,11 @@ from pathlib import Path
 from gguf_mtp.constants import install_hint
 from gguf_mtp.errors import OutputWriteError, ParameterError, UnsafeOutputError
 from gguf_mtp.files.create import create_exclusive, temporary_name
+from gguf_mtp.formatting import printable
 
 from .bench_rules import BenchReport
 
-__all__ = ["INSTALL_HINT", "check_plot_target", "write_plot"]
+__all__ = ["INSTALL_HINT", "check_plot_target", "plot_title", "write_plot"]
 
 INSTALL_HINT = install_hint("bench", "matplotlib")
 
@@ -38,6 +39,16 @@ def check_plot_target(path: str | os.PathLike[str], *, force: bool) -> None:
         raise UnsafeOutputError("plot: file exists (use force to replace it)", target, "force")
     if not target.parent.is_dir():
         raise UnsafeOutputError("plot: no such folder", target.parent, "plot")
+
+
+def plot_title(report: BenchReport) -> str:
+    """The plot's title: the model measured (its file name, and the sidecar's), never the PNG's name."""
+    name = Path(report.model).name + (f" + {Path(report.draft).name}" if report.draft else "")
+    return _cut(f"gguf-mtp bench: {printable(name)}", 90)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool) -> None:
@@ -64,7 +75,7 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
     acceptance_axis.plot([r.n_max for r in mtp], [r.acceptance or 0.0 for r in mtp], "s--", color="tab:orange")
     acceptance_axis.set_ylabel("acceptance", color="tab:orange")
     acceptance_axis.set_ylim(0, 1.05)
-    speed_axis.set_title(f"gguf-mtp bench: {target.stem}"[:80])
+    speed_axis.set_title(plot_title(report))
     fig.tight_layout()
     partial = temporary_name(target)
     try:

@@ -5,14 +5,22 @@ they mean (acceptance, speed-up, the recommended n-max, the lossless decision). 
 llama-server's ``/completion`` answer (llama.cpp b11025 and later) carries ``timings``: ``predicted_n`` tokens
 generated in ``predicted_ms`` (``predicted_per_second``), and, only when speculative decoding drafted at least
 one token, ``draft_n`` (tokens the MTP head proposed) and ``draft_n_accepted`` (of those, the ones the trunk
-kept). With ``return_tokens`` it also returns the generated token ids, which the lossless check compares.
+kept). With ``return_tokens`` it also returns the generated token ids, which the lossless check compares. With
+``--metrics`` its ``/metrics`` (Prometheus text) also counts the verification steps
+(``llamacpp:spec_decode_num_drafts_total``) and the drafted tokens accepted at each draft position
+(``llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, from 0).
+
+Nothing read from the server is trusted: every count is bounded (:data:`MAX_COUNT`), every duration finite and
+bounded, and every float option of bench is checked in one place (:func:`check_float_options`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +31,9 @@ __all__ = [
     "DEFAULT_HEALTH_TIMEOUT",
     "DEFAULT_N_MAX",
     "DEFAULT_TOKENS",
+    "FLOAT_OPTIONS",
+    "MAX_COUNT",
     "MAX_N_MAX",
-    "RESERVED_SERVER_FLAGS",
     "SEED",
     "WORTHWHILE_SPEEDUP",
     "BenchReport",
@@ -33,11 +42,14 @@ __all__ = [
     "BenchSummary",
     "Completion",
     "Difference",
+    "PositionCounts",
     "acceptance_rate",
+    "check_float_options",
     "completion_request",
     "first_difference",
     "parse_bench_json",
     "parse_completion",
+    "parse_metrics",
     "parse_n_max_list",
     "recommend_n_max",
     "server_arguments",
@@ -59,11 +71,35 @@ DEFAULT_HEALTH_TIMEOUT = 600.0
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
 WORTHWHILE_SPEEDUP = 1.03
 
-#: Flags ``bench`` sets itself; the user's extra server arguments may not set them too.
-RESERVED_SERVER_FLAGS = frozenset(
-    {"-m", "--model", "--host", "--port", "--spec-type", "--spec-draft-n-max", "--spec-draft-model", "-md",
-     "--model-draft", "-hf", "--hf-repo"}
-)
+#: The most any count read from llama-server may be (tokens, drafts): far above any run, and exact as a float.
+MAX_COUNT = 2**48
+#: The longest duration (milliseconds) a ``/completion`` timing may report: a year.
+MAX_MILLISECONDS = 365 * 86400 * 1000.0
+
+#: Every float option of bench, with its range (low, high, whether low itself is allowed); checked, with
+#: finiteness, by :func:`check_float_options` and nowhere else.
+FLOAT_OPTIONS: dict[str, tuple[float, float, bool]] = {
+    "health_timeout": (0.0, 7 * 86400.0, False),  # seconds: > 0, at most a week
+}
+
+
+def check_float_options(**values: float) -> None:
+    """Refuse a float option that is not a finite number within its :data:`FLOAT_OPTIONS` range.
+
+    Raises:
+        ParameterError: one line naming the option (``nan``, ``inf`` and out-of-range values alike).
+    """
+    for name, value in values.items():
+        low, high, low_included = FLOAT_OPTIONS[name]
+        try:
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+        above = number >= low if low_included else number > low
+        if not (math.isfinite(number) and above and number <= high):
+            bound = "at least" if low_included else "more than"
+            raise ParameterError(f"{name} {value!r}: give a finite number {bound} {low:g} and at most {high:g}",
+                                 parameter=name)
 
 
 def parse_n_max_list(text: str) -> tuple[int, ...]:
@@ -84,25 +120,20 @@ def parse_n_max_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra: Sequence[str]) -> list[str]:
+def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra: Sequence[str], *,
+                     metrics: bool = False) -> list[str]:
     """llama-server's arguments for one run: ``n_max`` 0 is the run without speculative decoding, any other
-    value an MTP run drafting up to ``n_max`` tokens (from ``draft``, an MTP-only sidecar, when given).
-
-    Raises:
-        ParameterError: ``extra`` sets a flag bench sets itself (the model, the address, the speculative type).
+    value an MTP run drafting up to ``n_max`` tokens (from ``draft``, an MTP-only sidecar, when given);
+    ``metrics`` adds ``--metrics`` (the per-position counts). ``extra`` must already be checked
+    (:func:`gguf_mtp.check.server_options.check_extra_arguments`).
     """
-    for arg in extra:
-        flag = arg.split("=", 1)[0]
-        if flag in RESERVED_SERVER_FLAGS:
-            raise ParameterError(
-                f"server_args: {flag} is set by bench itself (the model, the loopback address, the MTP settings)",
-                parameter="server_args",
-            )
     args = ["-m", model, "--host", "127.0.0.1", "--port", str(port)]
     if n_max:
         args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
         if draft is not None:
             args += ["--spec-draft-model", draft]
+        if metrics:
+            args.append("--metrics")
     return args + list(extra)
 
 
@@ -136,9 +167,14 @@ def _count(timings: Mapping[str, Any], key: str, *, required: bool) -> int:
     value = timings.get(key)
     if value is None and not required:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise LlamaServerError(f"/completion answered timings.{key} = {value!r}, not a count")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise LlamaServerError(f"/completion answered timings.{key} = {_short(value)}, not a count")
     return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:24] + f"... ({len(text)} characters)"
 
 
 def parse_completion(answer: object) -> Completion:
@@ -157,9 +193,9 @@ def parse_completion(answer: object) -> Completion:
         not isinstance(predicted_ms, (int, float))
         or isinstance(predicted_ms, bool)
         or not math.isfinite(predicted_ms)
-        or predicted_ms < 0
+        or not (predicted_ms == 0 or 1e-3 <= predicted_ms <= MAX_MILLISECONDS)
     ):
-        raise LlamaServerError(f"/completion answered timings.predicted_ms = {predicted_ms!r}, not a duration")
+        raise LlamaServerError(f"/completion answered timings.predicted_ms = {_short(predicted_ms)}, not a duration")
     draft_n = _count(timings, "draft_n", required=False)
     accepted = _count(timings, "draft_n_accepted", required=False)
     if accepted > draft_n:
@@ -181,6 +217,80 @@ def parse_completion(answer: object) -> Completion:
     )
 
 
+#: The counters bench reads from llama-server's ``/metrics``.
+_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
+_PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+_SAMPLE = re.compile(r'([a-zA-Z_:][\w:]*)(?:\{position="(\d{1,3})"\})?[ \t]+(\S{1,40})')
+#: The most ``/metrics`` lines read (llama-server writes about 50).
+_MAX_METRICS_LINES = 4096
+
+
+@dataclass(frozen=True)
+class PositionCounts:
+    """Acceptance by draft position, as llama-server counts it: ``drafts`` verification steps, and of those, how
+    many accepted the drafted token at position 0, 1, ... (a step that accepts k tokens counts at 0..k-1)."""
+
+    drafts: int
+    accepted: tuple[int, ...]
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The share of verification steps that accepted the token at each position (llama-server's own
+        "acc per pos"); empty when nothing was drafted."""
+        return tuple(a / self.drafts for a in self.accepted) if self.drafts else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` fields: ``drafts``, ``accepted_by_position`` and ``by_position`` (the rates)."""
+        return {"drafts": self.drafts, "accepted_by_position": list(self.accepted),
+                "by_position": [round(r, 4) for r in self.rates]}
+
+
+def _metric_count(name: str, text: str) -> int:
+    """A counter's value: llama-server prints integers, or doubles in C++'s default format (``1.23457e+06``)."""
+    try:
+        value = float(text) if not text.isdigit() else int(text)
+    except ValueError:
+        value = math.nan
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= MAX_COUNT:
+        raise LlamaServerError(f"/metrics answered {name} = {_short(text)}, not a count")
+    return round(value)
+
+
+def parse_metrics(data: bytes) -> PositionCounts | None:
+    """The per-position acceptance in llama-server's ``/metrics`` answer (Prometheus text); ``None`` when the
+    server does not count it (an older llama-server, or nothing drafted yet).
+
+    Raises:
+        LlamaServerError: a counter that is not a bounded count, or positions that are not 0, 1, ... (one line).
+    """
+    drafts: int | None = None
+    positions: dict[int, int] = {}
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines()):
+        if number >= _MAX_METRICS_LINES:
+            raise LlamaServerError(f"/metrics answered more than {_MAX_METRICS_LINES} lines")
+        line = line.strip()
+        if not line.startswith((_DRAFTS, _PER_POSITION)):
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            raise LlamaServerError(f"/metrics answered {_short(line)}, not a count")
+        name, position, value = match.groups()
+        if name == _DRAFTS and position is None:
+            drafts = _metric_count(name, value)
+        elif name == _PER_POSITION and position is not None:
+            if int(position) in positions:
+                raise LlamaServerError(f"/metrics answered {name} for position {position} twice")
+            positions[int(position)] = _metric_count(name, value)
+    if drafts is None or not positions:
+        return None
+    if sorted(positions) != list(range(len(positions))):
+        raise LlamaServerError(f"/metrics answered {_PER_POSITION} for positions {sorted(positions)}, not 0, 1, ...")
+    accepted = tuple(positions[i] for i in range(len(positions)))
+    if any(a > drafts for a in accepted) or any(b > a for a, b in itertools.pairwise(accepted)):
+        raise LlamaServerError(f"/metrics answered {accepted} accepted by position of {drafts} drafts: impossible")
+    return PositionCounts(drafts, accepted)
+
+
 def acceptance_rate(accepted: int, drafted: int) -> float | None:
     """The share of drafted tokens the trunk accepted; ``None`` when nothing was drafted (the run without MTP)."""
     return accepted / drafted if drafted else None
@@ -197,6 +307,7 @@ class BenchRun:
 
     n_max: int
     completions: tuple[Completion, ...]
+    positions: PositionCounts | None = None  # from llama-server's /metrics, when it counts them
 
     @property
     def predicted_n(self) -> int:
@@ -301,6 +412,7 @@ class BenchReport:
     differences: tuple[Difference, ...]
     seconds: float
     server_args: tuple[str, ...] = ()
+    threads: tuple[str, ...] = ()  # the thread flags bench chose (empty when the user gave them)
 
     @property
     def baseline(self) -> BenchRun:
@@ -321,6 +433,25 @@ class BenchReport:
         """:func:`speedup` of ``run`` over the run without MTP."""
         return speedup(run.predicted_per_second, self.baseline.predicted_per_second)
 
+    def run_dict(self, r: BenchRun) -> dict[str, Any]:
+        """One run of the ``--json`` report: the server's counts, its speed, its text's hash and, when the server
+        counts them, acceptance by draft position (``drafts``, ``accepted_by_position``, ``by_position``; all
+        ``None`` otherwise). A prediction of the same counts would sit next to these, under its own key."""
+        positions = r.positions.to_dict() if r.positions is not None else \
+            {"drafts": None, "accepted_by_position": None, "by_position": None}
+        return {
+            "n_max": r.n_max,
+            "draft_n": r.draft_n,
+            "draft_n_accepted": r.draft_n_accepted,
+            "acceptance": None if r.acceptance is None else round(r.acceptance, 4),
+            **positions,
+            "predicted_n": r.predicted_n,
+            "predicted_ms": round(r.predicted_ms, 3),
+            "predicted_per_second": round(r.predicted_per_second, 3),
+            "speedup": None if (s := self.speedup(r)) is None else round(s, 4),
+            "text_sha256": r.text_sha256,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` report (``n_max`` 0 is the run without MTP)."""
         return {
@@ -329,22 +460,10 @@ class BenchReport:
             "draft": self.draft,
             "server": self.server,
             "server_args": list(self.server_args),
+            "threads": list(self.threads),
             "prompts": self.prompts,
             "tokens": self.tokens,
-            "runs": [
-                {
-                    "n_max": r.n_max,
-                    "draft_n": r.draft_n,
-                    "draft_n_accepted": r.draft_n_accepted,
-                    "acceptance": None if r.acceptance is None else round(r.acceptance, 4),
-                    "predicted_n": r.predicted_n,
-                    "predicted_ms": round(r.predicted_ms, 3),
-                    "predicted_per_second": round(r.predicted_per_second, 3),
-                    "speedup": None if (s := self.speedup(r)) is None else round(s, 4),
-                    "text_sha256": r.text_sha256,
-                }
-                for r in self.runs
-            ],
+            "runs": [self.run_dict(r) for r in self.runs],
             "lossless": self.lossless,
             "differences": [d.describe() for d in self.differences],
             "recommended_n_max": self.recommended_n_max,
@@ -372,6 +491,11 @@ class BenchReport:
     def describe(self) -> list[str]:
         """The table, the lossless verdict and the recommendation."""
         lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else ""), *self.table()]
+        for r in self.runs:
+            if r.positions is not None and r.positions.drafts:
+                rates = ", ".join(f"{rate:.2f}" for rate in r.positions.rates)
+                lines.append(f"n-max {r.n_max}: acceptance by draft position {rates} (of {r.positions.drafts} "
+                             "drafts, llama-server --metrics)")
         if self.lossless:
             lines.append(f"lossless: every MTP run generated exactly the tokens of the run without MTP "
                          f"({self.prompts} prompts, up to {self.tokens} tokens each)")

@@ -7,7 +7,9 @@ its output in a log file; waits for ``/health`` up to a deadline; and stops it h
 process is left and the port is free again. On Linux the server also dies with us if we are killed outright
 (``PR_SET_PDEATHSIG``). The log is kept only when the server failed (its last lines and its path travel with
 the :class:`~gguf_mtp.errors.LlamaServerError`); otherwise it is removed. HTTP goes through the standard
-library: the server is our own, on the loopback.
+library: the server is our own, on the loopback. Every wait has a deadline for the whole answer, not for each
+read (a server trickling a byte a second still ends by it), and every answer is read with the project's bounded
+JSON reader (:func:`gguf_mtp.files.json_io.parse_json`: no recursion, no overflowing number).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import http.client
+import io
 import json
 import os
 import signal
@@ -28,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.errors import LlamaServerError
+from gguf_mtp.errors import GGUFMTPError, LlamaServerError
+from gguf_mtp.files.json_io import parse_json
 
 __all__ = ["LOG_TAIL_LINES", "ServerHandle", "probe_server", "running_server"]
 
@@ -40,11 +44,13 @@ STOP_GRACE_SECONDS = 15.0
 PROBE_TIMEOUT_SECONDS = 60.0
 #: The most bytes read from ``--help`` or from one HTTP answer.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: The longest one ``/health`` probe may take (the whole wait has its own deadline).
+HEALTH_PROBE_SECONDS = 5.0
 _POLL_SECONDS = 0.2
 
 
-def probe_server(binary: str) -> None:
-    """Check that ``binary`` is llama-server and knows ``--spec-type draft-mtp``, from its ``--help``.
+def probe_server(binary: str) -> str:
+    """Check that ``binary`` is llama-server and knows ``--spec-type draft-mtp``, from its ``--help``; that text.
 
     Raises:
         LlamaServerError: not an executable file, not llama-server, or too old for MTP (one line).
@@ -72,6 +78,7 @@ def probe_server(binary: str) -> None:
             binary,
             "server",
         )
+    return text
 
 
 def free_port() -> int:
@@ -94,9 +101,11 @@ class ServerHandle:
     def pid(self) -> int:
         return self.process.pid
 
-    def request(self, method: str, path: str, body: Any = None, *, timeout: float) -> tuple[int, Any]:
-        """(status, decoded JSON answer or ``None``) of one request; transport failures raise ``OSError``."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float) -> tuple[int, bytes]:
+        """(status, body) of one request, all of it within ``timeout`` seconds however the server answers (a
+        byte a second included); a transport failure or the deadline raises ``OSError``."""
+        deadline = time.monotonic() + timeout
+        conn = _DeadlineConnection(self.port, deadline)
         try:
             payload = None if body is None else json.dumps(body).encode("utf-8")
             headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -109,10 +118,20 @@ class ServerHandle:
             conn.close()
         if len(data) > MAX_ANSWER_BYTES:
             raise ConnectionError(f"answer to {path} larger than {MAX_ANSWER_BYTES:,} bytes")
+        return response.status, data
+
+    def decode(self, path: str, data: bytes) -> Any:
+        """An answer's JSON (``None`` when empty), read with the project's bounded reader.
+
+        Raises:
+            LlamaServerError: not JSON, nested too deep, a number no server sends (one line, with the log tail).
+        """
+        if not data:
+            return None
         try:
-            return response.status, json.loads(data) if data else None
-        except ValueError:
-            return response.status, None
+            return parse_json(data, self.binary, what=f"{path} answered")
+        except GGUFMTPError as e:
+            raise self.failure(e.message) from None
 
     def post_json(self, path: str, body: Any, *, timeout: float) -> Any:
         """POST ``body`` to ``path``; the JSON answer of a 200, else :class:`LlamaServerError` with the log tail."""
@@ -122,14 +141,30 @@ class ServerHandle:
         """GET ``path``; the JSON answer of a 200, else :class:`LlamaServerError` with the log tail."""
         return self._answer("GET", path, None, timeout=timeout)
 
+    def get_text(self, path: str, *, timeout: float) -> bytes | None:
+        """GET ``path``; the body of a 200, ``None`` for any other status (an endpoint the server does not offer).
+
+        Raises:
+            LlamaServerError: no answer within ``timeout`` (with the log tail).
+        """
+        try:
+            status, data = self.request("GET", path, timeout=timeout)
+        except TimeoutError:
+            raise self.failure(f"{path}: no complete answer within {timeout:g} s") from None
+        except OSError as e:
+            raise self.failure(f"{path} failed: {e}") from None
+        return data if status == 200 else None
+
     def _answer(self, method: str, path: str, body: Any, *, timeout: float) -> Any:
         try:
-            status, answer = self.request(method, path, body, timeout=timeout)
+            status, data = self.request(method, path, body, timeout=timeout)
+        except TimeoutError:
+            raise self.failure(f"{path}: no complete answer within {timeout:g} s") from None
         except OSError as e:
             raise self.failure(f"{path} failed: {e}") from None
         if status != 200:
-            raise self.failure(f"{path} answered HTTP {status}: {_error_text(answer)}")
-        return answer
+            raise self.failure(f"{path} answered HTTP {status}: {_error_text(_lenient(data))}")
+        return self.decode(path, data)
 
     def failure(self, message: str, parameter: str | None = None) -> LlamaServerError:
         """An error about this server, with the last lines of its log (which is then kept)."""
@@ -142,10 +177,75 @@ class ServerHandle:
         )
 
 
+def _lenient(data: bytes) -> Any:
+    """The JSON of an error answer, for its message only (bounded; anything unreadable is no message)."""
+    try:
+        return parse_json(data, "answer") if data else None
+    except GGUFMTPError:
+        return None
+
+
 def _error_text(answer: Any) -> str:
     if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
         return str(answer["error"].get("message", "no message"))[:300]
     return "no message"
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only the time left before the deadline: a whole answer ends by then."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # holds the socket open until this reader is closed
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no complete answer before the deadline")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """The part of a socket ``http.client`` uses, with one deadline for the whole exchange (sending included)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def sendall(self, data: bytes) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no complete answer before the deadline")
+        self._sock.settimeout(left)  # since Python 3.5 the total time of sendall
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """HTTP to 127.0.0.1:``port`` that gives up at ``deadline`` (``time.monotonic()``), not per read."""
+
+    def __init__(self, port: int, deadline: float) -> None:
+        super().__init__("127.0.0.1", port, timeout=max(0.001, deadline - time.monotonic()))
+        self._deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self._deadline)
 
 
 def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
@@ -200,10 +300,11 @@ def running_server(
     health_timeout: float,
     label: str = "llama-server",
     on_start: Callable[[ServerHandle], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[ServerHandle]:
     """Start ``binary args`` (which must listen on 127.0.0.1:``port``), wait until ``/health`` answers ok, yield
     the handle; stop the server when the block ends, however it ends. ``on_start`` is told of the process
-    as soon as it runs (before it is ready).
+    as soon as it runs (before it is ready). ``env``: the server's environment (default: ours).
 
     Raises:
         LlamaServerError: it exited, or did not become healthy within ``health_timeout`` seconds (with the
@@ -216,7 +317,7 @@ def running_server(
         with os.fdopen(fd, "wb") as log_file:
             process = subprocess.Popen(
                 [binary, *args], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent(),
+                start_new_session=True, preexec_fn=_die_with_parent(), env=env,
             )
     except OSError as e:
         raise LlamaServerError(f"cannot start: {e.strerror}", binary, "server") from None
@@ -240,12 +341,18 @@ def running_server(
 
 
 def _wait_healthy(handle: ServerHandle, timeout: float, label: str) -> None:
+    """Poll ``/health`` until it answers ok; every probe, and so the whole wait, ends by the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         if handle.process.poll() is not None:
             raise handle.failure(f"{label} stopped before it was ready")
-        with contextlib.suppress(OSError):
-            status, answer = handle.request("GET", "/health", timeout=5.0)
+        left = deadline - time.monotonic()
+        if left > 0:
+            try:
+                status, data = handle.request("GET", "/health", timeout=min(left, HEALTH_PROBE_SECONDS))
+            except OSError:  # not listening yet, or no whole answer in time
+                status, data = 0, b""
+            answer = handle.decode("/health", data)  # a malformed answer is no llama-server: one line at once
             if status == 200 and isinstance(answer, dict) and answer.get("status") == "ok":
                 return
         if time.monotonic() >= deadline:
@@ -253,4 +360,4 @@ def _wait_healthy(handle: ServerHandle, timeout: float, label: str) -> None:
                 f"{label} did not become healthy on 127.0.0.1:{handle.port} within {timeout:g} s (health_timeout)",
                 "health_timeout",
             )
-        time.sleep(_POLL_SECONDS)
+        time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))

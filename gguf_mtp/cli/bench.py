@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run your llama-server on 127.0.0.1 once without speculative decoding and once per n-max with "
         "--spec-type draft-mtp, send the same prompts greedily, and report acceptance (draft_n_accepted / draft_n), "
         "tokens/s, the speed-up and the recommended n-max. The greedy text with MTP must equal the text without "
-        "it (exit status 2 when not). Arguments after -- go to every llama-server run (-ngl 99, -c 8192, -t 8...). "
+        "it (exit status 2 when not). Arguments after -- go to every llama-server run (-ngl 99, -c 8192, -t 8...); "
+        "without -t, the trunk's and the MTP head's thread pools get half the free cores each. "
         "The server is always stopped; its log is kept when something fails.",
     )
     p.add_argument("model", help="the composite GGUF (any shard), or the trunk when --draft names an MTP-only sidecar")
@@ -38,12 +39,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "(default: built-in code, prose and chat prompts)")
     p.add_argument("--health-timeout", dest="health_timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT,
                    metavar="SECONDS",
-                   help=f"how long one server may take to load the model (default: {DEFAULT_HEALTH_TIMEOUT:g})")
+                   help=f"how long one server may take to load the model and answer /health, in seconds "
+                        f"(default: {DEFAULT_HEALTH_TIMEOUT:g})")
     p.add_argument("--plot", metavar="FILE.png", help="draw tokens/s and acceptance against n-max (needs the "
                    "bench extra: matplotlib)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run, server_args=[])  # what follows -- (see gguf_mtp.cli._parse)
 
 
@@ -66,12 +68,15 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(printable(line), file=sys.stderr, flush=True)
 
+    def warn(line: str) -> None:
+        print(f"gguf-mtp: warning: {printable(line)}", file=sys.stderr, flush=True)
+
     try:
         with signals_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
             report = bench(
                 args.model, args.server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
                 server_args=args.server_args, health_timeout=args.health_timeout,
-                progress=None if args.quiet else say,
+                progress=None if args.quiet else say, warn=warn,
             )
     except LlamaServerError as e:
         if e.log_tail:

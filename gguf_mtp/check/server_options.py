@@ -1,0 +1,227 @@
+"""llama-server's options as its own ``--help`` prints them, and the rules ``bench`` draws from them: the options
+bench sets itself (refused in the user's extra arguments under every spelling the server accepts), and the thread
+counts of the trunk and the MTP head.
+
+llama.cpp's ``common_arg::to_string`` prints one option per entry: its spellings on a line that starts in column 0
+(``-hf,   -hfr, --hf-repo <user>/<model>[:quant]``), then the value hint, then the help text, indented, ending with
+``(env: LLAMA_ARG_...)`` when an environment variable sets the same thing. Reading the aliases from there, rather
+than from a list of our own, follows the server the user actually has: a spelling added in a later llama.cpp is
+refused the day it appears.
+
+Pure: no process. :func:`gguf_mtp.check.llama_server.probe_server` runs ``--help``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gguf_mtp.errors import ParameterError
+
+__all__ = [
+    "OWNED_OPTIONS",
+    "ServerOption",
+    "ServerOptions",
+    "Threads",
+    "check_extra_arguments",
+    "choose_threads",
+    "free_cores",
+    "parse_help",
+]
+
+#: The options bench sets itself, each by one of its spellings (every alias the server prints is refused too):
+#: the model and every other source of one (a URL, a Docker or Hugging Face repository and file, for the trunk
+#: and the draft), the loopback address and the paths bench asks, and the speculative settings it measures.
+OWNED_OPTIONS = (
+    "--model",
+    "--model-url",
+    "--docker-repo",
+    "--hf-repo",
+    "--hf-file",
+    "--host",
+    "--port",
+    "--api-prefix",
+    "--spec-type",
+    "--spec-draft-n-max",
+    "--spec-draft-model",
+    "--spec-draft-hf",
+)
+#: A preset whose help says this downloads and loads a model of its own choice (``--fim-qwen-7b-spec``...).
+_DOWNLOADS = "download weights from the internet"
+#: The options that size the trunk's and the draft model's thread pools, by one spelling each.
+TRUNK_THREADS = "--threads"
+DRAFT_THREADS = "--spec-draft-threads"
+
+_OPTION_LINE = re.compile(r"(-[\w.-]+(?:,\s*-[\w.-]+)*)")
+_ENV = re.compile(r"\(env: ([A-Z0-9_]+)\)")
+
+
+@dataclass(frozen=True)
+class ServerOption:
+    """One option of llama-server: every spelling it accepts, its environment variable, its help text."""
+
+    flags: tuple[str, ...]
+    env: str | None
+    help: str
+
+
+def parse_help(text: str) -> tuple[ServerOption, ...]:
+    """The options of a llama.cpp program's ``--help`` (``common_arg::to_string``'s layout)."""
+    options: list[ServerOption] = []
+    flags: tuple[str, ...] | None = None
+    lines: list[str] = []
+
+    def close() -> None:
+        if flags:
+            body = " ".join(lines)
+            env = _ENV.search(body)
+            options.append(ServerOption(flags, env.group(1) if env else None, body))
+
+    for line in text.splitlines():
+        match = _OPTION_LINE.match(line)
+        if match and line.startswith("-"):
+            close()
+            flags = tuple(f.strip() for f in match.group(1).split(","))
+            lines = [line[match.end():].strip()]
+        elif line.startswith(" ") and flags:
+            lines.append(line.strip())
+        else:
+            close()
+            flags, lines = None, []
+    close()
+    return tuple(options)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What bench needs of a llama-server's options: the flags it owns (with their environment variables), the
+    spellings of the thread options, and whether ``--metrics`` exists."""
+
+    reserved: frozenset[str]
+    reserved_env: frozenset[str]
+    trunk_threads: frozenset[str]
+    draft_threads: frozenset[str]
+    thread_env: frozenset[str]
+    metrics: bool
+
+    @classmethod
+    def from_help(cls, text: str) -> ServerOptions:
+        """Read them from ``--help``; an owned option the help does not print is still refused by that name."""
+        options = parse_help(text)
+
+        def spellings(name: str) -> tuple[frozenset[str], frozenset[str]]:
+            found = [o for o in options if name in o.flags]
+            return (frozenset(f for o in found for f in o.flags) | {name},
+                    frozenset(o.env for o in found if o.env))
+
+        reserved: set[str] = set()
+        reserved_env: set[str] = set()
+        for name in OWNED_OPTIONS:
+            flags, env = spellings(name)
+            reserved |= flags
+            reserved_env |= env
+        for option in options:
+            if _DOWNLOADS in option.help:
+                reserved |= set(option.flags)
+        trunk, trunk_env = spellings(TRUNK_THREADS)
+        draft, draft_env = spellings(DRAFT_THREADS)
+        return cls(
+            reserved=frozenset(reserved), reserved_env=frozenset(reserved_env), trunk_threads=trunk | {"-t"},
+            draft_threads=draft | {"-td"}, thread_env=trunk_env | draft_env,  # the spellings bench itself gives
+            metrics=any("--metrics" in o.flags for o in options),
+        )
+
+    def server_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """``environ`` without the variables that would set an option bench owns (``LLAMA_ARG_MODEL_URL``...):
+        llama.cpp reads them before the command line, so one left set would still reach the server."""
+        return {k: v for k, v in environ.items() if k not in self.reserved_env}
+
+
+def _flag(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def check_extra_arguments(extra: Sequence[str], options: ServerOptions) -> None:
+    """Refuse extra server arguments that set what bench sets itself, under any spelling.
+
+    Raises:
+        ParameterError: one line naming the flag.
+    """
+    for arg in extra:
+        if arg.startswith("-") and _flag(arg) in options.reserved:
+            raise ParameterError(
+                f"server_args: {_flag(arg)} is set by bench itself (the model and where it comes from, the loopback "
+                "address, the MTP settings)",
+                parameter="server_args",
+            )
+
+
+def free_cores() -> int:
+    """Cores this process may run on (its CPU affinity) less the ones busy right now (the one-minute load
+    average, rounded), at least 1."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    try:
+        busy = round(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        busy = 0
+    return max(1, min(usable, usable - busy))
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The thread counts of a bench: ``arguments`` bench adds (empty when the user chose), the threads the trunk's
+    and the head's pools use in an MTP run, and the free cores they were sized to."""
+
+    arguments: tuple[str, ...]
+    draft_arguments: tuple[str, ...]
+    trunk: int | None
+    head: int | None
+    free: int
+
+    @property
+    def oversubscribed(self) -> bool:
+        """The user's thread counts give the two pools of an MTP run more threads than there are free cores
+        (one thread each, the least there is, never counts as too many)."""
+        return not self.arguments and self.trunk is not None and self.head is not None \
+            and self.trunk + self.head > max(2, self.free)
+
+
+def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> int | None:
+    """The thread count the last of ``flags`` in ``extra`` sets (``default`` when absent; llama.cpp's
+    hardware concurrency for 0 or less); ``None`` when its value is not a number (llama-server refuses it)."""
+    found = default
+    for i, arg in enumerate(extra):
+        flag, equals, inline = arg.partition("=")
+        if flag in flags:
+            text = inline if equals else (extra[i + 1] if i + 1 < len(extra) else "")
+            value = int(text) if re.fullmatch(r"-?\d{1,6}", text) else None
+            found = None if value is None else (value if value > 0 else os.cpu_count() or 1)
+    return found
+
+
+def choose_threads(extra: Sequence[str], options: ServerOptions, free: int, *, draft: bool,
+                   environ: Mapping[str, str] | None = None) -> Threads:
+    """The threads of the trunk and of the MTP head, so that an MTP run does not oversubscribe the free cores.
+
+    In an MTP run llama-server holds two thread pools: the trunk's and the MTP context's (``-t`` for a composite;
+    ``-td``, which defaults to ``-t``, for a sidecar). With every core in both, each pool waits on the other (on a
+    busy 2-core machine about 1.4 tokens/s instead of hundreds). When the user sets no thread count (no flag, no
+    ``LLAMA_ARG_THREADS``-style variable), bench gives each pool half the free cores (at least 1), in every run so
+    that the runs compare alike; otherwise the user's counts stand and :attr:`Threads.oversubscribed` says whether
+    to warn.
+    """
+    environ = os.environ if environ is None else environ
+    user_set = any(_flag(a) in options.trunk_threads | options.draft_threads for a in extra if a.startswith("-"))
+    if not user_set:
+        if any(name in environ for name in options.thread_env):  # set by the environment: the user's choice
+            return Threads((), (), None, None, free)
+        each = max(1, free // 2)
+        return Threads(("-t", str(each)), ("-td", str(each)) if draft else (), each, each, free)
+    trunk = _given(extra, options.trunk_threads, os.cpu_count() or 1)
+    head = _given(extra, options.draft_threads, trunk) if draft else trunk
+    return Threads((), (), trunk, head, free)
