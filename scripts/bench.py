@@ -109,7 +109,7 @@ def target_group(config: BenchConfig, sharded: SyntheticTarget, single: Syntheti
     return [
         Command("compose", "sharded", size,
                 (PYTHON, "-m", "gguf_mtp", "compose", str(sharded.first), str(draft), "-o",
-                 str(_runs(config, "compose-sharded")), "--quiet"),
+                 str(_runs(config, "compose-sharded")), "--quiet", "--no-verify"),
                 (*sharded.paths, draft), _runs(config, "compose-sharded"), env),
         # The same bytes compose moves: every target file and the draft.
         Command("cp", "sharded", size,
@@ -117,7 +117,7 @@ def target_group(config: BenchConfig, sharded: SyntheticTarget, single: Syntheti
                 (*sharded.paths, draft), _runs(config, "cp-sharded"), env, syncs_itself=False),
         Command("compose", "single", size,
                 (PYTHON, "-m", "gguf_mtp", "compose", str(single.first), str(draft), "-o",
-                 str(_runs(config, "compose-single")), "--quiet", "--set-kv", "general.name=bench"),
+                 str(_runs(config, "compose-single")), "--quiet", "--no-verify", "--set-kv", "general.name=bench"),
                 (single.first, draft), _runs(config, "compose-single"), env),
         Command("gguf_new_metadata", "single", size,
                 (PYTHON, "-m", "gguf.scripts.gguf_new_metadata", "--general-name", "bench", "--force",

@@ -65,7 +65,7 @@ def quantize_group(work_dir: Path, llama_quantize: Path, target: Path, draft: Pa
     return [
         Command("compose --outtype", QTYPE, size,
                 (PYTHON, "-m", "gguf_mtp", "compose", str(target), str(draft), "-o", str(ours), "--outtype", QTYPE,
-                 "--quiet"),
+                 "--quiet", "--no-verify"),
                 (target, draft), ours, env),
         Command("llama-quantize --pure", QTYPE, size,
                 (str(llama_quantize), "--pure", str(composite), str(theirs / "out.gguf"), QTYPE.upper()),

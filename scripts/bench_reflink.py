@@ -6,7 +6,7 @@ unchanged tensor data shares the input's extents too (issue 13). This case measu
 loop-mounted XFS image (made once in the work folder and reused; its file is sparse):
 
 - ``gguf-mtp compose`` of the split target + draft, ``strip`` of the composite, ``graft`` of the
-  composite's NextN block into the target (``--no-verify``: the copy alone, like compose);
+  composite's NextN block into the target (``--no-verify``: the copy alone, as for compose);
 - against ``cp --reflink=always`` and ``cp --reflink=never`` of the target's files and the draft;
 - and the interpreter's start-up (``python -m gguf_mtp --version``), the floor of every gguf-mtp run.
 
@@ -103,7 +103,7 @@ def _composite(inputs: Path, target: SyntheticTarget, draft: Path, log: Callable
     shutil.rmtree(folder, ignore_errors=True)
     log(f"composing the {size_label(target.spec.size)} target once, as the input of strip and graft")
     done = subprocess.run([PYTHON, "-m", "gguf_mtp", "compose", str(target.first), str(draft), "-o", str(folder),
-                           "--quiet"], capture_output=True, text=True, check=False, env={**os.environ, **_env()})
+                           "--quiet", "--no-verify"], capture_output=True, text=True, check=False, env={**os.environ, **_env()})
     if done.returncode:
         raise RuntimeError(f"compose for the reflink inputs failed: {done.stderr.strip()}")
     return folder / target.first.name
@@ -134,7 +134,8 @@ def reflink_group(mount: Path, target: SyntheticTarget, draft: Path, composite: 
     gguf_mtp = (PYTHON, "-m", "gguf_mtp")
     return [
         Command("compose", "reflink", size,
-                (*gguf_mtp, "compose", str(target.first), str(draft), "-o", str(runs / "compose"), "--quiet"),
+                (*gguf_mtp, "compose", str(target.first), str(draft), "-o", str(runs / "compose"), "--quiet",
+                 "--no-verify"),
                 (*target.paths, draft), runs / "compose", env),
         Command("cp --reflink=always", "reflink", size,
                 ("cp", "--reflink=always", *sources, str(runs / "cp-always") + "/"),

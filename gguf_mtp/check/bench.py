@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gguf_mtp.constants import free_cores
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.json_io import load_json_file
 from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
@@ -37,7 +38,7 @@ from .bench_rules import (
     server_arguments,
 )
 from .llama_server import ServerHandle, free_port, probe_server, running_server
-from .server_options import ServerOptions, Threads, check_extra_arguments, choose_threads, free_cores
+from .server_options import ServerOptions, Threads, check_extra_arguments, choose_threads
 
 __all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts",
            "tokenizer_refusal"]

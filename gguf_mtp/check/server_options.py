@@ -27,7 +27,6 @@ __all__ = [
     "Threads",
     "check_extra_arguments",
     "choose_threads",
-    "free_cores",
     "parse_help",
 ]
 
@@ -156,20 +155,6 @@ def check_extra_arguments(extra: Sequence[str], options: ServerOptions) -> None:
                 "address, the MTP settings)",
                 parameter="server_args",
             )
-
-
-def free_cores() -> int:
-    """Cores this process may run on (its CPU affinity) less the ones busy right now (the one-minute load
-    average, rounded), at least 1."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
-    try:
-        busy = round(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        busy = 0
-    return max(1, min(usable, usable - busy))
 
 
 @dataclass(frozen=True)
