@@ -171,8 +171,7 @@ class _Runner:
     def _row(self, i: int) -> np.ndarray:
         """A copy of the MTP context's output row for batch entry ``i`` (what draft-mtp re-feeds)."""
         pointer = self.ext.llama_get_embeddings_nextn_ith(self.dft, i)
-        row: np.ndarray = np.ctypeslib.as_array(pointer, shape=(self.n_embd,))
-        return row.copy()
+        return np.array(np.ctypeslib.as_array(pointer, shape=(self.n_embd,)), dtype=np.float32)
 
     def _clear(self, ctx: Any) -> None:
         self.llama.llama_memory_clear(self.llama.llama_get_memory(ctx), True)
