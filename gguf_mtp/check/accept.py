@@ -54,6 +54,7 @@ class PromptScore:
     runs: tuple[Replay, ...]
     agreement: tuple[int, int] | None = None  #: text mode: (agreeing, scored) first drafts
     batched_disagreements: int = 0  #: positions where the batched trunk pass and the greedy decode differ
+    greedy: tuple[int, ...] = ()  #: greedy mode: the trunk's greedy continuation (token ids)
 
     def to_dict(self) -> dict[str, Any]:
         runs = [{"n_max": r.n_max, "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted} for r in self.runs]
@@ -194,7 +195,7 @@ def _check_inputs(model: str | os.PathLike[str], draft: str | os.PathLike[str] |
     sidecar = open_model(draft)
     problems, _ = target_fit_check(target, sidecar.first, sidecar.headers)
     if problems:
-        raise ParameterError(f"the draft does not fit the model: {problems[0]}", sidecar.name, "draft")
+        raise ParameterError(f"this sidecar does not fit the model: {problems[0]}", sidecar.name, "draft")
     return info, target, sidecar
 
 
@@ -213,7 +214,9 @@ def _run_child(request: dict[str, Any], model: str) -> dict[str, Any]:
     stage = (report or {}).get("stage")
     if proc.returncode == 0 and report is not None and stage == "done":
         if report.get("refused"):
-            raise ParameterError(str(report["refused"]), model)
+            refused = str(report["refused"])
+            reason = llama_reason(proc.stderr) if refused.startswith("llama.cpp") else None
+            raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
         return report
     where = _STAGES.get(stage, str(stage))
     if stage == "score" and report is not None:
@@ -300,7 +303,8 @@ def accept(
         runs = tuple(dataclasses.replace(replay(item["greedy"], item["chains"], min(k, heads) if chained else k,
                                                 limits), n_max=k) for k in n_max)
         scores.append(PromptScore(item["name"], item["prompt_tokens"], len(item["greedy"]), runs,
-                                  batched_disagreements=int(item["batched_disagreements"])))
+                                  batched_disagreements=int(item["batched_disagreements"]),
+                                  greedy=tuple(item["greedy"])))
     return AcceptReport(
         model=info.path, draft=info.draft, mode="text" if text else "greedy", tokens=tokens, n_ctx=n_ctx,
         heads=heads, chained=chained, draft_cost=draft_cost(target, mtp), prompts=tuple(scores),
