@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -219,3 +220,25 @@ def test_ctrl_c_leaves_no_child(cycle: CycleModel) -> None:
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in stderr
     assert not any(pid_alive(child) for child in children)
+
+
+def test_the_head_type_sweep_measures_each_type_and_recommends_by_the_rule(cycle: CycleModel) -> None:
+    proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q6_k,q4_k,q3_k", "--n-max", "1", "--tokens", "24",
+               "--threads", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    rows = data["outtypes"]
+    assert [r["outtype"] for r in rows] == ["as stored", "q8_0", "q6_k", "q4_k", "q3_k"]
+    sizes = [r["head_bytes"] for r in rows]
+    assert all(a > b for a, b in itertools.pairwise(sizes))  # F16 as stored, then smaller and smaller
+    assert all(r["acceptance"] is not None and r["acceptance"] > 0.45 for r in rows)
+    typed = rows[1:]
+    best = max(r["acceptance"] for r in typed)
+    assert data["recommended_outtype"] == min((r for r in typed if r["acceptance"] >= best - 0.01),
+                                              key=lambda r: r["head_bytes"])["outtype"]
+    assert list(Path(tempfile.gettempdir()).glob("gguf-mtp-accept-*")) == []  # the temporary sidecars are gone
+
+
+def test_an_unknown_head_type_is_refused_before_anything_runs(cycle: CycleModel) -> None:
+    proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q9_x")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "q9_x" in proc.stderr

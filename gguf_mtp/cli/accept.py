@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from .common import print_json, print_report
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "accept",
         usage="gguf-mtp accept MODEL [--draft SIDECAR] [--prompts FILE] [--tokens N] [--n-max K,K...] [--text] "
-        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--json]",
+        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--outtypes T,T...] [--json]",
         help="predict llama-server's MTP acceptance (draft_n, draft_n_accepted) in seconds, without a server",
         description="Run the trunk and the MTP head with llama.cpp (llama-cpp-python, in a child process): the "
         "trunk's greedy continuation of each prompt, one batched trunk pass and one batched MTP pass over it, the "
@@ -41,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for llama.cpp (default: all)")
     p.add_argument("--n-gpu-layers", dest="n_gpu_layers", type=int, default=0, metavar="N",
                    help="layers to offload to a GPU (a GPU build of llama-cpp-python; default: 0)")
+    p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "
+                   "into a temporary sidecar) and report its bytes and predicted acceptance, recommending the "
+                   "smallest type within 0.01 of the best (e.g. q8_0,q6_k,q4_k,q3_k)")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.set_defaults(run=run)
 
@@ -49,18 +53,26 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.check.accept import accept
     from gguf_mtp.check.bench import load_prompts
     from gguf_mtp.check.bench_rules import parse_n_max_list
-    from gguf_mtp.errors import LlamaCppError
+    from gguf_mtp.errors import LlamaCppError, ParameterError
     from gguf_mtp.formatting import printable
     from gguf_mtp.write import signals_as_interrupt
 
     n_max = parse_n_max_list(args.n_max)
     prompts = load_prompts(args.prompts) if args.prompts else None
+    options = {"prompts": prompts, "tokens": args.tokens, "n_max": n_max, "ctx_size": args.ctx_size,
+               "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
+    if args.outtypes is not None and args.text:
+        raise ParameterError("outtypes: the type sweep predicts server counts; it does not take --text",
+                             parameter="outtypes")
     try:
         with signals_as_interrupt():  # SIGTERM stops the llama.cpp child too, as Ctrl-C does
-            report = accept(
-                args.model, draft=args.draft, prompts=prompts, tokens=args.tokens, n_max=n_max, text=args.text,
-                ctx_size=args.ctx_size, threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-            )
+            if args.outtypes is not None:
+                from gguf_mtp.jobs.accept_sweep import sweep_head_types
+
+                outtypes = [t.strip() for t in args.outtypes.split(",") if t.strip()]
+                report: Any = sweep_head_types(args.model, outtypes, draft=args.draft, **options)
+            else:
+                report = accept(args.model, draft=args.draft, text=args.text, **options)
     except LlamaCppError as e:
         if e.log_tail:
             print("llama.cpp log (last lines):", file=sys.stderr)

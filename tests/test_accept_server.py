@@ -1,0 +1,53 @@
+"""The proof of ``gguf-mtp accept``: its predicted ``draft_n`` / ``draft_n_accepted`` equal what llama.cpp's own
+llama-server returns for the same greedy requests (asked through ``bench``), at n-max 1 and 2, prompt by prompt, for
+the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on about 70 % of tokens) and for its
+trunk + MTP-only sidecar. The greedy text is the same too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gguf_mtp import extract, strip
+from gguf_mtp.check.accept import accept
+from gguf_mtp.check.bench import bench, builtin_prompts
+from gguf_mtp.testing.cycle_model import write_cycle_model
+
+pytestmark = pytest.mark.llama
+
+#: One thread, one slot, a 1024-token context: the server tests' settings (a busy 2-core machine).
+SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
+TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path | None]]:
+    root = tmp_path_factory.mktemp("accept-server")
+    composite = write_cycle_model(root).path
+    trunk = Path(strip(composite, root / "trunk", progress=False).output_paths[0])
+    sidecar = root / "sidecar.gguf"
+    extract(composite, sidecar, standalone=True, progress=False)
+    return {"composite": (composite, None), "trunk + sidecar": (trunk, sidecar)}
+
+
+@pytest.mark.parametrize("which", ["composite", "trunk + sidecar"])
+def test_predicted_counts_equal_llama_server(
+    llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]], which: str
+) -> None:
+    model, draft = models[which]
+    prompts = builtin_prompts()
+    predicted = accept(model, draft=draft, prompts=prompts, tokens=TOKENS, n_max=(1, 2), ctx_size=1024, threads=1)
+    measured = bench(model, str(llama_server_tool), draft=draft, n_max=(1, 2), tokens=TOKENS, prompts=prompts,
+                     server_args=SERVER_FLAGS)
+    assert measured.lossless
+    for i, run in enumerate(measured.runs[1:]):
+        for score, completion in zip(predicted.prompts, run.completions, strict=True):
+            assert completion.tokens == score.greedy, score.name
+            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
+            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
+            assert got == want, f"{which}, n-max {run.n_max}, {score.name}"
+    first = predicted.runs[0]
+    assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
+    assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
