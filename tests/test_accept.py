@@ -242,3 +242,19 @@ def test_the_head_type_sweep_measures_each_type_and_recommends_by_the_rule(cycle
 def test_an_unknown_head_type_is_refused_before_anything_runs(cycle: CycleModel) -> None:
     proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q9_x")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "q9_x" in proc.stderr
+
+
+def test_text_mode_scores_the_given_text_by_teacher_forcing(cycle: CycleModel) -> None:
+    # A text of one repeated 5-byte chunk is one token t over and over (llama.cpp's test tokenizer). By design the
+    # trunk's next token after t is cycle[t] everywhere; the head (shown t and the row after t) drafts cycle[t] when t
+    # is a bad token and cycle[cycle[t]] when it is a good one: full agreement or none.
+    chunks = [c * 5 for c in "abcdefgh"]
+    greedy = accept(cycle.path, prompts=[Prompt(c, c * 4) for c in chunks], tokens=1, n_max=(1,), threads=2)
+    token = {p.name: cycle.cycle.index(p.greedy[0]) for p in greedy.prompts}
+    assert {t in cycle.good for t in token.values()} == {True, False}  # both kinds among the chunks
+    report = accept(cycle.path, prompts=[Prompt(c, c * 20) for c in chunks], text=True, n_max=(1,), threads=2)
+    assert report.mode == "text" and report.recommended_n_max is None
+    for score in report.prompts:
+        agreeing, scored = score.agreement or (0, 0)
+        assert scored == 19 and agreeing == (0 if token[score.name] in cycle.good else 19), score.name
+    assert "an estimate of acceptance at n-max 1, not a server prediction" in report.describe()[-1]
