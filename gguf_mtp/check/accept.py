@@ -55,6 +55,7 @@ class PromptScore:
     agreement: tuple[int, int] | None = None  #: text mode: (agreeing, scored) first drafts
     batched_disagreements: int = 0  #: positions where the batched trunk pass and the greedy decode differ
     greedy: tuple[int, ...] = ()  #: greedy mode: the trunk's greedy continuation (token ids)
+    seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, passes, chains)
 
     def to_dict(self) -> dict[str, Any]:
         runs = [{"n_max": r.n_max, "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted} for r in self.runs]
@@ -93,6 +94,15 @@ class AcceptReport:
         scored = [(s, -r.n_max, r.n_max) for r in self.runs if r.draft_n and (s := self.speedup(r)) is not None]
         return max(scored)[2] if scored and self.mode == "greedy" else None
 
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds the child spent per phase, over every prompt (the greedy generation is sequential, one decode
+        per token; the passes are batched)."""
+        phases: dict[str, float] = {}
+        for p in self.prompts:
+            for phase, value in p.seconds.items():
+                phases[phase] = round(phases.get(phase, 0.0) + value, 4)
+        return phases
+
     @property
     def batched_disagreements(self) -> int:
         return sum(p.batched_disagreements for p in self.prompts)
@@ -121,6 +131,7 @@ class AcceptReport:
             "draft_cost": self.draft_cost,
             "batched_disagreements": self.batched_disagreements,
             "seconds": self.seconds,
+            "phase_seconds": self.phase_seconds(),
         }
 
     def describe(self) -> list[str]:
@@ -304,7 +315,7 @@ def accept(
                                                 limits), n_max=k) for k in n_max)
         scores.append(PromptScore(item["name"], item["prompt_tokens"], len(item["greedy"]), runs,
                                   batched_disagreements=int(item["batched_disagreements"]),
-                                  greedy=tuple(item["greedy"])))
+                                  greedy=tuple(item["greedy"]), seconds=dict(item.get("seconds", {}))))
     return AcceptReport(
         model=info.path, draft=info.draft, mode="text" if text else "greedy", tokens=tokens, n_ctx=n_ctx,
         heads=heads, chained=chained, draft_cost=draft_cost(target, mtp), prompts=tuple(scores),

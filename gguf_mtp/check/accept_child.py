@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -275,12 +276,24 @@ class _Runner:
 
 
 def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, k_max: int) -> dict[str, Any]:
+    clock = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[phase] = round(now - clock, 4)
+        clock = now
+
     greedy = runner.greedy(prompt, n)
+    lap("greedy")
     text_tokens = prompt + greedy
     rows, batched = runner.trunk_pass(text_tokens[:-1], len(prompt) - 1)
     disagreements = sum(1 for a, b in zip(batched, greedy, strict=True) if a != b)
+    lap("trunk_pass")
     start = len(prompt)  # greedy[0] sits at this position
     firsts, head_rows = runner.mtp_pass(text_tokens, rows, start)
+    lap("mtp_pass")
     chains: list[list[int]] = []
     for j in range(n):
         length = min(k_max, n - j - 2)  # a step from greedy[j] drafts at most n_remaining - 1 = n - j - 2 tokens
@@ -290,8 +303,9 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, k_max: 
             chains.append([firsts[j]])
         else:
             chains.append(runner.chain(text_tokens, rows, start + j, firsts[j], head_rows[j], length))
+    lap("chains")
     return {"name": name, "prompt_tokens": len(prompt), "greedy": greedy, "chains": chains,
-            "eog_at": runner.first_eog(greedy), "batched_disagreements": disagreements}
+            "eog_at": runner.first_eog(greedy), "batched_disagreements": disagreements, "seconds": seconds}
 
 
 def _score_text(runner: _Runner, name: str, tokens: list[int]) -> dict[str, Any]:
