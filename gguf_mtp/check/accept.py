@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gguf_mtp.errors import LlamaCppError, ParameterError
+from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
 
 from .accept_schedule import Limits, Replay, first_draft_agreement, replay, total
@@ -178,22 +179,15 @@ def draft_cost(target: ShardSet, mtp: ShardSet) -> float:
     """c, the cost of one draft step in trunk steps, from the bytes each reads per token: the NextN block(s) and
     the output matrix for the head; every trunk tensor but the NextN blocks and the token embedding (a lookup of one
     row) for the trunk. A rough figure for MoE models, where a token reads only some experts of either."""
-    first_nextn = mtp.trunk_block_count
+    def in_head(name: str, model: ShardSet) -> bool:
+        block = block_index(name)
+        return block is not None and block >= model.trunk_block_count
 
-    def head_bytes(name: str) -> bool:
-        return name.startswith("blk.") and int(name.split(".")[1]) >= first_nextn
-
-    nextn = sum(t.nbytes for _, t in mtp.iter_tensors() if head_bytes(t.name))
+    nextn = sum(t.nbytes for _, t in mtp.iter_tensors() if in_head(t.name, mtp))
     heads = max(mtp.nextn_predict_layers, 1)
-    output = next((t.nbytes for _, t in target.iter_tensors() if t.name == "output.weight"), None)
-    if output is None:  # tied to the embedding
-        output = next((t.nbytes for _, t in target.iter_tensors() if t.name == "token_embd.weight"), 0)
-    trunk_first_nextn = target.trunk_block_count
-    trunk = sum(
-        t.nbytes for _, t in target.iter_tensors()
-        if t.name != "token_embd.weight"
-        and not (t.name.startswith("blk.") and int(t.name.split(".")[1]) >= trunk_first_nextn)
-    )
+    sizes = {t.name: t.nbytes for _, t in target.iter_tensors()}
+    output = sizes.get("output.weight", sizes.get("token_embd.weight", 0))  # tied to the embedding without one
+    trunk = sum(size for name, size in sizes.items() if name != "token_embd.weight" and not in_head(name, target))
     return (nextn / heads + output) / trunk if trunk else 1.0
 
 
