@@ -170,9 +170,17 @@ def test_an_empty_or_binary_prompts_file_is_refused(cycle: CycleModel, tmp_path:
 
 
 def test_a_prompt_longer_than_the_context_is_refused(cycle: CycleModel) -> None:
-    with pytest.raises(ParameterError, match=r"code: \d+ prompt tokens \+ 40 generated need a context of \d+; the "
-                                             r"context is 32"):
-        accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, ctx_size=32, threads=2)
+    long = Prompt("long", "0123456789" * 200)  # 400 tokens of llama.cpp's test tokenizer (5 bytes each)
+    with pytest.raises(ParameterError, match=r"long: 400 prompt tokens do not fit the context of 256"):
+        accept(cycle.path, prompts=[long], tokens=TOKENS, ctx_size=200, threads=2)
+    proc = cli("accept", str(cycle.path), "--ctx-size", "200", "--prompts", str(write_prompt(cycle, long.text)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "do not fit the context of 256" in proc.stderr
+
+
+def write_prompt(cycle: CycleModel, text: str) -> Path:
+    path = cycle.path.parent / "long-prompt.txt"
+    path.write_text(text)
+    return path
 
 
 def test_a_llama_cpp_abort_in_the_child_is_one_line_with_its_last_log_lines(

@@ -101,3 +101,10 @@ def test_inputs_that_cannot_be_replayed_are_refused(
 def test_teacher_forced_agreement_counts_equal_positions() -> None:
     assert first_draft_agreement([1, 2, 3, 4], [1, 0, 3]) == (2, 3)
     assert Replay(1, 0, 0, 0, 1, 1, (0,), (0,)).by_position() == (None,)
+
+
+def test_the_slot_context_is_rounded_up_to_256_and_capped_at_training() -> None:
+    from gguf_mtp.check.accept import slot_context
+
+    assert [slot_context(500, 4096), slot_context(512, 4096), slot_context(None, 4096), slot_context(9000, 4096),
+            slot_context(300, None)] == [512, 512, 4096, 4096, 512]

@@ -1,7 +1,8 @@
 """The proof of ``gguf-mtp accept``: its predicted ``draft_n`` / ``draft_n_accepted`` equal what llama.cpp's own
 llama-server returns for the same greedy requests (asked through ``bench``), at n-max 1 and 2, prompt by prompt, for
 the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on about 70 % of tokens) and for its
-trunk + MTP-only sidecar. The greedy text is the same too.
+trunk + MTP-only sidecar (n-max 3 too). The greedy text is the same too. And where the slot's context ends the
+generation early (fewer drafts near its end, then a stop), the counts are still the server's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 from gguf_mtp import extract, strip
 from gguf_mtp.check.accept import accept
 from gguf_mtp.check.bench import bench, builtin_prompts
+from gguf_mtp.check.bench_rules import completion_request, parse_completion, server_arguments
+from gguf_mtp.check.llama_server import free_port, running_server
 from gguf_mtp.testing.cycle_model import write_cycle_model
 
 pytestmark = pytest.mark.llama
@@ -38,8 +41,9 @@ def test_predicted_counts_equal_llama_server(
 ) -> None:
     model, draft = models[which]
     prompts = builtin_prompts()
-    predicted = accept(model, draft=draft, prompts=prompts, tokens=TOKENS, n_max=(1, 2), ctx_size=1024, threads=1)
-    measured = bench(model, str(llama_server_tool), draft=draft, n_max=(1, 2), tokens=TOKENS, prompts=prompts,
+    predicted = accept(model, draft=draft, prompts=prompts, tokens=TOKENS, n_max=(1, 2, 3), ctx_size=1024,
+                       threads=1)
+    measured = bench(model, str(llama_server_tool), draft=draft, n_max=(1, 2, 3), tokens=TOKENS, prompts=prompts,
                      server_args=SERVER_FLAGS)
     assert measured.lossless
     for i, run in enumerate(measured.runs[1:]):
@@ -51,3 +55,24 @@ def test_predicted_counts_equal_llama_server(
     first = predicted.runs[0]
     assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
     assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
+
+
+@pytest.mark.parametrize("n_max", [1, 3])
+def test_a_full_context_stops_both_alike(
+    llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]], n_max: int
+) -> None:
+    # -c 500 is a 512-token slot (llama.cpp rounds up to 256): the ~240-300-token prompts leave it room for 200-270
+    # of the 300 tokens asked; drafts shrink near its end, then generation stops.
+    model, _ = models["composite"]
+    prompts = builtin_prompts()
+    predicted = accept(model, prompts=prompts, tokens=300, n_max=(n_max,), ctx_size=500, threads=1)
+    port = free_port()
+    args = server_arguments(str(model), port, n_max, None, ["-t", "1", "-c", "500", "-np", "1"])
+    with running_server(str(llama_server_tool), args, port=port, health_timeout=300) as server:
+        answers = [parse_completion(server.post_json("/completion", completion_request(p.text, 300), timeout=600))
+                   for p in prompts]
+    for score, answer in zip(predicted.prompts, answers, strict=True):
+        run = score.runs[0]
+        assert (answer.draft_n, answer.draft_n_accepted, answer.predicted_n) == (
+            run.draft_n, run.draft_n_accepted, run.generated), score.name
+        assert run.generated < 300  # the context, not n_predict, ended it

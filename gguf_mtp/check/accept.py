@@ -36,7 +36,7 @@ from .bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS, MAX_N_MAX
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
 
-__all__ = ["AcceptReport", "PromptScore", "accept", "draft_cost"]
+__all__ = ["AcceptReport", "PromptScore", "accept", "draft_cost", "slot_context"]
 
 #: The most tokens generated per prompt.
 MAX_TOKENS = 1 << 14
@@ -191,6 +191,14 @@ def draft_cost(target: ShardSet, mtp: ShardSet) -> float:
     return (nextn / heads + output) / trunk if trunk else 1.0
 
 
+def slot_context(ctx_size: int | None, trained: int | None) -> int:
+    """The context of llama-server's slot for ``-c ctx_size`` (``None``: the training context), with one slot or a
+    unified cache: llama.cpp rounds it up to a multiple of 256 and the server caps it at the training context."""
+    n_ctx = ctx_size or trained or 4096
+    n_ctx = -(-n_ctx // 256) * 256
+    return min(n_ctx, trained) if trained else n_ctx
+
+
 def _check_inputs(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> tuple[BenchModel, ShardSet,
                                                                                                   ShardSet]:
     info = check_model(model, draft)  # a tokenizer; a NextN block or a draft with one
@@ -268,7 +276,7 @@ def accept(
         tokens: tokens generated per prompt (llama-server's ``n_predict``).
         n_max: the draft lengths to predict (``--spec-draft-n-max``).
         text: score the prompts themselves as text (teacher forcing: an estimate, not a server prediction).
-        ctx_size: the server slot's context (``-c``; default: the model's training context).
+        ctx_size: llama-server's ``-c`` (default: the model's training context); see :func:`slot_context`.
         threads: CPU threads for llama.cpp (default: all).
         n_gpu_layers: layers to offload (``-ngl``), with a GPU build of llama-cpp-python.
 
@@ -284,9 +292,7 @@ def accept(
     n_max = tuple(sorted(set(n_max)))
     _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
     info, target, mtp = _check_inputs(model, draft)
-    n_ctx = ctx_size or info.context_length or 4096
-    if info.context_length:
-        n_ctx = min(n_ctx, info.context_length)  # llama-server caps the slot at the training context
+    n_ctx = slot_context(ctx_size, info.context_length)
     prompts = tuple(prompts) if prompts is not None else builtin_prompts()
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")

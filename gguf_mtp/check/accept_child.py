@@ -275,7 +275,9 @@ class _Runner:
         return next((i for i, t in enumerate(tokens) if self.llama.llama_vocab_is_eog(self.vocab, t)), None)
 
 
-def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, k_max: int) -> dict[str, Any]:
+def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predict: int, k_max: int
+                  ) -> dict[str, Any]:
+    """Generate ``n`` tokens (``n_predict``, or what fits the context) and the draft chains a step may need."""
     clock = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -296,7 +298,8 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, k_max: 
     lap("mtp_pass")
     chains: list[list[int]] = []
     for j in range(n):
-        length = min(k_max, n - j - 2)  # a step from greedy[j] drafts at most n_remaining - 1 = n - j - 2 tokens
+        # a step from greedy[j] drafts at most min(n_remaining - 1, n_ctx - n_prompt_tokens - 2) tokens
+        length = min(k_max, n_predict - j - 2, runner.n_ctx - (start + j) - 2)
         if length <= 0:
             chains.append([])
         elif length == 1:
@@ -327,21 +330,22 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     tokenized = []
     for name, text in request["prompts"]:
         tokens = runner.tokenize(text)
-        need = len(tokens) + (1 if text_mode else request["tokens"] + 1)
         if len(tokens) < (3 if text_mode else 1):
             return report | {"refused": f"{name}: too few tokens ({len(tokens)}) to score"}
-        if need > runner.n_ctx:
-            return report | {"refused": f"{name}: {len(tokens)} prompt tokens"
-                             + ("" if text_mode else f" + {request['tokens']} generated")
-                             + f" need a context of {need}; the context is {runner.n_ctx}"}
-        tokenized.append((name, tokens, need))
-    runner.open_contexts(max(need for _, _, need in tokenized))
-    for name, tokens, _ in tokenized:
+        if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
+            return report | {"refused": f"{name}: {len(tokens)} prompt tokens do not fit the context of "
+                             f"{runner.n_ctx} (and leave room for one more)"}
+        # the server stops at a full context: no more is generated than fits
+        generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
+        tokenized.append((name, tokens, generate))
+    runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized))
+    for name, tokens, generate in tokenized:
         emit_report({"prompt": name}, "score")
         if text_mode:
             report["prompts"].append(_score_text(runner, name, tokens))
         else:
-            report["prompts"].append(_score_greedy(runner, name, tokens, request["tokens"], request["k_max"]))
+            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"],
+                                                   request["k_max"]))
     return report
 
 
