@@ -4,8 +4,8 @@
 The model is a tiny glm4moe composite (:func:`gguf_mtp.testing.tiny_models.write_target`, F16 matrices, llama.cpp's
 ``test`` tokenizer) whose random tensors are then overwritten in place with three designed ones:
 
-* ``token_embd``: token ``t`` is ``4 e_t``, a unit vector scaled well above the random blocks' noise (the
-  vocabulary is as wide as the model);
+* ``token_embd``: token ``t`` is ``4 e_t`` (at width 256), a unit vector scaled well above the random blocks' noise
+  (the vocabulary is as wide as the model);
 * ``output``: ``output[cycle[t], t] = 1``: after token ``t`` the trunk's greedy choice is ``cycle[t]``, one cycle
   through the whole vocabulary, with a logit margin of about ``sqrt(n_embd)`` (the trunk's random blocks add only
   small noise to the residual ``e_t``, which ``output_norm`` scales to ``sqrt(n_embd)``);
@@ -37,7 +37,9 @@ __all__ = ["CycleModel", "damage_head", "write_cycle_model"]
 HPARAMS = TinyHparams(n_embd=256, n_vocab=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=4, n_ff_exp=256,
                       n_ff_shexp=256, n_ff_dense=256)
 
-#: The embedding of token ``t`` is this times ``e_t``: the residual stream stays dominated by it.
+#: The embedding of token ``t`` is this times ``e_t`` at width 256: the residual stream stays dominated by it. The
+#: random blocks' noise per dimension grows with the width (two fan-ins), so wider models scale it, and ``eh_proj``,
+#: by ``(n_embd / 256) ** 1.5``.
 EMBEDDING_SCALE = 4.0
 
 
@@ -58,7 +60,8 @@ def _tensor(reader: GGUFReader, name: str) -> np.ndarray:
 
 
 def write_cycle_model(
-    out_dir: str | os.PathLike[str], *, good_share: float = 0.7, seed: int = 0, name: str = "cycle"
+    out_dir: str | os.PathLike[str], *, good_share: float = 0.7, seed: int = 0, name: str = "cycle",
+    hparams: TinyHparams = HPARAMS,
 ) -> CycleModel:
     """Write the designed glm4moe composite (with the ``test`` tokenizer) into ``out_dir``; see the module docstring.
 
@@ -67,14 +70,18 @@ def write_cycle_model(
         good_share: the share of tokens after which the head drafts right.
         seed: the cycle's order, the good tokens and the random rest.
         name: the file stem.
+        hparams: the dimensions (the vocabulary as wide as the model; larger ones make a benchmark model).
     """
+    if hparams.n_vocab != hparams.n_embd:
+        raise ValueError("the designed model needs a vocabulary as wide as the model (n_vocab == n_embd)")
     out = Path(out_dir)
     raw = write_target(out / f".{name}-raw", family=GLM4MOE, name=name, with_nextn=True, quant="F16",
-                       hparams=HPARAMS, seed=seed)
+                       hparams=hparams, seed=seed)
     path = with_test_tokenizer(raw, out / f"{name}.gguf")
     raw.unlink()
     raw.parent.rmdir()
-    n = HPARAMS.n_vocab
+    n = hparams.n_vocab
+    scale = (n / 256) ** 1.5
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     cycle = np.empty(n, dtype=np.int64)
@@ -83,7 +90,7 @@ def write_cycle_model(
     reader = GGUFReader(path, "r+")
     embd = _tensor(reader, "token_embd.weight")  # numpy (n_vocab, n_embd)
     embd[:] = 0
-    embd[np.arange(n), np.arange(n)] = EMBEDDING_SCALE
+    embd[np.arange(n), np.arange(n)] = EMBEDDING_SCALE * scale
     output = _tensor(reader, "output.weight")
     output[:] = 0
     output[cycle, np.arange(n)] = 1
@@ -91,7 +98,7 @@ def write_cycle_model(
     head[:] = 0
     targets = np.arange(n)
     targets[good] = cycle[good]
-    head[targets, n + np.arange(n)] = 1
+    head[targets, n + np.arange(n)] = scale
     reader.data.flush()
     return CycleModel(path, tuple(int(t) for t in cycle), frozenset(int(t) for t in good))
 
