@@ -2,11 +2,16 @@
 llama-server returns for the same greedy requests (asked through ``bench``), at n-max 1 and 2, prompt by prompt, for
 the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on about 70 % of tokens) and for its
 trunk + MTP-only sidecar (n-max 3 too). The greedy text is the same too. And where the slot's context ends the
-generation early (fewer drafts near its end, then a stop), the counts are still the server's.
+generation early (fewer drafts near its end, then a stop), the counts are still the server's. ``bench
+--with-accept`` shows the prediction beside the measurement.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,8 @@ from gguf_mtp.check.llama_server import free_port, running_server
 from gguf_mtp.testing.cycle_model import write_cycle_model
 
 pytestmark = pytest.mark.llama
+
+REPO = Path(__file__).resolve().parent.parent
 
 #: One thread, one slot, a 1024-token context: the server tests' settings (a busy 2-core machine).
 SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
@@ -76,3 +83,21 @@ def test_a_full_context_stops_both_alike(
         assert (answer.draft_n, answer.draft_n_accepted, answer.predicted_n) == (
             run.draft_n, run.draft_n_accepted, run.generated), score.name
         assert run.generated < 300  # the context, not n_predict, ended it
+
+
+def test_bench_with_accept_shows_the_prediction_beside_the_measurement(
+    llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]]
+) -> None:
+    model, _ = models["composite"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "gguf_mtp", "bench", str(model), "--server", str(llama_server_tool), "--n-max",
+            "1,2", "--tokens", "32", "--with-accept", "--quiet"]
+    text = subprocess.run([*args, "--", *SERVER_FLAGS], capture_output=True, text=True, env=env, timeout=900)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    at = lines.index("measured by llama-server vs predicted by gguf-mtp accept (draft_n_accepted/draft_n):")
+    assert all(line.endswith("(equal)") for line in lines[at + 1 : at + 3])
+    data = json.loads(subprocess.run([*args, "--json", "--", *SERVER_FLAGS], capture_output=True, text=True,
+                                     env=env, timeout=900).stdout)
+    measured = [(r["draft_n"], r["draft_n_accepted"]) for r in data["runs"] if r["n_max"]]
+    assert measured == [(r["draft_n"], r["draft_n_accepted"]) for r in data["accept"]["runs"]]
