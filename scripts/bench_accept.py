@@ -7,8 +7,8 @@ the server four times and generates every prompt four times), and its peak RSS s
 
 The model is the designed test model of :mod:`gguf_mtp.testing.cycle_model` (a head right on about 70 % of
 tokens, so the runs draft and accept as a working head does): tiny (6 MiB) in a quick run, about 1 GB in a full
-one. What dominates accept: the greedy generation, one trunk decode per token (sequential, as the server's run
-without MTP); the trunk and MTP passes are batched. llama-server is the one ``scripts/build_llama_tools.py``
+one. accept's time splits between the greedy generation (sequential), the batched passes and the draft chains
+(see the report's note). llama-server is the one ``scripts/build_llama_tools.py``
 builds from the llama.cpp vendored in the pinned llama-cpp-python.
 """
 
@@ -145,9 +145,14 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
                      f"{row['max_rss'] / 2**20:.0f} MiB |")
     lines += ["", *goals_table(results["targets"], "issue 30"),
-              "What dominates accept is the greedy generation (one trunk decode per token, sequential, as in the "
-              "server's run without MTP); its batched passes and the draft chains are small beside it. On a tiny "
-              "model both sides are mostly start-up (Python, llama-cpp-python, four server starts).", ""]
+              "accept's time splits between the greedy generation (one trunk decode per token, sequential, as "
+              "the server's run without MTP), the batched trunk and MTP passes, and the draft chains (one MTP "
+              "decode per draft token after the first, per position); `accept --json` gives the split "
+              "(`phase_seconds`). bench generates every prompt four times, but its MTP runs are faster than a "
+              "plain one when the head works, so accept cannot go below about a quarter of bench's time while it "
+              "generates the greedy text without speculation. Its memory beyond the model is two Python "
+              "interpreters with numpy (the command and the llama.cpp child). On a tiny model both sides are "
+              "mostly start-up (Python, llama-cpp-python, four server starts).", ""]
     return "\n".join(lines)
 
 
