@@ -33,6 +33,7 @@ from .errors import (
     IncompatibleDraftError,
     InputReadError,
     KVEditError,
+    LlamaCppError,
     LlamaServerError,
     NoNextNBlockError,
     OutputWriteError,
@@ -43,6 +44,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .check.accept import AcceptReport, accept
     from .check.bench import bench
     from .check.bench_rules import BenchReport
     from .check.inspect import ModelSummary, inspect
@@ -73,6 +75,8 @@ _LAZY: dict[str, str] = {
     "verify": "check.verify",
     "BenchReport": "check.bench_rules",
     "bench": "check.bench",
+    "AcceptReport": "check.accept",
+    "accept": "check.accept",
     "run_pipeline": "release.pipeline",
     "publish": "release.publish",
     "ShardSet": "model.shards",
@@ -94,6 +98,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AcceptReport",
     "BadGGUFError",
     "BenchReport",
     "CheckpointError",
@@ -107,6 +112,7 @@ __all__ = [
     "IncompatibleDraftError",
     "InputReadError",
     "KVEditError",
+    "LlamaCppError",
     "LlamaServerError",
     "ModelSummary",
     "NoNextNBlockError",
@@ -118,6 +124,7 @@ __all__ = [
     "VerificationError",
     "VerifyReport",
     "__version__",
+    "accept",
     "bench",
     "compose",
     "convert",

@@ -11,6 +11,7 @@ knows nothing of gguf-mtp can still tell them apart:
 - :class:`OSError`: the file system or the network failed or refused (:class:`UnsafeOutputError`,
   :class:`OutputWriteError`, :class:`InputReadError`, :class:`HubError`, :class:`HubUnreachableError`,
   :class:`LlamaServerError`);
+- :class:`RuntimeError`: llama.cpp failed running a model in a child process (:class:`LlamaCppError`);
 - :class:`FileNotFoundError`: an input does not exist (:class:`GGUFNotFoundError`,
   :class:`CheckpointNotFoundError`; still a :class:`BadGGUFError` / :class:`CheckpointError`).
 
@@ -34,6 +35,7 @@ __all__ = [
     "IncompatibleDraftError",
     "InputReadError",
     "KVEditError",
+    "LlamaCppError",
     "LlamaServerError",
     "NoNextNBlockError",
     "OutputWriteError",
@@ -160,3 +162,23 @@ class LlamaServerError(GGUFMTPError, OSError):
         super().__init__(message, path, parameter)
         self.log_tail = log_tail
         self.log = log
+
+
+class LlamaCppError(GGUFMTPError, RuntimeError):
+    """llama.cpp (through llama-cpp-python, in a child process: ``gguf-mtp accept``) aborted or failed while running
+    a model.
+
+    Attributes:
+        log_tail: llama.cpp's last log lines.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        parameter: str | tuple[str, ...] | None = None,
+        *,
+        log_tail: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, path, parameter)
+        self.log_tail = log_tail

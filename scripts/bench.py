@@ -13,6 +13,9 @@ Measures wall time and peak memory, alternating runs and keeping medians, of:
   the same work, time and peak memory (``bench_quant.py``);
 - ``gguf-mtp convert`` of a block-scaled FP8 head (>= 2 GB of FP8) vs ``cp`` of its safetensors and vs llama.cpp's
   ``convert_hf_to_gguf.py --mtp`` on the same checkpoint, time and peak memory (``bench_fp8.py``);
+- ``gguf-mtp accept --n-max 1,2,3`` (predicting llama-server's acceptance) vs ``gguf-mtp bench --n-max 1,2,3``
+  (measuring it with llama.cpp's llama-server) on the designed test model, time and peak memory
+  (``bench_accept.py``);
 
 at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
 ``docs/benchmarks/`` (a full run) or a scratch folder (``--quick``, a smoke run, unless ``--update-docs``
@@ -26,6 +29,7 @@ Examples::
     sudo .venv/bin/python scripts/bench.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
     .venv/bin/python scripts/bench.py --quantize-only         # just --outtype vs llama-quantize: quantize.md
     .venv/bin/python scripts/bench.py --fp8-only --repeat 2   # just the FP8 head vs cp and upstream: fp8.md
+    .venv/bin/python scripts/bench.py --accept-only --quick   # just accept vs bench (tiny model): accept.md
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_accept import run_accept, write_accept_report
 from bench_fp8 import run_fp8, write_fp8_report
 from bench_inputs import (
     NEMOTRON_SUPER_PATTERN,
@@ -337,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fp8", action="store_true", help="skip the FP8 head case")
     p.add_argument("--fp8-only", action="store_true",
                    help="only the FP8 head case (convert vs cp vs convert_hf_to_gguf.py --mtp): fp8.md and fp8.json")
+    p.add_argument("--no-accept", action="store_true", help="skip the accept vs bench case")
+    p.add_argument("--accept-only", action="store_true",
+                   help="run only the accept vs bench case (the designed model: tiny with --quick, ~1 GB otherwise)")
     p.add_argument("--upstream-python", help="python of the torch venv that runs llama.cpp's convert_hf_to_gguf.py "
                                              "(default: $GGUF_MTP_UPSTREAM_PYTHON, else .venv-upstream)")
     p.add_argument("--render-only", action="store_true",
@@ -414,6 +422,22 @@ def fp8_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
     return write_fp8_report(results, config.out_dir)
 
 
+def accept_case(config: BenchConfig) -> list[Path]:
+    """Run the accept vs bench case (llama-server built or found by scripts/build_llama_tools.py)."""
+    from build_llama_tools import BuildError, build_tool
+
+    try:
+        server = build_tool("llama-server", quiet=False)
+    except (BuildError, OSError) as e:
+        _log(f"accept case skipped: llama-server is not available ({e})")
+        return []
+    results = run_accept(config.work_dir, server, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
+                         cache=config.cache, log=_log)
+    for target in results["targets"]:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    return write_accept_report(results, config.out_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
@@ -426,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.fp8_only:
         _log("wrote " + ", ".join(str(p) for p in fp8_case(args, config)))
+        return 0
+    if args.accept_only:
+        _log("wrote " + ", ".join(str(p) for p in accept_case(config)))
         return 0
     if args.render_only:
         results = rerender(config.out_dir)
@@ -442,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                     case_reports += quantize_case(config)
                 if not args.no_fp8:
                     case_reports += fp8_case(args, config)
+                if not args.no_accept:
+                    case_reports += accept_case(config)
         finally:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)

@@ -103,7 +103,8 @@ def _composite(inputs: Path, target: SyntheticTarget, draft: Path, log: Callable
     shutil.rmtree(folder, ignore_errors=True)
     log(f"composing the {size_label(target.spec.size)} target once, as the input of strip and graft")
     done = subprocess.run([PYTHON, "-m", "gguf_mtp", "compose", str(target.first), str(draft), "-o", str(folder),
-                           "--quiet", "--no-verify"], capture_output=True, text=True, check=False, env={**os.environ, **_env()})
+                           "--quiet", "--no-verify"],
+                          capture_output=True, text=True, check=False, env={**os.environ, **_env()})
     if done.returncode:
         raise RuntimeError(f"compose for the reflink inputs failed: {done.stderr.strip()}")
     return folder / target.first.name

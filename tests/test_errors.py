@@ -48,6 +48,7 @@ KINDS: dict[type[GGUFMTPError], type[Exception]] = {
     errors.HubError: OSError,
     errors.HubUnreachableError: OSError,
     errors.LlamaServerError: OSError,
+    errors.LlamaCppError: RuntimeError,
 }
 
 

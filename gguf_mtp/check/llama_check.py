@@ -40,7 +40,19 @@ from typing import Any
 from gguf_mtp.constants import install_hint
 from gguf_mtp.formatting import printable
 
-__all__ = ["CONTEXT_PARAMS", "INSTALL_HINT", "MODEL_PARAMS", "LlamaCheck", "check_with_llama", "llama_cpp_available"]
+__all__ = [
+    "CONTEXT_PARAMS",
+    "INSTALL_HINT",
+    "MODEL_PARAMS",
+    "LlamaCheck",
+    "check_with_llama",
+    "emit_report",
+    "last_report",
+    "llama_cpp_available",
+    "llama_reason",
+    "set_params",
+    "signal_name",
+]
 
 INSTALL_HINT = install_hint("llama", "builds llama-cpp-python==0.3.36, a few minutes on 2 cores")
 # llama_model_params fields the child sets (names of llama_cpp constants are resolved in the child). Together
@@ -139,7 +151,7 @@ def _named_tensors(reason: str, lines: list[str]) -> str:
     return f"{reason} (NaN or infinity): {shown}{more}"
 
 
-def _reason(stderr: str) -> str | None:
+def llama_reason(stderr: str) -> str | None:
     """llama.cpp's most specific complaint: its "error loading model: ..." line (with the tensors named, for
     invalid data), else the last error."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -176,7 +188,7 @@ def check_with_llama(
     proc = _spawn(result, _child_command(result.path, mtp, trunk), timeout)
     if proc is None:
         return result
-    report = _last_report(proc.stdout)
+    report = last_report(proc.stdout)
     if report is not None:
         _apply_report(result, report)
     _classify_exit(result, proc.returncode, proc.stderr, (report or {}).get("stage"))
@@ -204,8 +216,8 @@ def _spawn(result: LlamaCheck, cmd: list[str], timeout: float) -> subprocess.Com
     return proc
 
 
-def _last_report(stdout: str) -> dict[str, Any] | None:
-    """The child's last report: the last line of ``stdout`` that is a JSON object (see :func:`_emit`)."""
+def last_report(stdout: str) -> dict[str, Any] | None:
+    """The child's last report: the last line of ``stdout`` that is a JSON object (see :func:`emit_report`)."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
             try:
@@ -232,10 +244,10 @@ def _classify_exit(result: LlamaCheck, returncode: int, stderr: str, stage: str 
         result.crashed, result.error = _signal_message(-returncode, stage, stderr)
         _fail_step(result, stage)
     elif returncode != 0:
-        result.error = f"llama.cpp exited with status {returncode}: {_reason(stderr) or 'no message'}"
+        result.error = f"llama.cpp exited with status {returncode}: {llama_reason(stderr) or 'no message'}"
         _fail_step(result, stage)
     elif not result.loaded:
-        result.error = _reason(stderr) or "load failed"
+        result.error = llama_reason(stderr) or "load failed"
 
 
 def _fail_step(result: LlamaCheck, stage: str | None) -> None:
@@ -246,7 +258,8 @@ def _fail_step(result: LlamaCheck, stage: str | None) -> None:
         result.mtp_decode_ok = False
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``SIGABRT`` for 6: the name of a signal that killed a child, or ``signal N`` for an unknown one."""
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -264,8 +277,8 @@ def _signal_message(signum: int, stage: str | None, stderr: str) -> tuple[str | 
     signal (and an abort with no such line) is llama.cpp crashing in its own code, which says nothing
     about the file.
     """
-    name = _signal_name(signum)
-    reason = _reason(stderr)
+    name = signal_name(signum)
+    reason = llama_reason(stderr)
     if signum == signal.SIGABRT and reason and _REASON.search(reason):
         return None, f"llama.cpp aborted ({name}) {_STAGES.get(stage, '')}: {reason}"
     where = _STAGES.get(stage, f"at step {stage!r}")
@@ -278,7 +291,7 @@ def _signal_message(signum: int, stage: str | None, stderr: str) -> tuple[str | 
 # ----------------------------------------------------------------------------------------- the child
 
 
-def _set_params(llama: Any, params: Any, values: dict[str, Any]) -> None:
+def set_params(llama: Any, params: Any, values: dict[str, Any]) -> None:
     """Set ``values`` on a ctypes params struct; a string value names a ``llama_cpp`` constant."""
     for field, value in values.items():
         setattr(params, field, getattr(llama, value) if isinstance(value, str) else value)
@@ -332,7 +345,7 @@ def _decode(
         llama.llama_batch_free(batch)
 
 
-def _emit(report: dict[str, Any], stage: str) -> None:
+def emit_report(report: dict[str, Any], stage: str) -> None:
     """Print the report so far: if the next step aborts the process, the parent still knows this much."""
     sys.stdout.write(json.dumps(report | {"stage": stage}) + "\n")
     sys.stdout.flush()
@@ -343,7 +356,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
 
     llama.llama_backend_init()
     params = llama.llama_model_default_params()
-    _set_params(llama, params, MODEL_PARAMS)
+    set_params(llama, params, MODEL_PARAMS)
     params.load_mtp = mtp
     model = llama.llama_model_load_from_file(path.encode(), params)
     if not model:
@@ -365,11 +378,11 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = 2
         cparams.ctx_type = ctx_type
-        _set_params(llama, cparams, CONTEXT_PARAMS)
+        set_params(llama, cparams, CONTEXT_PARAMS)
         return llama.llama_init_from_model(model, cparams)
 
     if trunk:
-        _emit(out, "trunk")
+        emit_report(out, "trunk")
         ctx = context(llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             out["trunk_decode_ok"] = False
@@ -382,7 +395,7 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
         out["mtp_blocks_decoded"] = 0
         hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
         for offset in range(out["n_layer_nextn"]):  # one MTP decode step through each NextN block
-            _emit(out, "mtp")
+            emit_report(out, "mtp")
             ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
             if not ctx:
                 out["mtp_decode_ok"] = False
@@ -415,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mtp", action="store_true")
     parser.add_argument("--no-trunk", action="store_true")
     args = parser.parse_args(argv)
-    _emit(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
+    emit_report(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
     return 0
 
 

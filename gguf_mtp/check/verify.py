@@ -67,6 +67,7 @@ from gguf_mtp.model.shard_scan import (
 )
 from gguf_mtp.model.shards import ShardSet, open_model
 
+from .acceptance_floor import DEFAULT_FLOOR, acceptance_verdict
 from .draft_checks import draft_globals_check, target_fit_check
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
 
@@ -652,6 +653,8 @@ def verify(
     llama: bool | None = None,
     progress: bool = True,
     allow_kv: Iterable[str] = (),
+    acceptance: bool = False,
+    floor: float = DEFAULT_FLOOR,
 ) -> VerifyReport:
     """Check a composite GGUF (one file or any shard of a split set), or an MTP-only draft, and report each check.
 
@@ -671,6 +674,9 @@ def verify(
             llama-cpp-python is missing), ``False`` (skip), ``None`` (when installed).
         progress: a progress bar over the bytes compared (stderr, only on a terminal).
         allow_kv: further keys the composite may change or add (e.g. ``--set-kv`` keys of compose).
+        acceptance: also predict the head's acceptance (``accept``, n-max 1, built-in prompts) and fail below
+            ``floor`` (:mod:`gguf_mtp.check.acceptance_floor`). A sidecar needs ``target`` for it.
+        floor: the lowest acceptance that passes, from 0 to 1.
 
     Returns:
         A :class:`VerifyReport`; ``.ok`` is true when no check failed; ``.kind`` says whether the file was
@@ -684,6 +690,8 @@ def verify(
         HubError: a remote composite could not be reached.
     """
     started = time.perf_counter()
+    if not 0.0 <= floor <= 1.0:
+        raise ParameterError(f"floor {floor:g}: give an acceptance from 0 to 1", parameter="floor")
     if is_hub_path(composite) and (target is not None or draft is not None):
         raise BadGGUFError("comparing bytes with --target/--draft needs the composite on disk", str(composite))
     model = scan_model(composite)
@@ -712,6 +720,8 @@ def verify(
         report.sidecar = _draft_checks(report, model, target_set)
         llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=report.sidecar)
         report.checks.append(llama_check)
+        if acceptance:
+            report.checks.append(_acceptance_check(report, llama_check, floor))
         report.seconds = time.perf_counter() - started
         return report
 
@@ -732,8 +742,25 @@ def verify(
 
     llama_check, report.llama = _llama_check(model, layout, llama)
     report.checks.append(llama_check)
+    if acceptance:
+        report.checks.append(_acceptance_check(report, llama_check, floor))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _acceptance_check(report: VerifyReport, llama_check: Check, floor: float) -> Check:
+    """The ``acceptance`` check: the predicted n-max 1 acceptance against ``floor`` (a composite; a sidecar beside
+    its ``target``), after the llama.cpp check passed."""
+    name = "acceptance"
+    if llama_check.ok is not True:
+        return Check(name, False, "not run: the llama.cpp check did not pass")
+    if report.kind == "mtp-draft":
+        if not report.sidecar or report.target is None:
+            return Check(name, False, "a draft's acceptance is measured beside its model: give it as --target")
+        ok, detail = acceptance_verdict(report.target, draft=report.composite, floor=floor)
+    else:
+        ok, detail = acceptance_verdict(report.composite, floor=floor)
+    return Check(name, ok, detail)
 
 
 def _is_draft(model: ScannedModel, layout: _Layout | None) -> bool:

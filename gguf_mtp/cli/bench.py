@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
 from .common import print_json, print_report
+
+if TYPE_CHECKING:
+    from gguf_mtp.check.accept import AcceptReport
+    from gguf_mtp.check.bench_rules import BenchReport
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "bench",
         usage="gguf-mtp bench MODEL [--draft SIDECAR] [--server PATH] [--n-max K,K...] [--tokens N] "
-        "[--prompts FILE] [--plot FILE.png] [--json] [-- SERVER ARGS...]",
+        "[--prompts FILE] [--plot FILE.png] [--with-accept] [--json] [-- SERVER ARGS...]",
         help="measure MTP with your own llama-server: acceptance, tokens/s, speed-up, the best n-max, lossless",
         description="Run your llama-server on 127.0.0.1 once without speculative decoding and once per n-max with "
         "--spec-type draft-mtp, send the same prompts greedily, and report acceptance (draft_n_accepted / draft_n), "
@@ -44,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--plot", metavar="FILE.png", help="draw tokens/s and acceptance against n-max (needs the "
                    "bench extra: matplotlib)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot file")
+    p.add_argument("--with-accept", dest="with_accept", action="store_true",
+                   help="also predict the counts with gguf-mtp accept (llama-cpp-python, no server) and show the "
+                   "prediction beside the measurement")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run, server_args=[])  # what follows -- (see gguf_mtp.cli._parse)
@@ -71,6 +79,16 @@ def run(args: argparse.Namespace) -> int:
     def warn(line: str) -> None:
         print(f"gguf-mtp: warning: {printable(line)}", file=sys.stderr, flush=True)
 
+    predicted = None
+    if args.with_accept:  # first: seconds, and a missing llama-cpp-python is said before any server runs
+        from gguf_mtp.check.accept import accept
+
+        if not args.quiet:
+            say("predicting the counts with gguf-mtp accept (llama-cpp-python, no server)")
+        with signals_as_interrupt():
+            predicted = accept(args.model, draft=args.draft, prompts=prompts, tokens=args.tokens, n_max=n_max,
+                               ctx_size=_server_value(args.server_args, ("-c", "--ctx-size")),
+                               threads=_server_value(args.server_args, ("-t", "--threads")))
     try:
         with signals_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
             report = bench(
@@ -88,12 +106,33 @@ def run(args: argparse.Namespace) -> int:
 
         write_plot(report, args.plot, force=args.force)
     if args.json:
-        print_json(report.to_dict())
+        print_json(report.to_dict() | ({"accept": predicted.to_dict()} if predicted is not None else {}))
     else:
-        print_report(report.describe())
+        print_report(report.describe() + (_beside(report, predicted) if predicted is not None else []))
     if not report.lossless:
         first = report.differences[0]
         print(f"gguf-mtp: error: {printable(report.model)}: not lossless: {printable(first.describe())}; greedy "
               "output with MTP must equal the output without it", file=sys.stderr)
         return 2
     return 0
+
+
+def _server_value(server_args: list[str], flags: tuple[str, ...]) -> int | None:
+    """The positive number given to llama-server with one of ``flags`` (``-c 1024``, ``-t=4``), if any: accept
+    then predicts for the same slot context and runs on as many threads."""
+    for i, arg in enumerate(server_args):
+        flag, _, value = arg.partition("=")
+        if flag in flags:
+            value = value or (server_args[i + 1] if i + 1 < len(server_args) else "")
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
+
+
+def _beside(report: BenchReport, predicted: AcceptReport) -> list[str]:
+    """accept's prediction beside bench's measurement, per n-max."""
+    lines = ["measured by llama-server vs predicted by gguf-mtp accept (draft_n_accepted/draft_n):"]
+    for run, guess in zip((r for r in report.runs if r.n_max), predicted.runs, strict=True):
+        same = (run.draft_n, run.draft_n_accepted) == (guess.draft_n, guess.draft_n_accepted)
+        lines.append(f"  n-max {run.n_max}: measured {run.draft_n_accepted}/{run.draft_n}, predicted "
+                     f"{guess.draft_n_accepted}/{guess.draft_n}" + (" (equal)" if same else ""))
+    return lines

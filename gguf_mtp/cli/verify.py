@@ -37,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--allow-kv", action="append", default=[], metavar="KEY",
         help="a key the composite may change or add besides those compose manages (e.g. a --set-kv key); repeatable",
     )
+    p.add_argument(
+        "--acceptance", action="store_true",
+        help="also predict the head's acceptance at n-max 1 on the built-in prompts (gguf-mtp accept) and fail "
+        "below --floor: a head that loads but predicts nothing fails (a sidecar: give its model as --target)",
+    )
+    p.add_argument("--floor", type=float, default=None, metavar="F",
+                   help="the lowest acceptance --acceptance passes, from 0 to 1 (default: 0.10)")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
@@ -62,11 +69,16 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.check.acceptance_floor import DEFAULT_FLOOR
     from gguf_mtp.check.verify import verify
+    from gguf_mtp.errors import ParameterError
 
+    if args.floor is not None and not args.acceptance:
+        raise ParameterError("floor: give it with --acceptance", parameter="floor")
     report = verify(
         args.composite, target=args.target, draft=args.draft, llama=args.llama,
-        progress=not (args.quiet or args.json), allow_kv=args.allow_kv,
+        progress=not (args.quiet or args.json), allow_kv=args.allow_kv, acceptance=args.acceptance,
+        floor=DEFAULT_FLOOR if args.floor is None else args.floor,
     )
     if args.json:
         print_json(report.to_dict())

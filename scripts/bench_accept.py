@@ -1,0 +1,161 @@
+"""The acceptance case of the benchmark: ``gguf-mtp accept`` against ``gguf-mtp bench`` on the same model.
+
+Issue 30's goals: predicting llama-server's acceptance (``accept --n-max 1,2,3`` on the built-in prompts) takes at
+most 0.2x the wall time of measuring it (``bench --n-max 1,2,3`` with llama.cpp's own llama-server, which starts
+the server four times and generates every prompt four times), and its peak RSS stays within the model's size
++ 100 MiB (llama.cpp maps the model; accept keeps only token ids and one row per position besides).
+
+The model is the designed test model of :mod:`gguf_mtp.testing.cycle_model` (a head right on about 70 % of
+tokens, so the runs draft and accept as a working head does): tiny (6 MiB) in a quick run, about 1 GB in a full
+one. accept's time splits between the greedy generation (sequential), the batched passes and the draft chains
+(see the report's note). llama-server is the one ``scripts/build_llama_tools.py``
+builds from the llama.cpp vendored in the pinned llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench_lib import Command, Sample, load_average, run_alternating
+from bench_report import goals_table, write_json_and_markdown
+
+from gguf_mtp.testing.cycle_model import HPARAMS, write_cycle_model
+from gguf_mtp.testing.tiny_models import TinyHparams
+
+__all__ = ["ACCEPT_MD", "run_accept", "write_accept_report"]
+
+PYTHON = sys.executable
+ACCEPT_MD = "accept.md"
+ACCEPT_JSON = "accept.json"
+#: Issue 30: accept takes at most this much of bench's wall time, and this much memory beyond the model's size.
+MAX_OVER_BENCH = 0.2
+MAX_RSS_OVER_MODEL = 100 * 2**20
+TOKENS = 128
+THREADS = 1  # the same for both: with 2 on 2 cores the server's trunk and head thread pools wait on each other
+#: About 1 GB in F16: a 2048-wide glm4moe (a dense block, a 32-expert MoE block, the NextN block).
+FULL_MODEL = TinyHparams(n_embd=2048, n_vocab=2048, n_head=16, n_head_kv=2, head_dim=128, n_expert=32,
+                         n_ff_exp=1024, n_ff_shexp=1024, n_ff_dense=4096)
+
+
+def _model(work_dir: Path, hp: TinyHparams, log: Callable[[str], None]) -> Path:
+    folder = work_dir / f"accept-d{hp.n_embd}-e{hp.n_expert}-f{hp.n_ff_exp}"
+    path = folder / "cycle.gguf"
+    if not path.exists():
+        log(f"generating {folder}")
+        write_cycle_model(folder, hparams=hp)
+    return path
+
+
+def accept_group(work_dir: Path, server: Path, model: Path) -> list[Command]:
+    env = {"GGUF_MTP_DISABLE_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
+    size = model.stat().st_size
+    return [
+        Command("accept", "n-max 1,2,3", size,
+                (PYTHON, "-m", "gguf_mtp", "accept", str(model), "--n-max", "1,2,3", "--tokens", str(TOKENS),
+                 "--threads", str(THREADS), "--ctx-size", "1024"),
+                (model,), None, env),
+        Command("bench", "n-max 1,2,3", size,
+                (PYTHON, "-m", "gguf_mtp", "bench", str(model), "--server", str(server), "--n-max", "1,2,3",
+                 "--tokens", str(TOKENS), "--quiet", "--", "-t", str(THREADS), "-c", "1024", "-np", "1"),
+                (model,), None, env),
+    ]
+
+
+def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    rows = []
+    for tool in dict.fromkeys(s.tool for s in samples):
+        mine = [s for s in samples if s.tool == tool]
+        rows.append({"tool": tool, "runs": len(mine), "median_seconds": statistics.median(s.seconds for s in mine),
+                     "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine),
+                     "max_rss": max(s.peak_rss for s in mine)})
+    return rows
+
+
+def _ratio(samples: Sequence[Sample]) -> float | None:
+    rounds: dict[int, dict[str, float]] = {}
+    for s in samples:
+        rounds.setdefault(s.round, {})[s.tool] = s.seconds
+    ratios = [r["accept"] / r["bench"] for r in rounds.values() if len(r) == 2]
+    return statistics.median(ratios) if ratios else None
+
+
+def run_accept(
+    work_dir: Path, server: Path, *, quick: bool, repeat: int, warmup: int, cache: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure accept against bench on the designed model; returns the results (see ``accept.json``)."""
+    hp = HPARAMS if quick else FULL_MODEL
+    model = _model(work_dir, hp, log)
+    group = accept_group(work_dir, server, model)
+    load_before = load_average()
+    log("measuring accept vs bench: " + " | ".join(c.tool for c in group) + f", {repeat} round(s)")
+    samples = run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=work_dir / "logs-accept",
+                              report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
+                                                   f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
+    rows = _summary(samples)
+    ratio = _ratio(samples)
+    by_tool = {r["tool"]: r for r in rows}
+    ours, theirs = by_tool["accept"], by_tool["bench"]
+    size = model.stat().st_size
+    return {
+        "schema": 1,
+        "config": {"tokens": TOKENS, "threads": THREADS, "repeat": repeat, "warmup": warmup, "cache": cache,
+                   "quick": quick, "hparams": asdict(hp)},
+        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
+        "inputs": {"model_bytes": size},
+        "samples": [asdict(s) for s in samples],
+        "summary": rows,
+        "ratio": ratio,
+        "targets": [
+            {"goal": f"accept --n-max 1,2,3 <= {MAX_OVER_BENCH} x bench --n-max 1,2,3 (wall time)",
+             "measured": None if ratio is None else f"{ratio:.2f}x ({ours['median_seconds']:.2f} s vs "
+                                                    f"{theirs['median_seconds']:.2f} s)",
+             "met": ratio is not None and ratio <= MAX_OVER_BENCH},
+            {"goal": "accept's peak RSS <= the model's size + 100 MiB",
+             "measured": f"{ours['max_rss'] / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB model",
+             "met": ours["max_rss"] <= size + MAX_RSS_OVER_MODEL},
+        ],
+    }
+
+
+def render_accept_markdown(results: dict[str, Any]) -> str:
+    c, size = results["config"], results["inputs"]["model_bytes"]
+    lines = [
+        "# Benchmark: predicting acceptance (`accept`) against measuring it (`bench`)",
+        "",
+        f"The designed test model ({size / 2**20:,.0f} MiB, `gguf_mtp.testing.cycle_model`: its head is right on "
+        f"about 70 % of tokens), the built-in prompts, {c['tokens']} tokens each, n-max 1,2,3, {c['threads']} "
+        f"threads; bench runs llama.cpp's own llama-server (`-c 1024 -np 1`). Medians of {c['repeat']} "
+        f"alternating round(s) after {c['warmup']} warm-up round(s). Made by `scripts/bench.py` "
+        "(`--accept-only` runs just this case).",
+        "",
+        f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
+        f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",
+        "",
+        "| command | median time | median CPU time | peak RSS |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in results["summary"]:
+        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
+                     f"{row['max_rss'] / 2**20:.0f} MiB |")
+    lines += ["", *goals_table(results["targets"], "issue 30"),
+              "accept's time splits between the greedy generation (one trunk decode per token, sequential, as "
+              "the server's run without MTP), the batched trunk and MTP passes, and the draft chains (one MTP "
+              "decode per draft token after the first, per position); `accept --json` gives the split "
+              "(`phase_seconds`). bench generates every prompt four times, but its MTP runs are faster than a "
+              "plain one when the head works, so accept cannot go below about a quarter of bench's time while it "
+              "generates the greedy text without speculation. Its memory beyond the model is two Python "
+              "interpreters with numpy (the command and the llama.cpp child). On a tiny model both sides are "
+              "mostly start-up (Python, llama-cpp-python, four server starts).", ""]
+    return "\n".join(lines)
+
+
+def write_accept_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write ``accept.json`` and ``accept.md`` into ``out_dir``; returns their paths."""
+    return write_json_and_markdown(results, out_dir, ACCEPT_JSON, ACCEPT_MD, render_accept_markdown(results))

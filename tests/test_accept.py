@@ -1,0 +1,268 @@
+"""``gguf-mtp accept`` with llama.cpp (llama-cpp-python) on the designed test model
+(:mod:`gguf_mtp.testing.cycle_model`): the greedy text follows the model's cycle, the head drafts exactly what its
+design says (first draft and the re-fed chain), a dead head fails ``verify --acceptance`` while plain ``verify``
+passes, and bad input gets one line and exit status 2 (Ctrl-C leaves no child). The equality with the real
+llama-server is in ``test_accept_server.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from helpers import pid_alive
+
+from gguf_mtp import extract, strip
+from gguf_mtp.check import accept as accept_module
+from gguf_mtp.check.accept import accept
+from gguf_mtp.check.accept_schedule import Limits, replay
+from gguf_mtp.check.bench import Prompt
+from gguf_mtp.errors import LlamaCppError, NoNextNBlockError, ParameterError
+from gguf_mtp.testing.cycle_model import CycleModel, damage_head, write_cycle_model
+from gguf_mtp.testing.server_models import with_test_tokenizer
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
+
+pytestmark = pytest.mark.llama
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = (Prompt("code", "def fibonacci(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"),
+           Prompt("prose", "The lighthouse keeper climbed the stairs at dusk, as he had done every evening for"))
+TOKENS = 40
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "gguf_mtp", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cycle(tmp_path_factory: pytest.TempPathFactory) -> CycleModel:
+    return write_cycle_model(tmp_path_factory.mktemp("accept"))
+
+
+@pytest.fixture(scope="module")
+def split(cycle: CycleModel) -> tuple[Path, Path]:
+    """The designed composite as trunk + MTP-only sidecar (gguf-mtp strip and extract --standalone)."""
+    root = cycle.path.parent
+    trunk = strip(cycle.path, root / "trunk", progress=False).output_paths[0]
+    sidecar = root / "sidecar.gguf"
+    extract(cycle.path, sidecar, standalone=True, progress=False)
+    return Path(trunk), sidecar
+
+
+def designed_chains(model: CycleModel, before: int, greedy: tuple[int, ...], k: int) -> list[list[int]]:
+    """What the head drafts by design from each position: its row points at ``map(token before)``; each draft
+    step drafts ``cycle[row]`` and re-feeds a row at ``map(row)``."""
+    def step(t: int) -> int:
+        return model.cycle[t] if t in model.good else t
+
+    chains = []
+    for j in range(len(greedy)):
+        row, chain = step(greedy[j - 1] if j else before), []
+        for _ in range(k):
+            chain.append(model.cycle[row])
+            row = step(row)
+        chains.append(chain)
+    return chains
+
+
+def test_the_prediction_is_what_the_design_says(cycle: CycleModel) -> None:
+    report = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2, 3), threads=2, ctx_size=1024)
+    assert report.heads == 1 and not report.chained and report.batched_disagreements == 0
+    for score in report.prompts:
+        greedy = score.greedy
+        assert len(greedy) == TOKENS and all(cycle.cycle[a] == b for a, b in itertools.pairwise(greedy))
+        before = cycle.cycle.index(greedy[0])  # the prompt's last token
+        for run in score.runs:
+            chains = designed_chains(cycle, before, greedy, run.n_max)
+            assert run == replay(greedy, chains, run.n_max, Limits(score.prompt_tokens, TOKENS, 1024))
+    first = report.runs[0]
+    assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # the design: about 70 %
+    assert report.recommended_n_max in (1, 2, 3)
+
+
+def test_json_report_has_the_shape_of_the_issue(cycle: CycleModel) -> None:
+    proc = cli("accept", str(cycle.path), "--tokens", "24", "--n-max", "1,2", "--threads", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert {"model", "draft", "prompts", "runs", "recommended_n_max"} <= set(data)
+    assert [p["name"] for p in data["prompts"]] == ["code", "prose", "chat"]
+    for prompt in data["prompts"]:
+        assert set(prompt) == {"name", "tokens", "runs"} and prompt["tokens"] == 24
+        assert [set(r) for r in prompt["runs"]] == [{"n_max", "draft_n", "draft_n_accepted"}] * 2
+    totals = data["runs"]
+    for i, run in enumerate(totals):
+        assert run["draft_n"] == sum(p["runs"][i]["draft_n"] for p in data["prompts"])
+        assert run["draft_n_accepted"] == sum(p["runs"][i]["draft_n_accepted"] for p in data["prompts"])
+        assert run["acceptance"] == pytest.approx(run["draft_n_accepted"] / run["draft_n"])
+        assert [p["position"] for p in run["by_position"]] == list(range(1, run["n_max"] + 1))
+        assert run["by_position"][0]["drafted"] == run["steps"]  # every step drafts a first token
+
+
+def test_trunk_and_sidecar_predict_what_the_composite_predicts(cycle: CycleModel, split: tuple[Path, Path]) -> None:
+    trunk, sidecar = split
+    together = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=2, ctx_size=1024)
+    apart = accept(trunk, draft=sidecar, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=2, ctx_size=1024)
+    assert [p.runs for p in apart.prompts] == [p.runs for p in together.prompts]
+    assert apart.draft == str(sidecar)
+
+
+def test_a_dead_head_fails_verify_acceptance_while_plain_verify_passes(cycle: CycleModel, tmp_path: Path) -> None:
+    dead = tmp_path / "dead.gguf"
+    shutil.copyfile(cycle.path, dead)
+    damage_head(dead)
+    plain = cli("verify", str(dead), "--llama")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    checked = cli("verify", str(dead), "--acceptance", "--json")
+    assert checked.returncode == 2
+    found = {c["name"]: c for c in json.loads(checked.stdout)["checks"]}
+    assert found["llama.cpp"]["ok"] is True and found["acceptance"]["ok"] is False
+    assert "below the floor 0.10" in found["acceptance"]["detail"]
+    healthy = cli("verify", str(cycle.path), "--acceptance", "--json")
+    assert healthy.returncode == 0, healthy.stdout
+    assert "predicted acceptance 0." in {c["name"]: c for c in json.loads(healthy.stdout)["checks"]}["acceptance"][
+        "detail"]
+
+
+def test_a_sidecar_is_verified_for_acceptance_beside_its_model(split: tuple[Path, Path]) -> None:
+    trunk, sidecar = split
+    proc = cli("verify", str(sidecar), "--target", str(trunk), "--acceptance", "--floor", "0.3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "floor 0.30" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------- refusals
+
+
+def test_a_model_without_a_head_and_no_draft_is_refused(split: tuple[Path, Path]) -> None:
+    trunk, _ = split
+    with pytest.raises(NoNextNBlockError):
+        accept(trunk, prompts=PROMPTS, tokens=8)
+    proc = cli("accept", str(trunk))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no NextN (MTP) block" in proc.stderr
+
+
+def test_a_sidecar_that_does_not_fit_the_trunk_is_refused(split: tuple[Path, Path], tmp_path: Path) -> None:
+    _, sidecar = split
+    other = with_test_tokenizer(write_target(tmp_path / "raw", family=GLM4MOE, name="wide"), tmp_path / "wide.gguf")
+    proc = cli("accept", str(other), "--draft", str(sidecar))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "this sidecar does not fit the model" in proc.stderr and "embedding_length" in proc.stderr
+
+
+@pytest.mark.parametrize(("content", "message"), [(b"", "no prompt"), (b"\xff\xfe\x00binary", "not UTF-8")])
+def test_an_empty_or_binary_prompts_file_is_refused(cycle: CycleModel, tmp_path: Path, content: bytes,
+                                                    message: str) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(content)
+    proc = cli("accept", str(cycle.path), "--prompts", str(prompts))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+
+
+def test_a_prompt_longer_than_the_context_is_refused(cycle: CycleModel) -> None:
+    long = Prompt("long", "0123456789" * 200)  # 400 tokens of llama.cpp's test tokenizer (5 bytes each)
+    with pytest.raises(ParameterError, match=r"long: 400 prompt tokens do not fit the context of 256"):
+        accept(cycle.path, prompts=[long], tokens=TOKENS, ctx_size=200, threads=2)
+    proc = cli("accept", str(cycle.path), "--ctx-size", "200", "--prompts", str(write_prompt(cycle, long.text)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "do not fit the context of 256" in proc.stderr
+
+
+def write_prompt(cycle: CycleModel, text: str) -> Path:
+    path = cycle.path.parent / "long-prompt.txt"
+    path.write_text(text)
+    return path
+
+
+def test_a_llama_cpp_abort_in_the_child_is_one_line_with_its_last_log_lines(
+    cycle: CycleModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = ("import os, sys; print('{\"stage\": \"score\", \"prompt\": \"code\"}', flush=True); "
+              "print('llama_model_load: loading', file=sys.stderr); "
+              "print('ggml.c:123: GGML_ASSERT(n_tokens > 0) failed', file=sys.stderr, flush=True); os.abort()")
+    monkeypatch.setattr(accept_module, "_child_command", lambda: [sys.executable, "-c", script])
+    with pytest.raises(LlamaCppError) as caught:
+        accept(cycle.path, prompts=PROMPTS, tokens=8)
+    assert caught.value.message == ("llama.cpp died (SIGABRT) while scoring code: ggml.c:123: "
+                                    "GGML_ASSERT(n_tokens > 0) failed")
+    assert caught.value.log_tail[-1] == "ggml.c:123: GGML_ASSERT(n_tokens > 0) failed"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_ctrl_c_leaves_no_child(cycle: CycleModel) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "gguf_mtp", "accept", str(cycle.path), "--tokens", "2000",
+                             "--ctx-size", "4096", "--threads", "1"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (children := _children(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the llama.cpp child never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the child is loading or generating
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in stderr
+    assert not any(pid_alive(child) for child in children)
+
+
+def test_the_head_type_sweep_measures_each_type_and_recommends_by_the_rule(cycle: CycleModel) -> None:
+    proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q6_k,q4_k,q3_k", "--n-max", "1", "--tokens", "24",
+               "--threads", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    rows = data["outtypes"]
+    assert [r["outtype"] for r in rows] == ["as stored", "q8_0", "q6_k", "q4_k", "q3_k"]
+    sizes = [r["head_bytes"] for r in rows]
+    assert all(a > b for a, b in itertools.pairwise(sizes))  # F16 as stored, then smaller and smaller
+    assert all(r["acceptance"] is not None and r["acceptance"] > 0.45 for r in rows)
+    typed = rows[1:]
+    best = max(r["acceptance"] for r in typed)
+    assert data["recommended_outtype"] == min((r for r in typed if r["acceptance"] >= best - 0.01),
+                                              key=lambda r: r["head_bytes"])["outtype"]
+    assert list(Path(tempfile.gettempdir()).glob("gguf-mtp-accept-*")) == []  # the temporary sidecars are gone
+
+
+def test_an_unknown_head_type_is_refused_before_anything_runs(cycle: CycleModel) -> None:
+    proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q9_x")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "q9_x" in proc.stderr
+
+
+def test_text_mode_scores_the_given_text_by_teacher_forcing(cycle: CycleModel) -> None:
+    # A text of one repeated 5-byte chunk is one token t over and over (llama.cpp's test tokenizer). By design the
+    # trunk's next token after t is cycle[t] everywhere; the head (shown t and the row after t) drafts cycle[t] when t
+    # is a bad token and cycle[cycle[t]] when it is a good one: full agreement or none.
+    chunks = [c * 5 for c in "abcdefgh"]
+    greedy = accept(cycle.path, prompts=[Prompt(c, c * 4) for c in chunks], tokens=1, n_max=(1,), threads=2)
+    token = {p.name: cycle.cycle.index(p.greedy[0]) for p in greedy.prompts}
+    assert {t in cycle.good for t in token.values()} == {True, False}  # both kinds among the chunks
+    report = accept(cycle.path, prompts=[Prompt(c, c * 20) for c in chunks], text=True, n_max=(1,), threads=2)
+    assert report.mode == "text" and report.recommended_n_max is None
+    for score in report.prompts:
+        agreeing, scored = score.agreement or (0, 0)
+        assert scored == 19 and agreeing == (0 if token[score.name] in cycle.good else 19), score.name
+    assert "an estimate of acceptance at n-max 1, not a server prediction" in report.describe()[-1]
