@@ -12,7 +12,7 @@ from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
 from helpers import build_llama_tools
 
-from gguf_mtp.conversion import OUTTYPE_NAMES
+from gguf_mtp.constants import OUTTYPE_NAMES
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.format.quant_rules import (
     FALLBACKS,
