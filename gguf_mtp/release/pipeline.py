@@ -226,6 +226,9 @@ def run_pipeline(
 ) -> PipelineReport:
     """Download, convert, compose, verify and (with ``out_repo``) publish; resume from finished stages.
 
+    The keywords are the fields of one :class:`PipelineOptions`, built here and passed down (:func:`run` takes
+    that object, as the command line does).
+
     Args:
         target_repo: the Hub repo of the target quant (``unsloth/NVIDIA-Nemotron-3-Super-120B-A12B-GGUF``).
         target_files: which model in it: ``DIR/NAME-*-of-*.gguf``, one shard's name, or a single file's name.

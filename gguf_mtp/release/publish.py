@@ -651,6 +651,9 @@ def publish(
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
+    The keywords but ``api``, ``token`` and ``digests`` are the fields of one :class:`PublishOptions`, built here
+    and passed down (:func:`run` takes that object, as the command line and the pipeline do).
+
     Args:
         outdir: the folder holding the composite (exactly one model), or any of its files.
         repo: the Hub repo, ``OWNER/NAME``; created if missing.
