@@ -28,6 +28,12 @@ KEY_SPLIT_COUNT = Keys.Split.LLM_KV_SPLIT_COUNT
 KEY_SPLIT_TENSORS_COUNT = Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT
 KEY_TOKENS = Keys.Tokenizer.LIST
 
+#: The ``--outtype`` names, in llama-quantize's order of size: its uniform types a head can be written in (the
+#: first four also llama.cpp's converter's). The one list: :data:`gguf_mtp.format.quant_rules.HEAD_TYPES` maps each
+#: to its ggml type, the command line offers them.
+OUTTYPE_NAMES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q4_k", "q3_k", "q2_k",
+                                  "q5_1", "q5_0", "q4_1", "q4_0", "iq4_xs", "iq4_nl")
+
 #: Arrays under ``{arch}.`` that are *not* per-layer even when their length happens to equal the
 #: block count (a 4-block test model has a 4-entry ``rope.dimension_sections``).
 NOT_PER_LAYER_ARRAYS = frozenset(

@@ -21,10 +21,12 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "ESCAPE_ERRORS",
+    "Change",
+    "change_line",
     "human_bytes",
     "json_safe",
     "markdown_code",
@@ -187,3 +189,29 @@ def short_change(old: Any, new: Any, limit: int = 60) -> str:
     if start == 0:
         return f"{_cut(a, limit)} -> {_cut(b, limit)}"
     return f"{_cut('… ' + a[start:], limit)} -> {_cut('… ' + b[start:], limit)}"
+
+
+class Change(Protocol):
+    """A metadata change as the plans hold it (:class:`gguf_mtp.format.kv_edit.KVChange`)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def type_name(self) -> str: ...
+    @property
+    def old(self) -> Any: ...
+    @property
+    def new(self) -> Any: ...  # None: the key is removed
+
+
+def change_line(change: Change) -> str:
+    """The one rendering of a metadata change in a plan: ``KEY (TYPE): OLD -> NEW`` (:func:`short_change`, so
+    that two long arrays show where they differ), ``NEW`` being ``(removed)`` for a removed key.
+
+    >>> from types import SimpleNamespace as C
+    >>> change_line(C(key="a.block_count", type_name="u32", old=4, new=None))
+    'a.block_count (u32): 4 -> (removed)'
+    """
+    if change.new is None:
+        return f"{change.key} ({change.type_name}): {short(change.old)} -> (removed)"
+    return f"{change.key} ({change.type_name}): {short_change(change.old, change.new)}"

@@ -4,11 +4,14 @@
 - ``-v`` after the subcommand as well as before it; word choices in any case (``--outtype Q8_0``).
 - long per-layer arrays in a change line show where they differ (``… 0, 2] -> … 0, 2, 2]``).
 - verify's metadata check names every KV the plan changed (``--set-kv general.name=...`` included).
+- ``pipeline`` and ``publish`` build their options object once from every flag, and their keyword API takes the
+  same options with the same defaults (issue 33 item 3).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -291,3 +294,86 @@ def test_a_failed_verification_says_which_files_are_kept_and_where(
         f"gguf-mtp: error: {written}: failed verification (1 check(s) failed, listed above); the 1 file(s) written "
         f"are kept in {out} for inspection (delete them, or write again with --force)\n"
     )
+
+
+# ------------------------------------------------------------------ options objects (issue 33 item 3)
+
+
+def _keywords(function: Callable[..., object], leave_out: set[str]) -> dict[str, object]:
+    """A function's keyword-only parameters and their defaults (``REQUIRED`` for none), less ``leave_out``."""
+    import inspect
+
+    return {
+        name: (REQUIRED if p.default is inspect.Parameter.empty else p.default)
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in leave_out
+    }
+
+
+REQUIRED = object()
+
+
+def _fields(options_class: type) -> dict[str, object]:
+    import dataclasses
+
+    result: dict[str, object] = {}
+    for f in dataclasses.fields(options_class):
+        if f.default is not dataclasses.MISSING:
+            result[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            result[f.name] = f.default_factory()
+        else:
+            result[f.name] = REQUIRED
+    return result
+
+
+def test_the_public_keywords_and_the_options_objects_are_the_same_options() -> None:
+    """run_pipeline's and publish's keywords (the public API) are exactly their options' fields, defaults included;
+    what is not an option (the Hub client, the token, the message sink, known digests) stays a keyword of the run."""
+    from gguf_mtp.release.card import Provenance
+    from gguf_mtp.release.pipeline import PipelineOptions, run_pipeline
+    from gguf_mtp.release.publish import PublishOptions, publish
+
+    pipeline = _keywords(run_pipeline, {"api", "say"})
+    assert pipeline == _fields(PipelineOptions)
+    published = _keywords(publish, {"api", "token", "digests"})
+    assert published | {"repo": REQUIRED, "provenance": Provenance()} == _fields(PublishOptions)
+
+
+def test_the_pipeline_command_builds_its_options_once_from_every_flag(tmp_path: Path) -> None:
+    import dataclasses
+
+    from gguf_mtp.cli.pipeline import pipeline_options
+
+    argv = ["pipeline", "--target-repo", "u/T-GGUF", "--target-files", "Q4/T-*-of-*.gguf", "--head-repo", "n/H",
+            "--out-repo", "me/T-MTP", "--work-dir", str(tmp_path / "w"), "--keep", "--force", "--target-revision", "r1",
+            "--target-dir", str(tmp_path / "mnt"), "--head-revision", "r2", "--out-revision", "b", "--private",
+            "--replace-readme", "--basename", "T-MTP", "--outtype", "Q8_0", "--cache-dir", "c", "--no-llama", "-q",
+            "--dry-run"]
+    options = pipeline_options(build_parser().parse_args(argv))
+    assert dataclasses.asdict(options) == {
+        "target_repo": "u/T-GGUF", "target_files": "Q4/T-*-of-*.gguf", "head_repo": "n/H", "work_dir": tmp_path / "w",
+        "out_repo": "me/T-MTP", "keep": True, "force": True, "target_revision": "r1", "target_dir": tmp_path / "mnt",
+        "head_revision": "r2", "out_revision": "b", "private": True, "replace_readme": True, "basename": "T-MTP",
+        "outtype": "q8_0", "cache_dir": "c", "llama": False, "progress": False, "dry_run": True,
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.force = False  # type: ignore[misc]
+    bare = pipeline_options(build_parser().parse_args(argv[:7]))
+    assert (bare.out_repo, bare.keep, bare.force, bare.target_dir, bare.llama, bare.progress, bare.dry_run) == (
+        None, False, False, None, None, True, False)
+
+
+def test_the_publish_command_builds_its_options_once_from_every_flag(tmp_path: Path) -> None:
+    from gguf_mtp.cli.publish import publish_options
+    from gguf_mtp.release.card import Provenance
+
+    argv = ["publish", str(tmp_path), "--repo", "me/T-MTP", "--private", "--revision", "b", "--upload-mode",
+            "resumable", "--standalone", "--path-in-repo", "Q4", "--force", "--target-repo", "u/T-GGUF",
+            "--target-file", "Q4/T-00001-of-00002.gguf", "--head-repo", "n/H", "--json", "--dry-run"]
+    options = publish_options(build_parser().parse_args(argv))
+    assert (options.repo, options.private, options.revision, options.upload_mode, options.standalone,
+            options.path_in_repo, options.replace_readme, options.progress, options.dry_run, options.bench) == (
+        "me/T-MTP", True, "b", "resumable", True, "Q4", True, False, True, None)
+    assert options.provenance == Provenance(target_repo="u/T-GGUF", target_files=("Q4/T-00001-of-00002.gguf",),
+                                            head_source="n/H")

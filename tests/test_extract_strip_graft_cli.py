@@ -203,3 +203,19 @@ def test_a_declared_nextn_block_without_nextn_tensors_is_refused_by_strip_and_ex
     assert captured.out == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert file_hashes(over_claiming.parent) == before  # the trunk block's bytes stay where they are
+
+
+def test_graft_and_strip_show_where_a_long_per_layer_array_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 33 item 4: one change-line rendering. With 30 blocks, ``feed_forward_length`` cut at 60 characters
+    reads the same on both sides; the plan shows the arrays' tails, where they differ (as compose does)."""
+    pattern = "ME" * 15
+    source = write_target(tmp_path / "src", pattern=pattern, with_nextn=True, name="Long-Q8_0", quant="Q8_0")
+    trunk = write_target(tmp_path / "dst", pattern=pattern, name="Long-Q4", seed=5)
+    key = "nemotron_h_moe.feed_forward_length (arr[i32]): "
+    for argv in (["graft", "--from", str(source), "--into", str(trunk)], ["strip", str(source)]):
+        assert main([*argv, "-o", str(tmp_path / "out"), "--dry-run"]) == 0
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if key in line]
+        old, new = line.split(key, 1)[1].split(" -> ")
+        assert {old, new} == {"… 0, 256]", "… 0, 256, 256]"}, line  # the tails, where the NextN entry differs

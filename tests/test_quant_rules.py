@@ -4,7 +4,9 @@ the llama-quant.cpp it cites (the copy vendored in the pinned llama-cpp-python s
 
 from __future__ import annotations
 
+import re
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
 from helpers import build_llama_tools
 
-from gguf_mtp.conversion import OUTTYPE_NAMES
+from gguf_mtp.constants import OUTTYPE_NAMES
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.format.quant_rules import (
     FALLBACKS,
@@ -109,6 +111,15 @@ def test_n_dims_is_ggmls() -> None:
 def test_the_outtype_choices_are_the_head_types() -> None:
     assert tuple(HEAD_TYPES) == OUTTYPE_NAMES
     assert head_type("Q4_K") == head_type("q4_k") == Q.Q4_K
+
+
+def test_the_readme_lists_the_outtype_choices_of_the_one_table() -> None:
+    """README's list of ``--outtype`` types is :data:`gguf_mtp.constants.OUTTYPE_NAMES`, in its order (issue 33
+    item 4: one table per fact; the prose copy is checked against it)."""
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8").split())
+    match = re.search(r"TYPE is one of `([a-z0-9_ ]+)`", readme)
+    assert match is not None, "README.md no longer says which types --outtype takes"
+    assert tuple(match[1].split()) == OUTTYPE_NAMES
 
 
 @pytest.mark.parametrize("name", ["iq2_xxs", "IQ2_XS", "iq1_s", "iq1_m", "iq2_s", "iq3_xxs"])

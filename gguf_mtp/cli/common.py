@@ -45,7 +45,7 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
 
 def _outtype_name(value: str) -> str:
     """An ``--outtype`` value in lower case, or argparse's one-line refusal saying why (an importance-matrix type)."""
-    from gguf_mtp.conversion import OUTTYPE_NAMES
+    from gguf_mtp.constants import OUTTYPE_NAMES
 
     name = value.strip().lower()
     if name in OUTTYPE_NAMES:
@@ -73,7 +73,7 @@ def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN blo
                      default: str = "unchanged, byte for byte") -> None:
     """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case); the help is one
     sentence: write ``what`` in TYPE, ``how``."""
-    from gguf_mtp.conversion import OUTTYPE_NAMES
+    from gguf_mtp.constants import OUTTYPE_NAMES
 
     parser.add_argument(
         "--outtype", type=_outtype_name, metavar="TYPE",

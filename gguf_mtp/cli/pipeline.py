@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gguf_mtp.release.pipeline import PipelineReport
+    from gguf_mtp.release.pipeline_options import PipelineOptions
 
 
 from .common import CONVERT_HOW, add_output_flags, add_outtype_flag, print_json, print_report
@@ -59,25 +60,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(run=run)
 
 
-def pipeline_from_args(args: argparse.Namespace) -> PipelineReport:
-    """Run the pipeline with parsed :func:`add_pipeline_arguments` options."""
-    from gguf_mtp.release.pipeline import run_pipeline
+def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
+    """The run's options from parsed :func:`add_pipeline_arguments` (and :func:`add_output_flags`) flags."""
+    from gguf_mtp.release.pipeline_options import PipelineOptions
 
-    return run_pipeline(
+    return PipelineOptions(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
-        out_repo=args.out_repo, work_dir=args.work_dir, keep=args.keep, force=getattr(args, "force", False),
-        target_revision=args.target_revision, target_dir=getattr(args, "target_dir", None),
+        work_dir=Path(args.work_dir), out_repo=args.out_repo, keep=args.keep, force=args.force,
+        target_revision=args.target_revision, target_dir=None if args.target_dir is None else Path(args.target_dir),
         head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
-        replace_readme=getattr(args, "replace_readme", False),
-        basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
-        llama=False if args.no_llama else None, progress=not (getattr(args, "quiet", False) or
-                                                             getattr(args, "json", False)),
-        dry_run=getattr(args, "dry_run", False),
+        replace_readme=args.replace_readme, basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
+        llama=False if args.no_llama else None, progress=not (args.quiet or args.json), dry_run=args.dry_run,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    report = pipeline_from_args(args)
+    from gguf_mtp.release.pipeline import run as run_pipeline
+
+    report = run_pipeline(pipeline_options(args))
     if args.json:
         print_json(report.to_dict())
     else:

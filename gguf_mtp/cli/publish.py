@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gguf_mtp.release.card import Provenance
+    from gguf_mtp.release.publish import PublishOptions
 
 
 from .common import add_output_flags, print_json, print_report
@@ -78,9 +79,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def publish_options(args: argparse.Namespace) -> PublishOptions:
+    """The run's options from the parsed flags; the repo ids and the ``--bench-json`` report are checked first.
+
+    Raises:
+        HubError: ``--repo``, ``--target-repo`` or ``--base-model`` is not an ``OWNER/NAME`` repo id.
+        ParameterError: ``--bench-json`` is not a bench report.
+    """
     from gguf_mtp.hub.client import check_repo_id
-    from gguf_mtp.release.publish import CARD_NAME, publish
+    from gguf_mtp.release.publish import PublishOptions
 
     check_repo_id(args.repo, "--repo")
     bench = None
@@ -90,12 +97,18 @@ def run(args: argparse.Namespace) -> int:
         from gguf_mtp.files.json_io import load_json_file
 
         bench = parse_bench_json(load_json_file(args.bench, max_bytes=1 << 20, error=ParameterError), args.bench)
-    report = publish(
-        args.outdir, args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
+    return PublishOptions(
+        repo=args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
-        standalone=args.standalone, path_in_repo=args.path_in_repo, bench=bench,
-        replace_readme=args.replace_readme,
+        standalone=args.standalone, path_in_repo=args.path_in_repo, bench=bench, replace_readme=args.replace_readme,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gguf_mtp.release.publish import CARD_NAME
+    from gguf_mtp.release.publish import run as publish
+
+    report = publish(args.outdir, publish_options(args))
     if args.json:
         print_json(report.to_dict())
         return 0

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILY_MODULES",
-    "OUTTYPE_NAMES",
     "HeadGGUFWriter",
     "HeadModel",
     "MappedTensor",
@@ -28,11 +27,6 @@ __all__ = [
     "supported_architectures",
     "tensor_segments",
 ]
-
-#: The ``--outtype`` choices (:data:`.base.OUTTYPES` maps each to its ggml type): llama-quantize's uniform
-#: types (the keys of :data:`gguf_mtp.format.quant_rules.HEAD_TYPES`, kept here without importing gguf-py).
-OUTTYPE_NAMES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q4_k", "q3_k", "q2_k",
-                                  "q5_1", "q5_0", "q4_1", "q4_0", "iq4_xs", "iq4_nl")
 
 #: What :func:`__getattr__` imports from :mod:`.base` on first use (keeps ``--help`` free of numpy).
 _FROM_BASE = frozenset({"HeadGGUFWriter", "HeadModel", "MappedTensor", "TensorSource", "tensor_segments"})

@@ -53,7 +53,6 @@ from gguf_mtp.format.safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePre
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet, vocab_size
 
-from . import OUTTYPE_NAMES
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, dequantized_head, quantization_of
 
 __all__ = [
@@ -64,7 +63,6 @@ __all__ = [
     "LLAMA_MAX_EXPERTS",
     "LLAMA_MAX_LAYERS",
     "MAX_WIDTH",
-    "OUTTYPES",
     "U32_MAX",
     "BlockIndex",
     "ExpertStack",
@@ -86,9 +84,6 @@ __all__ = [
 
 Q = GGMLQuantizationType
 _V = TypeVar("_V")
-
-#: ``--outtype`` names -> ggml type (the first four are llama.cpp's converter's, the rest llama-quantize's).
-OUTTYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
 
 #: The ``--outtype`` names llama.cpp's converter offers, applied its way (:meth:`HeadModel.output_type`); the
 #: others are llama-quantize's and follow its rules (:mod:`gguf_mtp.format.quant_rules`) on top of the former.

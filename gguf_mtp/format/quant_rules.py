@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
+from gguf_mtp.constants import OUTTYPE_NAMES
+
 __all__ = [
     "EMBEDDING_TENSORS",
     "FALLBACKS",
@@ -41,11 +43,7 @@ __all__ = [
 Q = GGMLQuantizationType
 
 #: ``--outtype`` names (llama-quantize's uniform types, any case) -> the ggml type of a head's matrices.
-HEAD_TYPES: dict[str, GGMLQuantizationType] = {
-    name: GGMLQuantizationType[name.upper()]
-    for name in ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q4_k", "q3_k", "q2_k",
-                 "q5_1", "q5_0", "q4_1", "q4_0", "iq4_xs", "iq4_nl")
-}
+HEAD_TYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
 
 #: Types llama-quantize will not write without an importance matrix (``tensor_requires_imatrix``,
 #: llama-quant.cpp lines 861-867; ``ggml_quantize_requires_imatrix`` in ggml.c), refused by name.

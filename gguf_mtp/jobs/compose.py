@@ -10,7 +10,7 @@ from typing import Any
 
 from gguf_mtp.files.plan import OutputFile
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
-from gguf_mtp.formatting import human_bytes, short_change
+from gguf_mtp.formatting import change_line, human_bytes
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.write import WriteReport, run_write
 
@@ -52,7 +52,7 @@ class ComposeReport(WriteReport):
                 + (f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
                 + ")"
             )
-            lines.extend(f"    {c.key} ({c.type_name}): {short_change(c.old, c.new)}" for c in f.kv_changes)
+            lines.extend(f"    {change_line(c)}" for c in f.kv_changes)
         return lines
 
     def outcome_lines(self) -> list[str]:

@@ -35,7 +35,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.files.plan import OutputFile, rebind
 from gguf_mtp.format.header import KeyValue
-from gguf_mtp.formatting import human_bytes, short
+from gguf_mtp.formatting import change_line, human_bytes, short
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
 from gguf_mtp.write import WriteReport, run_write
 
@@ -296,7 +296,7 @@ class GraftReport(WriteReport):
                 f", +{len(f.added_tensors)} NextN" if f.added_tensors else "")
             size = human_bytes(f.output.size)
             lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{added})")
-            lines.extend(f"    {c.key} ({c.type_name}): {short(c.old)} -> {short(c.new)}" for c in f.kv_changes)
+            lines.extend(f"    {change_line(c)}" for c in f.kv_changes)
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 

@@ -20,7 +20,6 @@ from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.files.plan import Segment
 from gguf_mtp.format.header import TensorInfo, tensor_nbytes
 from gguf_mtp.format.quant_rules import (
-    HEAD_TYPES,
     embedding_tensor_type,
     head_tensor_type,
     head_type,
@@ -38,7 +37,6 @@ from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shards import ShardSet
 
 __all__ = [
-    "HEAD_TYPE_NAMES",
     "HeadSummary",
     "HeadTensor",
     "bf16_head_hint",
@@ -49,9 +47,6 @@ __all__ = [
     "retype_head_tensor",
     "summarize_head",
 ]
-
-#: Every ``outtype`` choice, in llama-quantize's order of size.
-HEAD_TYPE_NAMES: tuple[str, ...] = tuple(HEAD_TYPES)
 
 
 def parse_outtype(

@@ -33,7 +33,7 @@ from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
 from gguf_mtp.format.layout import congruent_header, pack_tensors
-from gguf_mtp.formatting import human_bytes, short
+from gguf_mtp.formatting import change_line, human_bytes
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -193,10 +193,7 @@ class StripReport(WriteReport):
             extra += f", {len(f.moved_tensors)} moved up" if f.moved_tensors else ""
             size = human_bytes(f.output.size)
             lines.append(f"{self.action(f.path)} {f.path} ({size}, {len(f.tensors)} tensors{extra})")
-            lines.extend(
-                f"    {c.key} ({c.type_name}): {short(c.old)} -> {'(removed)' if c.new is None else short(c.new)}"
-                for c in f.kv_changes
-            )
+            lines.extend(f"    {change_line(c)}" for c in f.kv_changes)
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 

@@ -52,6 +52,7 @@ from gguf_mtp.model.shards import open_model
 
 from .card import Provenance
 from .pipeline_disk import check_disk
+from .pipeline_options import PipelineOptions
 from .pipeline_plan import plan_pipeline, run_disk_need
 from .pipeline_report import PipelineReport, StageResult
 from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
@@ -68,9 +69,11 @@ __all__ = [
     "LOCK_NAME",
     "STATE_FORMAT",
     "STATE_NAME",
+    "PipelineOptions",
     "PipelineReport",
     "StageResult",
     "basename_of",
+    "run",
     "run_pipeline",
     "select_target_files",
     "target_listing",
@@ -154,13 +157,19 @@ def _fresh_folder(path: Path) -> Path:
 
 
 class _Runner:
-    """Runs the stages in order, reusing the ones whose record still holds."""
+    """Runs the stages in order, reusing the ones whose record still holds: the options, the Hub and the work
+    folder every stage reads."""
 
-    def __init__(self, work_dir: Path, say: Callable[[str], None], progress: bool) -> None:
-        self.work_dir = work_dir
-        self.state = _State(work_dir)
+    def __init__(
+        self, options: PipelineOptions, api: HubApi, token: str | None, say: Callable[[str], None]
+    ) -> None:
+        self.options = options
+        self.api = api
+        self.token = token
+        self.work_dir = options.work_dir
+        self.state = _State(options.work_dir)
         self.say = say
-        self.progress = progress
+        self.progress = options.progress
 
     def recorded(self, stage: str, key: str) -> tuple[dict[str, Any] | None, str | None]:
         """The stage's record if it can be reused; else (None, why it cannot, or None if never run)."""
@@ -217,6 +226,9 @@ def run_pipeline(
 ) -> PipelineReport:
     """Download, convert, compose, verify and (with ``out_repo``) publish; resume from finished stages.
 
+    The keywords are the fields of one :class:`PipelineOptions`, built here and passed down (:func:`run` takes
+    that object, as the command line does).
+
     Args:
         target_repo: the Hub repo of the target quant (``unsloth/NVIDIA-Nemotron-3-Super-120B-A12B-GGUF``).
         target_files: which model in it: ``DIR/NAME-*-of-*.gguf``, one shard's name, or a single file's name.
@@ -256,37 +268,46 @@ def run_pipeline(
         VerificationError: the composite failed verification (nothing is published then).
         GGUFMTPError: any other bad input (an incompatible head, an unsafe work folder, ...).
     """
+    options = PipelineOptions(
+        target_repo=target_repo, target_files=target_files, head_repo=head_repo, work_dir=Path(work_dir),
+        out_repo=out_repo, keep=keep, force=force, target_revision=target_revision,
+        target_dir=Path(target_dir) if target_dir is not None else None, head_revision=head_revision,
+        out_revision=out_revision, private=private, replace_readme=replace_readme, basename=basename,
+        outtype=outtype, cache_dir=cache_dir, llama=llama, progress=progress, dry_run=dry_run,
+    )
+    return run(options, api=api, say=say)
+
+
+def run(
+    options: PipelineOptions, *, api: HubApi | None = None, say: Callable[[str], None] | None = None
+) -> PipelineReport:
+    """:func:`run_pipeline` with its options as one object (the command line builds it once from its flags).
+
+    ``api``: an ``HfApi``-like object (a stand-in in tests); ``say``: where the one-line stage messages go
+    (default: stderr). Returns and raises as :func:`run_pipeline`.
+    """
     started = time.perf_counter()
     say = say or _say_default
     # Every repo id is checked before anything is created or asked (a trailing newline, "..", "a/b/c").
-    hub.check_repo_id(target_repo, "target_repo")
-    if not Path(head_repo).expanduser().is_dir():
-        hub.check_repo_id(head_repo, "head_repo")
-    if out_repo:
-        hub.check_repo_id(out_repo, "out_repo")
-    work = Path(work_dir)
+    hub.check_repo_id(options.target_repo, "target_repo")
+    if not Path(options.head_repo).expanduser().is_dir():
+        hub.check_repo_id(options.head_repo, "head_repo")
+    if options.out_repo:
+        hub.check_repo_id(options.out_repo, "out_repo")
+    work = options.work_dir
     token = hub.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
-    if dry_run:
-        return plan_pipeline(
-            hub_api, token, target_repo=target_repo, target_files=target_files, head_repo=head_repo,
-            out_repo=out_repo, work=work, force=force, target_revision=target_revision, basename=basename,
-            cache_dir=cache_dir, keep=keep, out_revision=out_revision, replace_readme=replace_readme,
-            target_dir=Path(target_dir) if target_dir is not None else None,
-        )
+    if options.dry_run:
+        return plan_pipeline(hub_api, token, options)
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
     while not top.parent.exists() and top.parent != top:
         top = top.parent
-    created = claim_work_dir(work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME))
+    created = claim_work_dir(
+        work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME)
+    )
     try:
-        return _run(
-            work, hub_api, token, say, progress, started, target_repo=target_repo, target_files=target_files,
-            head_repo=head_repo, out_repo=out_repo, keep=keep, target_revision=target_revision,
-            target_dir=Path(target_dir) if target_dir is not None else None, head_revision=head_revision,
-            out_revision=out_revision, private=private, basename=basename,
-            outtype=outtype, cache_dir=cache_dir, llama=llama, replace_readme=replace_readme,
-        )
+        return _run(options, hub_api, token, say, started)
     except BaseException:
         if created:
             _remove_unused_work_dir(work.absolute(), top)
@@ -319,73 +340,47 @@ def _remove_unused_work_dir(work: Path, top: Path) -> None:
 
 
 def _run(
-    work: Path,
-    hub_api: HubApi,
-    token: str | None,
-    say: Callable[[str], None],
-    progress: bool,
-    started: float,
-    *,
-    target_repo: str,
-    target_files: str,
-    head_repo: str,
-    out_repo: str | None,
-    keep: bool,
-    target_revision: str | None,
-    target_dir: Path | None,
-    head_revision: str | None,
-    out_revision: str | None,
-    private: bool,
-    basename: str | None,
-    outtype: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-    llama: bool | None,
-    replace_readme: bool,
+    options: PipelineOptions, api: HubApi, token: str | None, say: Callable[[str], None], started: float
 ) -> PipelineReport:
     """The stages of :func:`run_pipeline`, in a work folder it has claimed."""
+    work = options.work_dir
     report = PipelineReport(work)
+    out_repo = options.out_repo
     if out_repo:
         # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
-        hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
+        hub.check_write_access(api, out_repo, token=token, private=options.private, revision=options.out_revision)
         from .publish import check_card_replaceable
 
-        check_card_replaceable(hub_api, out_repo, token=token, revision=out_revision, replace_readme=replace_readme)
+        check_card_replaceable(api, out_repo, token=token, revision=options.out_revision,
+                               replace_readme=options.replace_readme)
     with _work_lock(work):
         leftovers = remove_leftovers(work)  # a killed pipeline's temporary state file
         if leftovers is not None:
             report.notes.append(leftovers)
-        runner = _Runner(work, say, progress)
+        runner = _Runner(options, api, token, say)
         # Hours of downloading are wasted too if the composite cannot be written at the end: check the disk first.
-        need = run_disk_need(hub_api, token, target_repo=target_repo, target_files=target_files,
-                             target_revision=target_revision, target_dir=target_dir, cache_dir=cache_dir, work=work,
-                             composite_done="compose" in runner.state.stages)
+        need = run_disk_need(api, token, options, composite_done="compose" in runner.state.stages)
         if need is None:
             report.notes.append("the disk was not checked before the run: the target's sizes are unknown offline")
         else:
             check_disk(need)
-        if target_dir is not None:
-            target, commit = _stage_target_folder(
-                runner, report, hub_api, token, target_repo, target_files, target_revision, target_dir
-            )
+        if options.target_dir is not None:
+            target, commit = _stage_target_folder(runner, report, options.target_dir)
         else:
-            target, commit = _stage_target(
-                runner, report, hub_api, token, target_repo, target_files, target_revision, cache_dir
-            )
-        draft = _stage_draft(runner, report, target, head_repo, head_revision, outtype)
-        composite = _stage_compose(runner, report, target, draft, basename)
-        _stage_verify(runner, report, target, draft, composite, llama)
+            target, commit = _stage_target(runner, report)
+        draft = _stage_draft(runner, report, target)
+        composite = _stage_compose(runner, report, target, draft)
+        _stage_verify(runner, report, target, draft, composite)
         provenance = Provenance(
-            target_repo=target_repo,
-            target_revision=commit or target_revision,
+            target_repo=options.target_repo,
+            target_revision=commit or options.target_revision,
             target_files=tuple(runner.state.stages["target"]["detail"]["files"]),
-            head_source=head_repo,
-            head_revision=head_revision,
+            head_source=options.head_repo,
+            head_revision=options.head_revision,
         )
-        published = _stage_publish(
-            runner, report, hub_api, token, composite, out_repo, out_revision, private, provenance, replace_readme
-        )
-        if published and not keep:
+        published = _stage_publish(runner, report, composite, provenance)
+        if published and not options.keep:
             for folder in (work / "composite", work / "draft"):
                 shutil.rmtree(folder, ignore_errors=True)
             report.notes.append(
@@ -399,17 +394,10 @@ def _status(before: str | None) -> str:
     return "redone" if before else "ran"
 
 
-def _stage_target(
-    runner: _Runner,
-    report: PipelineReport,
-    api: HubApi,
-    token: str | None,
-    repo: str,
-    pattern: str,
-    revision: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-) -> tuple[list[FileDigest], str | None]:
+def _stage_target(runner: _Runner, report: PipelineReport) -> tuple[list[FileDigest], str | None]:
     stage = "target"
+    api, token, options = runner.api, runner.token, runner.options
+    repo, pattern, revision = options.target_repo, options.target_files, options.target_revision
     key = _key(stage, {"repo": repo, "files": pattern, "revision": revision})
     started = time.perf_counter()
     record, why = runner.recorded(stage, key)
@@ -425,7 +413,7 @@ def _stage_target(
         return outputs, record["detail"].get("commit")
     if why:
         runner.say(f"[1/5] target: {why}; downloading again")
-    names = select_target_files(target_listing(api, token, repo, pattern, revision, cache_dir), pattern)
+    names = select_target_files(target_listing(api, token, repo, pattern, revision, options.cache_dir), pattern)
     shown = ", ".join(n.rpartition("/")[2] for n in names)
     runner.say(f"[1/5] target: downloading {len(names)} file(s) of {repo}: {shown}")
     snapshot = hub.download_files(
@@ -434,7 +422,7 @@ def _stage_target(
         [glob.escape(n) for n in names],
         token=token,
         revision=revision,
-        cache_dir=cache_dir,
+        cache_dir=options.cache_dir,
         force=why is not None,
     )
     paths = [snapshot / n for n in names]
@@ -459,18 +447,13 @@ def _stage_target(
 
 
 def _stage_target_folder(
-    runner: _Runner,
-    report: PipelineReport,
-    api: HubApi,
-    token: str | None,
-    repo: str,
-    pattern: str,
-    revision: str | None,
-    folder: Path,
+    runner: _Runner, report: PipelineReport, folder: Path
 ) -> tuple[list[FileDigest], str | None]:
     """The target read from a folder laid out like the repo (a read-only mount): nothing downloaded, nothing
-    written there; online, checked against the Hub's record of the repo at ``revision``."""
+    written there; online, checked against the Hub's record of the repo at ``target_revision``."""
     stage = "target"
+    api, token, options = runner.api, runner.token, runner.options
+    repo, pattern, revision = options.target_repo, options.target_files, options.target_revision
     source = folder.resolve()
     key = _key(stage, {"repo": repo, "files": pattern, "revision": revision, "dir": str(source)})
     started = time.perf_counter()
@@ -513,15 +496,9 @@ def _stage_target_folder(
     return outputs, commit
 
 
-def _stage_draft(
-    runner: _Runner,
-    report: PipelineReport,
-    target: list[FileDigest],
-    head: str,
-    revision: str | None,
-    outtype: str | None,
-) -> FileDigest:
+def _stage_draft(runner: _Runner, report: PipelineReport, target: list[FileDigest]) -> FileDigest:
     stage = "draft"
+    head, revision, outtype = runner.options.head_repo, runner.options.head_revision, runner.options.outtype
     local = Path(head).expanduser()
     source = str(local.resolve()) if local.is_dir() else head
     key = _key(stage, {"head": source, "revision": revision, "outtype": outtype}, target)
@@ -570,10 +547,10 @@ def _default_basename(target: Sequence[FileDigest]) -> str:
 
 
 def _stage_compose(
-    runner: _Runner, report: PipelineReport, target: list[FileDigest], draft: FileDigest, basename: str | None
+    runner: _Runner, report: PipelineReport, target: list[FileDigest], draft: FileDigest
 ) -> list[FileDigest]:
     stage = "compose"
-    name = basename or _default_basename(target)
+    name = runner.options.basename or _default_basename(target)
     key = _key(stage, {"basename": name}, [*target, draft])
     started = time.perf_counter()
     record, why = runner.recorded(stage, key)
@@ -615,11 +592,11 @@ def _stage_verify(
     target: list[FileDigest],
     draft: FileDigest,
     composite: list[FileDigest],
-    llama: bool | None,
 ) -> None:
     stage = "verify"
     from gguf_mtp.check.llama_check import llama_cpp_available
 
+    llama = runner.options.llama
     use_llama = llama_cpp_available() if llama is None else llama
     key = _key(stage, {"llama": use_llama}, [*target, draft, *composite])
     started = time.perf_counter()
@@ -656,18 +633,11 @@ def _stage_verify(
 
 
 def _stage_publish(
-    runner: _Runner,
-    report: PipelineReport,
-    api: HubApi,
-    token: str | None,
-    composite: list[FileDigest],
-    repo: str | None,
-    revision: str | None,
-    private: bool,
-    provenance: Provenance,
-    replace_readme: bool,
+    runner: _Runner, report: PipelineReport, composite: list[FileDigest], provenance: Provenance
 ) -> bool:
     stage = "publish"
+    api, token, options = runner.api, runner.token, runner.options
+    repo, revision, private = options.out_repo, options.out_revision, options.private
     if not repo:
         report.stages.append(StageResult(stage, "skipped", "no --out-repo given"))
         return False
@@ -692,20 +662,12 @@ def _stage_publish(
         why = "the composite or the destination changed"
     started = time.perf_counter()
     runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
-    from .publish import publish
+    from .publish import PublishOptions
+    from .publish import run as publish
 
-    result = publish(
-        composite[0].path,
-        repo,
-        private=private,
-        revision=revision,
-        api=api,
-        provenance=provenance,
-        digests={str(d.path): d for d in composite},
-        progress=runner.progress,
-        token=token,
-        replace_readme=replace_readme,
-    )
+    asked = PublishOptions(repo=repo, private=private, revision=revision, provenance=provenance,
+                           progress=runner.progress, replace_readme=options.replace_readme)
+    result = publish(composite[0].path, asked, api=api, token=token, digests={str(d.path): d for d in composite})
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
     sent = result.upload

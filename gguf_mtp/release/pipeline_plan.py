@@ -20,6 +20,7 @@ from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
 from .pipeline_disk import DiskNeed, disk_need
+from .pipeline_options import PipelineOptions
 from .pipeline_report import PipelineReport, StageResult
 from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
 from .pipeline_target import basename_of, select_folder_files, select_target_files, target_listing
@@ -64,16 +65,17 @@ class TargetFiles:
         return None if None in sizes else sum(s for s in sizes if s is not None)
 
 
-def target_files_of(
-    api: HubApi, token: str | None, *, repo: str, pattern: str, revision: str | None,
-    cache_dir: str | os.PathLike[str] | None, folder: Path | None,
-) -> TargetFiles:
-    """Which target files a run reads and which it downloads, with their sizes (reads only).
+def target_files_of(api: HubApi, token: str | None, options: PipelineOptions) -> TargetFiles:
+    """Which target files a run reads (from ``target_dir``) and which it downloads, with their sizes (reads only).
 
     Raises:
-        ShardSetError: ``pattern`` does not name exactly one complete model (of the repo, or of ``folder``).
+        ShardSetError: ``target_files`` does not name exactly one complete model (of the repo, or of the folder).
         HubError: the Hub cannot be asked (and, offline, the cache does not hold the listing).
     """
+    repo, pattern, revision, cache_dir = (
+        options.target_repo, options.target_files, options.target_revision, options.cache_dir
+    )
+    folder = options.target_dir
     if folder is not None:
         names = select_folder_files(folder, pattern, repo)
         local: dict[str, Path | None] = {n: folder / n for n in names}
@@ -94,14 +96,12 @@ def _disk_need(files: TargetFiles, cache_dir: str | os.PathLike[str] | None, wor
 
 
 def run_disk_need(
-    api: HubApi, token: str | None, *, target_repo: str, target_files: str, target_revision: str | None,
-    target_dir: Path | None, cache_dir: str | os.PathLike[str] | None, work: Path, composite_done: bool,
+    api: HubApi, token: str | None, options: PipelineOptions, *, composite_done: bool
 ) -> DiskNeed | None:
     """The disk a run needs (downloads + composite, or the composite alone from ``target_dir``), or ``None`` where
     the sizes are unknown (offline, a file the cache does not hold)."""
-    files = target_files_of(api, token, repo=target_repo, pattern=target_files, revision=target_revision,
-                            cache_dir=cache_dir, folder=target_dir)
-    return _disk_need(files, cache_dir, work, composite_done)
+    files = target_files_of(api, token, options)
+    return _disk_need(files, options.cache_dir, options.work_dir, composite_done)
 
 
 def _size(value: int | None) -> str:
@@ -131,25 +131,8 @@ def _check_out_readme(
         report.notes.append(replaced)
 
 
-def plan_pipeline(
-    api: HubApi,
-    token: str | None,
-    *,
-    target_repo: str,
-    target_files: str,
-    head_repo: str,
-    out_repo: str | None,
-    work: Path,
-    force: bool,
-    target_revision: str | None,
-    basename: str | None,
-    cache_dir: str | os.PathLike[str] | None,
-    keep: bool,
-    out_revision: str | None = None,
-    replace_readme: bool = False,
-    target_dir: Path | None = None,
-) -> PipelineReport:
-    """The plan of a :func:`~gguf_mtp.release.pipeline.run_pipeline` call with the same arguments; writes nothing.
+def plan_pipeline(api: HubApi, token: str | None, options: PipelineOptions) -> PipelineReport:
+    """The plan of a :func:`~gguf_mtp.release.pipeline.run_pipeline` call with the same options; writes nothing.
 
     Raises:
         HubError: the Hub cannot be asked for the file list (and, offline, the cache does not hold it).
@@ -159,9 +142,11 @@ def plan_pipeline(
         HubError: ``out_repo`` has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set
             (online only; see :func:`~gguf_mtp.release.publish.check_card_replaceable`).
     """
+    work, target_repo, target_dir = options.work_dir, options.target_repo, options.target_dir
+    head_repo, out_repo = options.head_repo, options.out_repo
     report = PipelineReport(work, dry_run=True)
     would_create = claim_work_dir(
-        work, "pipeline", force=force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME), dry_run=True
+        work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME), dry_run=True
     )
     if would_create:
         report.notes.append(f"the work folder {work} would be created")
@@ -173,8 +158,7 @@ def plan_pipeline(
                 "(size, sha256) and reuses those that still match"
             )
 
-    files = target_files_of(api, token, repo=target_repo, pattern=target_files, revision=target_revision,
-                            cache_dir=cache_dir, folder=target_dir)
+    files = target_files_of(api, token, options)
     names, sizes, target_bytes = files.names, files.sizes, files.total
     if target_dir is not None:
         report.stages.append(StageResult(
@@ -195,7 +179,7 @@ def plan_pipeline(
         else f"download config.json, the index and the safetensors files holding the MTP head of {head_repo}, "
         f"convert -> {work / 'draft' / 'mtp-draft.gguf'}",
     ))
-    name = basename or basename_of(names[0])
+    name = options.basename or basename_of(names[0])
     outputs = [split_file_name(name, i, len(names)) for i in range(1, len(names) + 1)] if len(names) > 1 \
         else [f"{name}.gguf"]
     report.stages.append(StageResult(
@@ -207,15 +191,15 @@ def plan_pipeline(
         "verify", _PLANNED, "structure, target and draft bytes, and llama.cpp when installed"
     ))
     if out_repo:
-        _check_out_readme(report, api, token, out_repo, out_revision, replace_readme)
+        _check_out_readme(report, api, token, out_repo, options.out_revision, options.replace_readme)
         report.stages.append(StageResult(
             "publish", _PLANNED,
             f"upload {len(outputs)} file(s) + README.md to {out_repo} (the token and write access are checked "
-            "before anything is downloaded)" + ("" if keep else "; then remove the draft and the composite"),
+            "before anything is downloaded)" + ("" if options.keep else "; then remove the draft and the composite"),
         ))
     else:
         report.stages.append(StageResult("publish", "skipped", "no --out-repo given"))
-    need = _disk_need(files, cache_dir, work, composite_done=False)
+    need = _disk_need(files, options.cache_dir, work, composite_done=False)
     if need is not None:
         report.disk_needed = need.total
         report.notes.append(

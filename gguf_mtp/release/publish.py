@@ -54,6 +54,7 @@ __all__ = [
     "CARD_NAME",
     "ONE_COMMIT_MAX_BYTES",
     "ONE_COMMIT_MAX_FILES",
+    "PublishOptions",
     "PublishPlan",
     "PublishReport",
     "RemoteCheck",
@@ -64,6 +65,7 @@ __all__ = [
     "find_model",
     "plan_publish",
     "publish",
+    "run",
     "sidecar_name",
 ]
 
@@ -83,6 +85,26 @@ _RESUME_CACHE = ".cache"
 _UPLOAD_MODES = ("auto", "one-commit", "resumable")
 #: What llama.cpp's ``-hf`` download looks for in a sidecar's path (common/download.cpp).
 SIDECAR_MARK = "mtp-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishOptions:
+    """What a publish run was asked to do, as one object (see :func:`publish` for each field): built once by the
+    command line or by :func:`publish` from its keyword arguments, and read by the plan, the checks and the card."""
+
+    repo: str
+    revision: str | None = None
+    private: bool = False
+    dry_run: bool = False
+    provenance: Provenance = field(default_factory=Provenance)
+    upload_mode: str = "auto"
+    one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES
+    one_commit_max_files: int = ONE_COMMIT_MAX_FILES
+    progress: bool = True
+    standalone: bool = False
+    path_in_repo: str | None = None
+    bench: BenchSummary | None = None
+    replace_readme: bool = False
 
 
 @dataclass(frozen=True)
@@ -319,29 +341,15 @@ def find_model(path: str | os.PathLike[str]) -> ShardSet:
     return open_model(next(iter(models.values())))
 
 
-def plan_publish(
-    model: ShardSet,
-    repo: str,
-    *,
-    revision: str | None = None,
-    private: bool = False,
-    upload_mode: str = "auto",
-    one_commit_max_bytes: int = ONE_COMMIT_MAX_BYTES,
-    one_commit_max_files: int = ONE_COMMIT_MAX_FILES,
-    standalone: bool = False,
-    path_in_repo: str | None = None,
-    target_files: Sequence[str] = (),
-) -> PublishPlan:
+def plan_publish(model: ShardSet, options: PublishOptions) -> PublishPlan:
     """Decide what to upload and how (pure: headers only).
 
-    Args:
-        standalone: publish an MTP-only draft (NextN block tensors only) as a draft for
-            ``llama-server --spec-draft-model``; without it such a file is refused, since it is not a model.
-            Its files are published under sidecar names (:func:`sidecar_name`).
-        path_in_repo: the folder of the repo the files go to (e.g. the folder of a quant, so that a
-            sidecar lies next to it); default the repo root. The card is always the root ``README.md``.
-        target_files: the target's file paths in its repo, when ``repo`` is the target's repo: a sidecar
-            must then lie in the folder of the target's first file or a parent of it (llama.cpp's rule).
+    The options read: ``repo``, ``revision``, ``private``, ``upload_mode`` and its two limits; ``standalone``
+    (publish an MTP-only draft, NextN block tensors only, as a draft for ``llama-server --spec-draft-model``,
+    under sidecar names, :func:`sidecar_name`; without it such a file is refused, since it is not a model);
+    ``path_in_repo`` (the folder of the repo the files go to; the card is always the root ``README.md``); and,
+    when ``repo`` is the target's repo, the provenance's target files: a sidecar must then lie in the folder of
+    the target's first file or a parent of it (llama.cpp's rule).
 
     Raises:
         HubError: ``repo`` is not ``OWNER/NAME``, ``upload_mode`` is unknown, ``path_in_repo`` is not a
@@ -349,6 +357,9 @@ def plan_publish(
         NoNextNBlockError: the model has no NextN block (nothing MTP to publish).
         ParameterError: an MTP-only draft is given without ``standalone``, or a whole model with it.
     """
+    repo, upload_mode, standalone = options.repo, options.upload_mode, options.standalone
+    provenance = options.provenance
+    target_files = provenance.target_files if provenance.target_repo == repo else ()
     hub.check_repo_id(repo)
     if upload_mode not in _UPLOAD_MODES:
         raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
@@ -372,13 +383,16 @@ def plan_publish(
         )
     mode = upload_mode
     if mode == "auto":
-        small = sum(h.file_size for h in model.headers) <= one_commit_max_bytes
-        few = len(model.headers) + 1 <= one_commit_max_files
+        small = sum(h.file_size for h in model.headers) <= options.one_commit_max_bytes
+        few = len(model.headers) + 1 <= options.one_commit_max_files
         mode = "one-commit" if small and few else "resumable"
+    path_in_repo, revision = options.path_in_repo, options.revision
     folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
     if standalone and target_files:
         _check_sidecar_folder(folder, target_files[0])
-    return PublishPlan(repo, revision if revision not in ("", None) else None, private, model, mode, standalone, folder)
+    return PublishPlan(
+        repo, revision if revision not in ("", None) else None, options.private, model, mode, standalone, folder
+    )
 
 
 def _check_sidecar_folder(folder: str | None, target_first: str) -> None:
@@ -637,6 +651,9 @@ def publish(
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
+    The keywords but ``api``, ``token`` and ``digests`` are the fields of one :class:`PublishOptions`, built here
+    and passed down (:func:`run` takes that object, as the command line and the pipeline do).
+
     Args:
         outdir: the folder holding the composite (exactly one model), or any of its files.
         repo: the Hub repo, ``OWNER/NAME``; created if missing.
@@ -678,21 +695,32 @@ def publish(
         >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
         >>> print(report.card)  # doctest: +SKIP
     """
+    options = PublishOptions(
+        repo=repo, revision=revision, private=private, dry_run=dry_run, provenance=provenance or Provenance(),
+        upload_mode=upload_mode, one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files,
+        progress=progress, standalone=standalone, path_in_repo=path_in_repo, bench=bench,
+        replace_readme=replace_readme,
+    )
+    return run(outdir, options, api=api, token=token, digests=digests)
+
+
+def run(
+    outdir: str | os.PathLike[str],
+    options: PublishOptions,
+    *,
+    api: HubApi | None = None,
+    token: str | None = None,
+    digests: Mapping[str, FileDigest] | None = None,
+) -> PublishReport:
+    """:func:`publish` with its options as one object (the command line builds it once from its flags).
+
+    ``api``, ``token`` and ``digests`` as :func:`publish` takes them; returns and raises as :func:`publish`.
+    """
     from gguf_mtp._version import __version__
 
     started = time.perf_counter()
-    plan = plan_publish(
-        find_model(outdir),
-        repo,
-        revision=revision,
-        private=private,
-        upload_mode=upload_mode,
-        one_commit_max_bytes=one_commit_max_bytes,
-        one_commit_max_files=one_commit_max_files,
-        standalone=standalone,
-        path_in_repo=path_in_repo,
-        target_files=provenance.target_files if provenance and provenance.target_repo == repo else (),
-    )
+    repo, dry_run, standalone, bench = options.repo, options.dry_run, options.standalone, options.bench
+    plan = plan_publish(find_model(outdir), options)
     if bench is not None:
         _check_bench_is_of(bench, plan.files[0].name)
     user = replaced = None
@@ -703,16 +731,16 @@ def publish(
         if not token:
             raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
         hub_api = hub.make_api(api, token=token)
-        user = hub.check_write_access(hub_api, repo, token=token, private=private, revision=plan.revision)
+        user = hub.check_write_access(hub_api, repo, token=token, private=options.private, revision=plan.revision)
         replaced = check_card_replaceable(
-            hub_api, repo, token=token, revision=plan.revision, replace_readme=replace_readme
+            hub_api, repo, token=token, revision=plan.revision, replace_readme=options.replace_readme
         )
-    files = _digests(plan.files, digests, progress)
+    files = _digests(plan.files, digests, options.progress)
     card = render_model_card(
         repo=repo,
         files=files,
         facts=ModelFacts.from_model(plan.model),
-        provenance=provenance or Provenance(),
+        provenance=options.provenance,
         version=__version__,
         standalone=standalone,
         names=plan.names_in_repo,
