@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hub", ("gguf_mtp.hub",)),
     ("model", ("gguf_mtp.model",)),
     ("conversion", ("gguf_mtp.conversion",)),
+    ("server", ("gguf_mtp.server",)),
     ("write", ("gguf_mtp.write",)),
     ("check", ("gguf_mtp.check",)),
     ("jobs", ("gguf_mtp.jobs",)),

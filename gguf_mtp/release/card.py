@@ -28,7 +28,7 @@ from gguf_mtp.formatting import markdown_code, markdown_text, printable
 from gguf_mtp.model.shards import ShardSet
 
 if TYPE_CHECKING:
-    from gguf_mtp.check.bench_rules import BenchSummary
+    from gguf_mtp.server.bench_rules import BenchSummary
 
 __all__ = [
     "CARD_MARKER",

@@ -48,7 +48,7 @@ from gguf_mtp.model.shards import ShardSet, open_model
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
 if TYPE_CHECKING:
-    from gguf_mtp.check.bench_rules import BenchSummary
+    from gguf_mtp.server.bench_rules import BenchSummary
 
 __all__ = [
     "CARD_NAME",
@@ -656,7 +656,7 @@ def publish(
         path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
             found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
             (the one the Hub shows).
-        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.check.bench_rules.parse_bench_json`)
+        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.server.bench_rules.parse_bench_json`)
             for the card's "Measured speed" table.
         replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
             such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
