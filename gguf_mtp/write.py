@@ -46,7 +46,7 @@ from gguf_mtp.files.plan import Bytes, Generated, OutputFile, Zeros
 from gguf_mtp.files.progress import progress_bar
 
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
-from .formatting import human_bytes
+from .text import human_bytes
 
 __all__ = [
     "OutputCheck",

@@ -59,9 +59,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.errors import LlamaServerError, ParameterError
-    from gguf_mtp.formatting import printable
     from gguf_mtp.server.bench import bench, load_prompts
     from gguf_mtp.server.bench_rules import parse_n_max_list
+    from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt
 
     if not args.server:

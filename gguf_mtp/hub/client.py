@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
 from gguf_mtp.errors import HubError, HubUnreachableError
-from gguf_mtp.formatting import printable
+from gguf_mtp.text import printable
 
 from .hub_api import HubApi
 

@@ -51,7 +51,7 @@ from gguf_mtp.constants import (
     ENV_HUB_REQUEST_TIMEOUT,
 )
 from gguf_mtp.errors import HubError, ParameterError
-from gguf_mtp.formatting import printable
+from gguf_mtp.text import printable
 
 from .client import RemoteNotFoundError
 

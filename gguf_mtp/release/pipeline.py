@@ -45,10 +45,10 @@ from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
+from gguf_mtp.text import human_bytes
 
 from .card import Provenance
 from .pipeline_disk import check_disk

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
+from gguf_mtp.text import human_bytes
 
 from .pipeline_disk import DiskNeed, disk_need
 from .pipeline_report import PipelineReport, StageResult

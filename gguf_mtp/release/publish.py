@@ -39,11 +39,11 @@ from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, Parameter
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.format.header import align_up
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.text import human_bytes
 
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
