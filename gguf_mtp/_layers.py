@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jobs", ("gguf_mtp.jobs",)),
     ("testing", ("gguf_mtp.testing",)),
     ("release", ("gguf_mtp.release",)),
+    ("demo", ("gguf_mtp.demo",)),
     ("cli", ("gguf_mtp.cli", "gguf_mtp.__main__")),
     ("api", ("gguf_mtp",)),  # the package itself: the lazy public names of every layer
 )
