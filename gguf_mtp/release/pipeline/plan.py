@@ -19,10 +19,10 @@ from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.text import human_bytes
 
-from .pipeline_disk import DiskNeed, disk_need
-from .pipeline_report import PipelineReport, StageResult
-from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import basename_of, select_folder_files, select_target_files, target_listing
+from .disk import DiskNeed, disk_need
+from .report import PipelineReport, StageResult
+from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .target import basename_of, select_folder_files, select_target_files, target_listing
 
 __all__ = ["TargetFiles", "plan_pipeline", "run_disk_need", "target_files_of"]
 
@@ -115,7 +115,7 @@ def _check_out_readme(
     where the Hub cannot say (offline, a repo that does not exist yet), a note says so."""
     from gguf_mtp.errors import HubError
 
-    from .publish import check_card_replaceable
+    from ..publish import check_card_replaceable
 
     if hub.is_offline():
         report.notes.append(f"offline: {repo}'s README.md was not checked (a run checks it before downloading)")

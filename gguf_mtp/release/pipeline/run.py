@@ -21,7 +21,7 @@ are checked, not trusted); anything else is redone, and the stages after it foll
 Output folders of a redone stage are recreated, never reused.
 
 Before the first byte, the disk the run needs (downloads + composite, or the composite alone for a target
-folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline_disk`).
+folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline.disk`).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.text import human_bytes
 
-from .card import Provenance
-from .pipeline_disk import check_disk
-from .pipeline_plan import plan_pipeline, run_disk_need
-from .pipeline_report import PipelineReport, StageResult
-from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import (
+from ..card import Provenance
+from .disk import check_disk
+from .plan import plan_pipeline, run_disk_need
+from .report import PipelineReport, StageResult
+from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .target import (
     basename_of,
     check_folder_digests,
     check_folder_matches,
@@ -348,7 +348,7 @@ def _run(
         # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
         hub.check_write_access(hub_api, out_repo, token=token, private=private, revision=out_revision)
-        from .publish import check_card_replaceable
+        from ..publish import check_card_replaceable
 
         check_card_replaceable(hub_api, out_repo, token=token, revision=out_revision, replace_readme=replace_readme)
     with _work_lock(work):
@@ -677,7 +677,7 @@ def _stage_publish(
     record = runner.state.stages.get(stage)
     why = None
     if record is not None and record.get("key") == key:
-        from .publish import compare_remote
+        from ..publish import compare_remote
 
         try:
             remote = hub.remote_files(api, repo, [d.name for d in composite], token=token, revision=revision)
@@ -692,7 +692,7 @@ def _stage_publish(
         why = "the composite or the destination changed"
     started = time.perf_counter()
     runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
-    from .publish import publish
+    from ..publish import publish
 
     result = publish(
         composite[0].path,
