@@ -552,7 +552,7 @@ def _write_locked(
                 current = planned.path
                 methods |= _write_partial(planned, bar, tally, method, partials)
             # One fsync per file once all are written, not after each: that would stall reading the next
-            # file until the previous one is on disk (+20 % time for 3 shards; scripts/bench.py, issue 6).
+            # file until the previous one is on disk (+20 % time for 3 shards; scripts/perf.py, issue 6).
             for planned in files:
                 current = planned.path
                 _fsync_file(temporary_name(planned.path), partials)
