@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from gguf_mtp.text import human_bytes, json_safe, printable, short
 
 if TYPE_CHECKING:
-    from gguf_mtp.write import WriteReport
+    from gguf_mtp.jobs.runner import WriteReport
 
 __all__ = [
     "CONVERT_HOW",

@@ -47,11 +47,11 @@ from gguf_mtp.jobs.head_type import (
     retype_head_tensor,
     summarize_head,
 )
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes
-from gguf_mtp.write import WriteReport, run_write
 
 __all__ = [
     "ExtractReport",
