@@ -39,6 +39,7 @@ from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, Parameter
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.format.header import align_up
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
@@ -698,8 +699,8 @@ def publish(
     user = replaced = None
     hub_api = None
     if not dry_run:
-        token = token or hub.resolve_token()
-        hub.require_online(f"publish to {repo}")
+        token = token or hub_access.resolve_token()
+        hub_access.require_online(f"publish to {repo}")
         if not token:
             raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
         hub_api = hub.make_api(api, token=token)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.text import human_bytes
@@ -33,7 +34,7 @@ def _target_sizes(
     api: HubApi, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
 ) -> dict[str, int | None]:
     """Each file's size: the Hub's record, or offline the cached copy's (``None`` when unknown)."""
-    if hub.is_offline():
+    if hub_access.is_offline():
         return {n: (p.stat().st_size if (p := cached[n]) is not None else None) for n in names}
     remote = hub.remote_files(api, repo, names, token=token, revision=revision)
     return {n: (remote[n].size if n in remote else None) for n in names}
@@ -117,7 +118,7 @@ def _check_out_readme(
 
     from ..publish import check_card_replaceable
 
-    if hub.is_offline():
+    if hub_access.is_offline():
         report.notes.append(f"offline: {repo}'s README.md was not checked (a run checks it before downloading)")
         return
     try:

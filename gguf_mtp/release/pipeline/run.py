@@ -45,6 +45,7 @@ from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
@@ -265,7 +266,7 @@ def run_pipeline(
     if out_repo:
         hub.check_repo_id(out_repo, "out_repo")
     work = Path(work_dir)
-    token = hub.resolve_token()
+    token = hub_access.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
     if dry_run:
         return plan_pipeline(
@@ -486,7 +487,7 @@ def _stage_target_folder(
         return outputs, record["detail"].get("commit")
     names = select_folder_files(folder, pattern, repo)
     remote = None
-    if hub.is_offline():
+    if hub_access.is_offline():
         report.notes.append(f"offline: the files in {folder} were not checked against {repo}'s record on the Hub")
     else:
         remote = hub.remote_files(api, repo, names, token=token, revision=revision)
