@@ -65,17 +65,7 @@ from .target import (
     target_listing,
 )
 
-__all__ = [
-    "LOCK_NAME",
-    "STATE_FORMAT",
-    "STATE_NAME",
-    "PipelineReport",
-    "StageResult",
-    "basename_of",
-    "run_pipeline",
-    "select_target_files",
-    "target_listing",
-]
+__all__ = ["run_pipeline"]  # the other public names of the pipeline: gguf_mtp.release.pipeline
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
