@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from helpers import pid_alive
 
-from gguf_mtp.check import llama_server
 from gguf_mtp.errors import LlamaServerError
+from gguf_mtp.server import process as llama_server
 from gguf_mtp.server.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics
 from gguf_mtp.server.process import ServerHandle
 
