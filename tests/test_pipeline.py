@@ -896,7 +896,7 @@ def test_every_library_parameter_an_error_can_name_has_a_flag() -> None:
     # Every parameter the Hub and work-folder code names in an error is a flag of some command.
     every_flag = set().union(*dests.values())
     sources = [*(Path(__file__).resolve().parent.parent / "gguf_mtp" / "hub").glob("*.py"),
-               *(Path(__file__).resolve().parent.parent / "gguf_mtp" / "release").glob("*.py"),
+               *(Path(__file__).resolve().parent.parent / "gguf_mtp" / "release").rglob("*.py"),
                Path(__file__).resolve().parent.parent / "gguf_mtp" / "files" / "workdir.py"]
     named = set()
     for source in sources:
