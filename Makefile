@@ -35,7 +35,7 @@ TEST_STEPS := lint typecheck tools test-pytest test-upstream test-floor
 # $GGUF_MTP_TOOLS_CACHE); pytest under `make test` never builds them (a test would fail saying `make tools`).
 TOOLS_JOBS ?= 2
 
-.PHONY: install demo test test-pytest test-upstream test-floor run-steps upstream-venv tools lint typecheck bench clean
+.PHONY: install demo test test-pytest test-upstream test-floor run-steps upstream-venv tools lint typecheck perf clean
 
 install: $(TEST_STAMP)
 
@@ -106,8 +106,8 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(PY) -m mypy
 
-bench: $(TEST_STAMP)
-	$(PY) scripts/bench.py
+perf: $(TEST_STAMP)
+	$(PY) scripts/perf.py
 
 clean:
 	rm -rf $(VENV) $(UPSTREAM_VENV) $(FLOOR_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -45,8 +45,6 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .check.accept import AcceptReport, accept
-    from .check.bench import bench
-    from .check.bench_rules import BenchReport
     from .check.inspect import ModelSummary, inspect
     from .check.verify import VerifyReport, verify
     from .jobs.compose import ComposeReport, compose, plan, plan_compose
@@ -57,6 +55,8 @@ if TYPE_CHECKING:
     from .model.shards import ShardSet, open_model
     from .release.pipeline import run_pipeline
     from .release.publish import publish
+    from .server.bench import bench
+    from .server.bench_rules import BenchReport
 
 #: Public name -> the module that defines it (imported by :func:`__getattr__` on first use).
 _LAZY: dict[str, str] = {
@@ -73,8 +73,8 @@ _LAZY: dict[str, str] = {
     "inspect": "check.inspect",
     "VerifyReport": "check.verify",
     "verify": "check.verify",
-    "BenchReport": "check.bench_rules",
-    "bench": "check.bench",
+    "BenchReport": "server.bench_rules",
+    "bench": "server.bench",
     "AcceptReport": "check.accept",
     "accept": "check.accept",
     "run_pipeline": "release.pipeline",

@@ -1,31 +1,38 @@
-"""The package's layers, bottom up: the one declared order (``tests/test_layers.py`` enforces it).
+"""The package's layers, bottom up, in tiers: the one declared order (``tests/test_layers.py`` enforces it).
 
-A module may import only from its own layer or from the layers below it, at any level (module, function or
-``TYPE_CHECKING`` block): a type-only import still couples the two layers. The README's "How it is built"
-table lists the same layers in the same order, and the test checks that it does.
+The order is partial, as the imports are: the layers of one tier sit side by side (none imports another), each
+on the tier just below it (it imports at least one layer there: no layer is declared higher than its imports
+put it). A module may import only from its own layer or from a layer of a lower tier, at any level (module,
+function or ``TYPE_CHECKING`` block): a type-only import still couples the two layers. The README's "How it is
+built" table lists the same tiers and layers in the same order, and the test checks that it does.
 """
 
 from __future__ import annotations
 
-__all__ = ["LAYERS", "layer_of"]
+__all__ = ["LAYERS", "TIERS", "layer_of", "tier_of"]
 
-#: (layer, the modules and packages it holds), bottom up. Every module of gguf_mtp belongs to exactly one.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants", "gguf_mtp.errors",
-              "gguf_mtp.formatting")),
-    ("files", ("gguf_mtp.files",)),
-    ("format", ("gguf_mtp.format",)),
-    ("hub", ("gguf_mtp.hub",)),
-    ("model", ("gguf_mtp.model",)),
-    ("conversion", ("gguf_mtp.conversion",)),
-    ("write", ("gguf_mtp.write",)),
-    ("check", ("gguf_mtp.check",)),
-    ("jobs", ("gguf_mtp.jobs",)),
-    ("testing", ("gguf_mtp.testing",)),
-    ("release", ("gguf_mtp.release",)),
-    ("cli", ("gguf_mtp.cli", "gguf_mtp.__main__")),
-    ("api", ("gguf_mtp",)),  # the package itself: the lazy public names of every layer
+#: A layer: its name, and the modules and packages it holds.
+Layer = tuple[str, tuple[str, ...]]
+
+#: The tiers, bottom up; each a tuple of layers that may not import each other. Every module of gguf_mtp belongs
+#: to exactly one layer.
+TIERS: tuple[tuple[Layer, ...], ...] = (
+    (("base", ("gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants", "gguf_mtp.errors",
+               "gguf_mtp.text")),),
+    (("files", ("gguf_mtp.files",)),),
+    (("format", ("gguf_mtp.format",)), ("write", ("gguf_mtp.write",))),
+    (("hub", ("gguf_mtp.hub",)), ("testing", ("gguf_mtp.testing",))),
+    (("model", ("gguf_mtp.model",)),),
+    (("conversion", ("gguf_mtp.conversion",)), ("server", ("gguf_mtp.server",))),
+    (("check", ("gguf_mtp.check",)),),
+    (("jobs", ("gguf_mtp.jobs",)),),
+    (("release", ("gguf_mtp.release",)),),
+    (("demo", ("gguf_mtp.demo",)), ("api", ("gguf_mtp",))),  # api: the package itself, the lazy public names
+    (("cli", ("gguf_mtp.cli", "gguf_mtp.__main__")),),
 )
+
+#: Every layer, bottom up, tier by tier (the order of the README's table).
+LAYERS: tuple[Layer, ...] = tuple(layer for tier in TIERS for layer in tier)
 
 
 def layer_of(module: str) -> int | None:
@@ -36,3 +43,12 @@ def layer_of(module: str) -> int | None:
             if module == member or (member != __package__ and module.startswith(member + ".")):
                 return index
     return None
+
+
+def tier_of(module: str) -> int | None:
+    """The index in :data:`TIERS` of the tier whose layer holds ``module``, or ``None``."""
+    index = layer_of(module)
+    if index is None:
+        return None
+    name = LAYERS[index][0]
+    return next(t for t, tier in enumerate(TIERS) if any(layer == name for layer, _ in tier))

@@ -204,7 +204,7 @@ def _resolve_commit(api: Any, repo: str, revision: str | None, token: str | None
 def _disk_lines(api: Any, target: argparse.Namespace, commit: str, token: str | None) -> list[str]:
     """The disk the Job needs with the mount (the composite), next to what it needs without (target + composite),
     from the Hub's sizes of the target's shard set at ``commit``."""
-    library = _library("gguf_mtp.release.pipeline_target")
+    library = _library("gguf_mtp.release.pipeline.target")
     client = _library("gguf_mtp.hub.client")
     if library is None or client is None:
         return ["disk: not computed here (gguf-mtp's libraries are not importable: run this dry run from a clone "

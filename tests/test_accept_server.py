@@ -18,9 +18,9 @@ import pytest
 
 from gguf_mtp import extract, strip
 from gguf_mtp.check.accept import accept
-from gguf_mtp.check.bench import bench, builtin_prompts
-from gguf_mtp.check.bench_rules import completion_request, parse_completion, server_arguments
-from gguf_mtp.check.llama_server import free_port, running_server
+from gguf_mtp.server.bench import bench, builtin_prompts
+from gguf_mtp.server.bench_rules import completion_request, parse_completion, server_arguments
+from gguf_mtp.server.process import free_port, running_server
 from gguf_mtp.testing.cycle_model import write_cycle_model
 
 pytestmark = pytest.mark.llama

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from helpers import pid_alive
 
-from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
-from gguf_mtp.check.bench_rules import (
+from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
+from gguf_mtp.server.bench import builtin_prompts, check_model, load_prompts
+from gguf_mtp.server.bench_rules import (
     FLOAT_OPTIONS,
     MAX_N_MAX,
     SEED,
@@ -36,9 +37,8 @@ from gguf_mtp.check.bench_rules import (
     recommend_n_max,
     server_arguments,
 )
-from gguf_mtp.check.llama_server import probe_server
-from gguf_mtp.check.server_options import ServerOptions, Threads, check_extra_arguments, choose_threads
-from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
+from gguf_mtp.server.options import ServerOptions, Threads, check_extra_arguments, choose_threads
+from gguf_mtp.server.process import probe_server
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
 
@@ -643,7 +643,7 @@ def test_the_plot_is_titled_with_the_model(tmp_path: Path, monkeypatch: pytest.M
     pytest.importorskip("matplotlib")
     import matplotlib.axes
 
-    from gguf_mtp.check.bench_plot import plot_title, write_plot
+    from gguf_mtp.server.bench_plot import plot_title, write_plot
 
     titles: list[str] = []
     original = matplotlib.axes.Axes.set_title

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from helpers import pid_alive
 
-from gguf_mtp.check import llama_server
-from gguf_mtp.check.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics
-from gguf_mtp.check.llama_server import ServerHandle
 from gguf_mtp.errors import LlamaServerError
+from gguf_mtp.server import process as llama_server
+from gguf_mtp.server.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics
+from gguf_mtp.server.process import ServerHandle
 
 REPO = Path(__file__).resolve().parent.parent
 

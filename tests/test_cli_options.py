@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gguf_mtp.cli import build_parser, main
-from gguf_mtp.formatting import short_change
 from gguf_mtp.testing.tiny_models import write_draft, write_target
+from gguf_mtp.text import short_change
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from helpers import shard_files
 
 from gguf_mtp.check.llama_check import check_with_llama
-from gguf_mtp.release.demo import run_demo
+from gguf_mtp.demo import run_demo
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_demo_keep_keeps_the_temporary_folder_and_says_where(temp_root: Path) ->
 
 
 def test_demo_that_fails_removes_its_temporary_folder(temp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gguf_mtp.release.demo as demo_module
+    import gguf_mtp.demo as demo_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")

@@ -211,7 +211,7 @@ def test_every_error_and_job_is_exported_from_the_package_without_loading_numpy(
     assert set(errors.__all__) <= set(gguf_mtp.__all__)
     assert {"bench", "BenchReport", "publish", "run_pipeline"} <= set(gguf_mtp.__all__)
     assert all(getattr(gguf_mtp, name) is not None for name in gguf_mtp.__all__)
-    from gguf_mtp.check.bench import bench
+    from gguf_mtp.server.bench import bench
 
     assert gguf_mtp.bench is bench
     code = "import sys, gguf_mtp; gguf_mtp.HubUnreachableError; print('numpy' in sys.modules)"

@@ -25,7 +25,7 @@ from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, GGUFMTPError
 from gguf_mtp.files.json_io import MAX_JSON_DEPTH, load_json_file, nesting_depth, parse_json
 from gguf_mtp.release.pipeline import STATE_FORMAT, STATE_NAME
-from gguf_mtp.release.pipeline_state import StateFileError, load_stages
+from gguf_mtp.release.pipeline.state import StateFileError, load_stages
 
 BY_NAME = {case.name: case for case in HOSTILE}
 

@@ -20,7 +20,8 @@ from huggingface_hub import errors as hf_errors
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import HubError
-from gguf_mtp.hub import client
+from gguf_mtp.hub import access, client
+from gguf_mtp.hub import errors as hub_errors
 from gguf_mtp.release.card import CARD_MARKER, Provenance
 from gguf_mtp.release.publish import publish, sidecar_name
 from gguf_mtp.testing.tiny_models import write_draft
@@ -50,12 +51,12 @@ def _typed(kind: type[BaseException], status: int, code: str | None = None) -> B
 
 def test_offline_is_huggingface_hubs_own_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    assert client.is_offline()
+    assert access.is_offline()
     with pytest.raises(HubError, match="^cannot publish to o/r: HF_HUB_OFFLINE is set"):
-        client.require_online("publish to o/r")
+        access.require_online("publish to o/r")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    assert not client.is_offline()
-    client.require_online("publish to o/r")
+    assert not access.is_offline()
+    access.require_online("publish to o/r")
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -81,7 +82,7 @@ def test_offline_is_huggingface_hubs_own_decision(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_typed_errors_become_one_line(error: object, expected: str, online: None) -> None:
-    translated = client.hub_error(error(), "read x", "o/r", revision="v9", file="a/b.gguf")  # type: ignore[operator]
+    translated = hub_errors.hub_error(error(), "read x", "o/r", revision="v9", file="a/b.gguf")  # type: ignore[operator]
     assert translated is not None
     assert str(translated).startswith(expected), str(translated)
     assert "\n" not in str(translated)
@@ -89,12 +90,12 @@ def test_typed_errors_become_one_line(error: object, expected: str, online: None
 
 def test_entry_not_found_is_the_not_found_error_that_siblings_rely_on(online: None) -> None:
     missing = getattr(hf_errors, "RemoteEntryNotFoundError", hf_errors.EntryNotFoundError)
-    translated = client.hub_error(_typed(missing, 404, "EntryNotFound"), "read x", "o/r", file="f.gguf")
-    assert isinstance(translated, client.RemoteNotFoundError)
+    translated = hub_errors.hub_error(_typed(missing, 404, "EntryNotFound"), "read x", "o/r", file="f.gguf")
+    assert isinstance(translated, hub_errors.RemoteNotFoundError)
 
 
 def test_a_403_while_writing_says_write_access(online: None) -> None:
-    translated = client.hub_error(http_error(403), "create o/r", "o/r", write=True)
+    translated = hub_errors.hub_error(http_error(403), "create o/r", "o/r", write=True)
     assert str(translated).startswith("cannot create o/r: no write access to o/r (403)")
 
 
@@ -105,16 +106,16 @@ def test_errors_are_matched_by_type_never_by_class_name(online: None) -> None:
     class OfflineModeIsEnabled(ValueError):
         pass
 
-    assert client.hub_error(GatedRepoError("x"), "read x", "o/r") is None  # a bug, left to surface
-    assert client.hub_error(OfflineModeIsEnabled("x"), "read x", "o/r") is None
-    with pytest.raises(GatedRepoError), client.hub_errors("read x", "o/r"):
+    assert hub_errors.hub_error(GatedRepoError("x"), "read x", "o/r") is None  # a bug, left to surface
+    assert hub_errors.hub_error(OfflineModeIsEnabled("x"), "read x", "o/r") is None
+    with pytest.raises(GatedRepoError), hub_errors.hub_errors("read x", "o/r"):
         raise GatedRepoError("x")
 
 
 def test_offline_cache_miss_names_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     error = hf_errors.LocalEntryNotFoundError("not cached")
-    translated = client.hub_error(error, "download config.json from o/r", "o/r", file="config.json")
+    translated = hub_errors.hub_error(error, "download config.json from o/r", "o/r", file="config.json")
     assert str(translated) == (
         "cannot download config.json from o/r: HF_HUB_OFFLINE is set and config.json is not in the Hub cache "
         "(run once online, or unset HF_HUB_OFFLINE)"
@@ -152,16 +153,16 @@ def test_token_is_get_tokens_answer_env_first(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(stored))
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(var, raising=False)
-    assert client.resolve_token() == "hf_stored"
+    assert access.resolve_token() == "hf_stored"
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")
-    assert client.resolve_token() == "hf_from_env"
+    assert access.resolve_token() == "hf_from_env"
     monkeypatch.setenv("HF_TOKEN", "hf_t\u00f6ken")
     with pytest.raises(HubError, match="^HF_TOKEN contains non-ASCII characters"):
-        client.resolve_token()
+        access.resolve_token()
     monkeypatch.delenv("HF_TOKEN")
     stored.write_text("hf_st\u00f6red\n", encoding="utf-8")
     with pytest.raises(HubError, match="^the stored Hugging Face token contains non-ASCII characters"):
-        client.resolve_token()
+        access.resolve_token()
 
 
 @pytest.mark.parametrize(("path", "expected"), [("Q4", "Q4"), ("/a/b/", "a/b"), ("UD-Q4_K_XL", "UD-Q4_K_XL")])

@@ -27,6 +27,7 @@ from helpers import LoopbackServer
 
 from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.hub import client
+from gguf_mtp.hub import errors as hub_errors
 from gguf_mtp.testing.tiny_models import write_draft
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,18 +179,18 @@ def test_every_transport_failure_is_one_typed_error(unreachable: tuple[str, str,
     assert isinstance(error, HubError) and isinstance(error, OSError)
     assert error.message.startswith(f"cannot check the token: {cause}")
     assert error.message.endswith("; check the network, a proxy, or HF_ENDPOINT")
-    found = client.transport_failure(error.__cause__)  # what huggingface_hub raised, translated alone
+    found = hub_errors.transport_failure(error.__cause__)  # what huggingface_hub raised, translated alone
     assert found is not None and found[0] == host and found[1].startswith(cause)
 
 
 def test_answers_and_bugs_are_not_transport_failures() -> None:
     from huggingface_hub.errors import HfHubHTTPError
 
-    assert client.transport_failure(ValueError("a bug")) is None
-    assert client.transport_failure(FileNotFoundError("no such file")) is None  # the file system, not the network
+    assert hub_errors.transport_failure(ValueError("a bug")) is None
+    assert hub_errors.transport_failure(FileNotFoundError("no such file")) is None  # the file system, not the network
     response = SimpleNamespace(status_code=404, headers={}, request=None)
     answer = HfHubHTTPError("404 Client Error", response=response)  # type: ignore[arg-type]
-    assert client.transport_failure(answer) is None  # under 0.x a requests.HTTPError: an answer, not a failure
+    assert hub_errors.transport_failure(answer) is None  # under 0.x a requests.HTTPError: an answer, not a failure
 
 
 # ------------------------------------------------------------------------------------------- retries
@@ -257,7 +258,7 @@ def test_a_retried_call_says_so_once(flaky: FlakyHub, caplog: pytest.LogCaptureF
     from huggingface_hub.utils import http_backoff
 
     caplog.set_level(logging.WARNING, logger="gguf_mtp.hub")
-    with client.hub_errors("ask the test Hub", "me/x"):
+    with hub_errors.hub_errors("ask the test Hub", "me/x"):
         response = http_backoff("GET", flaky.url + "/api/x", base_wait_time=0.05, max_wait_time=0.1,
                                 retry_on_status_codes=(503,))
     assert response.status_code == 200 and flaky.requests == 4
@@ -341,6 +342,6 @@ def test_fails_at_once_knows_the_causes() -> None:
     refused = ConnectionRefusedError(111, "Connection refused")
     wrapped = OSError("wrapped")
     wrapped.__cause__ = sockets.gaierror(-2, "Name or service not known")
-    assert client.fails_at_once(refused) and client.fails_at_once(wrapped)
-    assert not client.fails_at_once(TimeoutError("timed out"))
-    assert not client.fails_at_once(ConnectionResetError(104, "Connection reset by peer"))
+    assert hub_errors.fails_at_once(refused) and hub_errors.fails_at_once(wrapped)
+    assert not hub_errors.fails_at_once(TimeoutError("timed out"))
+    assert not hub_errors.fails_at_once(ConnectionResetError(104, "Connection reset by peer"))

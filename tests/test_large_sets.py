@@ -4,7 +4,7 @@ a pipeline that reads a read-only target folder, the disk check before the first
 Everything here runs against stand-ins (no Hub, no Job, no Xet storage on the test machines): the recorded
 ``run_uv_job`` request, a read-only bind mount (or, where this process may not mount, a folder whose every
 entry's bytes and timestamps are compared before and after), and a free-space figure injected through
-:func:`gguf_mtp.release.pipeline_disk.free_space`.
+:func:`gguf_mtp.release.pipeline.disk.free_space`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gguf_mtp import ShardSetError, UnsafeOutputError
 from gguf_mtp.files.plan import CopyRange
 from gguf_mtp.jobs.compose_plan import plan_composition
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.release import pipeline_disk
+from gguf_mtp.release.pipeline import disk as pipeline_disk
 from gguf_mtp.release.pipeline import run_pipeline
 from gguf_mtp.release.publish import bytes_beyond_target
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint

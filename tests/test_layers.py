@@ -1,4 +1,5 @@
-"""The layers are a fact: every import of gguf_mtp goes down the one declared order (gguf_mtp/_layers.py).
+"""The layers are a fact: every import of gguf_mtp goes down the one declared order (gguf_mtp/_layers.py), a
+partial one: the layers of a tier sit side by side and do not import each other.
 
 Every ``import`` and ``from ... import`` statement counts, wherever it is: at module level, inside a
 function (a lazy import is still a dependency) and under ``if TYPE_CHECKING:`` (a type-only import still
@@ -12,11 +13,12 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
-from gguf_mtp._layers import LAYERS, layer_of
+from gguf_mtp._layers import LAYERS, TIERS, layer_of, tier_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gguf_mtp"
@@ -33,10 +35,13 @@ def package_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imported_modules(module: str, source: str, is_package: bool, known: set[str]) -> list[tuple[str, int]]:
-    """The gguf_mtp modules ``source`` (the text of ``module``) imports, with line numbers, at any level."""
+def imported_modules(module: str, source: str, is_package: bool, known: set[str],
+                     import_time_only: bool = False) -> list[tuple[str, int]]:
+    """The gguf_mtp modules ``source`` (the text of ``module``) imports, with line numbers, at any level (or,
+    with ``import_time_only``, those it imports when it is imported: :func:`import_time_nodes`)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in import_time_nodes(tree) if import_time_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -53,23 +58,53 @@ def imported_modules(module: str, source: str, is_package: bool, known: set[str]
     return list(dict.fromkeys(ours))  # one per statement and module, however many names it imports
 
 
-def import_graph() -> list[tuple[str, str, int]]:
-    """(importer, imported, line) for every import between gguf_mtp modules."""
+def import_time_nodes(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements that run when the module is imported: at module level, in ``if``/``try``/``with``/
+    loop and class bodies, not in a function nor under ``if TYPE_CHECKING:``."""
+    found: list[ast.stmt] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            test = node.test
+            type_checking = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+            pending += node.orelse if type_checking else [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            pending += [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
+        elif isinstance(node, (ast.With, ast.For, ast.While, ast.ClassDef)):
+            pending += node.body
+            pending += getattr(node, "orelse", [])
+    return found
+
+
+def import_graph(import_time_only: bool = False) -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every import between gguf_mtp modules (only those run at import time with
+    ``import_time_only``)."""
     modules = package_modules()
     edges = []
     for name, path in modules.items():
-        for target, line in imported_modules(name, path.read_text(), path.name == "__init__.py", set(modules)):
+        source = path.read_text()
+        for target, line in imported_modules(name, source, path.name == "__init__.py", set(modules), import_time_only):
             if target != name:
                 edges.append((name, target, line))
     return edges
 
 
 def upward_imports(edges: list[tuple[str, str, int]]) -> list[str]:
+    """The imports that do not go down: into a layer of a higher tier, or of the same tier (side by side)."""
     offenders = []
     for importer, imported, line in edges:
         low, high = layer_of(importer), layer_of(imported)
-        if low is not None and high is not None and high > low:
-            offenders.append(f"{importer} -> {imported} (line {line}: layer {LAYERS[high][0]} above "
+        if low is None or high is None or low == high:
+            continue
+        low_tier, high_tier = tier_of(importer), tier_of(imported)
+        assert low_tier is not None and high_tier is not None
+        if high_tier >= low_tier:
+            where = "beside" if high_tier == low_tier else "above"
+            offenders.append(f"{importer} -> {imported} (line {line}: layer {LAYERS[high][0]} {where} "
                              f"{LAYERS[low][0]})")
     return offenders
 
@@ -78,13 +113,11 @@ def top_package(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def package_cycles(edges: list[tuple[str, str, int]]) -> list[list[str]]:
-    """The strongly connected sets of more than one top-level package (gguf_mtp.x), Tarjan's algorithm."""
+def strongly_connected(pairs: Iterable[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one node of the graph ``pairs`` (its edges), Tarjan's algorithm."""
     graph: dict[str, set[str]] = defaultdict(set)
-    for importer, imported, _ in edges:
-        a, b = top_package(importer), top_package(imported)
-        if a != b and a != "gguf_mtp" and b != "gguf_mtp":  # the package itself holds only the lazy names
-            graph[a].add(b)
+    for a, b in pairs:
+        graph[a].add(b)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -115,6 +148,18 @@ def package_cycles(edges: list[tuple[str, str, int]]) -> list[list[str]]:
     return cycles
 
 
+def package_cycles(edges: list[tuple[str, str, int]]) -> list[list[str]]:
+    """The sets of top-level packages (gguf_mtp.x) that import each other."""
+    pairs = [(top_package(a), top_package(b)) for a, b, _ in edges]
+    # the package itself holds only the lazy names
+    return strongly_connected((a, b) for a, b in pairs if a != b and "gguf_mtp" not in (a, b))
+
+
+def module_cycles(edges: list[tuple[str, str, int]]) -> list[list[str]]:
+    """The sets of modules that import each other (give it the import-time edges: see :func:`import_time_nodes`)."""
+    return strongly_connected((a, b) for a, b, _ in edges)
+
+
 def test_every_module_is_in_one_declared_layer() -> None:
     members = [m for _, layer in LAYERS for m in layer]
     assert len(members) == len(set(members)), "a module or package is declared in two layers"
@@ -132,6 +177,27 @@ def test_no_package_cycles() -> None:
     assert not cycles, "packages that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
+def test_no_module_cycles() -> None:
+    """No two modules need each other to be imported (a package and its own submodules included): the order in
+    which a cycle's modules are first imported would decide which of them sees the other half-made."""
+    cycles = module_cycles(import_graph(import_time_only=True))
+    assert not cycles, "modules that import each other at import time: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_every_layer_sits_on_the_tier_below() -> None:
+    """The declared order is the real partial order: a layer that imports nothing from the tier just below its
+    own could sit lower, and is declared too high."""
+    needs: dict[str, set[int]] = defaultdict(set)
+    for importer, imported, _ in import_graph():
+        low, high = layer_of(importer), layer_of(imported)
+        tier = tier_of(imported)
+        if low is not None and high is not None and low != high and tier is not None:
+            needs[LAYERS[low][0]].add(tier)
+    too_high = [f"{name} (tier {t}: imports tiers {sorted(needs[name])})"
+                for t, tier in enumerate(TIERS) if t for name, _ in tier if t - 1 not in needs[name]]
+    assert not too_high, "layers declared above the tier their imports put them on: " + ", ".join(too_high)
+
+
 @pytest.mark.parametrize(
     ("module", "source", "offending"),
     [
@@ -140,6 +206,7 @@ def test_no_package_cycles() -> None:
         ("gguf_mtp.hub.client", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gguf_mtp.cli\n",
          "gguf_mtp.cli"),
         ("gguf_mtp.model.shards", "from .. import check\n", "gguf_mtp.check"),
+        ("gguf_mtp.conversion.base", "from gguf_mtp.server.bench import bench\n", "gguf_mtp.server.bench"),
     ],
 )
 def test_the_checker_sees_every_kind_of_upward_import(module: str, source: str, offending: str) -> None:
@@ -149,37 +216,51 @@ def test_the_checker_sees_every_kind_of_upward_import(module: str, source: str, 
     assert offender.startswith(f"{module} -> {offending} (line ")
 
 
+def test_the_checker_sees_a_module_cycle_only_at_import_time() -> None:
+    known = {"gguf_mtp.hub.a", "gguf_mtp.hub.b", "gguf_mtp.hub.c"}
+    sources = {
+        "gguf_mtp.hub.a": "from . import b\n",
+        "gguf_mtp.hub.b": "try:\n    from .a import x\nexcept ImportError:\n    pass\n",
+        "gguf_mtp.hub.c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\n"
+                          "def f():\n    from .b import y\n",
+    }
+    edges = [(m, t, line) for m, src in sources.items() for t, line in imported_modules(m, src, False, known, True)]
+    assert module_cycles(edges) == [["gguf_mtp.hub.a", "gguf_mtp.hub.b"]]
+    assert ("gguf_mtp.hub.c", "gguf_mtp.hub.a", 3) not in edges and ("gguf_mtp.hub.c", "gguf_mtp.hub.b", 5) not in edges
+
+
 def test_the_checker_sees_a_package_cycle() -> None:
     edges = [("gguf_mtp.files.a", "gguf_mtp.write", 1), ("gguf_mtp.write", "gguf_mtp.files.b", 1)]
     assert package_cycles(edges) == [["gguf_mtp.files", "gguf_mtp.write"]]
 
 
-def readme_layer_table() -> list[tuple[str, list[str]]]:
-    """(layer, [module names]) of the README's "How it is built" table, in its order."""
+def readme_layer_table() -> list[tuple[int, str, list[str]]]:
+    """(tier, layer, [module names]) of the README's "How it is built" table, in its order."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## How it is built", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= set("-:"):
+        if len(cells) < 4 or cells[0] in ("tier", "") or set(cells[0]) <= set("-:"):
             continue
-        paths = re.findall(r"`([^`]+)`", cells[1])
+        paths = re.findall(r"`([^`]+)`", cells[2])
         folder = paths[0].rpartition("/")[0] if paths else ""
         modules = []
         for path in paths:
             full = path if path.startswith("gguf_mtp") else f"{folder}/{path}"
             modules.append(full.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", "."))
-        rows.append((cells[0], modules))
+        rows.append((int(cells[0]), cells[1], modules))
     return rows
 
 
 def test_readme_table_is_the_declared_order() -> None:
     table = readme_layer_table()
-    assert [layer for layer, _ in table] == [layer for layer, _ in LAYERS]
+    assert [(tier, layer) for tier, layer, _ in table] == [(t, name) for t, tier in enumerate(TIERS)
+                                                            for name, _ in tier]
 
     def public(member: str) -> bool:
         last = member.rpartition(".")[2]
         return not last.startswith("_") or last.startswith("__")
 
-    for (layer, listed), (_, members) in zip(table, LAYERS):
+    for (_, layer, listed), (_, members) in zip(table, LAYERS):
         assert set(listed) == {m for m in members if public(m)}, f"README row {layer!r}"

@@ -755,7 +755,7 @@ def test_a_state_file_with_outputs_listed_twice_is_one_line(work_copy: Path, hf_
 
 
 def test_the_state_file_a_run_writes_passes_the_schema(first_run: tuple[Path, dict]) -> None:
-    from gguf_mtp.release.pipeline_state import STAGES, load_stages
+    from gguf_mtp.release.pipeline.state import STAGES, load_stages
 
     work, _ = first_run
     stages = load_stages(work / STATE_NAME, 1)
@@ -896,7 +896,7 @@ def test_every_library_parameter_an_error_can_name_has_a_flag() -> None:
     # Every parameter the Hub and work-folder code names in an error is a flag of some command.
     every_flag = set().union(*dests.values())
     sources = [*(Path(__file__).resolve().parent.parent / "gguf_mtp" / "hub").glob("*.py"),
-               *(Path(__file__).resolve().parent.parent / "gguf_mtp" / "release").glob("*.py"),
+               *(Path(__file__).resolve().parent.parent / "gguf_mtp" / "release").rglob("*.py"),
                Path(__file__).resolve().parent.parent / "gguf_mtp" / "files" / "workdir.py"]
     named = set()
     for source in sources:

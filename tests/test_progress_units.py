@@ -9,7 +9,7 @@ import re
 import pytest
 
 import gguf_mtp.files.progress as progress
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.text import human_bytes
 
 GiB = 2**30
 

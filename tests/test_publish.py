@@ -22,10 +22,10 @@ from gguf_mtp import HubError, NoNextNBlockError, ShardSetError, compose
 from gguf_mtp._version import __version__
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
-from gguf_mtp.formatting import markdown_text
 from gguf_mtp.hub import client as hub_client
 from gguf_mtp.release.card import CARD_MARKER, Provenance
 from gguf_mtp.release.publish import CARD_NAME, STAGING_NAME, publish
+from gguf_mtp.text import markdown_text
 
 # the package exports the function `publish`; this is the module it lives in
 publish_module = importlib.import_module("gguf_mtp.release.publish")

@@ -21,7 +21,8 @@ from gguf_mtp.errors import GGUFMTPError, UnsafeOutputError
 from gguf_mtp.files.commit import JOURNAL_NAME, FileIdentity, Replacement, read_journal
 from gguf_mtp.files.json_io import load_json_file, write_json_file
 from gguf_mtp.files.workdir import MARKER_NAME, claim_work_dir, marker_kind
-from gguf_mtp.release.pipeline import STATE_FORMAT, STATE_NAME, _State
+from gguf_mtp.release.pipeline import STATE_FORMAT, STATE_NAME
+from gguf_mtp.release.pipeline.run import _State
 
 
 def _journal(folder: Path) -> Path:

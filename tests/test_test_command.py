@@ -186,7 +186,7 @@ def test_a_missing_bench_extra_fails_the_run_under_ci(tmp_path: Path) -> None:
 
 def test_the_benchmark_tests_skip_without_matplotlib_instead_of_erroring() -> None:
     code = (f"{WITHOUT_MATPLOTLIB}; import pytest, sys; "
-            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'bench', '-rs', 'tests/test_bench.py']))")
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'bench', '-rs', 'tests/test_perf.py']))")
     environment = {k: v for k, v in os.environ.items() if k != "CI"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env=environment)

@@ -29,10 +29,10 @@ from typing import Any
 from gguf_mtp.errors import LlamaCppError, ParameterError
 from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model
+from gguf_mtp.server.bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS, MAX_N_MAX
 
 from .accept_schedule import Limits, Replay, first_draft_agreement, replay, total
-from .bench import BenchModel, Prompt, builtin_prompts, check_model
-from .bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS, MAX_N_MAX
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
 

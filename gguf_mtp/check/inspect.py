@@ -21,7 +21,6 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
     block_index,
@@ -35,6 +34,7 @@ from gguf_mtp.model.blocks import (
 )
 from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
+from gguf_mtp.text import human_bytes
 
 __all__ = ["HeadReport", "ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gguf_mtp.constants import install_hint
-from gguf_mtp.formatting import printable
+from gguf_mtp.text import printable
 
 __all__ = [
     "CONTEXT_PARAMS",

@@ -42,7 +42,6 @@ from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo
 from gguf_mtp.format.layout import PAD_KEY
-from gguf_mtp.formatting import human_bytes, short, short_change
 from gguf_mtp.hub.remote import is_hub_path
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.blocks import (
@@ -66,6 +65,7 @@ from gguf_mtp.model.shard_scan import (
     tensor_count_problems,
 )
 from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.text import human_bytes, short, short_change
 
 from .acceptance_floor import DEFAULT_FLOOR, acceptance_verdict
 from .draft_checks import draft_globals_check, target_fit_check

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from gguf_mtp._version import __version__
 from gguf_mtp.errors import GGUFMTPError
-from gguf_mtp.formatting import ESCAPE_ERRORS, printable
+from gguf_mtp.text import ESCAPE_ERRORS, printable
 
 from .common import error_object, print_json
 

@@ -10,7 +10,7 @@ from .common import print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gguf_mtp.check.bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
+    from gguf_mtp.server.bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
 
     p = subparsers.add_parser(
         "accept",
@@ -51,10 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.check.accept import accept
-    from gguf_mtp.check.bench import load_prompts
-    from gguf_mtp.check.bench_rules import parse_n_max_list
     from gguf_mtp.errors import LlamaCppError, ParameterError
-    from gguf_mtp.formatting import printable
+    from gguf_mtp.server.bench import load_prompts
+    from gguf_mtp.server.bench_rules import parse_n_max_list
+    from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt
 
     n_max = parse_n_max_list(args.n_max)

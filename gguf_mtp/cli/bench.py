@@ -11,11 +11,11 @@ from .common import print_json, print_report
 
 if TYPE_CHECKING:
     from gguf_mtp.check.accept import AcceptReport
-    from gguf_mtp.check.bench_rules import BenchReport
+    from gguf_mtp.server.bench_rules import BenchReport
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gguf_mtp.check.bench_rules import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
+    from gguf_mtp.server.bench_rules import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
 
     p = subparsers.add_parser(
         "bench",
@@ -58,10 +58,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from gguf_mtp.check.bench import bench, load_prompts
-    from gguf_mtp.check.bench_rules import parse_n_max_list
     from gguf_mtp.errors import LlamaServerError, ParameterError
-    from gguf_mtp.formatting import printable
+    from gguf_mtp.server.bench import bench, load_prompts
+    from gguf_mtp.server.bench_rules import parse_n_max_list
+    from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt
 
     if not args.server:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     n_max = parse_n_max_list(args.n_max)
     prompts = load_prompts(args.prompts) if args.prompts else None
     if args.plot:
-        from gguf_mtp.check.bench_plot import check_plot_target
+        from gguf_mtp.server.bench_plot import check_plot_target
 
         check_plot_target(args.plot, force=args.force)
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join("  " + printable(line) for line in e.log_tail), file=sys.stderr)
         raise
     if args.plot:
-        from gguf_mtp.check.bench_plot import write_plot
+        from gguf_mtp.server.bench_plot import write_plot
 
         write_plot(report, args.plot, force=args.force)
     if args.json:

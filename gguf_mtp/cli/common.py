@@ -1,7 +1,7 @@
 """Helpers shared by the subcommand modules: the flags every writer takes and the two ways out (text, JSON).
 
 Everything a command prints goes through :func:`print_report` or :func:`print_json`, which escape the
-names inside (see :mod:`gguf_mtp.formatting`): a name read from a file can hold any byte.
+names inside (see :mod:`gguf_mtp.text`): a name read from a file can hold any byte.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from gguf_mtp.formatting import human_bytes, json_safe, printable, short
+from gguf_mtp.text import human_bytes, json_safe, printable, short
 
 if TYPE_CHECKING:
-    from gguf_mtp.write import WriteReport
+    from gguf_mtp.jobs.runner import WriteReport
 
 __all__ = [
     "CONVERT_HOW",

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from gguf_mtp.release.demo import run_demo  # imports the whole toolchain: only when the demo runs
+    from gguf_mtp.demo import run_demo  # imports the whole toolchain: only when the demo runs
 
     lines: list[str] = []
     say = lines.append if args.json else print

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gguf_mtp.release.pipeline_options import PipelineOptions
+    from gguf_mtp.release.pipeline.options import PipelineOptions
 
 
 from .common import CONVERT_HOW, add_output_flags, add_outtype_flag, print_json, print_report
@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
     """The run's options from parsed :func:`add_pipeline_arguments` (and :func:`add_output_flags`) flags."""
-    from gguf_mtp.release.pipeline_options import PipelineOptions
+    from gguf_mtp.release.pipeline.options import PipelineOptions
 
     return PipelineOptions(
         target_repo=args.target_repo, target_files=args.target_files, head_repo=args.head_repo,
@@ -75,7 +75,7 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gguf_mtp.release.pipeline import run as run_pipeline
+    from gguf_mtp.release.pipeline.run import run as run_pipeline
 
     report = run_pipeline(pipeline_options(args))
     if args.json:

@@ -92,9 +92,9 @@ def publish_options(args: argparse.Namespace) -> PublishOptions:
     check_repo_id(args.repo, "--repo")
     bench = None
     if args.bench:
-        from gguf_mtp.check.bench_rules import parse_bench_json
         from gguf_mtp.errors import ParameterError
         from gguf_mtp.files.json_io import load_json_file
+        from gguf_mtp.server.bench_rules import parse_bench_json
 
         bench = parse_bench_json(load_json_file(args.bench, max_bytes=1 << 20, error=ParameterError), args.bench)
     return PublishOptions(

@@ -44,7 +44,7 @@ from typing import Any
 
 from gguf_mtp.constants import PARTIAL_SUFFIX
 from gguf_mtp.errors import OutputWriteError, UnsafeOutputError
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.text import human_bytes
 
 from .create import fsync_dir
 from .journal import (

@@ -8,7 +8,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gguf_mtp.constants import progress_disabled
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.text import human_bytes
 
 __all__ = ["progress_bar"]
 

@@ -47,7 +47,7 @@ class HubCheckpoint:
 
 def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextManager[None]:
     """huggingface_hub's failures while fetching ``what`` as one :class:`HubError` line (see :mod:`.client`)."""
-    from .client import hub_errors
+    from .errors import hub_errors
 
     at = f"@{revision}" if revision else ""
     return hub_errors(f"download {what} from {repo_id}{at}", repo_id, revision=revision, file=what)
@@ -87,7 +87,8 @@ def download_head(
     """
     import huggingface_hub
 
-    from .client import check_repo_id, check_token_env, is_offline
+    from .access import check_token_env, is_offline
+    from .client import check_repo_id
 
     check_repo_id(repo_id)
     check_token_env()  # huggingface_hub reads HF_TOKEN itself: a non-ASCII one would be a traceback there

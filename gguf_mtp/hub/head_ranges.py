@@ -45,7 +45,7 @@ from gguf_mtp.format.safetensors_io import (
     natural_key,
     read_index,
 )
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.text import human_bytes
 
 from .remote import HubFile, RemoteFile
 

@@ -51,9 +51,9 @@ from gguf_mtp.constants import (
     ENV_HUB_REQUEST_TIMEOUT,
 )
 from gguf_mtp.errors import HubError, ParameterError
-from gguf_mtp.formatting import printable
+from gguf_mtp.text import printable
 
-from .client import RemoteNotFoundError
+from .errors import RemoteNotFoundError
 
 __all__ = [
     "DATA_CHUNK",
@@ -390,7 +390,8 @@ def _get_range(
     within one deadline: the request's own, or the file's when that comes first. With ``allow_short``, a
     body cut off after some bytes comes back short (the caller resumes) instead of being an error.
     """
-    from .client import hub_error, is_offline, resolve_token
+    from .access import is_offline, resolve_token
+    from .errors import hub_error
 
     name = str(hub_file)
     if is_offline():
@@ -692,7 +693,7 @@ def _read_body(
             if received >= length:
                 break
     except Exception as error:
-        from .client import transport_failure
+        from .errors import transport_failure
 
         if not (allow_short and received and transport_failure(error) is not None):
             raise

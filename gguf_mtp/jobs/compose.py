@@ -10,9 +10,9 @@ from typing import Any
 
 from gguf_mtp.files.plan import OutputFile
 from gguf_mtp.format.kv_edit import KVOverride, parse_set_kv
-from gguf_mtp.formatting import change_line, human_bytes
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.write import WriteReport, run_write
+from gguf_mtp.text import change_line, human_bytes
 
 from .compose_plan import CompositionPlan, plan_composition
 from .head_type import head_notes, parse_outtype

@@ -55,12 +55,12 @@ from gguf_mtp.format.header import (
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
-from gguf_mtp.formatting import human_bytes, short
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, retype_embedding_tensor, summarize_head
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import WriteReport, run_write
+from gguf_mtp.text import human_bytes, short
 
 __all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
 

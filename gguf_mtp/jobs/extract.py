@@ -39,7 +39,6 @@ from gguf_mtp.errors import BadGGUFError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.jobs.head_type import (
     HeadSummary,
     low_bit_warning,
@@ -48,10 +47,11 @@ from gguf_mtp.jobs.head_type import (
     retype_head_tensor,
     summarize_head,
 )
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import WriteReport, run_write
+from gguf_mtp.text import human_bytes
 
 __all__ = [
     "ExtractReport",

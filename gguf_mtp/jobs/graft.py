@@ -35,9 +35,9 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.files.plan import OutputFile, rebind
 from gguf_mtp.format.header import KeyValue
-from gguf_mtp.formatting import change_line, human_bytes, short
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
-from gguf_mtp.write import WriteReport, run_write
+from gguf_mtp.text import change_line, human_bytes, short
 
 from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction

@@ -32,9 +32,9 @@ from gguf_mtp.format.quantize import (
     ggml_available,
     retyped_tensor,
 )
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shards import ShardSet
+from gguf_mtp.text import human_bytes
 
 __all__ = [
     "HeadSummary",

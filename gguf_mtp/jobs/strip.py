@@ -33,11 +33,11 @@ from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, align_up, encode_kv
 from gguf_mtp.format.kv_edit import apply_kv_edits, with_int_value
 from gguf_mtp.format.layout import congruent_header, pack_tensors
-from gguf_mtp.formatting import change_line, human_bytes
+from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.arch_rules import extended_arrays, trunk_only_arrays
 from gguf_mtp.model.set_id import without_set_id
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.write import WriteReport, run_write
+from gguf_mtp.text import change_line, human_bytes
 
 from .compose_plan import FilesPlan, PlannedFile
 from .extract import NextNBlocks, find_nextn_blocks

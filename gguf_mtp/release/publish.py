@@ -39,16 +39,17 @@ from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, Parameter
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.format.header import align_up
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.text import human_bytes
 
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
 if TYPE_CHECKING:
-    from gguf_mtp.check.bench_rules import BenchSummary
+    from gguf_mtp.server.bench_rules import BenchSummary
 
 __all__ = [
     "CARD_NAME",
@@ -673,7 +674,7 @@ def publish(
         path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
             found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
             (the one the Hub shows).
-        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.check.bench_rules.parse_bench_json`)
+        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.server.bench_rules.parse_bench_json`)
             for the card's "Measured speed" table.
         replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
             such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
@@ -726,8 +727,8 @@ def run(
     user = replaced = None
     hub_api = None
     if not dry_run:
-        token = token or hub.resolve_token()
-        hub.require_online(f"publish to {repo}")
+        token = token or hub_access.resolve_token()
+        hub_access.require_online(f"publish to {repo}")
         if not token:
             raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
         hub_api = hub.make_api(api, token=token)

@@ -1,4 +1,4 @@
-"""The benchmark script (``scripts/bench.py``): its inputs, its measuring rules, and one end-to-end smoke run.
+"""The benchmark script (``scripts/perf.py``): its inputs, its measuring rules, and one end-to-end smoke run.
 
 No timing assertions: only that the right things are measured, on the right inputs, and reported.
 """
@@ -19,16 +19,16 @@ from gguf_mtp.constants import KEY_SPLIT_TENSORS_COUNT
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from bench_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
-from bench_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
-from bench_reflink import reflink_unavailable, xfs_mount  # noqa: E402
 from conftest import IN_CI, shared_tmp_dir  # noqa: E402
+from perf_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
+from perf_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
+from perf_reflink import reflink_unavailable, xfs_mount  # noqa: E402
 
 MiB = 2**20
 
 
 DOCS = SCRIPTS.parent / "docs" / "benchmarks"
-DOC_FILES = ("README.md", "results.json", "bench.png")
+DOC_FILES = ("README.md", "results.json", "perf.png")
 
 
 def _doc_bytes() -> dict[str, bytes]:
@@ -37,15 +37,15 @@ def _doc_bytes() -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def quick_run(request: pytest.FixtureRequest, llama_quantize_tool: Path) -> tuple[Path, dict, str, dict[str, bytes]]:
-    """``bench.py --quick`` run once with only a work folder given, and the llama-quantize the suite has (a run
+    """``perf.py --quick`` run once with only a work folder given, and the llama-quantize the suite has (a run
     under a timeout never builds llama.cpp's tools: the fixture has them before it starts).
 
     Returns (its report folder, results.json, its stderr, the committed docs/benchmarks files before it ran).
     """
-    root = shared_tmp_dir(request, "bench")  # with its XFS image: deleted after the module
+    root = shared_tmp_dir(request, "perf")  # with its XFS image: deleted after the module
     before = _doc_bytes()
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench.py"), "--quick", "--work-dir", str(root / "work")],
+        [sys.executable, str(SCRIPTS / "perf.py"), "--quick", "--work-dir", str(root / "work")],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "GGUF_MTP_LLAMA_QUANTIZE": str(llama_quantize_tool)},
     )
@@ -225,8 +225,8 @@ def test_quick_run_writes_table_json_and_plot(quick_run: tuple[Path, dict]) -> N
     assert "| compose a 3-file target vs `cp` of the same files (+ draft) | 16 MiB |" in readme
     assert "vs `gguf_new_metadata.py`" in readme
     assert all(t["goal"] in readme for t in results["targets"])
-    assert "![time and peak RSS vs target size](bench.png)" in readme
-    png = (out / "bench.png").read_bytes()
+    assert "![time and peak RSS vs target size](perf.png)" in readme
+    png = (out / "perf.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
@@ -248,10 +248,10 @@ def test_quick_run_reports_into_a_scratch_folder_and_leaves_the_committed_figure
 
 
 def test_only_a_full_run_or_update_docs_targets_docs_benchmarks(tmp_path: Path) -> None:
-    import bench
+    import perf
 
     def out_dir(*argv: str) -> Path:
-        return bench.config_from_args(bench.build_parser().parse_args(["--work-dir", str(tmp_path), *argv])).out_dir
+        return perf.config_from_args(perf.build_parser().parse_args(["--work-dir", str(tmp_path), *argv])).out_dir
 
     assert out_dir() == DOCS.resolve()
     assert out_dir("--quick") == (tmp_path / "quick-report").resolve()

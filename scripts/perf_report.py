@@ -1,4 +1,4 @@
-"""Render benchmark results: ``README.md`` (tables), ``results.json`` (everything) and ``bench.png``."""
+"""Render benchmark results: ``README.md`` (tables), ``results.json`` (everything) and ``perf.png``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _PLOTTED = [
     (("gguf_new_metadata", "single"), "tab:red", "^-"),
 ]
 
-PLOT_NAME = "bench.png"
+PLOT_NAME = "perf.png"
 
 
 def _size(n: int) -> str:
@@ -97,7 +97,7 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
     lines = [
         "# Benchmarks",
         "",
-        f"Latest results of `scripts/bench.py` ({m['date']}, commit {m.get('commit') or '?'}): "
+        f"Latest results of `scripts/perf.py` ({m['date']}, commit {m.get('commit') or '?'}): "
         f"{c['repeat']} alternating round(s) per command, medians.",
         "",
         f"Machine: {m['cpus']} CPU(s) ({m['cpu']}), {memory}, {m['filesystem']}, Linux {m['kernel']}, "
@@ -182,9 +182,9 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
         "(`RssAnon`, sampled alongside) is what a tool really allocates. `ru_maxrss` is not used: a child "
         "inherits its parent's peak across fork and exec, so it would show this script's memory.",
         "",
-        "Regenerate: `make bench` or `.venv/bin/python scripts/bench.py` (inputs are cached in `.cache/bench/`; "
+        "Regenerate: `make perf` or `.venv/bin/python scripts/perf.py` (inputs are cached in `.cache/perf/`; "
         "`--clean` deletes them afterwards; `--quick` is a seconds-long smoke run that writes into "
-        "`.cache/bench/quick-report/` and leaves this folder alone unless given `--update-docs`).",
+        "`.cache/perf/quick-report/` and leaves this folder alone unless given `--update-docs`).",
         "",
     ]
     if reflink is not None:
@@ -269,7 +269,7 @@ def write_json_and_markdown(results: dict[str, Any], out_dir: Path, json_name: s
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write ``results.json``, ``bench.png`` and ``README.md`` into ``out_dir``; returns their paths."""
+    """Write ``results.json``, ``perf.png`` and ``README.md`` into ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "results.json"
     json_path.write_text(json.dumps(results, indent=2) + "\n")

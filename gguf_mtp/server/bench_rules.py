@@ -1,6 +1,6 @@
 """The pure part of ``gguf-mtp bench``: what is asked of llama-server, how its answers are read, and what
 they mean (acceptance, speed-up, the recommended n-max, the lossless decision). No process, no socket:
-:mod:`gguf_mtp.check.llama_server` talks to the server, :mod:`gguf_mtp.check.bench` runs the whole thing.
+:mod:`gguf_mtp.server.process` talks to the server, :mod:`gguf_mtp.server.bench` runs the whole thing.
 
 llama-server's ``/completion`` answer (llama.cpp b11025 and later) carries ``timings``: ``predicted_n`` tokens
 generated in ``predicted_ms`` (``predicted_per_second``), and, only when speculative decoding drafted at least
@@ -125,7 +125,7 @@ def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra
     """llama-server's arguments for one run: ``n_max`` 0 is the run without speculative decoding, any other
     value an MTP run drafting up to ``n_max`` tokens (from ``draft``, an MTP-only sidecar, when given);
     ``metrics`` adds ``--metrics`` (the per-position counts). ``extra`` must already be checked
-    (:func:`gguf_mtp.check.server_options.check_extra_arguments`).
+    (:func:`gguf_mtp.server.options.check_extra_arguments`).
     """
     args = ["-m", model, "--host", "127.0.0.1", "--port", str(port)]
     if n_max:

@@ -14,7 +14,7 @@ from pathlib import Path
 from gguf_mtp.constants import install_hint
 from gguf_mtp.errors import OutputWriteError, ParameterError, UnsafeOutputError
 from gguf_mtp.files.create import create_exclusive, temporary_name
-from gguf_mtp.formatting import printable
+from gguf_mtp.text import printable
 
 from .bench_rules import BenchReport
 

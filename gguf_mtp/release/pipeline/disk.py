@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gguf_mtp.errors import UnsafeOutputError
 from gguf_mtp.files.kernel_copy import can_share
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.text import human_bytes
 
 __all__ = ["DiskNeed", "check_disk", "disk_need", "free_space"]
 

@@ -8,7 +8,7 @@ llama.cpp's ``common_arg::to_string`` prints one option per entry: its spellings
 than from a list of our own, follows the server the user actually has: a spelling added in a later llama.cpp is
 refused the day it appears.
 
-Pure: no process. :func:`gguf_mtp.check.llama_server.probe_server` runs ``--help``.
+Pure: no process. :func:`gguf_mtp.server.process.probe_server` runs ``--help``.
 """
 
 from __future__ import annotations

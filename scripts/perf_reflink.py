@@ -11,7 +11,7 @@ loop-mounted XFS image (made once in the work folder and reused; its file is spa
 - and the interpreter's start-up (``python -m gguf_mtp --version``), the floor of every gguf-mtp run.
 
 Each run records its time and the disk its outputs cost: the blocks of their extent maps that no other
-file shares (``bench_lib.own_bytes``: a block shared with an input is free, and nothing else writing to
+file shares (``perf_lib.own_bytes``: a block shared with an input is free, and nothing else writing to
 the disk counts). Needs root (``mount -o loop``) and ``mkfs.xfs`` (Debian's ``xfsprogs``).
 """
 
@@ -28,9 +28,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
-from bench_lib import Command, Sample, load_average, run_alternating
-from bench_report import goals_table, write_json_and_markdown
+from perf_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
+from perf_lib import Command, Sample, load_average, run_alternating
+from perf_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
@@ -260,7 +260,7 @@ def render_reflink_markdown(results: dict[str, Any]) -> str:
         f"{c['repeat']} alternating round(s) after {c['warmup']} warm-up round(s); every output on disk "
         "(fsync/sync) before the clock stops. *Extra disk* is what a run's outputs cost on disk: the blocks of "
         "their extent maps (FIEMAP) that no other file shares, so a block shared with an input costs nothing. "
-        "Made by `scripts/bench.py` (`--reflink-only` runs just this case).",
+        "Made by `scripts/perf.py` (`--reflink-only` runs just this case).",
         "",
     ]
     cond = results.get("conditions")

@@ -22,8 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_lib import Command, Sample, load_average, run_alternating
-from bench_report import goals_table, write_json_and_markdown
+from perf_lib import Command, Sample, load_average, run_alternating
+from perf_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.cycle_model import HPARAMS, write_cycle_model
 from gguf_mtp.testing.tiny_models import TinyHparams
@@ -132,7 +132,7 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
         f"The designed test model ({size / 2**20:,.0f} MiB, `gguf_mtp.testing.cycle_model`: its head is right on "
         f"about 70 % of tokens), the built-in prompts, {c['tokens']} tokens each, n-max 1,2,3, {c['threads']} "
         f"threads; bench runs llama.cpp's own llama-server (`-c 1024 -np 1`). Medians of {c['repeat']} "
-        f"alternating round(s) after {c['warmup']} warm-up round(s). Made by `scripts/bench.py` "
+        f"alternating round(s) after {c['warmup']} warm-up round(s). Made by `scripts/perf.py` "
         "(`--accept-only` runs just this case).",
         "",
         f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gguf_mtp.constants import SPLIT_NAME, split_file_name
 from gguf_mtp.errors import ShardSetError
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 
@@ -89,7 +90,7 @@ def target_listing(
     cache_dir: str | os.PathLike[str] | None,
 ) -> list[str]:
     """The target repo's file list: the Hub's, or offline the Hub cache's (nothing is downloaded)."""
-    if not hub.is_offline():
+    if not hub_access.is_offline():
         return hub.list_repo_files(api, repo, token=token, revision=revision)
     # The file list comes from the cache: the listing it remembers, else the files of the cached snapshot.
     listing = hub.cached_repo_files(repo, revision=revision, cache_dir=cache_dir)

@@ -21,7 +21,7 @@ are checked, not trusted); anything else is redone, and the stages after it foll
 Output folders of a redone stage are recreated, never reused.
 
 Before the first byte, the disk the run needs (downloads + composite, or the composite alone for a target
-folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline_disk`).
+folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline.disk`).
 """
 
 from __future__ import annotations
@@ -45,18 +45,19 @@ from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
 from gguf_mtp.files.workdir import claim_work_dir
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.shards import open_model
+from gguf_mtp.text import human_bytes
 
-from .card import Provenance
-from .pipeline_disk import check_disk
-from .pipeline_options import PipelineOptions
-from .pipeline_plan import plan_pipeline, run_disk_need
-from .pipeline_report import PipelineReport, StageResult
-from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import (
+from ..card import Provenance
+from .disk import check_disk
+from .options import PipelineOptions
+from .plan import plan_pipeline, run_disk_need
+from .report import PipelineReport, StageResult
+from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .target import (
     basename_of,
     check_folder_digests,
     check_folder_matches,
@@ -65,19 +66,7 @@ from .pipeline_target import (
     target_listing,
 )
 
-__all__ = [
-    "LOCK_NAME",
-    "STATE_FORMAT",
-    "STATE_NAME",
-    "PipelineOptions",
-    "PipelineReport",
-    "StageResult",
-    "basename_of",
-    "run",
-    "run_pipeline",
-    "select_target_files",
-    "target_listing",
-]
+__all__ = ["run", "run_pipeline"]  # the other public names of the pipeline: gguf_mtp.release.pipeline
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -295,7 +284,7 @@ def run(
     if options.out_repo:
         hub.check_repo_id(options.out_repo, "out_repo")
     work = options.work_dir
-    token = hub.resolve_token()
+    token = hub_access.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
     if options.dry_run:
         return plan_pipeline(hub_api, token, options)
@@ -350,7 +339,7 @@ def _run(
         # Hours of downloading and composing are wasted if the upload is refused at the end: ask first.
         say(f"[0/5] publish: checking the token and write access to {out_repo}")
         hub.check_write_access(api, out_repo, token=token, private=options.private, revision=options.out_revision)
-        from .publish import check_card_replaceable
+        from ..publish import check_card_replaceable
 
         check_card_replaceable(api, out_repo, token=token, revision=options.out_revision,
                                replace_readme=options.replace_readme)
@@ -469,7 +458,7 @@ def _stage_target_folder(
         return outputs, record["detail"].get("commit")
     names = select_folder_files(folder, pattern, repo)
     remote = None
-    if hub.is_offline():
+    if hub_access.is_offline():
         report.notes.append(f"offline: the files in {folder} were not checked against {repo}'s record on the Hub")
     else:
         remote = hub.remote_files(api, repo, names, token=token, revision=revision)
@@ -647,7 +636,7 @@ def _stage_publish(
     record = runner.state.stages.get(stage)
     why = None
     if record is not None and record.get("key") == key:
-        from .publish import compare_remote
+        from ..publish import compare_remote
 
         try:
             remote = hub.remote_files(api, repo, [d.name for d in composite], token=token, revision=revision)
@@ -662,8 +651,8 @@ def _stage_publish(
         why = "the composite or the destination changed"
     started = time.perf_counter()
     runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
-    from .publish import PublishOptions
-    from .publish import run as publish
+    from ..publish import PublishOptions
+    from ..publish import run as publish
 
     asked = PublishOptions(repo=repo, private=private, revision=revision, provenance=provenance,
                            progress=runner.progress, replace_readme=options.replace_readme)

@@ -2,7 +2,7 @@
 which n-max? The model's metadata is checked first (a NextN block or an MTP-only ``draft``, a tokenizer, room
 in the context); then llama-server runs once without speculative decoding and once per n-max with
 ``--spec-type draft-mtp``, answering the same prompts greedily; the rules that read its answers are in
-:mod:`gguf_mtp.check.bench_rules`, the process handling in :mod:`gguf_mtp.check.llama_server`.
+:mod:`gguf_mtp.server.bench_rules`, the process handling in :mod:`gguf_mtp.server.process`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from .bench_rules import (
     parse_metrics,
     server_arguments,
 )
-from .llama_server import ServerHandle, free_port, probe_server, running_server
-from .server_options import ServerOptions, Threads, check_extra_arguments, choose_threads
+from .options import ServerOptions, Threads, check_extra_arguments, choose_threads
+from .process import ServerHandle, free_port, probe_server, running_server
 
 __all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts",
            "tokenizer_refusal"]
@@ -290,7 +290,7 @@ def bench(
             starts; ``server_args`` may not set what bench sets, under any spelling the server's ``--help`` gives).
 
     Without a thread count in ``server_args``, each of the two thread pools of an MTP run (the trunk's, the
-    head's) gets half the free cores, in every run (:func:`gguf_mtp.check.server_options.choose_threads`).
+    head's) gets half the free cores, in every run (:func:`gguf_mtp.server.options.choose_threads`).
     """
     began = time.monotonic()
     _check_request_sizes(tokens, n_max)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_lib import Command, Sample, load_average, run_alternating
+from perf_lib import Command, Sample, load_average, run_alternating
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -336,9 +336,9 @@ def render_fp8_markdown(results: dict[str, Any]) -> str:
         "`convert_hf_to_gguf.py --mtp --outtype auto` converts the same checkpoint (its output also holds "
         "`token_embd`, `output_norm`, `output` and the tokenizer). Page cache "
         f"{c['cache']} before each run; medians of {c['repeat']} alternating round(s) after {c['warmup']} warm-up "
-        "round(s); outputs on disk (fsync/sync) before the clock stops. Made by `scripts/bench.py` (`--fp8-only` "
+        "round(s); outputs on disk (fsync/sync) before the clock stops. Made by `scripts/perf.py` (`--fp8-only` "
         "runs just this case). Both converters write the same NextN bytes: `tests/test_family_deepseek2.py` "
-        "proves it on tiny checkpoints, `tests/test_bench.py` on this benchmark's own (`--quick`) checkpoint.",
+        "proves it on tiny checkpoints, `tests/test_perf.py` on this benchmark's own (`--quick`) checkpoint.",
         "",
         f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
         f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",

@@ -8,14 +8,14 @@ Measures wall time and peak memory, alternating runs and keeping medians, of:
   with one metadata change;
 - ``gguf-mtp convert`` of a synthetic MTPv2 head (512 experts per stack) vs ``cp`` of its safetensors;
 - on a loop-mounted XFS image with reflink (as root, with ``mkfs.xfs``): compose, strip and graft vs
-  ``cp --reflink=always`` and ``cp --reflink=never``, time and extra disk used (``bench_reflink.py``);
+  ``cp --reflink=always`` and ``cp --reflink=never``, time and extra disk used (``perf_reflink.py``);
 - ``gguf-mtp compose --outtype q4_k`` (a BF16 head quantized on the way) vs ``llama-quantize --pure`` doing
-  the same work, time and peak memory (``bench_quant.py``);
+  the same work, time and peak memory (``perf_quant.py``);
 - ``gguf-mtp convert`` of a block-scaled FP8 head (>= 2 GB of FP8) vs ``cp`` of its safetensors and vs llama.cpp's
-  ``convert_hf_to_gguf.py --mtp`` on the same checkpoint, time and peak memory (``bench_fp8.py``);
+  ``convert_hf_to_gguf.py --mtp`` on the same checkpoint, time and peak memory (``perf_fp8.py``);
 - ``gguf-mtp accept --n-max 1,2,3`` (predicting llama-server's acceptance) vs ``gguf-mtp bench --n-max 1,2,3``
   (measuring it with llama.cpp's llama-server) on the designed test model, time and peak memory
-  (``bench_accept.py``);
+  (``perf_accept.py``);
 
 at several target sizes, and writes a Markdown table, the raw results (JSON) and a plot into
 ``docs/benchmarks/`` (a full run) or a scratch folder (``--quick``, a smoke run, unless ``--update-docs``
@@ -23,13 +23,13 @@ or ``--out-dir`` says otherwise). Inputs are generated once into ``--work-dir`` 
 
 Examples::
 
-    .venv/bin/python scripts/bench.py                     # the full run (sizes 1G,3G,4G, 5 rounds)
-    .venv/bin/python scripts/bench.py --quick             # seconds, tiny inputs; report in WORK_DIR/quick-report
-    .venv/bin/python scripts/bench.py --quick --update-docs   # the same, replacing docs/benchmarks/
-    sudo .venv/bin/python scripts/bench.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
-    .venv/bin/python scripts/bench.py --quantize-only         # just --outtype vs llama-quantize: quantize.md
-    .venv/bin/python scripts/bench.py --fp8-only --repeat 2   # just the FP8 head vs cp and upstream: fp8.md
-    .venv/bin/python scripts/bench.py --accept-only --quick   # just accept vs bench (tiny model): accept.md
+    .venv/bin/python scripts/perf.py                     # the full run (sizes 1G,3G,4G, 5 rounds)
+    .venv/bin/python scripts/perf.py --quick             # seconds, tiny inputs; report in WORK_DIR/quick-report
+    .venv/bin/python scripts/perf.py --quick --update-docs   # the same, replacing docs/benchmarks/
+    sudo .venv/bin/python scripts/perf.py --reflink-only     # just the XFS reflink case (1G,3G): reflink.md
+    .venv/bin/python scripts/perf.py --quantize-only         # just --outtype vs llama-quantize: quantize.md
+    .venv/bin/python scripts/perf.py --fp8-only --repeat 2   # just the FP8 head vs cp and upstream: fp8.md
+    .venv/bin/python scripts/perf.py --accept-only --quick   # just accept vs bench (tiny model): accept.md
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_accept import run_accept, write_accept_report
-from bench_fp8 import run_fp8, write_fp8_report
-from bench_inputs import (
+from perf_accept import run_accept, write_accept_report
+from perf_fp8 import run_fp8, write_fp8_report
+from perf_inputs import (
     NEMOTRON_SUPER_PATTERN,
     HeadSpec,
     SyntheticTarget,
@@ -60,10 +60,10 @@ from bench_inputs import (
     parse_size,
     size_label,
 )
-from bench_lib import CACHE_MODES, Command, Sample, load_average, machine_info, median_ratio, run_alternating, summarise
-from bench_quant import run_quantize, write_quantize_report
-from bench_reflink import reflink_unavailable, run_reflink, write_reflink_report
-from bench_report import write_report
+from perf_lib import CACHE_MODES, Command, Sample, load_average, machine_info, median_ratio, run_alternating, summarise
+from perf_quant import run_quantize, write_quantize_report
+from perf_reflink import reflink_unavailable, run_reflink, write_reflink_report
+from perf_report import write_report
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -310,10 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("Examples::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--work-dir", type=Path, default=REPO / ".cache" / "bench",
-                   help="where generated inputs are cached and outputs are written (default: .cache/bench)")
+    p.add_argument("--work-dir", type=Path, default=REPO / ".cache" / "perf",
+                   help="where generated inputs are cached and outputs are written (default: .cache/perf)")
     p.add_argument("--out-dir", type=Path,
-                   help="where README.md, results.json and bench.png go (default: docs/benchmarks for a full "
+                   help="where README.md, results.json and perf.png go (default: docs/benchmarks for a full "
                         f"run, WORK_DIR/{QUICK_REPORT} for --quick)")
     p.add_argument("--update-docs", action="store_true",
                    help="write the report into docs/benchmarks even for a --quick run")
@@ -355,12 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     quick = args.quick
     if args.update_docs and args.out_dir is not None:
-        raise SystemExit("bench: --update-docs writes docs/benchmarks; give it or --out-dir, not both")
+        raise SystemExit("perf: --update-docs writes docs/benchmarks; give it or --out-dir, not both")
     out_dir = args.out_dir or (DOCS_DIR if args.update_docs or not quick else args.work_dir / QUICK_REPORT)
     sizes = args.sizes or tuple(map(parse_size, ("8M", "16M") if quick else ("1G", "3G", "4G")))
     headline = args.headline or (parse_size("3G") if parse_size("3G") in sizes else max(sizes))
     if headline not in sizes:
-        raise SystemExit(f"bench: --headline {size_label(headline)} is not one of --sizes")
+        raise SystemExit(f"perf: --headline {size_label(headline)} is not one of --sizes")
     head = None
     if not args.no_convert:
         head = QUICK_HEAD if quick else HeadSpec()
@@ -385,7 +385,7 @@ def reflink_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
     reason = reflink_unavailable()
     if reason is not None:
         if args.reflink_only:
-            raise SystemExit(f"bench: the reflink case cannot run: {reason}")
+            raise SystemExit(f"perf: the reflink case cannot run: {reason}")
         _log(f"reflink case skipped: {reason}")
         return []
     results = run_reflink(config.work_dir, _reflink_sizes(args, config), shards=config.shards, pattern=config.pattern,

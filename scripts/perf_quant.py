@@ -23,8 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_lib import Command, Sample, load_average, run_alternating
-from bench_report import goals_table, write_json_and_markdown
+from perf_lib import Command, Sample, load_average, run_alternating
+from perf_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_models import TinyHparams, with_hparams, write_draft, write_target
 
@@ -141,7 +141,7 @@ def render_quantize_markdown(results: dict[str, Any]) -> str:
         f"copied) and a BF16 NextN block ({inputs['draft_bytes']:,} bytes, quantized to {c['qtype'].upper()}); "
         f"page cache {c['cache']} before each run; medians of {c['repeat']} alternating round(s) after "
         f"{c['warmup']} warm-up round(s); outputs on disk (fsync/sync) before the clock stops. "
-        "Made by `scripts/bench.py` (`--quantize-only` runs just this case).",
+        "Made by `scripts/perf.py` (`--quantize-only` runs just this case).",
         "",
         f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
         f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",

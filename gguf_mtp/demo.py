@@ -23,13 +23,13 @@ from gguf_mtp.check.llama_check import INSTALL_HINT, llama_cpp_available
 from gguf_mtp.check.verify import verify
 from gguf_mtp.files.create import replace_atomically
 from gguf_mtp.files.workdir import claim_work_dir
-from gguf_mtp.formatting import human_bytes
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.release.card import Provenance
 from gguf_mtp.release.publish import CARD_NAME, publish
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
+from gguf_mtp.text import human_bytes
 
 __all__ = ["run_demo"]
 

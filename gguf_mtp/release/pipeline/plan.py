@@ -15,15 +15,16 @@ from pathlib import Path
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.files.workdir import claim_work_dir
-from gguf_mtp.formatting import human_bytes
+from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
+from gguf_mtp.text import human_bytes
 
-from .pipeline_disk import DiskNeed, disk_need
-from .pipeline_options import PipelineOptions
-from .pipeline_report import PipelineReport, StageResult
-from .pipeline_state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
-from .pipeline_target import basename_of, select_folder_files, select_target_files, target_listing
+from .disk import DiskNeed, disk_need
+from .options import PipelineOptions
+from .report import PipelineReport, StageResult
+from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
+from .target import basename_of, select_folder_files, select_target_files, target_listing
 
 __all__ = ["TargetFiles", "plan_pipeline", "run_disk_need", "target_files_of"]
 
@@ -34,7 +35,7 @@ def _target_sizes(
     api: HubApi, token: str | None, repo: str, names: list[str], revision: str | None, cached: dict[str, Path | None]
 ) -> dict[str, int | None]:
     """Each file's size: the Hub's record, or offline the cached copy's (``None`` when unknown)."""
-    if hub.is_offline():
+    if hub_access.is_offline():
         return {n: (p.stat().st_size if (p := cached[n]) is not None else None) for n in names}
     remote = hub.remote_files(api, repo, names, token=token, revision=revision)
     return {n: (remote[n].size if n in remote else None) for n in names}
@@ -115,9 +116,9 @@ def _check_out_readme(
     where the Hub cannot say (offline, a repo that does not exist yet), a note says so."""
     from gguf_mtp.errors import HubError
 
-    from .publish import check_card_replaceable
+    from ..publish import check_card_replaceable
 
-    if hub.is_offline():
+    if hub_access.is_offline():
         report.notes.append(f"offline: {repo}'s README.md was not checked (a run checks it before downloading)")
         return
     try:
