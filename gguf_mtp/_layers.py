@@ -11,8 +11,8 @@ __all__ = ["LAYERS", "layer_of"]
 
 #: (layer, the modules and packages it holds), bottom up. Every module of gguf_mtp belongs to exactly one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants", "gguf_mtp.errors",
-              "gguf_mtp.formatting")),
+    ("base", ("gguf_mtp._gguf_tables", "gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants",
+              "gguf_mtp.errors", "gguf_mtp.formatting")),
     ("files", ("gguf_mtp.files",)),
     ("format", ("gguf_mtp.format",)),
     ("hub", ("gguf_mtp.hub",)),
