@@ -12,8 +12,10 @@ The public API, one function per job (each has a ``gguf-mtp`` command of the sam
 Every error a user can cause is a :class:`GGUFMTPError` (see :mod:`gguf_mtp.errors`).
 
 The names are imported on first use (PEP 562), so ``import gguf_mtp`` and ``gguf-mtp --version``
-load neither numpy nor gguf-py. The package's layers, bottom up, are declared once, in
-:data:`gguf_mtp._layers.LAYERS`; every import goes down them (``tests/test_layers.py`` enforces it).
+load neither numpy nor gguf-py. gguf-py's package is registered so that its tables (``gguf.constants``)
+load without the rest of it and numpy (:mod:`gguf_mtp._gguf_tables`): copying bytes needs only the tables.
+The package's layers, bottom up, are declared once, in :data:`gguf_mtp._layers.LAYERS`; every import goes
+down them (``tests/test_layers.py`` enforces it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._gguf_tables import defer_gguf_package
 from ._version import __version__
 from .errors import (
     BadGGUFError,
@@ -42,6 +45,8 @@ from .errors import (
     UnsafeOutputError,
     VerificationError,
 )
+
+defer_gguf_package()  # before any module of the package imports gguf.constants
 
 if TYPE_CHECKING:
     from .check.accept import AcceptReport, accept

@@ -17,8 +17,8 @@ Layer = tuple[str, tuple[str, ...]]
 #: The tiers, bottom up; each a tuple of layers that may not import each other. Every module of gguf_mtp belongs
 #: to exactly one layer.
 TIERS: tuple[tuple[Layer, ...], ...] = (
-    (("base", ("gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants", "gguf_mtp.errors",
-               "gguf_mtp.text")),),
+    (("base", ("gguf_mtp._gguf_tables", "gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants",
+               "gguf_mtp.errors", "gguf_mtp.text")),),
     (("files", ("gguf_mtp.files",)),),
     (("format", ("gguf_mtp.format",)), ("write", ("gguf_mtp.write",))),
     (("hub", ("gguf_mtp.hub",)), ("testing", ("gguf_mtp.testing",))),

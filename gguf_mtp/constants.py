@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from gguf import Keys
+from gguf.constants import Keys
 
 from .errors import ParameterError
 

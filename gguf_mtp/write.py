@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from gguf_mtp.files.commit import (
     FileIdentity,
     Replacement,
@@ -43,7 +41,7 @@ from gguf_mtp.files.create import create_exclusive, temporary_name, write_all
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
 from gguf_mtp.files.plan import Bytes, Generated, OutputFile, Zeros
-from gguf_mtp.files.progress import progress_bar
+from gguf_mtp.files.progress import ProgressBar, progress_bar
 
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .text import human_bytes
@@ -61,7 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _write_generated(fd: int, segment: Generated, bar: tqdm) -> None:
+def _write_generated(fd: int, segment: Generated, bar: ProgressBar) -> None:
     written = 0
     for chunk in segment.chunks():
         data = memoryview(chunk).cast("B")
@@ -406,7 +404,7 @@ def _write_locked(
 
 
 def _write_partial(
-    planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, partials: dict[Path, os.stat_result]
+    planned: OutputFile, bar: ProgressBar, tally: CopyTally, method: str, partials: dict[Path, os.stat_result]
 ) -> set[str]:
     """Write one output under its temporary name (added to ``partials`` once created, never through a
     link planted there); the copy methods used."""
@@ -471,7 +469,9 @@ def _left_behind(replacing: bool) -> str:
     return "no output was left behind"
 
 
-def _write_segments(fd: int, planned: OutputFile, bar: tqdm, tally: CopyTally, method: str, methods: set[str]) -> None:
+def _write_segments(
+    fd: int, planned: OutputFile, bar: ProgressBar, tally: CopyTally, method: str, methods: set[str]
+) -> None:
     sources: dict[Path, int] = {}
     try:
         for segment in planned.segments:

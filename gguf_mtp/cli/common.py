@@ -95,13 +95,13 @@ def _embd_type_name(value: str) -> str:
 
 def add_embd_type_flag(parser: argparse.ArgumentParser) -> None:
     """``--embd-type TYPE``: a standalone sidecar's ``token_embd`` and ``output`` in TYPE."""
-    from gguf_mtp.format.quant_rules import HEAD_TYPES
+    from gguf_mtp.conversion import OUTTYPE_NAMES  # quant_rules' HEAD_TYPES, without gguf-py at start-up
 
     parser.add_argument(
         "--embd-type", type=_embd_type_name, metavar="TYPE",
         help="with --standalone: write token_embd and output in TYPE, exactly as llama-quantize "
         "--token-embedding-type TYPE --output-tensor-type TYPE would (q4_0 is what llama.cpp's maintainers "
-        f"recommend for a sidecar); one of {', '.join(HEAD_TYPES)}. Default: unchanged, byte for byte",
+        f"recommend for a sidecar); one of {', '.join(OUTTYPE_NAMES)}. Default: unchanged, byte for byte",
     )
 
 

@@ -25,8 +25,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gguf_mtp.errors import GGUFMTPError
 
 from .create import write_then_rename
@@ -61,6 +59,8 @@ _SCAN_CHUNK = 1 << 20
 def nesting_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     """The deepest ``[``/``{`` nesting of a JSON text, found without recursion (brackets inside strings
     are not counted); stops early and returns a value above ``limit`` once the limit is passed."""
+    import numpy as np  # here, not at the top: writing gguf-mtp's own small files (a copy's journal) needs no numpy
+
     brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     depth = deepest = 0
     for start in range(0, len(brackets), _SCAN_CHUNK):

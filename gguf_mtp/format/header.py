@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import KEY_ALIGNMENT, MAX_ALIGNMENT, MAX_TENSORS, max_header_bytes
 from gguf_mtp.errors import BadGGUFError, GGUFNotFoundError
@@ -187,9 +186,9 @@ class KVTable(Mapping[str, KeyValue]):
 
     One Python object per entry costs ~14x the bytes of a tiny KV, so a hostile table of a million
     small KVs would need gigabytes. Here the entries stay in the header's own bytes; per entry there
-    are only three 8-byte integers (where it starts, its key's hash, its place in the sorted hashes).
-    :class:`KeyValue` objects are made on access; the last few looked up are kept, so a big array that
-    is asked for again (the tokenizer) is decoded once.
+    are only four 8-byte integers (where it starts, its key's hash, and two slots of an open-addressing
+    index over the hashes, at most half full). :class:`KeyValue` objects are made on access; the last few
+    looked up are kept, so a big array that is asked for again (the tokenizer) is decoded once.
     """
 
     _CACHED = 64
@@ -199,10 +198,16 @@ class KVTable(Mapping[str, KeyValue]):
         ``hashes[i]`` is ``hash()`` of key i as ``str``."""
         self._data = data
         self._starts = starts
-        key_hashes = np.frombuffer(hashes, dtype=np.int64) if len(hashes) else np.zeros(0, np.int64)
-        self._order = np.argsort(key_hashes, kind="stable")
-        self._sorted = key_hashes[self._order]
+        self._hashes = hashes
+        self._slots = array.array("q", [-1]) * (2 * len(hashes) + 1)  # entry index per slot, -1: free
+        self._duplicate: int | None = None  # the first entry whose key an earlier entry has
         self._cache: dict[int, KeyValue] = {}
+        for index, key_hash in enumerate(hashes):
+            found, slot = self._probe(key_hash, index)
+            if found < 0:
+                self._slots[slot] = index
+            elif self._duplicate is None:  # left out of the index: a lookup finds the first
+                self._duplicate = index
 
     @classmethod
     def of(cls, kvs: Iterable[KeyValue]) -> KVTable:
@@ -240,15 +245,23 @@ class KVTable(Mapping[str, KeyValue]):
         (vtype,) = _U32.unpack_from(self._data, start + 8 + n)
         return KeyValue(key, GGUFValueType(vtype), self._bytes(start, end), 12 + n)
 
+    def _probe(self, key_hash: int, key: str | int) -> tuple[int, int]:
+        """Linear probing from ``key_hash``'s slot: (the entry holding ``key``, else -1; the slot it stopped at).
+        ``key`` is a string, or the index of an entry whose key it is (read only if a hash matches)."""
+        slots, hashes, size = self._slots, self._hashes, len(self._slots)
+        slot = key_hash % size
+        while (index := slots[slot]) >= 0:
+            if hashes[index] == key_hash:
+                if isinstance(key, int):
+                    key = self._key(key)
+                if self._key(index) == key:
+                    return index, slot
+            slot = slot + 1 if slot + 1 < size else 0
+        return -1, slot
+
     def _find(self, key: str) -> int | None:
-        h = hash(key)
-        pos = int(np.searchsorted(self._sorted, h, side="left"))
-        while pos < len(self._sorted) and self._sorted[pos] == h:
-            index = int(self._order[pos])
-            if self._key(index) == key:
-                return index
-            pos += 1
-        return None
+        index, _ = self._probe(hash(key), key)
+        return index if index >= 0 else None
 
     def __getitem__(self, key: str) -> KeyValue:
         index = self._find(key) if isinstance(key, str) else None
@@ -278,16 +291,8 @@ class KVTable(Mapping[str, KeyValue]):
         return (self._make(i) for i in range(len(self)))
 
     def first_duplicate(self) -> str | None:
-        """A key that occurs twice, else ``None`` (keys with equal hashes sit next to each other)."""
-        same = self._sorted[1:] == self._sorted[:-1]
-        for pos in np.flatnonzero(same).tolist():
-            key = self._key(int(self._order[pos + 1]))
-            back = pos  # compare with every earlier entry of this run of equal hashes (a collision is rare)
-            while back >= 0 and self._sorted[back] == self._sorted[pos + 1]:
-                if self._key(int(self._order[back])) == key:
-                    return key
-                back -= 1
-        return None
+        """The key of the first entry (in file order) whose key an earlier entry has, else ``None``."""
+        return None if self._duplicate is None else self._key(self._duplicate)
 
     def __repr__(self) -> str:
         return f"KVTable({len(self)} KVs)"

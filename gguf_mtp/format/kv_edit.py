@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gguf import GGUFValueType
+from gguf.constants import GGUFValueType
 
 from gguf_mtp.errors import BadGGUFError, KVEditError
 

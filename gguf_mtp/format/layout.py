@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gguf import GGUFValueType
+from gguf.constants import GGUFValueType
 
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK
 from gguf_mtp.files.plan import CopyRange, OutputFile, Segment, Zeros

@@ -30,10 +30,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from gguf_mtp.constants import free_cores, install_hint
 from gguf_mtp.errors import BadGGUFError
@@ -41,6 +40,9 @@ from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.files.regular_file import open_regular
 
 from .header import TensorInfo, tensor_nbytes
+
+if TYPE_CHECKING:  # numpy (and gguf-py's quantizers) only where values are converted: a copy needs neither
+    import numpy as np
 
 __all__ = [
     "CHUNK_BYTES",
@@ -185,6 +187,8 @@ def _spans(count: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
 
 def to_f32(raw: np.ndarray, qtype: int, n_elements: int) -> np.ndarray:
     """``n_elements`` values of ``qtype`` bytes ``raw`` as float32, as llama-quantize dequantizes them."""
+    import numpy as np
+
     qtype = GGMLQuantizationType(qtype)
     data = np.ascontiguousarray(raw).view(np.uint8)
     if qtype == Q.F32:
@@ -195,6 +199,8 @@ def to_f32(raw: np.ndarray, qtype: int, n_elements: int) -> np.ndarray:
         return data.view(np.float16).astype(np.float32)
     ggml = _ggml()
     if ggml is None:
+        from gguf import quants as gguf_quants
+
         return np.asarray(gguf_quants.dequantize(data, qtype), dtype=np.float32).reshape(-1)
     to_float = ggml.to_float(qtype)
     if to_float is None:
@@ -211,6 +217,8 @@ def to_f32(raw: np.ndarray, qtype: int, n_elements: int) -> np.ndarray:
 
 def _first_non_finite(values: np.ndarray) -> InvalidRowsError | None:
     """The first row of ``values`` holding a NaN or an infinity (what ``check_tensors`` refuses), or ``None``."""
+    import numpy as np
+
     if values.size == 0 or (math.isfinite(float(values.max())) and math.isfinite(float(values.min()))):
         return None
     bad = ~np.isfinite(values).all(axis=1)
@@ -221,6 +229,8 @@ def _first_non_finite(values: np.ndarray) -> InvalidRowsError | None:
 def _first_overflow(values: np.ndarray, written: np.ndarray, qtype: GGMLQuantizationType) -> InvalidRowsError | None:
     """The first row whose finite ``values`` did not fit ``qtype``: its ``written`` blocks read back as NaN or
     infinity (an F16 overflow, a block scale beyond F16: "quantized data validation failed"), or ``None``."""
+    import numpy as np
+
     if values.size == 0 or max(float(values.max()), -float(values.min())) <= SAFE_MAGNITUDE:
         return None
     back = to_f32(written, qtype, values.size).reshape(values.shape)
@@ -243,6 +253,8 @@ def from_f32(values: np.ndarray, qtype: int, *, checked: bool = False) -> np.nda
         QuantizerUnavailableError: ``qtype`` needs llama.cpp's quantizer and llama-cpp-python is missing.
         InvalidRowsError: ``checked``, and a row llama-quantize refuses.
     """
+    import numpy as np
+
     qtype = GGMLQuantizationType(qtype)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if checked and (invalid := _first_non_finite(values)) is not None:
@@ -258,15 +270,21 @@ def converter_rows(values: np.ndarray, qtype: int) -> np.ndarray:
     F32, F16, BF16 and Q8_0), non-finite values included: the converter refuses none. Rows of finite values go
     through ggml's quantizer, which writes the same bytes faster; a chunk holding a NaN or an infinity through
     gguf-py's own code, since the two may encode those differently."""
+    import numpy as np
+
     qtype = GGMLQuantizationType(qtype)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if _first_non_finite(values) is None:
         return _quantized(values, qtype)
+    from gguf import quants as gguf_quants
+
     with np.errstate(all="ignore"):  # NaN cast to an integer code: numpy's warning, not an error
         return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
 
 
 def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    import numpy as np
+
     rows, n_per_row = values.shape
     ggml = _ggml()
     if ggml is None:
@@ -274,6 +292,8 @@ def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
             _need_ggml(qtype, "quantizing to")
         if qtype == Q.F32:
             return values.view(np.uint8).reshape(-1)
+        from gguf import quants as gguf_quants
+
         return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
     if ggml.requires_imatrix(qtype):
         raise ValueError(f"{qtype.name} needs an importance matrix")
@@ -292,6 +312,8 @@ def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
 def _retyped_chunks(
     name: str, path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
 ) -> Iterator[np.ndarray]:
+    import numpy as np
+
     n_per_row = shape[0]
     rows = tensor_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
     row_bytes = tensor_nbytes((n_per_row,), source)

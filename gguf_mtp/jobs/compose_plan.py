@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import (
     BLOCK_TENSOR,

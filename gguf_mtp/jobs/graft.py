@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.check.verify import VerifyReport
 from gguf_mtp.check.verify import verify as verify_composite

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gguf import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.files.plan import Segment

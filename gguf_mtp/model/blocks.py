@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gguf import GGUFValueType
+from gguf.constants import GGUFValueType
 
 from gguf_mtp.constants import (
     BLOCK_TENSOR,

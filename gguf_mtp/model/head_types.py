@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gguf import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 __all__ = ["WEAK_HEAD_TYPES", "weak_head_types"]
 

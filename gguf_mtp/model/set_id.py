@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from gguf import GGUFValueType
+from gguf.constants import GGUFValueType
 
 from gguf_mtp.format.header import GGUFHeader, KeyValue, encode_kv
 
