@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -147,10 +148,12 @@ def _quiet_hub_logging(verbose: bool) -> None:
     """huggingface_hub has its own stderr handler: through ours as well, every line printed twice.
 
     Its retry warnings ("Retrying in 8s [Retry 4/5]") are only shown with ``-v``; without it a failure
-    is the one line the command prints in the end.
+    is the one line the command prints in the end. Nothing is imported here (huggingface_hub before 1.0 loads
+    requests, tqdm and yaml with its logging module): the level is set on the logger, and, for an import that
+    comes later and sets it again, through huggingface_hub's own ``HF_HUB_VERBOSITY`` unless the user set it.
     """
-    import huggingface_hub.utils.logging  # noqa: F401  (cheap: it sets up its handler and level on import)
-
+    level = "info" if verbose else "error"
+    os.environ.setdefault("HF_HUB_VERBOSITY", level)
     hub_logger = logging.getLogger("huggingface_hub")
     hub_logger.propagate = False
     hub_logger.setLevel(logging.INFO if verbose else logging.ERROR)

@@ -95,7 +95,7 @@ def _embd_type_name(value: str) -> str:
 
 def add_embd_type_flag(parser: argparse.ArgumentParser) -> None:
     """``--embd-type TYPE``: a standalone sidecar's ``token_embd`` and ``output`` in TYPE."""
-    from gguf_mtp.conversion import OUTTYPE_NAMES  # quant_rules' HEAD_TYPES, without gguf-py at start-up
+    from gguf_mtp.constants import OUTTYPE_NAMES
 
     parser.add_argument(
         "--embd-type", type=_embd_type_name, metavar="TYPE",
