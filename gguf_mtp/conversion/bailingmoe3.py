@@ -26,8 +26,10 @@ from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
 from .mla import split_kv_b
+from .tensors import TensorSource
 
 __all__ = ["BailingMoeV3MTPModel"]
 

@@ -33,18 +33,11 @@ from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.safetensors_io import SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
-from .base import (
-    EXPERT_LIMIT,
-    LLAMA_MAX_EXPERTS,
-    LLAMA_MAX_LAYERS,
-    HeadModel,
-    TargetCheck,
-    TensorSource,
-    config_float,
-    config_int,
-)
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, config_float, config_int
 from .mla import split_kv_b
 from .nextn_layer import NextNLayerModel
+from .tensors import TensorSource
 
 __all__ = ["DeepseekV2MTPModel"]
 

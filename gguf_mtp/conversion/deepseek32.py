@@ -24,8 +24,9 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import CONVERTER_TYPES, HeadModel, TargetCheck, TensorSource, first_block_template
+from .base import CONVERTER_TYPES, HeadModel, TargetCheck
 from .deepseek2 import DeepseekV2MTPModel
+from .tensors import TensorSource, first_block_template
 
 __all__ = ["DeepseekV32MTPModel", "DsaMTPModel"]
 

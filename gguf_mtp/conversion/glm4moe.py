@@ -23,7 +23,8 @@ from typing import ClassVar
 
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
 from .nextn_layer import NextNLayerModel
 
 T = MODEL_TENSOR

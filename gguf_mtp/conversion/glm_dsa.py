@@ -17,8 +17,9 @@ from gguf import MODEL_ARCH, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import HeadModel, config_float
+from .base import HeadModel
 from .deepseek32 import DsaMTPModel
+from .hparams import config_float
 
 __all__ = ["GlmDsaMTPModel"]
 

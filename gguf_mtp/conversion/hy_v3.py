@@ -27,8 +27,10 @@ from gguf import MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
+from .tensors import TensorSource
 
 __all__ = ["HYV3MTPModel"]
 

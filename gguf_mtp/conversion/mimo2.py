@@ -38,9 +38,11 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
-from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
+from .hparams import LLAMA_MAX_LAYERS
+from .tensors import TensorSource
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
 

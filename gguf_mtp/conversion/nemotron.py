@@ -22,7 +22,9 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
+from .tensors import TensorSource
 
 T = MODEL_TENSOR
 

@@ -22,8 +22,10 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, get_tensor_name_map
 from gguf_mtp.errors import CheckpointError, ParameterError
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
-from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource, at_block
+from .base import HeadModel, TargetCheck
 from .hf_names import NEXTN_GLUE_NAMES
+from .hparams import LLAMA_MAX_LAYERS
+from .tensors import TensorSource, at_block
 
 __all__ = ["NEXTN_COPIES", "NEXTN_GLUE", "NextNLayerModel"]
 

@@ -40,7 +40,9 @@ from gguf_mtp.format.safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
-from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hparams import LLAMA_MAX_LAYERS
+from .tensors import TensorSource
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
 

@@ -34,9 +34,11 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
 
-from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
+from .base import HeadModel, TargetCheck
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
+from .hparams import LLAMA_MAX_LAYERS, MAX_WIDTH, config_float
 from .qwen35 import PlusOneTensor
+from .tensors import TensorSource
 
 __all__ = ["Step35MTPModel"]
 
