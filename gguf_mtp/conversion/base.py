@@ -98,7 +98,6 @@ def _either(prefix: NamePrefix) -> str:
     return " or ".join(repr(p) for p in ((prefix,) if isinstance(prefix, str) else prefix))
 
 
-
 @dataclass(frozen=True)
 class TargetCheck:
     """One hyperparameter the head and the target must agree on."""
@@ -135,6 +134,10 @@ class HeadModel(ConfigReader):
     expert_count_keys: ClassVar[tuple[str, ...]] = ("n_routed_experts", "num_experts")
     expert_used_keys: ClassVar[tuple[str, ...]] = ("num_experts_per_tok",)
     default_norm_eps: ClassVar[float] = 1e-5
+    #: Whether config.json may nest the text model's hyperparameters in a ``text_config`` object (the
+    #: vision-language layouts of Step-3.7 and Qwen3.5): they are read as if at the top, as llama.cpp's converter
+    #: reads them (:meth:`text_hparams`).
+    nested_text_config: ClassVar[bool] = False
     #: HF architecture name -> converter class (filled by :meth:`register`).
     _classes: ClassVar[dict[str, type[HeadModel]]] = {}
     #: GGUF architecture name -> converter class.
@@ -160,6 +163,13 @@ class HeadModel(ConfigReader):
         """The name prefix of the head's tensors for a ``config.json`` (what is downloaded and opened)."""
         return cls.tensor_prefix
 
+    @classmethod
+    def text_hparams(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with a ``text_config`` object's keys moved to the top (:attr:`nested_text_config`); else as
+        it is."""
+        text = config.get("text_config") if cls.nested_text_config else None
+        return {**config, **text} if isinstance(text, dict) else config
+
     def default_block(self) -> int | None:
         """The NextN block index when neither a target nor ``block`` gives it (``None``: one of them must)."""
         return None
@@ -171,6 +181,11 @@ class HeadModel(ConfigReader):
         #: How many NextN blocks the head is: a family with several sets it (they are written ``blk.N .. N+k-1``).
         self.n_nextn = 1
         self._experts: dict[tuple[int, str], ExpertStack] = {}
+        text = self.hparams.get("text_config") if self.nested_text_config else None
+        if text is not None and not isinstance(text, dict):
+            raise CheckpointError("text_config is not a JSON object", self.config_path)
+        self.hparams = self.text_hparams(self.hparams)
+        self.read_hparams()
 
     # ---------------------------------------------------------------- family hooks (override these)
 
@@ -305,11 +320,13 @@ class HeadModel(ConfigReader):
         return arch_name(self.model_arch)
 
 
-    def read_common_hparams(self) -> None:
-        """The hyperparameters every family has, read once with their bounds (the ones llama.cpp's
+    def read_hparams(self) -> None:
+        """Read every hyperparameter the converter uses, type- and range-checked once (called by the constructor).
+
+        The base reads those every family has, with their bounds (the ones llama.cpp's
         ``TextModel.set_gguf_parameters`` reads): width, heads, KV heads, head size, vocabulary, context length,
-        norm epsilon, RoPE base, and for a MoE the expert counts, checked against the experts the head holds.
-        A family calls it first thing in its hyperparameter reading.
+        norm epsilon, RoPE base, and for a MoE the expert counts, checked against the experts the head holds. A
+        family overrides it: ``super().read_hparams()`` first, then its own.
 
         Raises:
             CheckpointError: a value of the wrong type or out of range, or an expert count the head's tensors
@@ -372,6 +389,44 @@ class HeadModel(ConfigReader):
         """gguf-py's name for ``key`` with the block index left in: ``blk.{bid}.nextn.eh_proj.weight`` for the
         first NextN block, ``blk.{bid[k]}...`` for the ``block`` = k-th after it (see :class:`BlockIndex`)."""
         return at_block(TENSOR_NAMES[key] + suffix, block)
+
+    def router_shapes(self, probs_bias: str | None = ".bias") -> dict[str, tuple[int, ...]]:
+        """The router ``[n_expert, n_embd]`` and, unless ``probs_bias`` is ``None``, its expert-selection bias
+        ``exp_probs_b`` with that suffix (``".bias"``; Hy3's has none), ``{bid}`` for the block."""
+        e, h = self.n_expert, self.n_embd
+        shapes: dict[str, tuple[int, ...]] = {self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP): (e, h)}
+        if probs_bias is not None:
+            shapes[self.format_tensor_name(MODEL_TENSOR.FFN_EXP_PROBS_B, probs_bias)] = (e,)
+        return shapes
+
+    def expert_shapes(self, n_ff_exp: int, width: int | None = None, *, gated: bool = True
+                      ) -> dict[str, tuple[int, ...]]:
+        """The routed experts stacked: ``ffn_{gate,up,down}_exps`` (``gated=False``: no gate) of ``n_ff_exp`` rows
+        working at ``width`` (default ``n_embd``; a latent MoE's is narrower)."""
+        e, f, h, name = self.n_expert, n_ff_exp, width or self.n_embd, self.format_tensor_name
+        gate = {name(MODEL_TENSOR.FFN_GATE_EXP): (e, f, h)} if gated else {}
+        return {**gate, name(MODEL_TENSOR.FFN_UP_EXP): (e, f, h), name(MODEL_TENSOR.FFN_DOWN_EXP): (e, h, f)}
+
+    def shared_expert_shapes(self, n_ff_shexp: int | None, *, gated: bool = True) -> dict[str, tuple[int, ...]]:
+        """The shared expert ``ffn_{gate,up,down}_shexp`` of ``n_ff_shexp`` rows (none when it is 0 or ``None``)."""
+        if not n_ff_shexp:
+            return {}
+        s, h, name = n_ff_shexp, self.n_embd, self.format_tensor_name
+        gate = {name(MODEL_TENSOR.FFN_GATE_SHEXP): (s, h)} if gated else {}
+        return {**gate, name(MODEL_TENSOR.FFN_UP_SHEXP): (s, h), name(MODEL_TENSOR.FFN_DOWN_SHEXP): (h, s)}
+
+    def moe_shapes(self, n_ff_exp: int, n_ff_shexp: int | None, probs_bias: str | None = ".bias"
+                   ) -> dict[str, tuple[int, ...]]:
+        """A MoE feed-forward's tensors in llama.cpp's order: the router (:meth:`router_shapes`), the routed experts
+        (:meth:`expert_shapes`), the shared expert (:meth:`shared_expert_shapes`)."""
+        return {**self.router_shapes(probs_bias), **self.expert_shapes(n_ff_exp),
+                **self.shared_expert_shapes(n_ff_shexp)}
+
+    def dense_ffn_shapes(self, n_ff: int) -> dict[str, tuple[int, ...]]:
+        """A dense gated MLP: ``ffn_{gate,up,down}`` of ``n_ff`` rows."""
+        f, h, name = n_ff, self.n_embd, self.format_tensor_name
+        return {name(MODEL_TENSOR.FFN_GATE): (f, h), name(MODEL_TENSOR.FFN_UP): (f, h),
+                name(MODEL_TENSOR.FFN_DOWN): (h, f)}
 
     def head_tensors(self) -> list[SafetensorsTensor]:
         """The checkpoint tensors of the MTP head, in natural order; in a block-scaled FP8 checkpoint its FP8 weights

@@ -51,8 +51,8 @@ class DsaMTPModel(DeepseekV2MTPModel):
     #: Where llama.cpp's loader says so (for the refusal).
     indexer_source: ClassVar[str] = ""
 
-    def read_layer_hparams(self) -> None:
-        super().read_layer_hparams()
+    def read_hparams(self) -> None:
+        super().read_hparams()
         need = self.hparam_int
         self.index_n_heads = need("index_n_heads")
         self.index_head_dim = need("index_head_dim")
@@ -65,8 +65,8 @@ class DsaMTPModel(DeepseekV2MTPModel):
                                   self.checkpoint.folder)
         self.indexer_present = present
 
-    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = super().layer_shapes()
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
+        shapes = super().layer_shapes(block)
         h, heads, dim = self.n_embd, self.index_n_heads, self.index_head_dim
         rows = {T.INDEXER_ATTN_Q_B: (heads * dim, self.q_lora), T.INDEXER_ATTN_K: (dim, h), T.INDEXER_K_NORM: (dim,),
                 T.INDEXER_PROJ: (heads, h)}

@@ -143,14 +143,9 @@ class _QwenMTPModel(HeadModel):
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        text = self.hparams.get("text_config")
-        if text is not None:
-            if not isinstance(text, dict):
-                raise CheckpointError("text_config is not a JSON object", self.config_path)
-            # The ConditionalGeneration layout: the text model's hyperparameters are nested (upstream merges them).
-            self.hparams = {**self.hparams, **text}
+    nested_text_config = True  # the ConditionalGeneration layout nests the text model's hyperparameters
+
+    def read_hparams(self) -> None:
         n_mtp = self.optional_hparam_int(["mtp_num_hidden_layers", "num_nextn_predict_layers"], minimum=0,
                                          maximum=LLAMA_MAX_LAYERS)
         layers = {m["layer"] for t in self.checkpoint.tensors if (m := _LAYER_PREFIX.match(t)) is not None}
@@ -165,10 +160,7 @@ class _QwenMTPModel(HeadModel):
         if layers and layers != {"0"}:
             raise CheckpointError(f"the MTP head's layer is mtp.layers.{next(iter(layers))}, expected "
                                   "mtp.layers.0", self.config_path)
-        self._read_hparams()
-
-    def _read_hparams(self) -> None:
-        self.read_common_hparams()
+        super().read_hparams()
         may = self.optional_hparam_int
         self.n_layer = may("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1)
         self.interval = may("full_attention_interval", maximum=LLAMA_MAX_LAYERS)
@@ -277,20 +269,10 @@ class _QwenMTPModel(HeadModel):
             name(T.ATTN_POST_NORM): (h,),
         }
         if self.ffn == "dense":
-            f = self.n_ff
-            shapes |= {name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h), name(T.FFN_DOWN): (h, f)}
-        else:
-            e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
-            shapes |= {
-                name(T.FFN_GATE_INP): (e, h),
-                name(T.FFN_GATE_EXP): (e, f, h),
-                name(T.FFN_UP_EXP): (e, f, h),
-                name(T.FFN_DOWN_EXP): (e, h, f),
-                name(T.FFN_GATE_INP_SHEXP): (1, h),
-                name(T.FFN_GATE_SHEXP): (s, h),
-                name(T.FFN_UP_SHEXP): (s, h),
-                name(T.FFN_DOWN_SHEXP): (h, s),
-            }
+            shapes |= self.dense_ffn_shapes(self.n_ff)
+        else:  # the router, the experts, the shared expert with its own gate
+            shapes |= {**self.router_shapes(probs_bias=None), **self.expert_shapes(self.n_ff_exp),
+                       name(T.FFN_GATE_INP_SHEXP): (1, h), **self.shared_expert_shapes(self.n_ff_shexp)}
         shapes[name(T.NEXTN_SHARED_HEAD_NORM)] = (h,)
         return shapes
 
