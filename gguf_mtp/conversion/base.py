@@ -526,7 +526,7 @@ class HeadModel(ConfigReader):
         if outtype is not None and outtype not in CONVERTER_TYPES:
             default = self.output_type(name, source, None)
             ggml_shape = tuple(reversed(source.shape)) or (1,)
-            return head_tensor_type(name.format(bid=0), ggml_shape, default, outtype, self.arch)
+            return head_tensor_type(name.format(bid=BlockIndex(0)), ggml_shape, default, outtype, self.arch)
         router = self.format_tensor_name(MODEL_TENSOR.FFN_GATE_INP)
         is_router = first_block_template(name) == router
         if len(source.shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or is_router:
