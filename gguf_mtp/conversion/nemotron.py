@@ -14,17 +14,15 @@ tensor is expected, as in llama.cpp's loader, where both are optional.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
 from .base import HeadModel, TargetCheck
 from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
-from .tensors import TensorSource
+from .mtp_module import MTPModuleModel
 
 T = MODEL_TENSOR
 
@@ -77,10 +75,11 @@ def trunk_pattern(config: dict[str, Any]) -> str | None:
 
 
 @HeadModel.register("NemotronHForCausalLM")
-class NemotronHMTPModel(HeadModel):
+class NemotronHMTPModel(MTPModuleModel):
     """Nemotron-H MoE with an MTPv2 head (``num_nextn_predict_layers: 1``)."""
 
     model_arch = MODEL_ARCH.NEMOTRON_H_MOE
+    module_names = _RENAMES
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
     has_rope = False  # Nemotron-H's attention layers have no positional encoding
@@ -120,17 +119,6 @@ class NemotronHMTPModel(HeadModel):
             self.hparam_origin("mamba_num_heads x mamba_head_dim", self.ssm_heads * self.ssm_head_dim)
 
     # ------------------------------------------------------------------------------------ tensors
-
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        renamed = _RENAMES.get(tensor.name)
-        if renamed is not None:
-            key, suffix = renamed
-            yield self.format_tensor_name(key, suffix), TensorSource.single(tensor)
-            return
-        stacked = self.stack_expert(tensor)
-        if stacked is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
-        yield from stacked
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim

@@ -42,6 +42,7 @@ from gguf_mtp.model.shards import ShardSet
 
 from .base import HeadModel, TargetCheck
 from .hparams import LLAMA_MAX_LAYERS
+from .mtp_module import MTPModuleModel
 from .tensors import TensorSource
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
@@ -133,12 +134,23 @@ def _expert_half(tensor: SafetensorsTensor, expert: int, half: int, n_ff: int) -
                    offset=tensor.offset + first_row * row_bytes, nbytes=n_ff * row_bytes)
 
 
-class _QwenMTPModel(HeadModel):
+#: Every renamed tensor of the head (``mtp.layers.0.`` the one layer: others are refused first) -> (gguf-py tensor,
+#: GGUF suffix); and those that get ``+1``.
+_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    **{name: (key, ".weight") for name, (key, _) in _GLUE.items()},
+    **{f"mtp.layers.0.{name}": (key, ".weight") for name, (key, _) in _LAYER.items()},
+}
+_PLUS_ONE = frozenset({name for name, (_, norm) in _GLUE.items() if norm}
+                      | {f"mtp.layers.0.{name}" for name, (_, norm) in _LAYER.items() if norm})
+
+
+class _QwenMTPModel(MTPModuleModel):
     """What the three Qwen MTP heads share (the head is a full-attention block of the trunk's kind)."""
 
     #: The FFN of the NextN block: "dense" (qwen35) or "moe".
     ffn: ClassVar[str] = "moe"
     default_norm_eps = 1e-6
+    module_names = _NAMES
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
@@ -219,24 +231,14 @@ class _QwenMTPModel(HeadModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        glue = _GLUE.get(tensor.name)
+    def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
+        return PlusOneTensor.of(tensor) if tensor.name in _PLUS_ONE else tensor
+
+    def other_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         layer = _LAYER_PREFIX.match(tensor.name)
-        rest = layer["rest"] if layer is not None else None
-        renamed = glue if glue is not None else _LAYER.get(rest) if rest is not None else None
-        if renamed is not None:
-            key, norm = renamed
-            part = PlusOneTensor.of(tensor) if norm else tensor
-            yield self.format_tensor_name(key), TensorSource.single(part)
-            return
-        if rest in _PACKED_GATE_UP:
-            yield from self._split_gate_up(tensor)
-            return
-        stacked = self.stack_expert(tensor)
-        if stacked is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor",
-                                  tensor.path)
-        yield from stacked
+        if layer is None or layer["rest"] not in _PACKED_GATE_UP:
+            return super().other_tensors(tensor)
+        return self._split_gate_up(tensor)
 
     def _split_gate_up(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         if self.ffn != "moe":
