@@ -15,15 +15,15 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
 
 from gguf_mtp.cli import main
-from gguf_mtp.conversion.base import (
+from gguf_mtp.conversion.hparams import (
     LLAMA_MAX_EXPERTS,
     MAX_WIDTH,
-    HeadGGUFWriter,
     KVValueError,
     config_bool,
     config_float,
     config_int,
 )
+from gguf_mtp.conversion.writer import HeadGGUFWriter
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.header import GGUFArray, TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.convert import convert

@@ -84,7 +84,7 @@ def test_names_shapes_types_and_bytes(hy: Path, tmp_path: Path) -> None:
 
 def test_registered_under_its_gguf_architecture() -> None:
     assert model_class_for_arch("hy_v3") is HYV3MTPModel
-    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80}) == ("model.layers.80.",)
+    assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80}) == "model.layers.80."  # one prefix: a str
     assert HYV3MTPModel.head_prefix({"num_hidden_layers": 80, "num_nextn_predict_layers": 2}) == (
         "model.layers.80.", "model.layers.81.")
     assert HYV3MTPModel.head_prefix({"num_hidden_layers": "80"}) == "model.layers."

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType, GGUFWriter
 
-from gguf_mtp.conversion.base import HeadGGUFWriter
+from gguf_mtp.conversion.writer import HeadGGUFWriter
 from gguf_mtp.format.header import encode_kv, serialize_header
 
 ARCH = "nemotron_h_moe"

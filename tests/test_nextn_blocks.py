@@ -89,6 +89,18 @@ def test_every_nextn_layer_becomes_its_own_block(glm2: Path, tmp_path: Path) -> 
     assert CONVERT_NOTE in report.plan.notes
 
 
+def test_every_block_takes_a_llama_quantize_outtype(glm2: Path, tmp_path: Path) -> None:
+    """``--outtype q4_k`` (llama-quantize's rules) on a head of two blocks: each block gets the types and bytes the
+    first block alone gets (the rule is looked up on the first block's names, ``{bid[1]}`` included)."""
+    both = reader_tensors(convert(glm2, tmp_path / "both.gguf", block=N, outtype="q4_k", progress=False).output)
+    one = reader_tensors(convert(glm2, tmp_path / "one.gguf", block=N, outtype="q4_k", nextn_blocks=1,
+                                 progress=False).output)
+    first, second = _block(both, N), _block(both, N + 1)
+    assert first == _block(one, N)
+    assert {n: t[:2] for n, t in second.items()} == {n: t[:2] for n, t in first.items()}
+    assert Q.Q4_K in {t[0] for t in second.values()}
+
+
 def test_target_places_the_blocks_after_its_trunk_and_compose_takes_both(glm2: Path, glm_target: Path,
                                                                          tmp_path: Path) -> None:
     draft = convert(glm2, tmp_path / "d.gguf", target=glm_target, progress=False).output

@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 from gguf_mtp.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from .base import HeadGGUFWriter, HeadModel, MappedTensor, TensorSource, tensor_segments
+    from .base import HeadModel
+    from .segments import tensor_segments
+    from .tensors import MappedTensor, TensorSource
+    from .writer import HeadGGUFWriter
 
 __all__ = [
     "FAMILY_MODULES",
@@ -28,16 +31,15 @@ __all__ = [
     "tensor_segments",
 ]
 
-#: What :func:`__getattr__` imports from :mod:`.base` on first use (keeps ``--help`` free of numpy).
-_FROM_BASE = frozenset({"HeadGGUFWriter", "HeadModel", "MappedTensor", "TensorSource", "tensor_segments"})
+#: What :func:`__getattr__` imports on first use, and from which module (keeps ``--help`` free of numpy).
+_LAZY = {"HeadGGUFWriter": "writer", "HeadModel": "base", "MappedTensor": "tensors", "TensorSource": "tensors",
+         "tensor_segments": "segments"}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _FROM_BASE:
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import base
-
-    return getattr(base, name)
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 
 #: HF architecture name -> module of this package that converts its MTP head.

@@ -8,7 +8,8 @@ split into ``attn_k_b``/``attn_v_b`` by :mod:`.mla`; the head-wise output gate `
 ``final_layernorm``, which llama.cpp loads as the block's ``layer_output_norm`` and uses as the MTP head's final
 norm (src/models/bailingmoe3.cpp:158).
 
-Names come from one table (:data:`_NAMES`), the HF spellings llama.cpp's ``TensorNameMap`` maps for this
+A NextN decoder layer (:class:`.nextn_layer.NextNLayerModel`) whose names come from one table (:data:`_NAMES`), the HF
+spellings llama.cpp's ``TensorNameMap`` maps for this
 architecture (PyPI gguf 0.19.0 has no ``bailingmoe3``); per-layer arrays as llama.cpp's converter writes them
 (conversion/bailingmoe3.py:57-58, 82-94): ``head_count_kv`` 1 for the MTP block (a full-attention block; 0 marks a
 recurrent one), the swiglu clamps padded with 0.0 for it.
@@ -16,18 +17,21 @@ recurrent one), the swiglu clamps padded with 0.0 for it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 from gguf import MODEL_TENSOR, ExpertGatingFuncType, GGUFValueType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import Checkpoint, SafetensorsTensor
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hf_names import NEXTN_FUSION_NAMES
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
 from .mla import split_kv_b
+from .nextn_layer import NextNLayerModel
+from .tensors import TensorSource
 
 __all__ = ["BailingMoeV3MTPModel"]
 
@@ -35,9 +39,7 @@ T = MODEL_TENSOR
 
 #: ``model.layers.{N}.X`` -> (gguf-py tensor, GGUF suffix). ``kv_b_proj`` and the experts are handled apart.
 _NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
-    "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
-    "enorm.weight": (T.NEXTN_ENORM, ".weight"),
-    "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
+    **NEXTN_FUSION_NAMES,
     "final_layernorm.weight": (T.LAYER_OUT_NORM, ".weight"),
     "input_layernorm.weight": (T.ATTN_NORM, ".weight"),
     "attention.q_proj.weight": (T.ATTN_Q, ".weight"),
@@ -57,46 +59,29 @@ _NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "mlp.shared_experts.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
 }
 _KV_B = "attention.kv_b_proj.weight"
-#: At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
-_EXPERT = re.compile(
-    r"^model\.layers\.[0-9]+\.mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
 #: The swiglu clamp lists of config.json -> the per-layer arrays llama.cpp's converter writes them as.
 CLAMPS = {"expert_swiglu_limit_list": "swiglu_clamp_exp", "share_expert_swiglu_limit_list": "swiglu_clamp_shexp"}
 
 
 @HeadModel.register("BailingMoeV3ForCausalLM")
-class BailingMoeV3MTPModel(HeadModel):
+class BailingMoeV3MTPModel(NextNLayerModel):
     """Ling-3.0 with its MTP layer (``num_nextn_predict_layers: 1``)."""
 
     model_arch = "bailingmoe3"  # not in PyPI gguf 0.19.0's MODEL_ARCH
-    tensor_prefix: ClassVar[str] = "model.layers."
-    expert_pattern = _EXPERT
-    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
-        "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}
+    layer_names = _NAMES
+    head_norm_names = ()  # final_layernorm is the block's layer_output_norm
+    keep_nextn_copies = None
+    layer_word = "MTP"
 
-    @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> str:
-        """``model.layers.{num_hidden_layers}.``: what to download and open (only the MTP layer's shards)."""
-        n_layer = config.get("num_hidden_layers")
-        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or not 1 <= n_layer < LLAMA_MAX_LAYERS:
-            return cls.tensor_prefix  # refused with a proper message once the model reads its config
-        return f"model.layers.{n_layer}."
+    def read_layer_counts(self) -> None:
+        super().read_layer_counts()
+        if self.n_nextn != 1:
+            raise CheckpointError(f"num_nextn_predict_layers = {self.n_nextn}: llama.cpp's bailingmoe3 graph runs one",
+                                  self.config_path)
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        super().__init__(checkpoint)
-        self._read_hparams()
-
-    def _read_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+    def read_hparams(self) -> None:
+        super().read_hparams()
         need, may = self.hparam_int, self.optional_hparam_int
-        n_nextn = may("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS)
-        if n_nextn is not None and n_nextn != 1:
-            what = "the checkpoint has no MTP layer" if n_nextn == 0 else "llama.cpp's bailingmoe3 graph runs one"
-            raise CheckpointError(f"num_nextn_predict_layers = {n_nextn}: {what}", self.config_path)
-        self.n_layer = need("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
-                            limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-        self.tensor_prefix = f"model.layers.{self.n_layer}."  # type: ignore[misc]  # per instance
-        self.read_common_hparams()
         self.q_lora_rank = may("q_lora_rank")
         self.kv_lora_rank = need("kv_lora_rank")
         self.qk_nope = need("qk_nope_head_dim")
@@ -130,49 +115,28 @@ class BailingMoeV3MTPModel(HeadModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        stacked = self.stack_expert(tensor)
-        if stacked is not None:
-            yield from stacked
+    def layer_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        if self.layer_suffix(tensor) != _KV_B:
+            yield from super().layer_tensors(tensor)
             return
-        local = tensor.name[len(self.tensor_prefix):]
-        if local == _KV_B:
-            k_b, v_b = split_kv_b(tensor, self.n_head, self.qk_nope, self.v_head)
-            yield self.format_tensor_name(T.ATTN_K_B), k_b
-            yield self.format_tensor_name(T.ATTN_V_B), v_b
-            return
-        entry = _NAMES.get(local)
-        if entry is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp bailingmoe3 NextN tensor",
-                                  tensor.path)
-        yield self.format_tensor_name(*entry), TensorSource.single(tensor)
+        k_b, v_b = split_kv_b(tensor, self.n_head, self.qk_nope, self.v_head)
+        yield self.format_tensor_name(T.ATTN_K_B), k_b
+        yield self.format_tensor_name(T.ATTN_V_B), v_b
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        h, n, rank, rope = self.n_embd, self.n_head, self.kv_lora_rank, self.qk_rope
-        qk = self.qk_nope + rope
-        e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
-        shapes: dict[tuple[MODEL_TENSOR, str], tuple[int, ...]] = {
-            (T.NEXTN_EH_PROJ, ".weight"): (h, 2 * h), (T.NEXTN_ENORM, ".weight"): (h,),
-            (T.NEXTN_HNORM, ".weight"): (h,), (T.ATTN_NORM, ".weight"): (h,),
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
+        h, n, rank, rope, q_lora = self.n_embd, self.n_head, self.kv_lora_rank, self.qk_rope, self.q_lora_rank
+        qk, name = self.qk_nope + rope, self.format_tensor_name
+        query = ({name(T.ATTN_Q): (n * qk, h)} if q_lora is None else
+                 {name(T.ATTN_Q_A): (q_lora, h), name(T.ATTN_Q_A_NORM): (q_lora,), name(T.ATTN_Q_B): (n * qk, q_lora)})
+        layer = {
+            name(T.ATTN_NORM): (h,), **query,
+            name(T.ATTN_KV_A_MQA): (rank + rope, h), name(T.ATTN_KV_A_NORM): (rank,),
+            name(T.ATTN_K_B): (n, rank, self.qk_nope), name(T.ATTN_V_B): (n, self.v_head, rank),
+            name(T.ATTN_GATE): (n, h), name(T.ATTN_OUT): (h, n * self.v_head), name(T.FFN_NORM): (h,),
+            **self.moe_shapes(self.n_ff_exp, self.n_ff_shexp),
+            name(T.LAYER_OUT_NORM): (h,),  # required: the MTP head's final norm (bailingmoe3.cpp:158)
         }
-        if self.q_lora_rank is None:
-            shapes[(T.ATTN_Q, ".weight")] = (n * qk, h)
-        else:
-            shapes.update({(T.ATTN_Q_A, ".weight"): (self.q_lora_rank, h),
-                           (T.ATTN_Q_A_NORM, ".weight"): (self.q_lora_rank,),
-                           (T.ATTN_Q_B, ".weight"): (n * qk, self.q_lora_rank)})
-        shapes.update({
-            (T.ATTN_KV_A_MQA, ".weight"): (rank + rope, h), (T.ATTN_KV_A_NORM, ".weight"): (rank,),
-            (T.ATTN_K_B, ".weight"): (n, rank, self.qk_nope), (T.ATTN_V_B, ".weight"): (n, self.v_head, rank),
-            (T.ATTN_GATE, ".weight"): (n, h), (T.ATTN_OUT, ".weight"): (h, n * self.v_head),
-            (T.FFN_NORM, ".weight"): (h,), (T.FFN_GATE_INP, ".weight"): (e, h), (T.FFN_EXP_PROBS_B, ".bias"): (e,),
-            (T.FFN_GATE_EXP, ".weight"): (e, f, h), (T.FFN_UP_EXP, ".weight"): (e, f, h),
-            (T.FFN_DOWN_EXP, ".weight"): (e, h, f),
-            (T.FFN_GATE_SHEXP, ".weight"): (s, h), (T.FFN_UP_SHEXP, ".weight"): (s, h),
-            (T.FFN_DOWN_SHEXP, ".weight"): (h, s),
-            (T.LAYER_OUT_NORM, ".weight"): (h,),  # required: the MTP head's final norm (bailingmoe3.cpp:158)
-        })
-        return {self.format_tensor_name(key, suffix): shape for (key, suffix), shape in shapes.items()}
+        return self.glue_shapes(layer, block)
 
     # --------------------------------------------------------------------------------- metadata
 
@@ -245,7 +209,6 @@ class BailingMoeV3MTPModel(HeadModel):
         skipped = ("attention.head_count_kv", "attention.key_length")
         common = [c for c in super().target_checks() if c.key not in skipped]
         return [
-            TargetCheck("block_count", self.n_layer, "num_hidden_layers"),
             *common,
             TargetCheck("attention.key_length", self.kv_lora_rank + self.qk_rope, "kv_lora_rank + qk_rope_head_dim"),
             TargetCheck("attention.kv_lora_rank", self.kv_lora_rank, "kv_lora_rank"),

@@ -23,7 +23,6 @@ the head, and :meth:`DeepseekV2MTPModel.check_target` says so.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -33,25 +32,16 @@ from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.safetensors_io import SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
-from .base import (
-    EXPERT_LIMIT,
-    LLAMA_MAX_EXPERTS,
-    LLAMA_MAX_LAYERS,
-    HeadModel,
-    TargetCheck,
-    TensorSource,
-    config_float,
-    config_int,
-)
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, config_float, config_int
 from .mla import split_kv_b
 from .nextn_layer import NextNLayerModel
+from .tensors import TensorSource
 
 __all__ = ["DeepseekV2MTPModel"]
 
 T = MODEL_TENSOR
 
-_EXPERT = re.compile(
-    r"^model\.layers\.[0-9]+\.mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
 _KV_B = "self_attn.kv_b_proj.weight"
 #: Why llama.cpp's MTP graph needs an MLA trunk (src/models/deepseek2.cpp:174, graph_mtp asserts is_mla()).
 _MLA_REASON = ("llama.cpp's deepseek2 MTP graph runs only on an MLA-format model (attention.key_length_mla and "
@@ -64,17 +54,13 @@ class DeepseekV2MTPModel(NextNLayerModel):
     """MLA + MoE NextN layer (GLM-4.7-Flash; DeepSeek V3, R1, V3.1, V3-0324)."""
 
     model_arch: ClassVar[MODEL_ARCH | str] = MODEL_ARCH.DEEPSEEK2
-    expert_pattern = _EXPERT
-    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
-        "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}
     default_norm_eps = 1e-6  # DeepseekV2Model.set_gguf_parameters: rms_norm_eps defaults to 1e-6
     #: Why the target must be MLA-format (what :meth:`check_target` says when it is not).
     mla_reason: ClassVar[str] = _MLA_REASON
 
-    def read_layer_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+    def read_hparams(self) -> None:
+        super().read_hparams()
         need, may = self.hparam_int, self.optional_hparam_int
-        self.read_common_hparams()
         q_lora = may("q_lora_rank")
         if q_lora is None:
             raise CheckpointError("q_lora_rank is absent or null: llama.cpp's deepseek2 MTP graph needs Q-LoRA "
@@ -131,9 +117,8 @@ class DeepseekV2MTPModel(NextNLayerModel):
         yield self.format_tensor_name(T.ATTN_K_B), k_b
         yield self.format_tensor_name(T.ATTN_V_B), v_b
 
-    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
         h, nh, hk = self.n_embd, self.n_head, self.n_head_kv
-        e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_exp * self.n_shared
         name = self.format_tensor_name
         layer: dict[str, tuple[int, ...]] = {
             name(T.ATTN_NORM): (h,),
@@ -146,14 +131,9 @@ class DeepseekV2MTPModel(NextNLayerModel):
             name(T.ATTN_V_B): (hk, self.v_dim, self.kv_lora),
             name(T.ATTN_OUT): (h, nh * self.v_dim),
             name(T.FFN_NORM): (h,),
-            name(T.FFN_GATE_INP): (e, h),
         }
-        if self.has("mlp.gate.e_score_correction_bias") or self.has("mlp.gate.e_score_correction.bias"):
-            layer[name(T.FFN_EXP_PROBS_B, ".bias")] = (e,)
-        layer.update({name(T.FFN_GATE_EXP): (e, f, h), name(T.FFN_UP_EXP): (e, f, h), name(T.FFN_DOWN_EXP): (e, h, f)})
-        if self.n_shared:
-            layer.update({name(T.FFN_GATE_SHEXP): (s, h), name(T.FFN_UP_SHEXP): (s, h),
-                          name(T.FFN_DOWN_SHEXP): (h, s)})
+        biased = self.has("mlp.gate.e_score_correction_bias") or self.has("mlp.gate.e_score_correction.bias")
+        layer.update(self.moe_shapes(self.n_ff_exp, self.n_ff_exp * self.n_shared, ".bias" if biased else None))
         return self.glue_shapes(layer)
 
     # --------------------------------------------------------------------------------- metadata

@@ -24,8 +24,9 @@ from gguf import MODEL_ARCH, MODEL_TENSOR, GGMLQuantizationType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import CONVERTER_TYPES, HeadModel, TargetCheck, TensorSource, first_block_template
+from .base import CONVERTER_TYPES, HeadModel, TargetCheck
 from .deepseek2 import DeepseekV2MTPModel
+from .tensors import TensorSource, first_block_template
 
 __all__ = ["DeepseekV32MTPModel", "DsaMTPModel"]
 
@@ -50,8 +51,8 @@ class DsaMTPModel(DeepseekV2MTPModel):
     #: Where llama.cpp's loader says so (for the refusal).
     indexer_source: ClassVar[str] = ""
 
-    def read_layer_hparams(self) -> None:
-        super().read_layer_hparams()
+    def read_hparams(self) -> None:
+        super().read_hparams()
         need = self.hparam_int
         self.index_n_heads = need("index_n_heads")
         self.index_head_dim = need("index_head_dim")
@@ -64,8 +65,8 @@ class DsaMTPModel(DeepseekV2MTPModel):
                                   self.checkpoint.folder)
         self.indexer_present = present
 
-    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = super().layer_shapes()
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
+        shapes = super().layer_shapes(block)
         h, heads, dim = self.n_embd, self.index_n_heads, self.index_head_dim
         rows = {T.INDEXER_ATTN_Q_B: (heads * dim, self.q_lora), T.INDEXER_ATTN_K: (dim, h), T.INDEXER_K_NORM: (dim,),
                 T.INDEXER_PROJ: (heads, h)}

@@ -18,18 +18,13 @@ copied as they are (no permutation, as in llama.cpp's ``conversion/glm.py``); no
 
 from __future__ import annotations
 
-import re
-from typing import ClassVar
-
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
 from .nextn_layer import NextNLayerModel
 
 T = MODEL_TENSOR
-#: At most 6 digits: an index is bounded before int() sees it (LLAMA_MAX_EXPERTS is far below 10^6).
-_EXPERT = re.compile(
-    r"^model\.layers\.[0-9]+\.mlp\.experts\.(?P<expert>[0-9]{1,6})\.(?P<proj>gate|up|down)_proj\.weight$")
 
 
 @HeadModel.register("Glm4MoeForCausalLM")
@@ -38,14 +33,10 @@ class Glm4MoeMTPModel(NextNLayerModel):
     embedding / LM head copies, GLM-4.6 does not)."""
 
     model_arch = MODEL_ARCH.GLM4_MOE
-    expert_pattern = _EXPERT
-    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
-        "down": T.FFN_DOWN_EXP, "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP}
 
-    def read_layer_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+    def read_hparams(self) -> None:
+        super().read_hparams()
         may = self.optional_hparam_int
-        self.read_common_hparams()
         self.n_ff_exp = self.hparam_int("moe_intermediate_size")
         n_shared = may("n_shared_experts", minimum=0, maximum=LLAMA_MAX_EXPERTS, limit=EXPERT_LIMIT)
         self.n_shared = 1 if n_shared is None else n_shared
@@ -59,9 +50,8 @@ class Glm4MoeMTPModel(NextNLayerModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
         h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
-        e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_exp * self.n_shared
         name = self.format_tensor_name
         layer: dict[str, tuple[int, ...]] = {
             name(T.ATTN_NORM): (h,),
@@ -77,17 +67,7 @@ class Glm4MoeMTPModel(NextNLayerModel):
         # QK norm: GLM-4.5/4.6/4.7 (355B) have it, GLM-4.5-Air does not.
         if self.use_qk_norm or (self.use_qk_norm is None and self.has("self_attn.q_norm.weight")):
             layer.update({name(T.ATTN_Q_NORM): (d,), name(T.ATTN_K_NORM): (d,)})
-        layer.update({
-            name(T.ATTN_POST_NORM): (h,),
-            name(T.FFN_GATE_INP): (e, h),
-            name(T.FFN_EXP_PROBS_B, ".bias"): (e,),
-            name(T.FFN_GATE_EXP): (e, f, h),
-            name(T.FFN_UP_EXP): (e, f, h),
-            name(T.FFN_DOWN_EXP): (e, h, f),
-        })
-        if self.n_shared:
-            layer.update({name(T.FFN_GATE_SHEXP): (s, h), name(T.FFN_UP_SHEXP): (s, h),
-                          name(T.FFN_DOWN_SHEXP): (h, s)})
+        layer.update({name(T.ATTN_POST_NORM): (h,), **self.moe_shapes(self.n_ff_exp, self.n_ff_exp * self.n_shared)})
         return self.glue_shapes(layer)
 
     # --------------------------------------------------------------------------------- metadata

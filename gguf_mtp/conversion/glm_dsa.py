@@ -17,8 +17,9 @@ from gguf import MODEL_ARCH, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
 
-from .base import HeadModel, config_float
+from .base import HeadModel
 from .deepseek32 import DsaMTPModel
+from .hparams import config_float
 
 __all__ = ["GlmDsaMTPModel"]
 
@@ -33,8 +34,8 @@ class GlmDsaMTPModel(DsaMTPModel):
                   "src/models/glm-dsa.cpp:94 'GLM_DSA architecture requires MLA'); reconvert the trunk with a "
                   "current llama.cpp")
 
-    def read_layer_hparams(self) -> None:
-        super().read_layer_hparams()
+    def read_hparams(self) -> None:
+        super().read_hparams()
         rope = self.hparams.get("rope_parameters")
         factor = None
         if isinstance(rope, dict):

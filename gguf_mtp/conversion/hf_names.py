@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from gguf import MODEL_TENSOR
 
-__all__ = ["DECODER_NAMES", "NEXTN_GLUE_NAMES"]
+__all__ = ["DECODER_NAMES", "NEXTN_FUSION_NAMES", "NEXTN_GLUE_NAMES"]
 
 T = MODEL_TENSOR
 
-#: llama.cpp's six generic NextN sources (``MODEL_TENSOR.NEXTN_*``): the fusion, and the layer's own copies of the
-#: embedding, final norm and LM head.
-NEXTN_GLUE_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+#: The NextN input fusion: the embedding's and the hidden state's norms and their projection.
+NEXTN_FUSION_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "eh_proj.weight": (T.NEXTN_EH_PROJ, ".weight"),
     "enorm.weight": (T.NEXTN_ENORM, ".weight"),
     "hnorm.weight": (T.NEXTN_HNORM, ".weight"),
+}
+#: llama.cpp's six generic NextN sources (``MODEL_TENSOR.NEXTN_*``): the fusion, and the layer's own copies of the
+#: embedding, final norm and LM head.
+NEXTN_GLUE_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    **NEXTN_FUSION_NAMES,
     "embed_tokens.weight": (T.NEXTN_EMBED_TOKENS, ".weight"),
     "shared_head.norm.weight": (T.NEXTN_SHARED_HEAD_NORM, ".weight"),
     "shared_head.head.weight": (T.NEXTN_SHARED_HEAD_HEAD, ".weight"),

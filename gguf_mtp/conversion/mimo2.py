@@ -36,11 +36,13 @@ import numpy as np
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
+from gguf_mtp.format.safetensors_io import NamePrefix, SafetensorsTensor
 
-from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
+from .hparams import LLAMA_MAX_LAYERS
+from .tensors import TensorSource
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
 
@@ -112,18 +114,13 @@ class MimoV2MTPModel(HeadModel):
     tensor_prefix: ClassVar[NamePrefix] = PREFIX
     norm_eps_keys = ("layernorm_epsilon", "rms_norm_eps")
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        super().__init__(checkpoint)
-        self._present = {(int(m["layer"]), m["rest"]) for name in checkpoint.tensors
+    def read_hparams(self) -> None:
+        self._present = {(int(m["layer"]), m["rest"]) for name in self.checkpoint.tensors
                          if (m := _LAYER.match(name)) is not None}
-        self._read_hparams()
-
-    def _read_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
         need, may = self.hparam_int, self.optional_hparam_int
         self.n_layer = need("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
                             limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-        self.read_common_hparams()
+        super().read_hparams()
         self.n_nextn = self._count_mtp_layers()
         self.v_head_dim = need("v_head_dim")
         self.n_head_kv_swa = need("swa_num_key_value_heads", maximum=self.n_head)

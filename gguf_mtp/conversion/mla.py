@@ -20,7 +20,7 @@ import numpy as np
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
-from .base import TensorSource
+from .tensors import TensorSource
 
 __all__ = ["TransposedTensor", "split_kv_b"]
 

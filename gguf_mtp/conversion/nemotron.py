@@ -14,15 +14,15 @@ tensor is expected, as in llama.cpp's loader, where both are optional.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
-from .base import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hparams import EXPERT_LIMIT, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
+from .mtp_module import MTPModuleModel
 
 T = MODEL_TENSOR
 
@@ -75,18 +75,18 @@ def trunk_pattern(config: dict[str, Any]) -> str | None:
 
 
 @HeadModel.register("NemotronHForCausalLM")
-class NemotronHMTPModel(HeadModel):
+class NemotronHMTPModel(MTPModuleModel):
     """Nemotron-H MoE with an MTPv2 head (``num_nextn_predict_layers: 1``)."""
 
     model_arch = MODEL_ARCH.NEMOTRON_H_MOE
+    module_names = _RENAMES
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {"up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
     has_rope = False  # Nemotron-H's attention layers have no positional encoding
     norm_eps_keys: ClassVar[tuple[str, ...]] = ("layer_norm_epsilon", "norm_eps", "rms_norm_eps")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        config = self.checkpoint.folder / "config.json"
+    def read_hparams(self) -> None:
+        config = self.config_path
         if "num_experts_per_tok" not in self.hparams and "n_routed_experts" not in self.hparams:
             raise CheckpointError("a Nemotron-H without experts (nemotron_h) has no MTP head llama.cpp can use; "
                                   "only the MoE variant (nemotron_h_moe) does", config)
@@ -101,11 +101,7 @@ class NemotronHMTPModel(HeadModel):
             raise CheckpointError(
                 f"MTP layer pattern {pattern!r}: only {MTP_PATTERN!r} (an attention layer, then a MoE layer) is "
                 "supported", config)
-        self._read_hparams()
-
-    def _read_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
-        self.read_common_hparams()
+        super().read_hparams()
         may = self.optional_hparam_int
         self.n_ff_exp = self.hparam_int("moe_intermediate_size")
         self.n_ff_shexp = self.hparam_int("moe_shared_expert_intermediate_size")
@@ -124,23 +120,13 @@ class NemotronHMTPModel(HeadModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        renamed = _RENAMES.get(tensor.name)
-        if renamed is not None:
-            key, suffix = renamed
-            yield self.format_tensor_name(key, suffix), TensorSource.single(tensor)
-            return
-        stacked = self.stack_expert(tensor)
-        if stacked is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
-        yield from stacked
-
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
-        latent = self.moe_latent or h
         name = self.format_tensor_name
-        shapes = {
+        # Without a latent size the experts work at full width and there is no latent projection.
+        latent = {} if self.moe_latent is None else {name(T.MOE_LATENT_DOWN): (self.moe_latent, h),
+                                                      name(T.MOE_LATENT_UP): (h, self.moe_latent)}
+        return {
             name(T.NEXTN_ENORM): (h,),
             name(T.NEXTN_HNORM): (h,),
             name(T.NEXTN_EH_PROJ): (h, 2 * h),
@@ -150,20 +136,12 @@ class NemotronHMTPModel(HeadModel):
             name(T.ATTN_V): (kv, h),
             name(T.ATTN_OUT): (h, q),
             name(T.ATTN_POST_NORM): (h,),
-            name(T.FFN_GATE_INP): (e, h),
-            name(T.FFN_EXP_PROBS_B, ".bias"): (e,),
-            name(T.MOE_LATENT_DOWN): (latent, h),
-            name(T.MOE_LATENT_UP): (h, latent),
-            name(T.FFN_UP_EXP): (e, f, latent),
-            name(T.FFN_DOWN_EXP): (e, latent, f),
-            name(T.FFN_UP_SHEXP): (s, h),
-            name(T.FFN_DOWN_SHEXP): (h, s),
+            **self.router_shapes(),
+            **latent,
+            **self.expert_shapes(self.n_ff_exp, self.moe_latent, gated=False),
+            **self.shared_expert_shapes(self.n_ff_shexp, gated=False),
             name(T.NEXTN_SHARED_HEAD_NORM): (h,),
         }
-        if self.moe_latent is None:
-            # Without a latent size the experts work at full width and there is no latent projection.
-            del shapes[name(T.MOE_LATENT_DOWN)], shapes[name(T.MOE_LATENT_UP)]
-        return shapes
 
     # --------------------------------------------------------------------------------- metadata
 

@@ -40,7 +40,10 @@ from gguf_mtp.format.safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
-from .base import LLAMA_MAX_LAYERS, HeadModel, TargetCheck, TensorSource
+from .base import HeadModel, TargetCheck
+from .hparams import LLAMA_MAX_LAYERS
+from .mtp_module import MTPModuleModel
+from .tensors import TensorSource
 
 __all__ = ["PlusOneTensor", "Qwen3NextMTPModel", "Qwen35MTPModel", "Qwen35MoeMTPModel"]
 
@@ -131,24 +134,30 @@ def _expert_half(tensor: SafetensorsTensor, expert: int, half: int, n_ff: int) -
                    offset=tensor.offset + first_row * row_bytes, nbytes=n_ff * row_bytes)
 
 
-class _QwenMTPModel(HeadModel):
+#: Every renamed tensor of the head (``mtp.layers.0.`` the one layer: others are refused first) -> (gguf-py tensor,
+#: GGUF suffix); and those that get ``+1``.
+_NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
+    **{name: (key, ".weight") for name, (key, _) in _GLUE.items()},
+    **{f"mtp.layers.0.{name}": (key, ".weight") for name, (key, _) in _LAYER.items()},
+}
+_PLUS_ONE = frozenset({name for name, (_, norm) in _GLUE.items() if norm}
+                      | {f"mtp.layers.0.{name}" for name, (_, norm) in _LAYER.items() if norm})
+
+
+class _QwenMTPModel(MTPModuleModel):
     """What the three Qwen MTP heads share (the head is a full-attention block of the trunk's kind)."""
 
     #: The FFN of the NextN block: "dense" (qwen35) or "moe".
     ffn: ClassVar[str] = "moe"
     default_norm_eps = 1e-6
+    module_names = _NAMES
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        text = self.hparams.get("text_config")
-        if text is not None:
-            if not isinstance(text, dict):
-                raise CheckpointError("text_config is not a JSON object", self.config_path)
-            # The ConditionalGeneration layout: the text model's hyperparameters are nested (upstream merges them).
-            self.hparams = {**self.hparams, **text}
+    nested_text_config = True  # the ConditionalGeneration layout nests the text model's hyperparameters
+
+    def read_hparams(self) -> None:
         n_mtp = self.optional_hparam_int(["mtp_num_hidden_layers", "num_nextn_predict_layers"], minimum=0,
                                          maximum=LLAMA_MAX_LAYERS)
         layers = {m["layer"] for t in self.checkpoint.tensors if (m := _LAYER_PREFIX.match(t)) is not None}
@@ -163,10 +172,7 @@ class _QwenMTPModel(HeadModel):
         if layers and layers != {"0"}:
             raise CheckpointError(f"the MTP head's layer is mtp.layers.{next(iter(layers))}, expected "
                                   "mtp.layers.0", self.config_path)
-        self._read_hparams()
-
-    def _read_hparams(self) -> None:
-        self.read_common_hparams()
+        super().read_hparams()
         may = self.optional_hparam_int
         self.n_layer = may("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1)
         self.interval = may("full_attention_interval", maximum=LLAMA_MAX_LAYERS)
@@ -225,24 +231,14 @@ class _QwenMTPModel(HeadModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        glue = _GLUE.get(tensor.name)
+    def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
+        return PlusOneTensor.of(tensor) if tensor.name in _PLUS_ONE else tensor
+
+    def other_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         layer = _LAYER_PREFIX.match(tensor.name)
-        rest = layer["rest"] if layer is not None else None
-        renamed = glue if glue is not None else _LAYER.get(rest) if rest is not None else None
-        if renamed is not None:
-            key, norm = renamed
-            part = PlusOneTensor.of(tensor) if norm else tensor
-            yield self.format_tensor_name(key), TensorSource.single(part)
-            return
-        if rest in _PACKED_GATE_UP:
-            yield from self._split_gate_up(tensor)
-            return
-        stacked = self.stack_expert(tensor)
-        if stacked is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor",
-                                  tensor.path)
-        yield from stacked
+        if layer is None or layer["rest"] not in _PACKED_GATE_UP:
+            return super().other_tensors(tensor)
+        return self._split_gate_up(tensor)
 
     def _split_gate_up(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         if self.ffn != "moe":
@@ -275,20 +271,10 @@ class _QwenMTPModel(HeadModel):
             name(T.ATTN_POST_NORM): (h,),
         }
         if self.ffn == "dense":
-            f = self.n_ff
-            shapes |= {name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h), name(T.FFN_DOWN): (h, f)}
-        else:
-            e, f, s = self.n_expert, self.n_ff_exp, self.n_ff_shexp
-            shapes |= {
-                name(T.FFN_GATE_INP): (e, h),
-                name(T.FFN_GATE_EXP): (e, f, h),
-                name(T.FFN_UP_EXP): (e, f, h),
-                name(T.FFN_DOWN_EXP): (e, h, f),
-                name(T.FFN_GATE_INP_SHEXP): (1, h),
-                name(T.FFN_GATE_SHEXP): (s, h),
-                name(T.FFN_UP_SHEXP): (s, h),
-                name(T.FFN_DOWN_SHEXP): (h, s),
-            }
+            shapes |= self.dense_ffn_shapes(self.n_ff)
+        else:  # the router, the experts, the shared expert with its own gate
+            shapes |= {**self.router_shapes(probs_bias=None), **self.expert_shapes(self.n_ff_exp),
+                       name(T.FFN_GATE_INP_SHEXP): (1, h), **self.shared_expert_shapes(self.n_ff_shexp)}
         shapes[name(T.NEXTN_SHARED_HEAD_NORM)] = (h,)
         return shapes
 

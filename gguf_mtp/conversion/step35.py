@@ -20,23 +20,26 @@ Transforms, as llama.cpp's converter (conversion/step3.py:261-266) does them: ev
 ``swiglu_clamp_exp`` / ``swiglu_clamp_shexp`` get one entry per NextN block, from config.json's ``layer_types``
 (padded with ``full_attention``) and ``swiglu_limits`` (padded with 0.0), as conversion/step3.py:161-223 writes them.
 
-Names come from this module's own table: PyPI gguf 0.19.0 has no NextN entries for ``step35``.
+A NextN decoder layer (:class:`.nextn_layer.NextNLayerModel`) whose names come from this module's own table: PyPI gguf
+0.19.0 has no NextN entries for ``step35``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from gguf import MODEL_ARCH, MODEL_TENSOR, ExpertGatingFuncType, GGUFWriter
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, SafetensorsTensor
+from gguf_mtp.format.safetensors_io import SafetensorsTensor
 
-from .base import LLAMA_MAX_LAYERS, MAX_WIDTH, HeadModel, TargetCheck, TensorSource, config_float
+from .base import HeadModel, TargetCheck
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
+from .hparams import LLAMA_MAX_LAYERS, MAX_WIDTH, config_float
+from .nextn_layer import NextNLayerModel
 from .qwen35 import PlusOneTensor
+from .tensors import TensorSource
 
 __all__ = ["Step35MTPModel"]
 
@@ -57,9 +60,6 @@ NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "share_expert.up_proj.weight": (T.FFN_UP_SHEXP, ".weight"),
     "share_expert.down_proj.weight": (T.FFN_DOWN_SHEXP, ".weight"),
 }
-_LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(?P<layer>[0-9]{1,4})\.(?P<rest>.+)$")
-#: Where a checkpoint's text layers are: Step-3.5's ``model.layers.``, Step-3.7's ``model.language_model.layers.``.
-_LAYER_ROOTS = ("model.layers.", "model.language_model.layers.")
 _SWA, _FULL = "sliding_attention", "full_attention"
 HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN = "attention.head_count", "attention.head_count_kv", \
     "attention.sliding_window_pattern"
@@ -67,62 +67,28 @@ HEAD_COUNT, HEAD_COUNT_KV, SWA_PATTERN = "attention.head_count", "attention.head
 CLAMPS = {"swiglu_clamp_exp": "swiglu_limits", "swiglu_clamp_shexp": "swiglu_limits_shared"}
 
 
-def text_hparams(config: dict[str, Any]) -> dict[str, Any]:
-    """``config.json`` with a ``text_config`` object's keys moved to the top (Step-3.7), as llama.cpp's converter
-    reads it; a config without one as it is."""
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
-
-
-def _renamed(rest: str) -> str:
-    """The name llama.cpp's converter maps: ``transformer.`` stripped, ``shared_head.output`` -> ``.head``."""
-    return rest.replace("transformer.", "", 1).replace("shared_head.output", "shared_head.head")
-
-
 @HeadModel.register("Step3p5ForCausalLM", "Step3p7ForConditionalGeneration")
-class Step35MTPModel(HeadModel):
+class Step35MTPModel(NextNLayerModel):
     """Step-3.5 / 3.7-Flash with its MTP layers (``num_nextn_predict_layers: 3``)."""
 
     model_arch = MODEL_ARCH.STEP35
-    tensor_prefix: ClassVar[NamePrefix] = "model.layers."
+    #: Step-3.5's layers are ``model.layers.``, Step-3.7's ``model.language_model.layers.``
+    layer_roots = ("model.layers.", "model.language_model.layers.")
+    nested_text_config = True
+    layer_names = NAMES
+    keep_nextn_copies = None
+    layer_word = "MTP"
+    chained_blocks = True
+    nextn_count_required = True
+    expert_pattern = None  # packed 3-D experts
+    stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {}
     n_head_kv_keys = ("num_attention_groups",)
     expert_count_keys = ("moe_num_experts",)
     expert_used_keys = ("moe_top_k",)
 
-    @classmethod
-    def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
-        """``model.layers.{N+i}.`` (Step-3.7: ``model.language_model.layers.{N+i}.``) for each MTP layer (what to
-        download and open: the shards of those layers)."""
-        config = text_hparams(config)
-        n_layer, n_nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers")
-        counts = (n_layer, n_nextn)
-        if any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
-            return cls.tensor_prefix  # refused with a proper message once the model reads its config
-        assert isinstance(n_layer, int) and isinstance(n_nextn, int)
-        if min(n_layer, n_nextn) < 1 or n_layer + n_nextn > LLAMA_MAX_LAYERS:
-            return cls.tensor_prefix
-        return tuple(f"{root}{n_layer + i}." for root in _LAYER_ROOTS for i in range(n_nextn))
-
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        super().__init__(checkpoint)
-        if "text_config" in self.hparams and not isinstance(self.hparams["text_config"], dict):
-            raise CheckpointError("text_config is not a JSON object", self.config_path)
-        self.hparams = text_hparams(self.hparams)
-        self._read_hparams()
-        #: (block offset, name inside the layer as llama.cpp's converter renames it) of every head tensor
-        self._present = {(int(m["layer"]) - self.n_layer, _renamed(m["rest"])) for name in checkpoint.tensors
-                         if name.startswith(self.tensor_prefix) and (m := _LAYER.match(name)) is not None}
-
-    def _read_hparams(self) -> None:
-        """Every hyperparameter the converter uses, type- and range-checked once, here."""
+    def read_hparams(self) -> None:
+        super().read_hparams()
         need, may = self.hparam_int, self.optional_hparam_int
-        self.n_layer = need("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
-                            limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-        self.n_nextn = need("num_nextn_predict_layers", minimum=0, maximum=LLAMA_MAX_LAYERS - self.n_layer)
-        if self.n_nextn == 0:
-            raise CheckpointError("num_nextn_predict_layers = 0: the checkpoint has no MTP layer", self.config_path)
-        self.tensor_prefix = self.head_prefix(self.hparams)  # type: ignore[misc]  # per instance
-        self.read_common_hparams()
         self.n_blocks = self.n_layer + self.n_nextn
         other = self.hparams.get("attention_other_setting") or {}
         if not isinstance(other, dict):
@@ -183,75 +149,41 @@ class Step35MTPModel(HeadModel):
 
     # ------------------------------------------------------------------------------------ tensors
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        match = _LAYER.match(tensor.name)
-        offset = int(match["layer"]) - self.n_layer if match else -1
-        if match is None or not 0 <= offset < self.n_nextn:
-            raise CheckpointError(f"tensor {tensor.name!r} is not in an MTP layer", tensor.path)
-        rest = _renamed(match["rest"])
-        entry = NAMES.get(rest)
-        if entry is None:
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor", tensor.path)
-        key, suffix = entry
-        part = PlusOneTensor.of(tensor) if rest.endswith("norm.weight") else tensor
-        yield self.format_tensor_name(key, suffix, offset), TensorSource.single(part)
+    def layer_name(self, suffix: str) -> str:
+        """The name llama.cpp's converter maps: ``transformer.`` stripped, ``shared_head.output`` -> ``.head``."""
+        return suffix.replace("transformer.", "", 1).replace("shared_head.output", "shared_head.head")
 
-    def _has(self, offset: int, rest: str) -> bool:
-        return (offset, rest) in self._present
+    def layer_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
+        part = PlusOneTensor.of(tensor) if self.layer_suffix(tensor).endswith("norm.weight") else tensor
+        yield self.block_name(tensor), TensorSource.single(part)
 
     def _swa(self, offset: int) -> bool:
         return self.layer_types[self.n_layer + offset] == _SWA
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes: dict[str, tuple[int, ...]] = {}
-        for offset in range(self.n_nextn):
-            shapes.update(self._block_shapes(offset))
-        return shapes
-
-    def _block_shapes(self, i: int) -> dict[str, tuple[int, ...]]:
-        h, d = self.n_embd, self.head_dim
-        n_head = self.n_head_swa if self._swa(i) else self.n_head
-        q, kv = n_head * d, (self.n_head_kv_swa if self._swa(i) else self.n_head_kv) * d
-
-        def name(key: MODEL_TENSOR, suffix: str = ".weight") -> str:
-            return self.format_tensor_name(key, suffix, i)
-
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
+        h, d, swa = self.n_embd, self.head_dim, self._swa(block)
+        n_head = self.n_head_swa if swa else self.n_head
+        q, kv = n_head * d, (self.n_head_kv_swa if swa else self.n_head_kv) * d
+        name = self.format_tensor_name
         shapes: dict[str, tuple[int, ...]] = {
             name(T.NEXTN_EH_PROJ): (h, 2 * h), name(T.NEXTN_ENORM): (h,), name(T.NEXTN_HNORM): (h,),
             name(T.ATTN_NORM): (h,), name(T.ATTN_Q): (q, h), name(T.ATTN_K): (kv, h), name(T.ATTN_V): (kv, h),
             name(T.ATTN_OUT): (h, q),
         }
         optional = {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
-                    "self_attn.g_proj.weight": (n_head, h), "embed_tokens.weight": (self._rows(i, "embed_tokens"), h),
+                    "self_attn.g_proj.weight": (n_head, h),
+                    "embed_tokens.weight": (self.copy_rows("embed_tokens.weight", block), h),
                     "shared_head.norm.weight": (h,),
-                    "shared_head.head.weight": (self._rows(i, "transformer.shared_head.output"), h)}
+                    "shared_head.head.weight": (self.copy_rows("shared_head.head.weight", block), h)}
         for rest, shape in optional.items():
-            if self._has(i, rest):
-                key, suffix = NAMES[rest]
-                shapes[name(key, suffix)] = shape
+            if self.has(rest, block):
+                shapes[name(*NAMES[rest])] = shape
         shapes[name(T.FFN_NORM)] = (h,)
-        if self._has(i, "moe.gate.weight"):
-            e, f, s = self.n_expert, self._need(self.n_ff_exp, "moe_intermediate_size"), self.n_ff_shexp
-            shapes.update({name(T.FFN_GATE_INP): (e, h), name(T.FFN_EXP_PROBS_B, ".bias"): (e,),
-                           name(T.FFN_GATE_EXP): (e, f, h), name(T.FFN_UP_EXP): (e, f, h),
-                           name(T.FFN_DOWN_EXP): (e, h, f)})
-            if s:
-                shapes.update({name(T.FFN_GATE_SHEXP): (s, h), name(T.FFN_UP_SHEXP): (s, h),
-                               name(T.FFN_DOWN_SHEXP): (h, s)})
+        if self.has("moe.gate.weight", block):
+            shapes.update(self.moe_shapes(self._need(self.n_ff_exp, "moe_intermediate_size"), self.n_ff_shexp))
         else:
-            f = self._need(self.n_ff, "intermediate_size")
-            shapes.update({name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h), name(T.FFN_DOWN): (h, f)})
+            shapes.update(self.dense_ffn_shapes(self._need(self.n_ff, "intermediate_size")))
         return shapes
-
-    def _rows(self, i: int, hf_name: str) -> int:
-        """The vocabulary rows of a layer's embedding/head copy: vocab_size, else the tensor's own."""
-        if self.vocab_size is not None:
-            return self.vocab_size
-        for root in _LAYER_ROOTS:
-            tensor = self.checkpoint.tensors.get(f"{root}{self.n_layer + i}.{hf_name}.weight")
-            if tensor is not None and tensor.shape:
-                return tensor.shape[0]
-        return 0
 
     def _need(self, value: int | None, key: str) -> int:
         if value is None:
@@ -324,5 +256,4 @@ class Step35MTPModel(HeadModel):
     def target_checks(self) -> list[TargetCheck]:
         # Heads differ per layer (full vs sliding attention): compared through the per-layer arrays at compose time.
         skip = {HEAD_COUNT, HEAD_COUNT_KV}
-        return [TargetCheck("block_count", self.n_layer, "num_hidden_layers"),
-                *(c for c in super().target_checks() if c.key not in skip)]
+        return [c for c in super().target_checks() if c.key not in skip]

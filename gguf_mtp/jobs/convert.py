@@ -36,8 +36,10 @@ from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
-from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, FLOAT_DTYPES, LLAMA_MAX_LAYERS, arch_name
+from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES, BlockScaledTensor
+from gguf_mtp.conversion.hparams import LLAMA_MAX_LAYERS
+from gguf_mtp.conversion.tensors import FLOAT_DTYPES
 from gguf_mtp.errors import (
     BadGGUFError,
     CheckpointError,
