@@ -6,12 +6,12 @@ Ling-3.0-tiny, 42 for -flash): a full-attention layer whatever the trunk's Kimi-
 split into ``attn_k_b``/``attn_v_b`` by :mod:`.mla`; the head-wise output gate ``g_proj``; ``dense``) and a MoE
 (``mlp.gate`` + ``expert_bias``, routed and shared experts), plus ``eh_proj``/``enorm``/``hnorm`` and the trailing
 ``final_layernorm``, which llama.cpp loads as the block's ``layer_output_norm`` and uses as the MTP head's final
-norm (src/models/bailingmoe3.cpp:158).
+norm (src/models/bailingmoe3.cpp).
 
 A NextN decoder layer (:class:`.nextn_layer.NextNLayerModel`) whose names come from one table (:data:`_NAMES`), the HF
 spellings llama.cpp's ``TensorNameMap`` maps for this
 architecture (PyPI gguf 0.19.0 has no ``bailingmoe3``); per-layer arrays as llama.cpp's converter writes them
-(conversion/bailingmoe3.py:57-58, 82-94): ``head_count_kv`` 1 for the MTP block (a full-attention block; 0 marks a
+(conversion/bailingmoe3.py): ``head_count_kv`` 1 for the MTP block (a full-attention block; 0 marks a
 recurrent one), the swiglu clamps padded with 0.0 for it.
 """
 
@@ -134,14 +134,14 @@ class BailingMoeV3MTPModel(NextNLayerModel):
             name(T.ATTN_K_B): (n, rank, self.qk_nope), name(T.ATTN_V_B): (n, self.v_head, rank),
             name(T.ATTN_GATE): (n, h), name(T.ATTN_OUT): (h, n * self.v_head), name(T.FFN_NORM): (h,),
             **self.moe_shapes(self.n_ff_exp, self.n_ff_shexp),
-            name(T.LAYER_OUT_NORM): (h,),  # required: the MTP head's final norm (bailingmoe3.cpp:158)
+            name(T.LAYER_OUT_NORM): (h,),  # required: the MTP head's final norm (bailingmoe3.cpp)
         }
         return self.glue_shapes(layer, block)
 
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        # The keys llama.cpp's converter writes for bailingmoe3 (conversion/bailingmoe3.py:47-97) that the head
+        # The keys llama.cpp's converter writes for bailingmoe3 (conversion/bailingmoe3.py) that the head
         # implies; the trunk-only ones (KDA's) are written too when config.json has them, so a draft's metadata
         # is upstream's.
         super().set_gguf_parameters(writer, n_layers)
@@ -156,7 +156,7 @@ class BailingMoeV3MTPModel(NextNLayerModel):
             writer.add_vocab_size(self.vocab_size)
         if self.conv_kernel is not None:
             writer.add_ssm_conv_kernel(self.conv_kernel)
-        # PyPI gguf 0.19.0 knows only the first KDA key: the other two by llama.cpp's names (src/llama-arch.cpp:355-356)
+        # PyPI gguf 0.19.0 knows only the first KDA key: the other two by llama.cpp's names (src/llama-arch.cpp)
         writer.add_kda_head_dim(self.head_dim)
         writer.add_bool(f"{self.arch}.kda.safe_gate", True)
         if self.kda_lower_bound is not None:
@@ -181,8 +181,8 @@ class BailingMoeV3MTPModel(NextNLayerModel):
         return ("attention.head_count_kv", *self.clamps)
 
     def nextn_layer_values(self) -> dict[str, int]:
-        # head_count_kv 1: a full-attention block (0 marks a recurrent one, bailingmoe3.cpp:35-37); clamps 0.0: the
-        # converter pads them so (conversion/bailingmoe3.py:82-86).
+        # head_count_kv 1: a full-attention block (0 marks a recurrent one, bailingmoe3.cpp); clamps 0.0: the
+        # converter pads them so (conversion/bailingmoe3.py).
         return {**self.moe_block_values(self.n_ff_exp, self.n_ff), "attention.head_count_kv": 1,
                 "swiglu_clamp_exp": 0, "swiglu_clamp_shexp": 0}
 
@@ -192,7 +192,7 @@ class BailingMoeV3MTPModel(NextNLayerModel):
         group = self.hparams.get("layer_group_size")
         if isinstance(group, bool) or not isinstance(group, int) or not 1 <= group <= LLAMA_MAX_LAYERS:
             return None
-        # conversion/bailingmoe3.py:41-44: every group's last layer and the ungrouped tail are full attention
+        # conversion/bailingmoe3.py: every group's last layer and the ungrouped tail are full attention
         full = [int((i + 1) % group == 0 or i >= n_trunk // group * group) for i in range(n_trunk)]
         return {"attention.head_count_kv": full, **self.clamps}  # type: ignore[dict-item]
 

@@ -43,7 +43,7 @@ __all__ = ["DeepseekV2MTPModel"]
 T = MODEL_TENSOR
 
 _KV_B = "self_attn.kv_b_proj.weight"
-#: Why llama.cpp's MTP graph needs an MLA trunk (src/models/deepseek2.cpp:174, graph_mtp asserts is_mla()).
+#: Why llama.cpp's MTP graph needs an MLA trunk (src/models/deepseek2.cpp, graph_mtp asserts is_mla()).
 _MLA_REASON = ("llama.cpp's deepseek2 MTP graph runs only on an MLA-format model (attention.key_length_mla and "
                "attn_k_b/attn_v_b: src/models/deepseek2.cpp:174 asserts is_mla()); reconvert the trunk with a current "
                "llama.cpp")

@@ -7,9 +7,9 @@ A DSA model is DeepSeek V3's (MLA + MoE, the same Hugging Face names and the sam
 ``self_attn.indexer.{wq_b, wk, k_norm (weight and bias), weights_proj}`` -> ``blk.N.indexer.{attn_q_b, attn_k,
 k_norm, proj}``, sized by ``index_n_heads`` / ``index_head_dim`` (written as ``attention.indexer.head_count`` /
 ``key_length``, with ``index_topk`` as ``top_k``: conversion/deepseek.py, ``DeepseekV32Model``). llama.cpp's MTP
-graph runs dense MLA and never uses the indexer (src/llama-model.cpp:2398-2422), but the loaders still create the
-NextN block's indexer tensors with the block's flags: required by ``deepseek32`` (src/models/deepseek32.cpp:109-114),
-optional for ``glm-dsa`` (``TENSOR_NOT_REQUIRED``, src/models/glm-dsa.cpp:144-148). llama.cpp's converter writes
+graph runs dense MLA and never uses the indexer (src/llama-model.cpp), but the loaders still create the
+NextN block's indexer tensors with the block's flags: required by ``deepseek32`` (src/models/deepseek32.cpp),
+optional for ``glm-dsa`` (``TENSOR_NOT_REQUIRED``, src/models/glm-dsa.cpp). llama.cpp's converter writes
 ``indexer.proj`` in F32 (conversion/base.py: "DSA indexer weights should be F32"), as it writes the router.
 
 PyPI gguf 0.19.0 has no ``deepseek32`` architecture: the decoder layer's names come from gguf-py's ``glm-dsa`` table

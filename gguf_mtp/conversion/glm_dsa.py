@@ -4,9 +4,9 @@ NextN block of ``glm-dsa``.
 The layer is DeepSeek V3.2's (:class:`.deepseek32.DsaMTPModel`: MLA + MoE + DSA indexer), with GLM's differences
 (conversion/glm.py, ``GlmMoeDsaModel``): ``rope.dimension_count`` is ``qk_rope_head_dim`` times
 ``rope_parameters.partial_rotary_factor`` when set; the NextN block's indexer is optional to llama.cpp
-(src/models/glm-dsa.cpp:144-148, ``TENSOR_NOT_REQUIRED``) and converted when present; and GLM-5.2's
+(src/models/glm-dsa.cpp, ``TENSOR_NOT_REQUIRED``) and converted when present; and GLM-5.2's
 ``indexer_types`` (which layers run a full indexer) become ``attention.indexer.types``, an array of the *trunk's*
-length: llama.cpp reads it with ``n_layer()`` entries (src/models/glm-dsa.cpp:66), so it is never extended for the
+length: llama.cpp reads it with ``n_layer()`` entries (src/models/glm-dsa.cpp), so it is never extended for the
 NextN block (:data:`gguf_mtp.model.arch_rules.ARCH_RULES`) and a draft carries the trunk's entries, as upstream's
 ``--mtp`` file does. GLM-5's FP8 release keeps ``eh_proj`` in BF16: it passes as it is (:mod:`.fp8`).
 """
@@ -54,5 +54,5 @@ class GlmDsaMTPModel(DsaMTPModel):
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
         super().set_gguf_parameters(writer, n_layers)
         writer.add_rope_dimension_count(self.rope_dims)
-        if self.indexer_types is not None:  # the trunk's length, never extended (glm-dsa.cpp:66)
+        if self.indexer_types is not None:  # the trunk's length, never extended (glm-dsa.cpp)
             writer.add_array(f"{self.arch}.attention.indexer.types", self.indexer_types)

@@ -2,17 +2,17 @@
 
 The head is the checkpoint's extra decoder layer(s) ``model.layers.{N+i}.*``, ``N = num_hidden_layers`` (80 for
 Hy3), one per ``num_nextn_predict_layers`` (Hy3 ships one; llama.cpp's graph runs a chain of several,
-src/models/hy-v3.cpp:246-250, and its converter writes them all as ``blk.{N+i}``, conversion/hunyuan.py:374-381):
+src/models/hy-v3.cpp, and its converter writes them all as ``blk.{N+i}``, conversion/hunyuan.py):
 each an ordinary Hy3 MoE layer (QK norm, a sigmoid router ``mlp.router.gate``
 with its selection bias ``mlp.expert_bias``, routed experts and the shared ``mlp.shared_mlp``) plus the NextN input
 fusion (``enorm``, ``hnorm``, ``eh_proj``) and the trailing ``final_layernorm``, which llama.cpp's converter renames
-to ``shared_head.norm`` (conversion/hunyuan.py:425-428) and its loader reads as ``nextn.shared_head_norm``
-(src/models/hy-v3.cpp:92-95). The checkpoint has no MTP embedding or LM head of its own (hy-v3.cpp:236-238).
+to ``shared_head.norm`` (conversion/hunyuan.py) and its loader reads as ``nextn.shared_head_norm``
+(src/models/hy-v3.cpp). The checkpoint has no MTP embedding or LM head of its own (hy-v3.cpp).
 
 A NextN decoder layer (:class:`.nextn_layer.NextNLayerModel`) whose names come from one table (:data:`_NAMES`), the
 HF spellings llama.cpp's ``TensorNameMap`` maps for this architecture (PyPI gguf 0.19.0 has no ``hy_v3``). Note
 llama.cpp's own spellings: ``post_attention_layernorm`` is ``ffn_norm`` here, and the selection bias is
-``exp_probs_b`` without a ``.bias`` suffix (hy-v3.cpp:68). Experts are stacked one at a time, q/k copied as they are
+``exp_probs_b`` without a ``.bias`` suffix (hy-v3.cpp). Experts are stacked one at a time, q/k copied as they are
 (Hy3's RoPE is NeoX-ordered; no permutation upstream either).
 """
 
@@ -49,7 +49,7 @@ class HYV3MTPModel(NextNLayerModel):
 
     model_arch = "hy_v3"  # not in PyPI gguf 0.19.0's MODEL_ARCH
     layer_names = _NAMES
-    # optional in llama.cpp's loader (hy-v3.cpp:95): written when the checkpoint has it, as upstream does
+    # optional in llama.cpp's loader (hy-v3.cpp): written when the checkpoint has it, as upstream does
     head_norm_names = ("final_layernorm.weight",)
     keep_nextn_copies = None  # the checkpoint has no MTP embedding or LM head of its own
     layer_word = "MTP"
@@ -78,7 +78,7 @@ class HYV3MTPModel(NextNLayerModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        # The keys llama.cpp's converter writes for hy_v3 (conversion/hunyuan.py:390-403), every value checked.
+        # The keys llama.cpp's converter writes for hy_v3 (conversion/hunyuan.py), every value checked.
         super().set_gguf_parameters(writer, n_layers)
         if self.n_ff is not None:
             writer.add_feed_forward_length(self.n_ff)

@@ -2,8 +2,8 @@
 three NextN blocks of ``mimo2``.
 
 The head is ``model.mtp.layers.{0,1,2}.*``, renumbered together as ``blk.{N..N+2}`` (``N = num_hidden_layers``,
-48), as llama.cpp's converter does (conversion/mimo.py:287-298); llama.cpp chains all of them, block k at
-``llama_set_nextn_layer_offset(ctx, k)`` (src/models/mimo2.cpp:272-280). Each is a sliding-window decoder layer with
+48), as llama.cpp's converter does (conversion/mimo.py); llama.cpp chains all of them, block k at
+``llama_set_nextn_layer_offset(ctx, k)`` (src/models/mimo2.cpp). Each is a sliding-window decoder layer with
 a fused ``qkv_proj`` (its graph requires it, :285), attention sinks, a dense MLP and ``final_layernorm``
 (``layer_output_norm``), plus the NextN fusion (``enorm``, ``hnorm``, ``eh_proj``). The config does not give the
 count: the layers present in the checkpoint are counted (0..k-1, contiguous); the releases have 3.
@@ -11,14 +11,14 @@ count: the layers present in the checkpoint are counted (0..k-1, contiguous); th
 FP8 releases (block-scaled, ``ignored_layers`` left BF16) go through :mod:`.fp8`, except the fused ``qkv_proj``: a
 tensor-parallel checkpoint (V2.5 with 4 ranks, V2.5-Pro with 8) stores it rank after rank, each rank's rows
 ``[Q_r | K_r | V_r]`` with its own ``ceil(rows_per_rank / 128)`` scale rows. As llama.cpp's ``_tp_aware_qkv_dequant``
-(conversion/mimo.py:35-81) does, the rank count is found from the scale rows (8 tried first, then 4), each row
+(conversion/mimo.py) does, the rank count is found from the scale rows (8 tried first, then 4), each row
 takes its rank's scale, and the rows are regrouped into ``[Q | K | V]``; here one rank's Q, K or V rows at a time
 (:class:`RankRows`), never the whole tensor. An unsharded ``qkv_proj`` (``ceil(rows / 128)`` scale rows: one
 rank), which llama.cpp's converter refuses ("cannot detect TP"), is dequantized as any block-scaled weight. When
 both readings fit the scale rows (each rank's rows a multiple of the block), the sharded one is taken, as upstream
 takes it.
 
-Per-layer arrays as llama.cpp's converter writes them (conversion/mimo.py:151-160): ``attention.head_count_kv``
+Per-layer arrays as llama.cpp's converter writes them (conversion/mimo.py): ``attention.head_count_kv``
 (``swa_num_key_value_heads`` for sliding-window layers, the NextN blocks included) and
 ``attention.sliding_window_pattern`` (``hybrid_layer_pattern`` + ``1`` per NextN block). Names come from this
 module's own table: PyPI gguf 0.19.0 has no NextN entries for ``mimo2``.
@@ -246,7 +246,7 @@ class MimoV2MTPModel(HeadModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        # The scalars llama.cpp's converter writes for mimo2 (conversion/mimo.py:144-172), each checked already.
+        # The scalars llama.cpp's converter writes for mimo2 (conversion/mimo.py), each checked already.
         super().set_gguf_parameters(writer, n_layers)
         writer.add_feed_forward_length(self.n_ff)
         writer.add_value_length(self.v_head_dim)
@@ -265,14 +265,14 @@ class MimoV2MTPModel(HeadModel):
         if self.partial_rotary is not None:
             writer.add_rope_dimension_count(int(self.head_dim * self.partial_rotary))
         if self.value_scale is not None:
-            # gguf-py 0.19.0 has no add_attn_value_scale: the key llama.cpp's gguf-py writes (constants.py:209)
+            # gguf-py 0.19.0 has no add_attn_value_scale: the key llama.cpp's gguf-py writes (constants.py)
             writer.add_float32(f"{self.arch}.attention.value_scale", self.value_scale)
 
     def own_layer_arrays(self) -> tuple[str, ...]:
         return (HEAD_COUNT_KV, SWA_PATTERN)
 
     def nextn_layer_values(self) -> dict[str, Any]:
-        # The NextN blocks are sliding-window blocks (conversion/mimo.py:155 appends [1] * n_nextn).
+        # The NextN blocks are sliding-window blocks (conversion/mimo.py appends [1] * n_nextn).
         return {HEAD_COUNT_KV: self.n_head_kv_swa, SWA_PATTERN: 1, "attention.head_count": self.n_head,
                 "feed_forward_length": self.n_ff, "expert_used_count": self.n_expert_used}
 

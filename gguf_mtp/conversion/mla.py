@@ -1,5 +1,5 @@
-"""Multi-head latent attention's ``kv_b_proj`` split, as llama.cpp's converter does it (conversion/deepseek.py:434-450,
-conversion/bailingmoe3.py:174-186): the ``[n_head * (qk_nope + v_head), kv_lora_rank]`` projection becomes
+"""Multi-head latent attention's ``kv_b_proj`` split, as llama.cpp's converter does it (conversion/deepseek.py,
+conversion/bailingmoe3.py): the ``[n_head * (qk_nope + v_head), kv_lora_rank]`` projection becomes
 
 * ``attn_k_b``: each head's ``qk_nope`` rows, **transposed**, stacked: ``[n_head, kv_lora_rank, qk_nope]``;
 * ``attn_v_b``: each head's ``v_head`` rows as they are, stacked: ``[n_head, v_head, kv_lora_rank]``.

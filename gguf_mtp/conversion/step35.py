@@ -7,18 +7,18 @@ its text tensors under ``model.language_model.``; as llama.cpp's converter does 
 
 The head is the checkpoint's extra decoder layers ``model.layers.{N+i}.*``, ``N = num_hidden_layers`` (45) and
 ``i < num_nextn_predict_layers`` (3), renumbered together as ``blk.{N+i}``; llama.cpp chains all of them, block k
-at ``llama_set_nextn_layer_offset(ctx, k)`` (src/models/step35.cpp:174-179, 366-379). Each is a Step-3.5 decoder
+at ``llama_set_nextn_layer_offset(ctx, k)`` (src/models/step35.cpp). Each is a Step-3.5 decoder
 layer (attention with per-head QK norm and a head-wise gate ``g_proj``, a dense MLP in the released checkpoints, or a
 MoE with packed 3-D experts) plus the NextN fusion (``enorm``, ``hnorm``, ``eh_proj``) and a head nested as
 ``transformer.shared_head.{norm,output}``, which llama.cpp's converter renames to ``shared_head.{norm,head}``
-(conversion/step3.py:253-259).
+(conversion/step3.py).
 
-Transforms, as llama.cpp's converter (conversion/step3.py:261-266) does them: every ``*norm.weight`` gets ``+ 1``
+Transforms, as llama.cpp's converter (conversion/step3.py) does them: every ``*norm.weight`` gets ``+ 1``
 (``float32(stored) + 1``, written F32 like every 1-D tensor: equal to upstream's bytes); the router bias
 ``moe.router_bias`` becomes ``exp_probs_b.bias``. The per-layer arrays ``attention.head_count``,
 ``attention.head_count_kv``, ``attention.sliding_window_pattern`` and, when config.json has them,
 ``swiglu_clamp_exp`` / ``swiglu_clamp_shexp`` get one entry per NextN block, from config.json's ``layer_types``
-(padded with ``full_attention``) and ``swiglu_limits`` (padded with 0.0), as conversion/step3.py:161-223 writes them.
+(padded with ``full_attention``) and ``swiglu_limits`` (padded with 0.0), as conversion/step3.py writes them.
 
 A NextN decoder layer (:class:`.nextn_layer.NextNLayerModel`) whose names come from this module's own table: PyPI gguf
 0.19.0 has no NextN entries for ``step35``.
@@ -193,7 +193,7 @@ class Step35MTPModel(NextNLayerModel):
     # --------------------------------------------------------------------------------- metadata
 
     def set_gguf_parameters(self, writer: GGUFWriter, n_layers: int) -> None:
-        # The scalars llama.cpp's converter writes for step35 (conversion/step3.py:134-225), each checked already.
+        # The scalars llama.cpp's converter writes for step35 (conversion/step3.py), each checked already.
         super().set_gguf_parameters(writer, n_layers)
         if self.n_ff is not None:
             writer.add_feed_forward_length(self.n_ff)
@@ -214,7 +214,7 @@ class Step35MTPModel(NextNLayerModel):
 
     def _read_rope_theta(self) -> float | None:
         """``rope_theta`` may be a list: its first entry is the base, its second the sliding-window layers' base
-        (what llama.cpp's converter takes, conversion/step3.py:135-140)."""
+        (what llama.cpp's converter takes, conversion/step3.py)."""
         self.rope_theta_swa: float | None = None
         theta = self.hparams.get("rope_theta")
         if not isinstance(theta, list):

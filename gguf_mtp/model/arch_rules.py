@@ -90,7 +90,9 @@ COMMON_RULES: Mapping[str, LayerKeyRule] = {
 }
 
 _RECURRENT_FALSE = LayerKeyRule(
-    NextNValue.CONSTANT, False, "qwen35moe.cpp:20 (exact length n_layer_all); conversion/qwen.py:386-388 pads False"
+    NextNValue.CONSTANT,
+    False,
+    "qwen35moe.cpp:20 (exact length n_layer_all); conversion/qwen.py:386-388 (layer_types, padded with False)",
 )
 _INDEXER_TRUNK = LayerKeyRule(NextNValue.TRUNK, source="src/models/glm-dsa.cpp:66 (read with length n_layer())")
 
@@ -98,49 +100,51 @@ _INDEXER_TRUNK = LayerKeyRule(NextNValue.TRUNK, source="src/models/glm-dsa.cpp:6
 #: architecture with a NextN draft graph in llama.cpp 0c1e570 (and the two that read indexer.types).
 ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
     # Nemotron 3 Nano / 3.5 Lightning / 3 Super: head_count_kv and feed_forward_length (common) mark the
-    # layer kinds; a NextN block is both attention and MoE (conversion/nemotron.py:339-358).
+    # layer kinds; a NextN block is both attention and MoE (conversion/nemotron.py).
     "nemotron_h_moe": {},
-    # GLM-4.5/4.6/4.7: only scalars (conversion/glm.py:150-183).
+    # GLM-4.5/4.6/4.7: only scalars (conversion/glm.py).
     "glm4moe": {},
-    # GLM-4.7-Flash, DeepSeek V3/R1: only scalars (conversion/deepseek.py:319-386). The MTP graph also needs an
-    # MLA trunk and Q-LoRA (src/models/deepseek2.cpp:174 is_mla(), :193 n_lora_q > 0): conversion/deepseek2.py.
+    # GLM-4.7-Flash, DeepSeek V3/R1: only scalars (conversion/deepseek.py). The MTP graph also needs an
+    # MLA trunk and Q-LoRA (src/models/deepseek2.cpp is_mla(), n_lora_q > 0): conversion/deepseek2.py.
     "deepseek2": {},
-    # DeepSeek V3.2: the indexer head_count/key_length/top_k are scalars (conversion/deepseek.py:519-522,
-    # src/models/deepseek32.cpp:26-28); MLA required (deepseek32.cpp:61): conversion/deepseek32.py.
+    # DeepSeek V3.2: the indexer head_count/key_length/top_k are scalars (conversion/deepseek.py,
+    # src/models/deepseek32.cpp); MLA required (deepseek32.cpp): conversion/deepseek32.py.
     "deepseek32": {},
-    # GLM-5/5.1/5.2: the indexer pattern is the trunk's (conversion/glm.py:380-382 writes len(indexer_types),
-    # src/models/glm-dsa.cpp:66 reads n_layer() entries); MLA required (glm-dsa.cpp:94): conversion/glm_dsa.py.
+    # GLM-5/5.1/5.2: the indexer pattern is the trunk's (conversion/glm.py writes len(indexer_types),
+    # src/models/glm-dsa.cpp reads n_layer() entries); MLA required (glm-dsa.cpp): conversion/glm_dsa.py.
     "glm-dsa": {"attention.indexer.types": _INDEXER_TRUNK},
     # Qwen3.5/3.6 dense and MoE, Qwen3-Next: the NextN block is a full-attention block.
     "qwen35": {"attention.recurrent_layers": _RECURRENT_FALSE},
     "qwen35moe": {"attention.recurrent_layers": _RECURRENT_FALSE},
     "qwen3next": {"attention.recurrent_layers": _RECURRENT_FALSE},
     # Step-3.5/3.7-Flash (3 blocks): per-layer heads, SWA flags and clamps cover the MTP blocks
-    # (conversion/step3.py:161-223, from HF layer_types; clamps 0.0 unless given).
+    # (conversion/step3.py, from HF layer_types; clamps 0.0 unless given).
     "step35": {
         "attention.sliding_window_pattern": _draft("step35.cpp:26 (get_arr); conversion/step3.py", exact=False),
         "swiglu_clamp_exp": _draft(_SWIGLU),
         "swiglu_clamp_shexp": _draft(_SWIGLU),
     },
-    # MiMo-V2 (3 blocks): the MTP blocks are SWA (conversion/mimo.py:151-160 appends [1] * 3).
+    # MiMo-V2 (3 blocks): the MTP blocks are SWA (conversion/mimo.py appends [1] * 3).
     "mimo2": {
-        "attention.sliding_window_pattern": _draft("mimo2.cpp:12 (get_arr); conversion/mimo.py:155", exact=False)
+        "attention.sliding_window_pattern": _draft(
+            "mimo2.cpp:12 (get_arr); conversion/mimo.py:155 (hybrid_layer_pattern + [1] per block)", exact=False
+        )
     },
-    # Tencent Hy3: the converter writes scalars (conversion/hunyuan.py:390-403); the loader also takes the expert
-    # width per layer (src/models/hy-v3.cpp:5, get_key_or_arr with length n_layer_all).
+    # Tencent Hy3: the converter writes scalars (conversion/hunyuan.py); the loader also takes the expert
+    # width per layer (src/models/hy-v3.cpp, get_key_or_arr with length n_layer_all).
     "hy_v3": {"expert_feed_forward_length": _draft("src/models/hy-v3.cpp:5 (get_key_or_arr, length n_layer_all)")},
-    # Cohere2 MoE: the SWA pattern comes from HF layer_types (conversion/command_r.py:103).
+    # Cohere2 MoE: the SWA pattern comes from HF layer_types (conversion/command_r.py).
     "cohere2moe": {
         "attention.sliding_window_pattern": _draft("conversion/command_r.py:103 (HF layer_types)", exact=False)
     },
-    # Ling-3.0: head_count_kv (common) is 1 for the MTP block, 0 marking a KDA layer (conversion/bailingmoe3.py:57-58,
-    # src/models/bailingmoe3.cpp:35-37); clamps padded with 0.0 (conversion/bailingmoe3.py:82-94).
+    # Ling-3.0: head_count_kv (common) is 1 for the MTP block, 0 marking a KDA layer (conversion/bailingmoe3.py,
+    # src/models/bailingmoe3.cpp); clamps padded with 0.0 (conversion/bailingmoe3.py).
     "bailingmoe3": {
         "swiglu_clamp_exp": _draft("src/models/bailingmoe3.cpp:26 (get_key_or_arr, length n_layer_all)"),
         "swiglu_clamp_shexp": _draft("src/models/bailingmoe3.cpp:27 (get_key_or_arr, length n_layer_all)"),
         "expert_feed_forward_length": _draft("src/models/bailingmoe3.cpp:19 (get_key_or_arr, length n_layer_all)"),
     },
-    # DeepSeek-V4: compress_ratios is read with get_arr, at least block_count long (deepseek4.cpp:57-61).
+    # DeepSeek-V4: compress_ratios is read with get_arr, at least block_count long (deepseek4.cpp).
     "deepseek4": {
         "attention.compress_ratios": _draft("src/models/deepseek4.cpp:57-61 (at least block_count)", exact=False),
         "swiglu_clamp_exp": _draft(_SWIGLU),
@@ -169,7 +173,8 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
     "cohere2moe": HeadRefusal(
         ("Cohere2MoeForCausalLM",),
         "no official MTP weights exist, and llama.cpp's converter has no --mtp for it "
-        "(conversion/command_r.py:65-68: no supports_mtp_export)",
+        "(conversion/command_r.py:65, Cohere2MoeModel, keeps conversion/base.py:120, "
+        "supports_mtp_export = False)",
     ),
     "glm5-next": HeadRefusal(
         ("Glm5NextForConditionalGeneration",),
@@ -177,13 +182,14 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
     ),
     "qwen4exp": HeadRefusal(
         ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
-        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30)",
+        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30, "
+        "supports_mtp_export = False, no_mtp = True)",
     ),
     "deepseek4": HeadRefusal(
         ("DeepseekV4ForCausalLM",),
-        "a DeepSeek-V4 MTP head carries its own hyper-connection head (hc_head_*, conversion/deepseek.py:599-606) "
-        "and runs only as a sidecar: make it with llama.cpp's convert_hf_to_gguf.py --mtp and use it with "
-        "llama-server --spec-draft-model, never spliced into a trunk",
+        "a DeepSeek-V4 MTP head carries its own hyper-connection head (conversion/deepseek.py:599-606, hc_head_fn, "
+        "hc_head_base, hc_head_scale) and runs only as a sidecar: make it with llama.cpp's convert_hf_to_gguf.py "
+        "--mtp and use it with llama-server --spec-draft-model, never spliced into a trunk",
         splice=True,
     ),
 }
@@ -191,7 +197,7 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
 
 #: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs, and where it says so:
 #: ``None`` for every block the file has (the speculative driver chains them, block k at
-#: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp:1543, 1630), else the one count its graph
+#: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp), else the one count its graph
 #: accepts (``GGML_ASSERT(hparams.n_layer_nextn == 1 ...)`` in the graph's constructor: any other count aborts the
 #: MTP decode).
 MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {

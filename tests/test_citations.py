@@ -1,0 +1,128 @@
+"""The llama.cpp sources the architecture rules rest on, checked against the copy vendored in the pinned
+llama-cpp-python sdist (issue 33 item 4): every ``path:line`` a rule of :mod:`gguf_mtp.model.arch_rules` cites
+exists there, and the cited lines say what the rule takes from them (as tests/test_quant_rules.py does for
+llama-quantize's rules). Prose comments cite files and functions, not line numbers, so only the tables are
+checked here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import tarfile
+from functools import cache
+from pathlib import Path, PurePosixPath
+from types import ModuleType
+
+import pytest
+
+from gguf_mtp.model.arch_rules import ARCH_RULES, COMMON_RULES, HEADS_REFUSED, MTP_GRAPH_BLOCKS
+
+#: ``path:12``, ``path:12-20`` and ``path:12-20, 30-33`` (path relative to llama.cpp's root, or a model file's name).
+CITATION = re.compile(r"(?P<path>[\w./-]+\.(?:cpp|h|py)):(?P<spans>\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
+#: Lines of slack around a cited span (a blank line or a brace moved by a reformat).
+SLACK = 2
+
+
+def _tools() -> ModuleType:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
+    spec = importlib.util.spec_from_file_location("build_llama_tools_for_citations", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def _sources() -> dict[str, list[str]]:
+    """Every .cpp/.h/.py file of the vendored llama.cpp: path relative to its root -> its lines."""
+    tools = _tools()
+    try:
+        sdist = tools.find_sdist(tools.cache_dir(), download=os.environ.get("CI") == "true")
+    except tools.BuildError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: the llama-cpp-python sdist is not available: {e}")
+        pytest.skip(f"the llama-cpp-python sdist is not in the tools cache: {e}")
+    files: dict[str, list[str]] = {}
+    with tarfile.open(sdist, "r:gz") as tar:
+        for member in tar.getmembers():
+            _, sep, rel = member.name.partition("/vendor/llama.cpp/")
+            if sep and member.isfile() and rel.endswith((".cpp", ".h", ".py")):
+                data = tar.extractfile(member)
+                assert data is not None
+                files[rel] = data.read().decode("utf-8", errors="replace").splitlines()
+    return files
+
+
+def _resolve(path: str) -> str:
+    """The one vendored file ``path`` names (a bare model file name stands for ``src/models/NAME``)."""
+    files = _sources()
+    if path in files:
+        return path
+    matches = [rel for rel in files if PurePosixPath(rel).name == PurePosixPath(path).name
+               and rel.endswith("/" + path)]
+    assert len(matches) == 1, f"{path}: {len(matches)} vendored files by that name"
+    return matches[0]
+
+
+def _cited_lines(citation: re.Match[str]) -> tuple[str, str]:
+    """(the file, the text of every cited span with SLACK lines around it)."""
+    rel = _resolve(citation["path"])
+    lines = _sources()[rel]
+    text = []
+    for span in citation["spans"].split(", "):
+        first, _, last = span.partition("-")
+        start, end = int(first), int(last or first)
+        assert 1 <= start <= end <= len(lines), f"{citation[0]}: {rel} has {len(lines)} lines"
+        text.extend(lines[max(0, start - 1 - SLACK):end + SLACK])
+    return rel, "\n".join(text)
+
+
+def _terms(after: str) -> list[str]:
+    """What a citation says the lines hold: the identifiers and quoted words after it, up to its closing
+    parenthesis or the next citation."""
+    words = re.findall(r'"([^"]+)"|\b([a-z][a-z0-9]*_[a-z0-9_]*)\b', after.split(")", 1)[0])
+    return [quoted or ident for quoted, ident in words]
+
+
+def _table_citations() -> list[tuple[str, str, list[str]]]:
+    """(where in the tables, the citation, the terms its lines must hold)."""
+    found = []
+    texts = [(f"COMMON_RULES[{k}]", r.source, []) for k, r in COMMON_RULES.items()]
+    texts += [(f"ARCH_RULES[{a}][{k}]", r.source, []) for a, rules in ARCH_RULES.items() for k, r in rules.items()]
+    texts += [(f"HEADS_REFUSED[{a}]", r.reason, []) for a, r in HEADS_REFUSED.items()]
+    texts += [(f"MTP_GRAPH_BLOCKS[{a}]", source, ["n_layer_nextn"] if count == 1 else ["nextn_layer_offset"])
+              for a, (count, source) in MTP_GRAPH_BLOCKS.items()]
+    for where, text, required in texts:
+        citations = list(CITATION.finditer(text))
+        for citation, following in zip(citations, [*citations[1:], None]):
+            said = text[citation.end():following.start() if following else len(text)]
+            found.append((where, citation[0], required or _terms(said.lstrip(" (:,"))))
+    return found
+
+
+CITED = _table_citations()
+
+
+def test_the_tables_cite_llama_cpp() -> None:
+    assert len(CITED) >= 30
+    assert sum(1 for _, _, terms in CITED if terms) >= 25  # most citations name what the lines hold
+
+
+@pytest.mark.parametrize(("where", "citation", "terms"), CITED, ids=[c[0] for c in CITED])
+def test_every_cited_line_is_in_the_vendored_llama_cpp_and_says_what_the_rule_takes(
+    where: str, citation: str, terms: list[str]
+) -> None:
+    match = CITATION.fullmatch(citation)
+    assert match is not None
+    rel, text = _cited_lines(match)
+    missing = [t for t in terms if t not in text]
+    assert not missing, f"{where}: {rel} lines {match['spans']} do not hold {missing}"
+
+
+def test_a_wrong_line_is_caught() -> None:
+    match = CITATION.fullmatch("src/models/glm4-moe.cpp:1")
+    assert match is not None
+    _, text = _cited_lines(match)
+    assert "n_layer_nextn" not in text
