@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp.check.bench import builtin_prompts, check_model, load_prompts
 from gguf_mtp.check.bench_rules import (
@@ -103,7 +103,7 @@ def test_server_arguments_ask_for_metrics_in_mtp_runs() -> None:
 #: Entries of llama-server's --help (llama.cpp of llama-cpp-python 0.3.36), recorded from the binary the tests
 #: build (tests/test_bench_server.py checks that each entry is still there, verbatim): the spellings from column 0,
 #: the help indented by 40 columns, the environment variable last.
-RECORDED_HELP = (REPO / "tests" / "llama_server_help.txt").read_text()
+RECORDED_HELP = (REPO / "tests" / "support" / "llama_server_help.txt").read_text()
 
 #: Every spelling of an option bench sets itself, in the help above (item 7 of issue 29).
 OWNED_SPELLINGS = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "--hf-repo",

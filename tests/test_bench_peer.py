@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp.check import llama_server
 from gguf_mtp.check.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics

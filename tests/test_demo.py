@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import shard_files
+from support.helpers import shard_files
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.release.demo import run_demo

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, file_hashes, flip_byte, reader_kvs, reader_tensors, rewrite_gguf, shard_files
+from support.helpers import copy_model, file_hashes, flip_byte, reader_kvs, reader_tensors, rewrite_gguf, shard_files
 
 from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, compose, open_model
 from gguf_mtp.check.llama_check import check_with_llama

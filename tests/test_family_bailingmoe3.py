@@ -14,17 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
-
-from gguf_mtp.conversion import model_class_for_arch
-from gguf_mtp.conversion.bailingmoe3 import BailingMoeV3MTPModel
-from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import CONFIG_NAME, SafetensorsFile
-from gguf_mtp.jobs.convert import convert
-from upstream import (
+from support.fp8_checkpoints import quantize_checkpoint
+from support.helpers import reader_kvs, reader_tensors
+from support.ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
+from support.upstream import (
     ParitySet,
     assert_runs_like,
     assert_runs_mtp_only,
@@ -32,6 +26,12 @@ from upstream import (
     assert_strip_gives_trunk,
     parity_set,
 )
+
+from gguf_mtp.conversion import model_class_for_arch
+from gguf_mtp.conversion.bailingmoe3 import BailingMoeV3MTPModel
+from gguf_mtp.errors import CheckpointError
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, SafetensorsFile
+from gguf_mtp.jobs.convert import convert
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
@@ -195,8 +195,8 @@ def test_fp8_kv_b_is_dequantized_then_split(ling: Path, tmp_path: Path) -> None:
     # block-scaled FP8 with blocks that split neither a head nor the rank evenly: each head's rows are read through
     # the dequantization (partial blocks trimmed), then transposed; BF16 out (the checkpoint's BF16 embedding)
     import ml_dtypes
-    from fp8_checkpoints import dequantize_reference
-    from helpers import reader_tensors as tensors_of
+    from support.fp8_checkpoints import dequantize_reference
+    from support.helpers import reader_tensors as tensors_of
 
     block = (40, 24)
     fp8 = quantize_checkpoint(ling, tmp_path / "fp8", block=block)

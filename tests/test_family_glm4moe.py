@@ -13,12 +13,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import checkpoint_bytes as _raw
-from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
-from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
-from helpers import reader_tensors
+from support.convert_support import checkpoint_bytes as _raw
+from support.convert_support import widened_bf16 as _widened
+from support.glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
+from support.helpers import reader_tensors
+from support.session import shared_tmp_dir
+from support.upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 from gguf_mtp.conversion.glm4moe import Glm4MoeMTPModel
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
@@ -27,14 +35,6 @@ from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
-from upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    assert_strip_gives_trunk,
-    parity_set,
-)
 
 Q = GGMLQuantizationType
 N = 3  # num_hidden_layers of the tiny checkpoints: the NextN layer is model.layers.3 -> blk.3

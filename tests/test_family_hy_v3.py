@@ -13,11 +13,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from convert_support import checkpoint_bytes as _raw
-from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
+from support.convert_support import checkpoint_bytes as _raw
+from support.convert_support import widened_bf16 as _widened
+from support.helpers import reader_kvs, reader_tensors
+from support.hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
+from support.upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
@@ -26,14 +34,6 @@ from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
-from upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    assert_strip_gives_trunk,
-    parity_set,
-)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
@@ -230,8 +230,8 @@ def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: ParitySet) ->
 def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 4 shards: the trunk, MTP layer 2, a shard holding only layer 20's stand-in (a prefix-alike), MTP layer 3
     import huggingface_hub
-    from convert_support import fill_hub_cache
     from huggingface_hub import constants as hf_constants
+    from support.convert_support import fill_hub_cache
 
     from gguf_mtp.format.safetensors_io import INDEX_NAME
 

@@ -5,8 +5,8 @@ by llama.cpp (an MTP decode through every block) and against llama.cpp's own con
 Upstream runs on the BF16 and the tensor-parallel FP8 checkpoints (full, ``--no-mtp``, ``--mtp``). It refuses the
 unsharded FP8 one (``_tp_aware_qkv_dequant``: "cannot detect TP - scale_inv rows 3, q+k+v 352"; its one-rank branch
 cannot be reached), so there ``qkv_proj`` is checked against the plain block dequantization (llama.cpp's
-``dequant_simple``, written out in tests/fp8_checkpoints.py) and the file is run by llama.cpp. Allowed differences:
-:data:`ALLOWED` (none).
+``dequant_simple``, written out in tests/support/fp8_checkpoints.py) and the file is run by llama.cpp. Allowed
+differences: :data:`ALLOWED` (none).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor
-from fp8_checkpoints import dequantize_reference
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
-from helpers import reader_kvs, reader_tensors
-from mimo_checkpoints import (
+from support.convert_support import raw_tensor
+from support.fp8_checkpoints import dequantize_reference
+from support.helpers import reader_kvs, reader_tensors
+from support.mimo_checkpoints import (
     HYBRID,
     IGNORED,
     N_KV_FULL,
@@ -33,13 +33,13 @@ from mimo_checkpoints import (
     qkv_rows,
     write_mimo_checkpoint,
 )
+from support.upstream import ParitySet, assert_runs_like, assert_same_tensors, parity_set
 
 from gguf_mtp.conversion.mimo2 import qkv_rank_count
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (2, 3, 4)  # model.mtp.layers.{0,1,2} -> blk.{2,3,4}
@@ -126,7 +126,7 @@ def test_fp8_qkv_is_dequantized_with_its_layouts_scales_and_regrouped(
 
 
 def test_a_qkv_scale_of_neither_layout_is_one_line(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "bad"
     shutil.copytree(checkpoints["tp4"], folder)
@@ -139,7 +139,7 @@ def test_a_qkv_scale_of_neither_layout_is_one_line(checkpoints: dict[str, Path],
 
 
 def test_split_qkv_is_refused_naming_the_fused_one(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "split"
     shutil.copytree(checkpoints["bf16"], folder)
@@ -203,7 +203,7 @@ class TestUpstreamParity:
 
 @pytest.mark.upstream
 def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     checkpoint = upstream["tp4"].checkpoint
     theirs = reader_tensors(upstream_convert(checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0"))
@@ -242,8 +242,9 @@ def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does
     """upstream/05-mimo-unsharded-fp8-qkv: with the patch, llama.cpp's converter takes the unsharded layout as one
     rank; its output then equals gguf-mtp's (the patch's proof)."""
 
+    from support.upstream import ROOT, patched_tree
+
     from gguf_mtp.check.llama_check import check_with_llama
-    from upstream import ROOT, patched_tree
 
     patch = ROOT / "upstream/05-mimo-unsharded-fp8-qkv/mimo-unsharded-fp8-qkv.patch"
     tree = patched_tree(patch, tmp_path / "llama.cpp")
@@ -258,7 +259,7 @@ def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does
 
 
 def test_bad_config_or_layers_are_one_line(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "bad"
     shutil.copytree(checkpoints["bf16"], folder)

@@ -13,18 +13,24 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import checkpoint_bytes as _raw
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
+from support.convert_support import checkpoint_bytes as _raw
+from support.helpers import reader_kvs, reader_tensors
+from support.nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
+from support.session import shared_tmp_dir
+from support.upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_same_tensors_up_to,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, mtpv2_config, write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
-from upstream import ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = 3  # the M*E trunk's block count: the NextN block is blk.3

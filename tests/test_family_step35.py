@@ -1,7 +1,7 @@
 """Step-3.5-Flash (step35): ``convert`` of the three MTP layers into three NextN blocks, checked by value, by llama.cpp
 (an MTP decode through every block), and against llama.cpp's own convert_hf_to_gguf.py tensor for tensor.
 
-The upstream part converts one tiny full checkpoint (tests/step_checkpoints.py: 3 trunk layers + 3 MTP layers,
+The upstream part converts one tiny full checkpoint (tests/support/step_checkpoints.py: 3 trunk layers + 3 MTP layers,
 2 shards + index, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences are listed
 in :data:`ALLOWED` (none: every tensor of the three NextN blocks is byte-identical, the ``+ 1`` norms included).
 """
@@ -13,17 +13,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import as_f32, raw_tensor
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_LAYER, VOCAB, H, write_step_checkpoint
+from support.convert_support import as_f32, raw_tensor
+from support.helpers import reader_kvs, reader_tensors
+from support.step_checkpoints import (
+    HEAD_DIM,
+    LAYER_TYPES,
+    N_HEAD,
+    N_HEAD_SWA,
+    N_KV,
+    N_LAYER,
+    VOCAB,
+    H,
+    write_step_checkpoint,
+)
+from support.upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set
 
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.conversion.step35 import Step35MTPModel
 from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (3, 4, 5)  # model.layers.{3,4,5} -> blk.{3,4,5}

@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from malformed import SMALL, TRUNK
+from support.malformed import SMALL, TRUNK
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
-from helpers import no_hang
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from malformed import SMALL, TRUNK
+from support.helpers import no_hang
+from support.malformed import SMALL, TRUNK
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.errors import GGUFMTPError

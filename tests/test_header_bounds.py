@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
-from helpers import no_hang
-from malformed import SMALL, edit_kvs, rewrite
+from support.helpers import no_hang
+from support.malformed import SMALL, edit_kvs, rewrite
 
 from gguf_mtp.cli import main
 from gguf_mtp.constants import ENV_MAX_HEADER_BYTES, MAX_ALIGNMENT, MAX_TENSORS

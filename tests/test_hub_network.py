@@ -23,7 +23,7 @@ import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.utils
 import pytest
-from helpers import LoopbackServer
+from support.helpers import LoopbackServer
 
 from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.hub import client

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from gguf import GGUFValueType
-from helpers import LoopbackServer, shard_files
-from hub_http import FOLDER, REPO, HubStandIn, handler_for
+from support.helpers import LoopbackServer, shard_files
+from support.hub_http import FOLDER, REPO, HubStandIn, handler_for
 
 from gguf_mtp import BadGGUFError, HubError, compose
 from gguf_mtp.check.inspect import inspect
@@ -572,7 +572,7 @@ def tls_hub(server: HubStandIn, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import ssl
     import subprocess
 
-    from conftest import IN_CI
+    from support.session import IN_CI
 
     openssl = shutil.which("openssl")
     if openssl is None:

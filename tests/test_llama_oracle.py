@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, rewrite_gguf, shard_files
+from support.helpers import copy_model, rewrite_gguf, shard_files
 
 from gguf_mtp import compose
 from gguf_mtp.check import llama_check

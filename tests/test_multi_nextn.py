@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, file_hashes, reader_kvs, reader_tensors, rewrite_gguf
+from support.helpers import copy_model, file_hashes, reader_kvs, reader_tensors, rewrite_gguf
 
 from gguf_mtp import IncompatibleDraftError, compose
 from gguf_mtp.check.inspect import inspect

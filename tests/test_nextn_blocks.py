@@ -19,13 +19,14 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import raw_tensor
-from deepseek_checkpoints import as_glm47flash, write_mla_checkpoint
-from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
-from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, write_glm_checkpoint
-from helpers import reader_tensors
+from support.convert_support import raw_tensor
+from support.deepseek_checkpoints import as_glm47flash, write_mla_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
+from support.glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, write_glm_checkpoint
+from support.helpers import reader_tensors
+from support.session import shared_tmp_dir
+from support.upstream import ParitySet, assert_same_tensors, parity_set
 
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.verify import verify
@@ -35,7 +36,6 @@ from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
-from upstream import ParitySet, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 N = 3  # trunk layers of the GLM checkpoints: NextN layers model.layers.3 and .4 -> blk.3 and blk.4
@@ -180,9 +180,9 @@ def test_missing_second_layer_and_bad_counts_are_one_line(glm2: Path, tmp_path: 
 def test_hub_source_fetches_the_shards_of_both_nextn_layers_only(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
-    from convert_support import fill_hub_cache
-    from glm_checkpoints import glm_config, glm_tensors
     from huggingface_hub import constants as hf_constants
+    from support.convert_support import fill_hub_cache
+    from support.glm_checkpoints import glm_config, glm_tensors
 
     from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
     from gguf_mtp.testing.tiny_checkpoints import write_safetensors
@@ -308,7 +308,7 @@ class TestUpstreamParity:
 def test_deepseek2_two_fp8_blocks_equal_upstreams_glm47flash_class(request: pytest.FixtureRequest) -> None:
     """DeepSeek V3 FP8 shards with two NextN layers: upstream drops DeepSeek's MTP layers, so the reference is its
     GLM-4.7-Flash class (the same deepseek2 tensor handling and FP8 dequantization) on the very same shards."""
-    from upstream import write_gpt2_tokenizer
+    from support.upstream import write_gpt2_tokenizer
 
     work = shared_tmp_dir(request, "deepseek-2nextn-parity")
     n = 2  # deepseek_checkpoints.N_LAYERS

@@ -17,8 +17,8 @@ from pathlib import Path
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from helpers import flip_byte
-from hub_standin import RecordingHub
+from support.helpers import flip_byte
+from support.hub_standin import RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
@@ -360,7 +360,7 @@ def test_failed_verification_stops_before_publishing(
 def test_no_write_access_to_out_repo_stops_before_downloading(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
-    from hub_standin import http_error
+    from support.hub_standin import http_error
 
     hub = RecordingHub(source=target_repo, fail={"auth_check": http_error(403)})
     with pytest.raises(HubError, match="no write access to me/Tiny-MTP"):
@@ -384,7 +384,7 @@ def test_second_pipeline_in_the_same_work_folder_is_refused(
 
 
 def test_hub_refusal_while_listing_is_a_hub_error(online: None, head_checkpoint: Path, tmp_path: Path) -> None:
-    from hub_standin import http_error
+    from support.hub_standin import http_error
 
     hub = RecordingHub(fail={"list_repo_files": http_error(404)})
     with pytest.raises(HubError, match=f"{TARGET_REPO} not found"):

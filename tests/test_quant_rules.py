@@ -8,9 +8,9 @@ import tarfile
 
 import numpy as np
 import pytest
-from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
-from helpers import build_llama_tools
+from support.helpers import build_llama_tools
+from support.session import IN_CI
 
 from gguf_mtp.conversion import OUTTYPE_NAMES
 from gguf_mtp.errors import ParameterError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, shard_files
+from support.helpers import file_hashes, shard_files
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main

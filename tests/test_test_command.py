@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+from support.session import IN_CI
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -204,7 +204,7 @@ def test_the_benchmark_tests_skip_without_matplotlib_instead_of_erroring() -> No
 
 RETENTION_SAMPLE = f"""
     import pytest
-    from conftest import shared_tmp_dir
+    from support.session import shared_tmp_dir
 
     @pytest.fixture(scope="module")
     def shared(request):

@@ -1,6 +1,6 @@
 """The patches in upstream/ apply to the llama.cpp vendored in llama-cpp-python 0.3.36 and change its behaviour.
 
-The vendored tree comes from tests/upstream.py (the sdist, unpacked once into .cache/upstream/).
+The vendored tree comes from tests/support/upstream.py (the sdist, unpacked once into .cache/upstream/).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from upstream import ROOT, llama_cpp_tree
+from support.upstream import ROOT, llama_cpp_tree
 
 
 @pytest.fixture

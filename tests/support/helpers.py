@@ -143,7 +143,7 @@ def pid_alive(pid: int) -> bool:
 
 def build_llama_tools() -> ModuleType:
     """``scripts/build_llama_tools.py`` as a module (a script, not part of the package)."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_tools.py"
     spec = importlib.util.spec_from_file_location("build_llama_tools", script)
     assert spec is not None and spec.loader is not None
     tools = importlib.util.module_from_spec(spec)

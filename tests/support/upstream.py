@@ -27,14 +27,14 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from helpers import reader_tensors
 
 from gguf_mtp.check.llama_check import LlamaCheck, check_with_llama
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
+from support.helpers import reader_tensors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "upstream"
 SDIST = "llama-cpp-python==0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
