@@ -15,7 +15,8 @@ from support.session import IN_CI
 from gguf_mtp.check.llama_check import llama_cpp_available
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_draft, write_target
 
-pytest_plugins = ["support.hub_http"]  # the loopback Hub file server's fixtures (server, hub)
+# the loopback Hub file server's fixtures (server, hub); each family's ParitySet, shared for the session (parity)
+pytest_plugins = ["support.hub_http", "support.parity_sets"]
 
 #: Whether this session's tool fixtures may build llama.cpp's tools (``make test`` builds them in a step of its own
 #: before pytest and forbids it here); read before :func:`pytest_configure` forbids it to every command a test starts.
@@ -45,11 +46,18 @@ def _deliverable_signals() -> None:
 TOOL_FIXTURES = frozenset({"gguf_split_tool", "llama_quantize_tool", "llama_server_tool"})
 
 
+#: Markers whose tests are ``slow`` too: llama.cpp's converter (torch) and its native tools cost seconds a test.
+SLOW_WITH = ("tools", "upstream")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Mark ``tools`` every test that needs a native llama.cpp tool (directly or through another fixture),
-    before ``-m`` selects: ``-m "not tools"`` then never compiles one."""
+    """Mark ``tools`` every test that needs a native llama.cpp tool (directly or through another fixture), and
+    ``slow`` every ``tools`` or ``upstream`` test, before ``-m`` selects: ``-m "not tools"`` then never compiles
+    one, and ``-m "not slow"`` is the quick loop."""
     if TOOL_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.tools)
+    if any(item.get_closest_marker(name) for name in SLOW_WITH):
+        item.add_marker(pytest.mark.slow)
 
 
 def _extras() -> dict[str, tuple[bool, str]]:

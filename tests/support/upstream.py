@@ -234,6 +234,7 @@ class ParitySet:
                  tree: Path | None = None, name: str = "") -> None:
         self.checkpoint, self.work, self.reference = checkpoint, work, reference or checkpoint
         self.outtype, self.tree, self.name = outtype, tree, name
+        self._patched: dict[Path, Path] = {}
 
     def upstream(self, name: str, *flags: str) -> Path:
         """``reference`` converted by llama.cpp's converter with ``flags`` into ``work/name``."""
@@ -265,10 +266,12 @@ class ParitySet:
         return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
 
     def full_with_patch(self, patch: Path) -> Path:
-        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied."""
-        tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
-        return upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf", outtype=self.outtype,
-                                tree=tree)
+        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied (made once)."""
+        if patch not in self._patched:
+            tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
+            self._patched[patch] = upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf",
+                                                    outtype=self.outtype, tree=tree)
+        return self._patched[patch]
 
 
 def parity_set(checkpoint: Path, work: Path, special_tokens: Sequence[str] = (), **kwargs: Any) -> ParitySet:
