@@ -272,9 +272,13 @@ def run_fp8(
         tokenizer = None
     else:
         from support.upstream import write_gpt2_tokenizer
+        from support.warm_converter import close_warm_converters
 
         def tokenizer(folder: Path) -> object:
-            return write_gpt2_tokenizer(folder, GLM_SPECIAL_TOKENS)
+            try:
+                return write_gpt2_tokenizer(folder, GLM_SPECIAL_TOKENS)
+            finally:
+                close_warm_converters()  # no idle converter process beside the measured runs
 
     checkpoint = ensure_fp8_checkpoint(work_dir, spec, tokenizer=tokenizer, log=log)
     group = fp8_group(work_dir, checkpoint, upstream)

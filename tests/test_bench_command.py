@@ -403,6 +403,7 @@ def test_float_options_are_checked_in_the_library_too(value: object) -> None:
     assert set(FLOAT_OPTIONS) == {"health_timeout"}  # bench's only float option; a new one gets a row there
 
 
+@pytest.mark.slow
 def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
     pidfile = tmp_path / "pid"
     sleeper = fake_server(tmp_path / "sleeper", HELP + f'echo "loading model"\necho $$ > {pidfile}\nexec sleep 600\n')
@@ -473,6 +474,7 @@ def test_bench_json_is_read_back_strictly() -> None:
             parse_bench_json(data, "b.json")
 
 
+@pytest.mark.slow
 def test_publish_card_carries_the_measured_table(glm_converted3: Path, tmp_path: Path) -> None:
     data = tmp_path / "bench.json"
     data.write_text(json.dumps(bench_json(str(glm_converted3))))

@@ -306,6 +306,7 @@ def test_a_dry_run_reads_only_the_headers(on_hub: Any, shared_last_shard: Path, 
     assert on_hub.sent(last) <= max(header, 64 * 1024) and not (tmp_path / "draft.gguf").exists()
 
 
+@pytest.mark.slow
 def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
     """A mirror that serves the newest bytes whatever commit is asked for: the change is refused, nothing written."""
     from support.deepseek_checkpoints import N_LAYERS

@@ -82,6 +82,7 @@ def test_latent_tensors_without_latent_size_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "d.gguf").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp_path: Path) -> None:
     from gguf_mtp.check.llama_check import check_with_llama

@@ -34,6 +34,8 @@ from gguf_mtp.errors import OutputWriteError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.testing.tiny_models import write_draft, write_target
 
+pytestmark = pytest.mark.slow  # child processes killed, interrupted and starved at every step: seconds each
+
 COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 
 #: ``python -c PAUSING_CLI compose ...``: the real CLI, stopped at one point of its writing. With

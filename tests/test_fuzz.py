@@ -52,6 +52,8 @@ from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.testing.tiny_models import write_draft, write_target
 
+pytestmark = pytest.mark.slow  # property-based runs of many examples
+
 EXAMPLES = int(os.environ.get("GGUF_MTP_FUZZ_EXAMPLES", "0")) or None
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: A run longer than this is a hang (a parse reads a few KB; a compose writes a few MB).

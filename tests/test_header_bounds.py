@@ -145,6 +145,7 @@ def test_an_overlong_tensor_name_is_refused_without_reading_it() -> None:
 # ------------------------------------------------------------------------------------------ memory (item 6)
 
 
+@pytest.mark.slow
 def test_kv_table_of_many_tiny_kvs_parses_in_a_small_multiple_of_its_size() -> None:
     n = 150_000
     data = tiny_kv_header(n)
@@ -197,6 +198,7 @@ HOSTILE_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_hostile_kv_table_under_an_address_space_limit_ends_with_one_line(tmp_path: Path) -> None:
     # ~21 MB of tiny KVs (1.5 million): one object per entry needed ~300 MB; the limit leaves ~250 MB
     # above what an idle interpreter with numpy maps.

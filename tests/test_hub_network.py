@@ -29,6 +29,8 @@ from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.hub import client
 from gguf_mtp.testing.tiny_models import write_draft
 
+pytestmark = pytest.mark.slow  # the CLI in child processes against dead and refusing hosts
+
 ROOT = Path(__file__).resolve().parent.parent
 HF_JOB = ROOT / "scripts" / "hf_job.py"
 UNRESOLVABLE_HOST = "gguf-mtp-test.invalid"

@@ -303,6 +303,7 @@ def test_verify_needs_local_files_to_compare_bytes(hub: HubStandIn, published: s
 # ------------------------------------------------------------------------- hostile servers (issue 11 item 7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["trickle", "trickle-headers"])
 def test_a_trickling_server_ends_in_one_line_at_the_deadline(
     hub: HubStandIn, published: str, mode: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -356,6 +357,7 @@ def test_a_body_mislabelled_as_gzip_is_one_line(
     assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "line"), [(403, f"no access to {REPO} (403)"), (503, "503")])
 def test_an_error_answer_is_not_read_beyond_a_small_cap(
     hub: HubStandIn, published: str, status: int, line: str, capsys: pytest.CaptureFixture[str]

@@ -223,6 +223,7 @@ def test_verify_fails_a_composite_whose_arrays_have_one_nextn_entry_for_three_bl
 # ------------------------------------------------------------------------------------------------ llama.cpp
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_llama_cpp_loads_a_three_block_glm4moe_composite_with_all_its_nextn_blocks(glm3: Path) -> None:
     check = check_with_llama(glm3)

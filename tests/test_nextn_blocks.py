@@ -126,6 +126,7 @@ def test_nextn_blocks_keeps_the_first_blocks_only(glm2: Path, glm_target: Path, 
         convert(glm2, tmp_path / "three.gguf", target=glm_target, nextn_blocks=3, progress=False)
 
 
+@pytest.mark.slow
 def test_nextn_blocks_flag_of_the_cli(glm2: Path, glm_target: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -229,6 +230,7 @@ def test_hub_download_takes_the_shards_of_every_nextn_layer() -> None:
     assert head_files(weight_map, prefixes) == ["model-00002.safetensors", "model-00003.safetensors"]
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_llama_loads_the_two_block_composite(glm2: Path, glm_target: Path, tmp_path: Path) -> None:
     from gguf_mtp.check.llama_check import check_with_llama

@@ -145,6 +145,7 @@ def _llama_quant_source() -> list[str] | None:
         return data.read().decode().splitlines()
 
 
+@pytest.mark.slow
 def test_every_rule_cites_the_line_of_llama_quant_cpp_it_comes_from() -> None:
     lines = _llama_quant_source()
     if lines is None:

@@ -275,6 +275,7 @@ def test_a_draft_for_another_architecture_width_or_vocabulary_is_one_line(
 # ------------------------------------------------------------------------------------------------ llama.cpp
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 @pytest.mark.parametrize("shipped", ["nemotron-3-shards", "glm4moe-2-shards"], indirect=True)
 def test_llama_cpp_runs_the_replaced_heads_mtp_decode(

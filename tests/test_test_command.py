@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from support.session import IN_CI
 
+pytestmark = pytest.mark.slow  # nested pytest sessions and make runs: seconds each
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
 

@@ -52,6 +52,7 @@ def _hostile(tmp: Path) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_reader_patch_before_after(fresh_tree: Path, tmp_path: Path) -> None:
     files = _hostile(tmp_path)
     before = {k: _read(fresh_tree, p) for k, p in files.items()}
