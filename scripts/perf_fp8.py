@@ -7,8 +7,8 @@ the router BF16; ``quantization_config: fp8``). Its architecture is GLM-4.7-Flas
 same deepseek2 tensor handling and FP8 dequantization upstream, and the only deepseek2 class whose ``--mtp`` upstream
 accepts (its DeepSeek V3 class drops the MTP layer). The trunk is one small dense layer; the NextN layer, alone in
 the last shard, is the bulk (a full run: at least 2 GB of FP8). The names and shapes are those of
-``tests/deepseek_checkpoints.py``; the values are random (random FP8 codes, random block scales): the cost of the
-work does not depend on them, and ``tests/test_family_deepseek2.py`` proves both converters write the same bytes.
+``tests/support/deepseek_checkpoints.py``; the values are random (random FP8 codes, random block scales): the cost
+of the work does not depend on them, and ``tests/test_family_deepseek2.py`` proves both converters write the same bytes.
 
 Measured, alternating, page cache cold: ``gguf-mtp convert CKPT --block 1`` (dequantized to BF16, llama.cpp's
 ``--outtype auto`` for these checkpoints), ``cp`` of the NextN shard, and upstream's ``--mtp --outtype auto`` (run
@@ -37,9 +37,9 @@ TESTS = REPO / "tests"
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from deepseek_checkpoints import MlaDims, mla_config, mla_tensors  # noqa: E402
-from fp8_checkpoints import is_linear  # noqa: E402
-from glm_checkpoints import GLM_SPECIAL_TOKENS  # noqa: E402
+from support.deepseek_checkpoints import MlaDims, mla_config, mla_tensors  # noqa: E402
+from support.fp8_checkpoints import is_linear  # noqa: E402
+from support.glm_checkpoints import GLM_SPECIAL_TOKENS  # noqa: E402
 
 from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME  # noqa: E402
 from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor  # noqa: E402
@@ -207,8 +207,8 @@ def upstream_runner(python: str | None) -> tuple[str, Path] | str:
         ok = False
     if not ok:
         return f"{python} cannot run llama.cpp's converter (torch, transformers): run `make upstream-venv`"
-    os.environ["GGUF_MTP_UPSTREAM_PYTHON"] = python  # what tests/upstream.py runs the tokenizer build with
-    from upstream import llama_cpp_tree
+    os.environ["GGUF_MTP_UPSTREAM_PYTHON"] = python  # what tests/support/upstream.py runs the tokenizer build with
+    from support.upstream import llama_cpp_tree
 
     return python, llama_cpp_tree()
 
@@ -271,10 +271,14 @@ def run_fp8(
         notes.append(f"llama.cpp's converter left out: {runner}")
         tokenizer = None
     else:
-        from upstream import write_gpt2_tokenizer
+        from support.upstream import write_gpt2_tokenizer
+        from support.warm_converter import close_warm_converters
 
         def tokenizer(folder: Path) -> object:
-            return write_gpt2_tokenizer(folder, GLM_SPECIAL_TOKENS)
+            try:
+                return write_gpt2_tokenizer(folder, GLM_SPECIAL_TOKENS)
+            finally:
+                close_warm_converters()  # no idle converter process beside the measured runs
 
     checkpoint = ensure_fp8_checkpoint(work_dir, spec, tokenizer=tokenizer, log=log)
     group = fp8_group(work_dir, checkpoint, upstream)

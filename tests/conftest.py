@@ -5,19 +5,19 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import shutil
 import signal
 from pathlib import Path
 
 import pytest
-from helpers import build_llama_tools
+from support.helpers import build_llama_tools
+from support.session import IN_CI
 
 from gguf_mtp.check.llama_check import llama_cpp_available
-from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_draft, write_target
 
-pytest_plugins = ["hub_http"]  # the loopback Hub file server's fixtures (server, hub)
+# the loopback Hub file server's fixtures (server, hub); each family's ParitySet, shared for the session (parity)
+pytest_plugins = ["support.hub_http", "support.parity_sets"]
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 #: Whether this session's tool fixtures may build llama.cpp's tools (``make test`` builds them in a step of its own
 #: before pytest and forbids it here); read before :func:`pytest_configure` forbids it to every command a test starts.
 TOOLS_BUILD_ALLOWED = build_llama_tools().building_allowed()
@@ -46,11 +46,18 @@ def _deliverable_signals() -> None:
 TOOL_FIXTURES = frozenset({"gguf_split_tool", "llama_quantize_tool", "llama_server_tool"})
 
 
+#: Markers whose tests are ``slow`` too: llama.cpp's converter (torch) and its native tools cost seconds a test.
+SLOW_WITH = ("tools", "upstream")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Mark ``tools`` every test that needs a native llama.cpp tool (directly or through another fixture),
-    before ``-m`` selects: ``-m "not tools"`` then never compiles one."""
+    """Mark ``tools`` every test that needs a native llama.cpp tool (directly or through another fixture), and
+    ``slow`` every ``tools`` or ``upstream`` test, before ``-m`` selects: ``-m "not tools"`` then never compiles
+    one, and ``-m "not slow"`` is the quick loop."""
     if TOOL_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.tools)
+    if any(item.get_closest_marker(name) for name in SLOW_WITH):
+        item.add_marker(pytest.mark.slow)
 
 
 def _extras() -> dict[str, tuple[bool, str]]:
@@ -75,23 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason=missing)
         for item in needing:
             item.add_marker(skip)
-
-
-def shared_tmp_dir(request: pytest.FixtureRequest, name: str) -> Path:
-    """A fresh folder for the big files a module-scoped (or parametrized) fixture makes for several tests:
-    converted checkpoints, benchmark runs. It is deleted when that fixture is torn down, unless a test failed
-    while it was in use (then it stays for a look, as a failed test's ``tmp_path`` does under
-    ``tmp_path_retention_policy = "failed"``), so a session never holds more than the modules in use."""
-    factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-    path = factory.mktemp(name)
-    failed_before = request.session.testsfailed
-
-    def remove() -> None:
-        if request.session.testsfailed == failed_before:
-            shutil.rmtree(path, ignore_errors=True)
-
-    request.addfinalizer(remove)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -201,4 +191,3 @@ def llama_server_tool(request: pytest.FixtureRequest) -> Path:
     return llama_tool(request, "llama-server")
 
 
-__all__ = ["IN_CI", "NEMOTRON_H_MOE", "TOOL_FIXTURES", "shared_tmp_dir"]

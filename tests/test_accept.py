@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp import extract, strip
 from gguf_mtp.check import accept as accept_module

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, reader_kvs
+from support.helpers import file_hashes, reader_kvs
 
 from gguf_mtp import IncompatibleDraftError, compose
 from gguf_mtp.check.inspect import inspect

@@ -12,8 +12,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from helpers import no_hang
-from malformed import CORPUS, Inputs, Malformed, Sources, build_sources
+from support.helpers import no_hang
+from support.malformed import CORPUS, Inputs, Malformed, Sources, build_sources
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import BadGGUFError

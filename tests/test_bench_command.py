@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
 from gguf_mtp.server.bench import builtin_prompts, check_model, load_prompts
@@ -103,7 +103,7 @@ def test_server_arguments_ask_for_metrics_in_mtp_runs() -> None:
 #: Entries of llama-server's --help (llama.cpp of llama-cpp-python 0.3.36), recorded from the binary the tests
 #: build (tests/test_bench_server.py checks that each entry is still there, verbatim): the spellings from column 0,
 #: the help indented by 40 columns, the environment variable last.
-RECORDED_HELP = (REPO / "tests" / "llama_server_help.txt").read_text()
+RECORDED_HELP = (REPO / "tests" / "support" / "llama_server_help.txt").read_text()
 
 #: Every spelling of an option bench sets itself, in the help above (item 7 of issue 29).
 OWNED_SPELLINGS = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "-hfr", "--hf-repo",
@@ -403,6 +403,7 @@ def test_float_options_are_checked_in_the_library_too(value: object) -> None:
     assert set(FLOAT_OPTIONS) == {"health_timeout"}  # bench's only float option; a new one gets a row there
 
 
+@pytest.mark.slow
 def test_a_server_that_never_becomes_healthy(tmp_path: Path, glm_trunk: Path, glm_converted3: Path) -> None:
     pidfile = tmp_path / "pid"
     sleeper = fake_server(tmp_path / "sleeper", HELP + f'echo "loading model"\necho $$ > {pidfile}\nexec sleep 600\n')
@@ -473,6 +474,7 @@ def test_bench_json_is_read_back_strictly() -> None:
             parse_bench_json(data, "b.json")
 
 
+@pytest.mark.slow
 def test_publish_card_carries_the_measured_table(glm_converted3: Path, tmp_path: Path) -> None:
     data = tmp_path / "bench.json"
     data.write_text(json.dumps(bench_json(str(glm_converted3))))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp.errors import LlamaServerError
 from gguf_mtp.server import process as llama_server
@@ -134,6 +134,7 @@ def test_the_health_wait_ends_at_its_deadline(handle: ServerHandle, ticking: Tic
     assert ticking.readings < 40 and peer.sent < len(ENDLESS_HEADER) // 10
 
 
+@pytest.mark.slow
 def test_a_trickled_completion_fails_in_one_line(handle: ServerHandle, ticking: TickingClock) -> None:
     peer = Trickle(ENDLESS_HEADER, TRICKLE_PAUSE)
     handle.port = peer.port
@@ -383,6 +384,7 @@ def last_line(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_health_timeout_holds_against_a_trickling_server(pair: tuple[Path, Path], standin: Path) -> None:
     """Item 5 end to end: /health trickles a byte every 0.5 s for 5 minutes; --health-timeout 2 ends the wait
     (before: each probe lasted as long as the trickle). The bound leaves a busy machine a minute for Python's
@@ -411,6 +413,7 @@ def test_a_count_beyond_any_integer_is_one_line(pair: tuple[Path, Path], standin
     Path(line.rsplit("log: ", 1)[1]).unlink()
 
 
+@pytest.mark.slow
 def test_per_position_acceptance_from_metrics(pair: tuple[Path, Path], standin: Path) -> None:
     """Issue 30 item 5: the server's --help lists --metrics, so bench asks for it and reads the per-position
     counters after each MTP run; --json carries them, the text report shows them; the run without MTP has none."""

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import pid_alive
+from support.helpers import pid_alive
 
 from gguf_mtp import compose, extract
 from gguf_mtp.format.header import read_header
@@ -339,7 +339,7 @@ def test_reserved_flags_from_the_real_help(llama_server_tool: Path) -> None:
     from gguf_mtp.server.process import probe_server
 
     text = probe_server(str(llama_server_tool))
-    recorded = (REPO / "tests" / "llama_server_help.txt").read_text()
+    recorded = (REPO / "tests" / "support" / "llama_server_help.txt").read_text()
     entries = re.split(r"\n(?=-)", recorded.strip("\n"))
     assert len(entries) == 17 and all(entry + "\n" in text for entry in entries)  # the unit tests' help is real
     options = ServerOptions.from_help(text)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType as T
-from helpers import no_hang, rewrite_gguf
+from support.helpers import no_hang, rewrite_gguf
 
 from gguf_mtp import compose
 from gguf_mtp.check.inspect import inspect

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from malformed import SMALL, TRUNK
+from support.malformed import SMALL, TRUNK
 
 import gguf_mtp.files.commit as commit_module
 from gguf_mtp.check.verify import verify

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, reader_kvs, reader_tensors, shard_files
+from support.helpers import file_hashes, reader_kvs, reader_tensors, shard_files
 
 from gguf_mtp import IncompatibleDraftError, KVEditError, UnsafeOutputError, compose, plan, plan_compose
 from gguf_mtp.cli import main

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
-from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
+from support.qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
 
 from gguf_mtp.cli import main
 from gguf_mtp.conversion.hparams import (

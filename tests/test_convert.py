@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import as_f32, raw_tensor
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
-from helpers import file_hashes, reader_kvs, reader_tensors
+from support.convert_support import as_f32, raw_tensor
+from support.helpers import file_hashes, reader_kvs, reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.conversion import get_model_class, model_class_for_arch, supported_architectures, tensor_segments

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from convert_support import raw_tensor, rewrite_checkpoint_tensor, write_raw_safetensors
+from support.convert_support import raw_tensor, rewrite_checkpoint_tensor, write_raw_safetensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, GGUFMTPError

@@ -18,10 +18,10 @@ from typing import Any
 
 import huggingface_hub
 import pytest
-from convert_support import fill_hub_cache
-from helpers import LoopbackServer, reader_kvs, reader_tensors
 from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
+from support.convert_support import fill_hub_cache
+from support.helpers import LoopbackServer, reader_kvs, reader_tensors
 
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.jobs.convert import convert
@@ -224,8 +224,8 @@ RANGES_REPO = "deepseek-ai/Tiny-DeepSeek-V3-FP8"
 def shared_last_shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DeepSeek V3 FP8 checkpoint (block-scaled weights, their ``weight_scale_inv`` beside them) whose last
     shard holds the NextN layer beside trunk tensors (the last trunk layer, the final norm, the LM head)."""
-    from deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
-    from fp8_checkpoints import quantize_checkpoint
+    from support.deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
+    from support.fp8_checkpoints import quantize_checkpoint
 
     from gguf_mtp.testing.tiny_checkpoints import first_of_layer, write_checkpoint
 
@@ -266,7 +266,7 @@ def on_hub(hub: Any, shared_last_shard: Path, monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_repo_head_is_fetched_by_byte_ranges(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
-    from deepseek_checkpoints import N_LAYERS
+    from support.deepseek_checkpoints import N_LAYERS
 
     last = "model-00002-of-00002.safetensors"
     head, header = _head_and_headers(shared_last_shard, last, f"model.layers.{N_LAYERS}.")
@@ -296,7 +296,7 @@ def test_repo_head_is_fetched_by_byte_ranges(on_hub: Any, shared_last_shard: Pat
 
 
 def test_a_dry_run_reads_only_the_headers(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
-    from deepseek_checkpoints import N_LAYERS
+    from support.deepseek_checkpoints import N_LAYERS
 
     last = "model-00002-of-00002.safetensors"
     _, header = _head_and_headers(shared_last_shard, last, f"model.layers.{N_LAYERS}.")
@@ -306,9 +306,10 @@ def test_a_dry_run_reads_only_the_headers(on_hub: Any, shared_last_shard: Path, 
     assert on_hub.sent(last) <= max(header, 64 * 1024) and not (tmp_path / "draft.gguf").exists()
 
 
+@pytest.mark.slow
 def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
     """A mirror that serves the newest bytes whatever commit is asked for: the change is refused, nothing written."""
-    from deepseek_checkpoints import N_LAYERS
+    from support.deepseek_checkpoints import N_LAYERS
 
     last = "model-00002-of-00002.safetensors"
     changed = tmp_path / "changed" / last
@@ -332,7 +333,7 @@ def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path,
 
 def test_a_multi_layer_head_is_fetched_by_ranges(on_hub: Any, tmp_path: Path) -> None:
     """Two NextN layers (a tuple of name prefixes), the last trunk layer beside them in the last shard."""
-    from deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
+    from support.deepseek_checkpoints import N_LAYERS, mla_config, mla_tensors
 
     from gguf_mtp.testing.tiny_checkpoints import first_of_layer, write_checkpoint
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import reader_tensors
+from support.helpers import reader_tensors
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.jobs.compose import compose

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor, write_raw_safetensors
 from safetensors import safe_open
+from support.convert_support import raw_tensor, write_raw_safetensors
 
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import SafetensorsFile, open_checkpoint

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import shard_files
+from support.helpers import shard_files
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.demo import run_demo
@@ -67,6 +67,7 @@ def test_demo_rerun_in_the_same_folder_replaces_its_files(demo_run: tuple[Path, 
     assert run_demo(work, llama=False, say=lines.append)
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_demo_command_composite_loads_and_runs_in_llama_cpp(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "demo", "--dir", str(tmp_path)],
@@ -174,6 +175,7 @@ def test_demo_that_fails_removes_its_temporary_folder(temp_root: Path, monkeypat
     assert os.listdir(temp_root) == []
 
 
+@pytest.mark.slow
 def test_demo_json_is_one_parseable_report_of_every_step(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     result = subprocess.run(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import file_hashes
+from support.helpers import file_hashes
 
 from gguf_mtp.cli import main
 from gguf_mtp.files.commit import JOURNAL_NAME, folder_lock

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, file_hashes, flip_byte, reader_kvs, reader_tensors, rewrite_gguf, shard_files
+from support.helpers import copy_model, file_hashes, flip_byte, reader_kvs, reader_tensors, rewrite_gguf, shard_files
 
 from gguf_mtp import BadGGUFError, IncompatibleDraftError, UnsafeOutputError, compose, open_model
 from gguf_mtp.check.llama_check import check_with_llama
@@ -325,6 +325,7 @@ def test_strip_repair_turns_a_model_llama_cpp_refuses_into_one_it_loads(tmp_path
     assert check.ok, check.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_stripped_model_loads_in_llama_cpp_as_a_plain_model(converted: Path, tmp_path: Path) -> None:
     stripped = strip(converted, tmp_path / "trunk", progress=False).output_paths[0]
@@ -397,6 +398,7 @@ def test_round_trip_moves_several_nextn_blocks_together(tmp_path: Path) -> None:
     assert reader_kvs(again) == reader_kvs(two)
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_every_round_trip_intermediate_loads_in_llama_cpp(nemotron_composite: Path, tmp_path: Path) -> None:
     draft = extract(nemotron_composite, tmp_path / "mtp.gguf", standalone=True, progress=False).output
@@ -472,6 +474,7 @@ def test_graft_verification_compares_the_nextn_bytes_with_the_source(
     assert again.check("draft tensors").ok is False and nextn.name in again.check("draft tensors").detail
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_grafted_model_runs_an_mtp_decode_step_in_llama_cpp(
     donor_and_receiver: tuple[Path, Path], tmp_path: Path

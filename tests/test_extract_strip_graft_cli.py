@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, reader_tensors
+from support.helpers import file_hashes, reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.constants import KEY_TOKENS
@@ -130,7 +130,7 @@ def test_graft_across_vocabularies_exits_2_naming_what_differs(
 
 
 def _with_tokens(src: Path, dst: Path, tokens: KeyValue) -> Path:
-    from helpers import rewrite_gguf
+    from support.helpers import rewrite_gguf
 
     return rewrite_gguf(src, dst, set_kvs={KEY_TOKENS: tokens})
 
@@ -176,7 +176,7 @@ def test_graft_with_equal_token_lists_still_works(tmp_path: Path, capsys: pytest
 @pytest.fixture(scope="module")
 def over_claiming(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model with one real NextN block (blk.3) whose nextn_predict_layers says 2 (blk.2, a trunk block, too)."""
-    from helpers import rewrite_gguf
+    from support.helpers import rewrite_gguf
 
     root = tmp_path_factory.mktemp("over-claiming")
     model = write_target(root / "src", with_nextn=True, name="one-nextn")

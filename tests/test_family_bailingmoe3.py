@@ -1,9 +1,8 @@
-"""inclusionAI Ling-3.0 (bailingmoe3): ``convert`` of the MTP layer (MLA + MoE), checked by value, by llama.cpp, and
-against llama.cpp's own convert_hf_to_gguf.py tensor for tensor and key for key.
+"""inclusionAI Ling-3.0 (bailingmoe3): ``convert`` of the MTP layer (MLA + MoE), checked by value.
 
-The upstream part converts one tiny full checkpoint (Ling-3.0's keys and names, a KDA + MLA trunk, 2 shards + index
-with the MTP layer alone in the last, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed
-differences: :data:`ALLOWED` (none).
+Against llama.cpp's own convert_hf_to_gguf.py, tensor for tensor and key for key, and through llama.cpp:
+tests/test_upstream_parity.py's ``bailingmoe3`` entry (one tiny full checkpoint: Ling-3.0's keys and names, a KDA +
+MLA trunk, 2 shards + index with the MTP layer alone in the last, GPT-2's real tokenizer).
 """
 
 from __future__ import annotations
@@ -14,30 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
+from support.helpers import reader_kvs, reader_tensors
+from support.ling_checkpoints import LING_HPARAMS, ling_config, write_ling_checkpoint
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.bailingmoe3 import BailingMoeV3MTPModel
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import CONFIG_NAME, SafetensorsFile
 from gguf_mtp.jobs.convert import convert
-from upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    assert_strip_gives_trunk,
-    parity_set,
-)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
 HEAD = f"model.layers.{N}."
-#: tensor or KV -> why gguf-mtp's output may differ from upstream's: none (tensors, draft KVs, composite KVs).
-ALLOWED: dict[str, str] = {}
 
 
 def _array(folder: Path, name: str) -> np.ndarray:
@@ -147,56 +136,12 @@ def test_bad_config_is_one_line(ling: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "d.gguf").exists()
 
 
-# --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
-    work = tmp_path_factory.mktemp("ling-parity")
-    return parity_set(write_ling_checkpoint(work / "hf"), work)
-
-
-def _assert_same(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(f"blk.{N}.")}
-        assert len(theirs) == 21  # NextN 3 + layer_output_norm, MLA 8, ffn_norm, MoE 5 + shared 3
-        _assert_same(reader_tensors(upstream.draft), theirs)
-
-    def test_draft_metadata_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        ours = {k: v for k, v in reader_kvs(upstream.draft).items() if k.startswith("bailingmoe3.")}
-        theirs = {k: v for k, v in reader_kvs(upstream.mtp).items() if k.startswith("bailingmoe3.")}
-        _assert_same(ours, theirs)
-
-    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        _assert_same(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
-
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
-        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
-
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
-        _assert_same(reader_tensors(upstream.composite), reader_tensors(upstream.full))
-        _assert_same(reader_kvs(upstream.composite), reader_kvs(upstream.full))
-
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        ours = assert_runs_like(upstream.composite, upstream.full)
-        assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        assert_runs_mtp_only(upstream.standalone)
-
-
 def test_fp8_kv_b_is_dequantized_then_split(ling: Path, tmp_path: Path) -> None:
     # block-scaled FP8 with blocks that split neither a head nor the rank evenly: each head's rows are read through
     # the dequantization (partial blocks trimmed), then transposed; BF16 out (the checkpoint's BF16 embedding)
     import ml_dtypes
-    from fp8_checkpoints import dequantize_reference
-    from helpers import reader_tensors as tensors_of
+    from support.fp8_checkpoints import dequantize_reference
+    from support.helpers import reader_tensors as tensors_of
 
     block = (40, 24)
     fp8 = quantize_checkpoint(ling, tmp_path / "fp8", block=block)

@@ -24,18 +24,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor
-from deepseek_checkpoints import DIMS, N_LAYERS, as_glm47flash, write_mla_checkpoint
-from fp8_checkpoints import dequantize_reference, quantize_checkpoint
 from gguf import GGMLQuantizationType, GGUFValueType
-from glm_checkpoints import GLM_SPECIAL_TOKENS
-from helpers import reader_tensors
+from support.convert_support import raw_tensor
+from support.deepseek_checkpoints import DIMS, N_LAYERS, as_glm47flash, write_mla_checkpoint
+from support.fp8_checkpoints import dequantize_reference, quantize_checkpoint
+from support.glm_checkpoints import GLM_SPECIAL_TOKENS
+from support.helpers import reader_tensors
+from support.upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    write_gpt2_tokenizer,
+)
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import GGUFArray, TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, write_gpt2_tokenizer
 
 Q = GGMLQuantizationType
 N = N_LAYERS
@@ -259,7 +265,7 @@ def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, 
 
 @pytest.mark.upstream
 def test_an_attn_kv_b_trunk_is_refused_with_the_reason(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
-    from malformed import edit_kvs
+    from support.malformed import edit_kvs
 
     trunk = upstream["glm"].trunk
     no_mla = edit_kvs(trunk, tmp_path / "old.gguf", drop=["deepseek2.attention.key_length_mla"])

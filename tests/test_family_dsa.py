@@ -25,17 +25,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor
-from deepseek_checkpoints import DIMS, GLM52_INDEXER_TYPES, N_LAYERS, write_mla_checkpoint
-from fp8_checkpoints import is_linear, quantize_checkpoint
 from gguf import GGMLQuantizationType, GGUFValueType
-from glm_checkpoints import GLM_SPECIAL_TOKENS
-from helpers import reader_tensors
+from support.convert_support import raw_tensor
+from support.deepseek_checkpoints import DIMS, GLM52_INDEXER_TYPES, N_LAYERS, write_mla_checkpoint
+from support.fp8_checkpoints import is_linear, quantize_checkpoint
+from support.glm_checkpoints import GLM_SPECIAL_TOKENS
+from support.helpers import reader_tensors
+from support.upstream import (
+    ParitySet,
+    assert_runs_like,
+    assert_runs_mtp_only,
+    assert_same_tensors,
+    write_gpt2_tokenizer,
+)
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, write_gpt2_tokenizer
 
 Q = GGMLQuantizationType
 N = N_LAYERS
@@ -262,7 +268,7 @@ def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, ParitySet]) ->
 
 @pytest.mark.upstream
 def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     files = upstream["deepseekv32"]
     mtp = upstream_convert(files.checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")

@@ -1,9 +1,8 @@
-"""GLM-4.5 / 4.5-Air / 4.6 / 4.7 (glm4moe): ``convert`` of the NextN layer, checked by value, by llama.cpp, and
-against llama.cpp's own convert_hf_to_gguf.py tensor for tensor.
+"""GLM-4.5 / 4.5-Air / 4.6 / 4.7 (glm4moe): ``convert`` of the NextN layer, checked by value and by llama.cpp.
 
-The upstream part converts one tiny full checkpoint (GLM-4.5 355B style: QK norm and the NextN layer's own
-``embed_tokens``/``shared_head.head`` copies, 2 shards + index, GPT-2's real tokenizer plus GLM's special tokens)
-three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences are listed in :data:`ALLOWED` (none today).
+Against llama.cpp's own convert_hf_to_gguf.py: tests/test_upstream_parity.py's ``glm4moe`` entry (one tiny full
+checkpoint, GLM-4.5 355B style: QK norm and the NextN layer's own ``embed_tokens``/``shared_head.head`` copies,
+2 shards + index, GPT-2's real tokenizer plus GLM's special tokens).
 """
 
 from __future__ import annotations
@@ -13,12 +12,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import checkpoint_bytes as _raw
-from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
-from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, glm_config, glm_tensors, write_glm_checkpoint
-from helpers import reader_tensors
+from support.convert_support import checkpoint_bytes as _raw
+from support.convert_support import widened_bf16 as _widened
+from support.glm_checkpoints import GLM_HPARAMS, glm_config, glm_tensors, write_glm_checkpoint
+from support.helpers import reader_tensors
 
 from gguf_mtp.conversion.glm4moe import Glm4MoeMTPModel
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
@@ -27,22 +25,10 @@ from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
-from upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    assert_strip_gives_trunk,
-    parity_set,
-)
 
 Q = GGMLQuantizationType
 N = 3  # num_hidden_layers of the tiny checkpoints: the NextN layer is model.layers.3 -> blk.3
 HEAD = f"model.layers.{N}."
-#: tensor -> (how, why) gguf-mtp's NextN block may differ from upstream's --mtp export. None for glm4moe: GLM's
-#: attention is NeoX-ordered (no q/k permutation upstream either), and upstream's F32 router rule reads block 3
-#: from model.layers.3 and so does apply to blk.3, unlike Nemotron's mtp.layers.1.
-ALLOWED: dict[str, tuple[str, str]] = {}
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
@@ -261,42 +247,3 @@ def test_composed_into_a_tiny_glm_target_runs_an_mtp_step(
     assert check.ok, check.summary() + "\n" + check.log_tail
     assert (check.n_layer, check.n_layer_nextn) == (N, 1)
     assert check.mtp_decode_ok and check.mtp_logits_finite
-
-
-# --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> ParitySet:
-    work = shared_tmp_dir(request, "glm-parity")
-    return parity_set(write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True), work, GLM_SPECIAL_TOKENS)
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
-        prefix = f"blk.{N}."
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
-        assert len(theirs) == 25  # NextN 4 + copies 2, attention 11 (q/k/v bias, QK norm), MoE 8
-        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
-
-    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
-
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
-        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
-
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
-
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        ours = assert_runs_like(upstream.composite, upstream.full)
-        assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        assert_runs_mtp_only(upstream.standalone)

@@ -2,8 +2,9 @@
 convert_hf_to_gguf.py tensor for tensor.
 
 The upstream part converts one tiny full checkpoint (tencent/Hy3's keys and names, 2 shards + index with the MTP
-layer alone in the last, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences:
-:data:`ALLOWED` (tensors: none) and :data:`ALLOWED_KVS` (metadata of the composite against upstream's full file).
+layer alone in the last, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``): one MTP layer in
+tests/test_upstream_parity.py's ``hy_v3`` entry, two here. No tensor and no key of the composite may differ
+(upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from convert_support import checkpoint_bytes as _raw
-from convert_support import widened_bf16 as _widened
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
+from support.convert_support import checkpoint_bytes as _raw
+from support.convert_support import widened_bf16 as _widened
+from support.helpers import reader_kvs, reader_tensors
+from support.hy_checkpoints import HY_HPARAMS, hy_config, hy_tensors, write_hy_checkpoint
+from support.upstream import (
+    ParitySet,
+    assert_same_tensors,
+)
 
 from gguf_mtp.conversion import model_class_for_arch
 from gguf_mtp.conversion.hy_v3 import HYV3MTPModel
@@ -26,23 +31,10 @@ from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_safetensors
 from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_target
-from upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    assert_strip_gives_trunk,
-    parity_set,
-)
 
 Q = GGMLQuantizationType
 N = 2  # num_hidden_layers of the tiny checkpoints: the MTP layer is model.layers.2 -> blk.2
 HEAD = f"model.layers.{N}."
-#: tensor -> why gguf-mtp's NextN block may differ from upstream's --mtp export: none (same names, types, bytes).
-ALLOWED: dict[str, str] = {}
-#: KV -> why the composite (upstream --no-mtp + gguf-mtp's draft) may differ from upstream's full conversion: none
-#: (upstream writes the same size_label into both files here, so compose keeping the target's changes nothing).
-ALLOWED_KVS: dict[str, str] = {}
 
 
 def _draft(folder: Path, out: Path, **kwargs: object) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
@@ -159,79 +151,36 @@ def test_target_of_another_model_is_refused(hy: Path, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
-    work = tmp_path_factory.mktemp("hy-parity")
-    return parity_set(write_hy_checkpoint(work / "hf"), work)
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+# (one MTP layer: tests/test_upstream_parity.py's ``hy_v3`` entry)
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
-        prefix = f"blk.{N}."
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
-        assert len(theirs) == 20  # NextN 4, attention 7 (QK norm), ffn_norm, MoE 5 + shared 3
-        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
-
-    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
-
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(self, upstream: ParitySet, tmp_path: Path) -> None:
-        assert_strip_gives_trunk(upstream.full, upstream.trunk, tmp_path)
-
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
-        ours, theirs = reader_kvs(upstream.composite), reader_kvs(upstream.full)
-        assert sorted(ours) == sorted(theirs)
-        assert [k for k in theirs if ours[k] != theirs[k] and k not in ALLOWED_KVS] == []
-
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        ours = assert_runs_like(upstream.composite, upstream.full)
-        assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-
-    def test_standalone_loads_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        assert_runs_mtp_only(upstream.standalone)
-
-
-@pytest.fixture(scope="module")
-def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
+@pytest.mark.parity("hy_v3-2mtp")
+def test_two_blocks_equal_upstreams_and_run_in_llama(parity: ParitySet) -> None:
     """Two MTP layers (llama.cpp's converter and graph take several): upstream's full and ``--no-mtp`` files."""
-    work = tmp_path_factory.mktemp("hy2-parity")
-    return parity_set(write_hy_checkpoint(work / "hf", n_nextn=2), work)
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-def test_two_blocks_equal_upstreams_and_run_in_llama(upstream_two: ParitySet) -> None:
     from gguf_mtp.check.llama_check import check_with_llama
 
-    full = reader_tensors(upstream_two.full)
+    full = reader_tensors(parity.full)
     theirs = {n: t for n, t in full.items() if n.startswith((f"blk.{N}.", f"blk.{N + 1}."))}
     assert len(theirs) == 40
-    _assert_same_tensors(reader_tensors(upstream_two.draft), theirs)
-    _assert_same_tensors(reader_tensors(upstream_two.composite), full)
-    ours_kvs, their_kvs = reader_kvs(upstream_two.composite), reader_kvs(upstream_two.full)
-    assert [k for k in their_kvs if ours_kvs.get(k) != their_kvs[k] and k not in ALLOWED_KVS] == []
-    ours, theirs_check = check_with_llama(upstream_two.composite), check_with_llama(upstream_two.full)
+    assert_same_tensors(reader_tensors(parity.draft), theirs)  # none may differ (as for one layer)
+    assert_same_tensors(reader_tensors(parity.composite), full)
+    ours_kvs, their_kvs = reader_kvs(parity.composite), reader_kvs(parity.full)
+    assert [k for k in their_kvs if ours_kvs.get(k) != their_kvs[k]] == []
+    ours, theirs_check = check_with_llama(parity.composite), check_with_llama(parity.full)
     assert ours.ok and ours.mtp_decode_ok, ours.summary() + ours.log_tail
     assert (ours.n_layer, ours.n_layer_nextn) == (N, 2)
     assert ours.mtp_logits_sha256 == theirs_check.mtp_logits_sha256
-    standalone = check_with_llama(upstream_two.standalone, trunk=False)
+    standalone = check_with_llama(parity.standalone, trunk=False)
     assert standalone.ok and standalone.mtp_decode_ok and standalone.n_layer_nextn == 2, standalone.summary()
 
 
 def test_hub_fetches_only_the_shards_of_every_mtp_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 4 shards: the trunk, MTP layer 2, a shard holding only layer 20's stand-in (a prefix-alike), MTP layer 3
     import huggingface_hub
-    from convert_support import fill_hub_cache
     from huggingface_hub import constants as hf_constants
+    from support.convert_support import fill_hub_cache
 
     from gguf_mtp.format.safetensors_io import INDEX_NAME
 

@@ -2,11 +2,11 @@
 layouts of the fused ``qkv_proj`` (4 tensor-parallel ranks, as MiMo-V2.5 ships it, and unsharded), checked by value,
 by llama.cpp (an MTP decode through every block) and against llama.cpp's own convert_hf_to_gguf.py.
 
-Upstream runs on the BF16 and the tensor-parallel FP8 checkpoints (full, ``--no-mtp``, ``--mtp``). It refuses the
+Upstream runs on the BF16 and the tensor-parallel FP8 checkpoints (full, ``--no-mtp``, ``--mtp``: the entries
+``mimo2-bf16`` and ``mimo2-tp4`` of tests/test_upstream_parity.py, where no difference is allowed). It refuses the
 unsharded FP8 one (``_tp_aware_qkv_dequant``: "cannot detect TP - scale_inv rows 3, q+k+v 352"; its one-rank branch
 cannot be reached), so there ``qkv_proj`` is checked against the plain block dequantization (llama.cpp's
-``dequant_simple``, written out in tests/fp8_checkpoints.py) and the file is run by llama.cpp. Allowed differences:
-:data:`ALLOWED` (none).
+``dequant_simple``, written out in tests/support/fp8_checkpoints.py) and the file is run by llama.cpp.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor
-from fp8_checkpoints import dequantize_reference
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
-from helpers import reader_kvs, reader_tensors
-from mimo_checkpoints import (
+from support.convert_support import raw_tensor
+from support.fp8_checkpoints import dequantize_reference
+from support.helpers import reader_kvs, reader_tensors
+from support.mimo_checkpoints import (
     HYBRID,
     IGNORED,
     N_KV_FULL,
@@ -33,19 +33,16 @@ from mimo_checkpoints import (
     qkv_rows,
     write_mimo_checkpoint,
 )
+from support.upstream import ParitySet, assert_same_tensors, parity_set
 
 from gguf_mtp.conversion.mimo2 import qkv_rank_count
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (2, 3, 4)  # model.mtp.layers.{0,1,2} -> blk.{2,3,4}
-#: tensor -> (how, why) gguf-mtp's NextN blocks may differ from upstream's --mtp export: none for mimo2.
-ALLOWED: dict[str, tuple[str, str]] = {}
-ARRAYS = ("attention.head_count_kv", "attention.sliding_window_pattern")
 QKV = "self_attn.qkv_proj.weight"
 
 
@@ -126,7 +123,7 @@ def test_fp8_qkv_is_dequantized_with_its_layouts_scales_and_regrouped(
 
 
 def test_a_qkv_scale_of_neither_layout_is_one_line(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "bad"
     shutil.copytree(checkpoints["tp4"], folder)
@@ -139,7 +136,7 @@ def test_a_qkv_scale_of_neither_layout_is_one_line(checkpoints: dict[str, Path],
 
 
 def test_split_qkv_is_refused_naming_the_fused_one(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "split"
     shutil.copytree(checkpoints["bf16"], folder)
@@ -150,80 +147,35 @@ def test_split_qkv_is_refused_naming_the_fused_one(checkpoints: dict[str, Path],
 
 
 # --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
-    result: dict[str, ParitySet] = {}
-    for variant in ("bf16", "tp4"):
-        work = tmp_path_factory.mktemp(f"mimo-parity-{variant}")
-        result[variant] = parity_set(Path(shutil.copytree(checkpoints[variant], work / "hf")), work)
-    return result
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+# (the BF16 and tensor-parallel FP8 checkpoints: tests/test_upstream_parity.py's ``mimo2-bf16`` and ``mimo2-tp4``
+# entries, where no difference is allowed; here what is particular to MiMo's FP8 layouts)
 
 
 @pytest.mark.upstream
-@pytest.mark.llama
-@pytest.mark.parametrize("variant", ["bf16", "tp4"])
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_blocks(self, variant: str, upstream: dict[str, ParitySet]) -> None:
-        files = upstream[variant]
-        theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
-        assert len(theirs) == 36 and {n.split(".")[1] for n in theirs} == {"2", "3", "4"}
-        _assert_same_tensors(reader_tensors(files.draft), theirs)
-        ours, their_kvs = reader_kvs(files.draft), reader_kvs(files.mtp)
-        for suffix in ARRAYS:
-            assert ours[f"mimo2.{suffix}"] == their_kvs[f"mimo2.{suffix}"], suffix
+@pytest.mark.parity("mimo2-tp4")
+def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(parity: ParitySet, tmp_path: Path) -> None:
+    from support.upstream import upstream_convert
 
-    def test_standalone_equals_upstream_mtp_export(self, variant: str, upstream: dict[str, ParitySet]) -> None:
-        _assert_same_tensors(reader_tensors(upstream[variant].standalone), reader_tensors(upstream[variant].mtp))
-
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(
-        self, variant: str, upstream: dict[str, ParitySet]
-    ) -> None:
-        files = upstream[variant]
-        _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
-        ours, theirs = reader_kvs(files.composite), reader_kvs(files.full)
-        assert {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)} == {"general.size_label"}
-
-    def test_llama_runs_every_block_with_upstreams_logits(
-        self, variant: str, upstream: dict[str, ParitySet]
-    ) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        files = upstream[variant]
-        ours = assert_runs_like(files.composite, files.full)
-        assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
-        standalone = check_with_llama(files.standalone, trunk=False)
-        assert standalone.ok and standalone.mtp_blocks_decoded == 3, standalone.summary() + standalone.log_tail
-
-
-@pytest.mark.upstream
-def test_fp8_to_q8_0_in_one_pass_equals_upstreams_q8_0(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
-    from upstream import upstream_convert
-
-    checkpoint = upstream["tp4"].checkpoint
+    checkpoint = parity.checkpoint
     theirs = reader_tensors(upstream_convert(checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0"))
     draft = convert(checkpoint, tmp_path / "d.gguf", block=N_LAYER, outtype="q8_0", progress=False).output
     ours = reader_tensors(draft)
     assert ours["blk.2.attn_qkv.weight"][0] == Q.Q8_0
-    _assert_same_tensors(ours, {n: t for n, t in theirs.items() if n.startswith("blk.")})
+    assert_same_tensors(ours, {n: t for n, t in theirs.items() if n.startswith("blk.")})
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
+@pytest.mark.parity("mimo2-tp4")
 def test_unsharded_fp8_head_runs_in_llama_through_every_block(
-    checkpoints: dict[str, Path], upstream: dict[str, ParitySet], tmp_path: Path
+    checkpoints: dict[str, Path], parity: ParitySet, tmp_path: Path
 ) -> None:
     """Upstream converts no part of the unsharded FP8 checkpoint (its trunk's qkv_proj is unsharded too): the head is
     spliced into the trunk upstream made from the tensor-parallel variant (same model shape, other weights) and into
     a standalone MTP model, and llama.cpp runs an MTP decode through each of the three blocks."""
     from gguf_mtp.check.llama_check import check_with_llama
 
-    trunk = upstream["tp4"].trunk
+    trunk = parity.trunk
     draft = convert(checkpoints["unsharded"], tmp_path / "d.gguf", target=trunk, progress=False).output
     composite = compose(trunk, draft, tmp_path / "c", progress=False).output_paths[0]
     standalone = convert(checkpoints["unsharded"], tmp_path / "sa.gguf", target=trunk, standalone=True,
@@ -242,23 +194,24 @@ def test_patched_upstream_converts_the_unsharded_fp8_checkpoint_as_gguf_mtp_does
     """upstream/05-mimo-unsharded-fp8-qkv: with the patch, llama.cpp's converter takes the unsharded layout as one
     rank; its output then equals gguf-mtp's (the patch's proof)."""
 
+    from support.upstream import ROOT, patched_tree
+
     from gguf_mtp.check.llama_check import check_with_llama
-    from upstream import ROOT, patched_tree
 
     patch = ROOT / "upstream/05-mimo-unsharded-fp8-qkv/mimo-unsharded-fp8-qkv.patch"
     tree = patched_tree(patch, tmp_path / "llama.cpp")
     files = parity_set(Path(shutil.copytree(checkpoints["unsharded"], tmp_path / "hf")), tmp_path, tree=tree)
     theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
     assert len(theirs) == 36
-    _assert_same_tensors(reader_tensors(files.draft), theirs)
-    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+    assert_same_tensors(reader_tensors(files.draft), theirs)
+    assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
     ours, upstream_full = check_with_llama(files.composite), check_with_llama(files.full)
     assert ours.ok and ours.mtp_blocks_decoded == 3, ours.summary() + ours.log_tail
     assert ours.mtp_logits_sha256 is not None and ours.mtp_logits_sha256 == upstream_full.mtp_logits_sha256
 
 
 def test_bad_config_or_layers_are_one_line(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    from convert_support import rewrite_checkpoint_tensor
+    from support.convert_support import rewrite_checkpoint_tensor
 
     folder = tmp_path / "bad"
     shutil.copytree(checkpoints["bf16"], folder)

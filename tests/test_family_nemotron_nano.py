@@ -1,10 +1,10 @@
 """Nemotron 3 Nano / 3.5 Lightning: ``nemotron_h_moe`` whose MoE has no latent projection (experts at full width).
 
 The existing Nemotron-H converter handles it (no ``moe_latent_size`` -> no ``ffn_latent_*``, experts
-``[hidden, ff]``); these tests prove it by value, through llama.cpp, and against llama.cpp's own converter. The
-upstream part converts one tiny full Nano checkpoint three ways: ``--no-mtp``, ``--mtp``, and full with the router
-patch of ``upstream/01`` (which only changes the MTP router's type: the one thing that keeps an unpatched full
-file's MTP logits from matching). Allowed differences are in :data:`ALLOWED`.
+``[hidden, ff]``); these tests prove it by value and through llama.cpp. Against llama.cpp's own converter:
+tests/test_upstream_parity.py's ``nemotron_nano`` entry (one tiny full Nano checkpoint converted ``--no-mtp``,
+``--mtp``, and full with the router patch of ``upstream/01``, which only changes the MTP router's type: the one
+thing that keeps an unpatched full file's MTP logits from matching; its allowed differences are listed there).
 """
 
 from __future__ import annotations
@@ -13,32 +13,19 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import checkpoint_bytes as _raw
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint, write_nano_head_checkpoint
+from support.convert_support import checkpoint_bytes as _raw
+from support.helpers import reader_kvs, reader_tensors
+from support.nano_checkpoints import NANO_HPARAMS, write_nano_head_checkpoint
 
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import BIAS_SPELLINGS, mtpv2_config, write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
-from upstream import ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = 3  # the M*E trunk's block count: the NextN block is blk.3
-ROUTER = f"blk.{BLOCK}.ffn_gate_inp.weight"
-#: tensor -> (how, why) gguf-mtp's NextN block may differ from upstream's --mtp export (the same two as Super's).
-ALLOWED = {
-    ROUTER: ("widened", "gguf-mtp keeps every router F32, the MTP one too; upstream's F32 rule reads the block id "
-             "from the HF name (mtp.layers.1 -> 1) and leaves the MTP router BF16 (upstream/01 fixes it)"),
-    f"blk.{BLOCK}.attn_q.weight": ("permuted", "upstream runs the MTP attention through LlamaModel.permute "
-                                   "(Granite's undo_permute); Nemotron-H has no RoPE, so the same row order change "
-                                   "in Q and K leaves Q.K^T and the logits unchanged"),
-    f"blk.{BLOCK}.attn_k.weight": ("permuted", "as attn_q"),
-}
-PATCH = Path(__file__).resolve().parent.parent / "upstream/01-nemotronh-mtp-router-f32/nemotronh-mtp-router-f32.patch"
 #: Nano's NextN block: NextN fusion 3, attention 5, MoE 7 (no latent projections), head norm 1.
 NANO_BLOCK = {
     "nextn.enorm.weight": (Q.F32, (128,)), "nextn.hnorm.weight": (Q.F32, (128,)),
@@ -95,6 +82,7 @@ def test_latent_tensors_without_latent_size_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "d.gguf").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp_path: Path) -> None:
     from gguf_mtp.check.llama_check import check_with_llama
@@ -110,46 +98,3 @@ def test_nano_draft_composed_into_a_tiny_target_runs_an_mtp_step(head: Path, tmp
     assert check.ok, check.summary() + "\n" + check.log_tail
     assert (check.n_layer, check.n_layer_nextn) == (BLOCK, 1)
     assert check.mtp_decode_ok and check.mtp_logits_finite
-
-
-# --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> ParitySet:
-    work = shared_tmp_dir(request, "nano-parity")
-    return parity_set(write_full_nano_checkpoint(work / "hf"), work)
-
-
-@pytest.fixture(scope="module")
-def full_patched(upstream: ParitySet) -> Path:
-    """Upstream's full conversion with the router patch of ``upstream/01``."""
-    return upstream.full_with_patch(PATCH)
-
-
-def _assert_same_tensors(ours: dict, theirs: dict, allowed: tuple[str, ...] = ("widened", "permuted")) -> None:
-    assert_same_tensors_up_to(ours, theirs, ALLOWED, allowed, NANO_HPARAMS.n_head, NANO_HPARAMS.n_head_kv)
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_block(self, upstream: ParitySet) -> None:
-        prefix = f"blk.{BLOCK}."
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(prefix)}
-        assert sorted(theirs) == sorted(prefix + k for k in NANO_BLOCK)  # upstream writes no latent tensor either
-        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
-
-    def test_strip_of_upstream_full_equals_its_no_mtp_file(
-        self, upstream: ParitySet, full_patched: Path, tmp_path: Path
-    ) -> None:
-        assert_strip_gives_trunk(full_patched, upstream.trunk, tmp_path)
-
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet, full_patched: Path) -> None:
-        # the patched full file has the F32 MTP router gguf-mtp writes: only the harmless q/k row order differs
-        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(full_patched),
-                             ("permuted",))
-
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet, full_patched: Path) -> None:
-        ours = assert_runs_like(upstream.composite, full_patched)
-        assert (ours.n_layer, ours.n_layer_nextn) == (BLOCK, 1)

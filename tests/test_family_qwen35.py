@@ -24,18 +24,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import raw_tensor, rewrite_checkpoint_tensor
 from gguf import GGMLQuantizationType, GGUFValueType
-from helpers import reader_kvs, reader_tensors
-from qwen_checkpoints import DIMS, N_TRUNK, QwenDims, write_qwen_checkpoint
+from support.convert_support import raw_tensor, rewrite_checkpoint_tensor
+from support.helpers import reader_kvs, reader_tensors
+from support.qwen_checkpoints import DIMS, N_TRUNK, QwenDims, write_qwen_checkpoint
+from support.session import shared_tmp_dir
+from support.upstream import ParitySet, assert_same_tensors, parity_set
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.errors import CheckpointError, GGUFMTPError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
-from upstream import ParitySet, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCK = N_TRUNK

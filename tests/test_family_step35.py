@@ -1,9 +1,10 @@
 """Step-3.5-Flash (step35): ``convert`` of the three MTP layers into three NextN blocks, checked by value, by llama.cpp
 (an MTP decode through every block), and against llama.cpp's own convert_hf_to_gguf.py tensor for tensor.
 
-The upstream part converts one tiny full checkpoint (tests/step_checkpoints.py: 3 trunk layers + 3 MTP layers,
-2 shards + index, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``). Allowed differences are listed
-in :data:`ALLOWED` (none: every tensor of the three NextN blocks is byte-identical, the ``+ 1`` norms included).
+The upstream part converts one tiny full checkpoint (tests/support/step_checkpoints.py: 3 trunk layers + 3 MTP layers,
+2 shards + index, GPT-2's real tokenizer) three ways (full, ``--no-mtp``, ``--mtp``): tests/test_upstream_parity.py's
+``step35`` entry, where no difference is allowed (every tensor of the three NextN blocks is byte-identical, the
+``+ 1`` norms included); Step-3.7's layout is compared here.
 """
 
 from __future__ import annotations
@@ -13,25 +14,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import as_f32, raw_tensor
 from gguf import GGMLQuantizationType
-from helpers import reader_kvs, reader_tensors
-from step_checkpoints import HEAD_DIM, LAYER_TYPES, N_HEAD, N_HEAD_SWA, N_KV, N_LAYER, VOCAB, H, write_step_checkpoint
+from support.convert_support import as_f32, raw_tensor
+from support.helpers import reader_kvs, reader_tensors
+from support.step_checkpoints import (
+    HEAD_DIM,
+    LAYER_TYPES,
+    N_HEAD,
+    N_HEAD_SWA,
+    N_KV,
+    N_LAYER,
+    VOCAB,
+    H,
+    write_step_checkpoint,
+)
+from support.upstream import ParitySet, assert_same_tensors, parity_set
 
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.conversion.step35 import Step35MTPModel
 from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
 from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.convert import convert
-from upstream import ParitySet, assert_runs_like, assert_runs_mtp_only, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 BLOCKS = (3, 4, 5)  # model.layers.{3,4,5} -> blk.{3,4,5}
-#: tensor -> (how, why) gguf-mtp's NextN blocks may differ from upstream's --mtp export: none for step35.
-ALLOWED: dict[str, tuple[str, str]] = {}
-#: The per-layer arrays llama.cpp's converter writes for step35 (conversion/step3.py:161-223).
-ARRAYS = ("attention.head_count", "attention.head_count_kv", "attention.sliding_window_pattern",
-          "swiglu_clamp_exp", "swiglu_clamp_shexp")
 
 
 @pytest.fixture(scope="module")
@@ -107,59 +113,26 @@ def test_the_plan_names_every_block(step: Path, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(step: Path, tmp_path_factory: pytest.TempPathFactory) -> ParitySet:
-    work = tmp_path_factory.mktemp("step-parity")
-    return parity_set(Path(shutil.copytree(step, work / "hf")), work)
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+# (the draft, sidecar, composite and llama.cpp's runs against upstream's: tests/test_upstream_parity.py's ``step35``
+# entry; here what verify and inspect say of that composite)
 
 
 @pytest.mark.upstream
-@pytest.mark.llama
-class TestUpstreamParity:
-    def test_convert_equals_upstream_mtp_blocks(self, upstream: ParitySet) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith("blk.")}
-        assert len(theirs) == 51 and {n.split(".")[1] for n in theirs} == {"3", "4", "5"}
-        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
+@pytest.mark.parity("step35")
+def test_verify_passes_naming_every_block(parity: ParitySet) -> None:
+    from gguf_mtp.check.verify import verify
 
-    def test_draft_arrays_equal_upstreams(self, upstream: ParitySet) -> None:
-        ours, theirs = reader_kvs(upstream.draft), reader_kvs(upstream.mtp)
-        for suffix in ARRAYS:
-            assert ours[f"step35.{suffix}"] == theirs[f"step35.{suffix}"], suffix
+    report = verify(parity.composite, target=parity.trunk, draft=parity.draft, llama=False, progress=False)
+    assert report.ok, "\n".join(report.describe())
+    draft = next(c for c in report.checks if c.name == "draft tensors")
+    assert "all 51 draft block tensors" in draft.detail and "identical as blk.3-5" in draft.detail
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
 
-    def test_compose_of_no_mtp_and_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
-        ours, theirs = reader_kvs(upstream.composite), reader_kvs(upstream.full)
-        differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)}
-        assert differ == {"general.size_label"}  # compose keeps the trunk's; upstream recounts
-
-    def test_verify_passes_naming_every_block(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.verify import verify
-
-        report = verify(upstream.composite, target=upstream.trunk, draft=upstream.draft, llama=False,
-                        progress=False)
-        assert report.ok, "\n".join(report.describe())
-        draft = next(c for c in report.checks if c.name == "draft tensors")
-        assert "all 51 draft block tensors" in draft.detail and "identical as blk.3-5" in draft.detail
-
-    def test_inspect_sees_three_chained_blocks(self, upstream: ParitySet) -> None:
-        summary = inspect(upstream.composite)
-        assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None
-
-    def test_llama_runs_every_block_of_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        ours = assert_runs_like(upstream.composite, upstream.full)
-        assert (ours.n_layer, ours.n_layer_nextn, ours.mtp_blocks_decoded) == (N_LAYER, 3, 3)
-
-    def test_standalone_runs_every_block_as_an_mtp_only_model(self, upstream: ParitySet) -> None:
-        assert assert_runs_mtp_only(upstream.standalone).mtp_blocks_decoded == 3
+@pytest.mark.upstream
+@pytest.mark.parity("step35")
+def test_inspect_sees_three_chained_blocks(parity: ParitySet) -> None:
+    summary = inspect(parity.composite)
+    assert summary.mtp_verdict == "MTP: yes (3 blocks, blk.3-5)" and summary.graph_note is None
 
 
 # ------------------------------------------------------------------------------------------------ Step-3.7
@@ -204,8 +177,8 @@ def test_step37_equals_upstreams_conversion(step37: Path, tmp_path_factory: pyte
     files = parity_set(Path(shutil.copytree(step37, work / "hf")), work)
     theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith("blk.")}
     assert len(theirs) == 51
-    _assert_same_tensors(reader_tensors(files.draft), theirs)
-    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
+    assert_same_tensors(reader_tensors(files.draft), theirs)  # none may differ, as for Step-3.5
+    assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -26,13 +26,15 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from malformed import SMALL, TRUNK
+from support.malformed import SMALL, TRUNK
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main
 from gguf_mtp.errors import OutputWriteError
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.testing.tiny_models import write_draft, write_target
+
+pytestmark = pytest.mark.slow  # child processes killed, interrupted and starved at every step: seconds each
 
 COPY_METHODS = ("copy_file_range", "sendfile", "readwrite")
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor, rewrite_checkpoint_tensor, tensor_array
-from fp8_checkpoints import dequantize_reference, is_linear, quantize_checkpoint
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
-from helpers import reader_tensors
-from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
+from support.convert_support import raw_tensor, rewrite_checkpoint_tensor, tensor_array
+from support.fp8_checkpoints import dequantize_reference, is_linear, quantize_checkpoint
+from support.helpers import reader_tensors
+from support.qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
 
 from gguf_mtp.cli import main
 from gguf_mtp.conversion.fp8 import BlockScaledTensor, fp8_lut
@@ -272,7 +272,7 @@ def test_a_scale_next_to_a_bf16_weight_is_applied_as_upstream_applies_it(fp8: Pa
 def test_a_scaled_bf16_weight_converts_as_upstreams_converter_converts_it(
     fp8: Path, bf16: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from upstream import upstream_convert, write_gpt2_tokenizer
+    from support.upstream import upstream_convert, write_gpt2_tokenizer
 
     work = tmp_path_factory.mktemp("up-scaled")
     folder, _ = _scaled_bf16(fp8, bf16, work / "hf")
@@ -299,7 +299,7 @@ def test_is_linear_matches_what_the_releases_quantize() -> None:
 
 @pytest.fixture(scope="module")
 def upstream_fp8(fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from upstream import upstream_convert, write_gpt2_tokenizer
+    from support.upstream import upstream_convert, write_gpt2_tokenizer
 
     work = tmp_path_factory.mktemp("up-fp8")
     folder = Path(shutil.copytree(fp8, work / "hf"))

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
-from helpers import no_hang
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from malformed import SMALL, TRUNK
+from support.helpers import no_hang
+from support.malformed import SMALL, TRUNK
 
 from gguf_mtp.constants import split_file_name
 from gguf_mtp.errors import GGUFMTPError
@@ -51,6 +51,8 @@ from gguf_mtp.jobs.compose import compose
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.testing.tiny_models import write_draft, write_target
+
+pytestmark = pytest.mark.slow  # property-based runs of many examples
 
 EXAMPLES = int(os.environ.get("GGUF_MTP_FUZZ_EXAMPLES", "0")) or None
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

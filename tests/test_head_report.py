@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType
-from helpers import rewrite_gguf
+from support.helpers import rewrite_gguf
 
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.cli import main

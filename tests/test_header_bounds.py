@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
-from helpers import no_hang
-from malformed import SMALL, edit_kvs, rewrite
+from support.helpers import no_hang
+from support.malformed import SMALL, edit_kvs, rewrite
 
 from gguf_mtp.cli import main
 from gguf_mtp.constants import ENV_MAX_HEADER_BYTES, MAX_ALIGNMENT, MAX_TENSORS
@@ -145,6 +145,7 @@ def test_an_overlong_tensor_name_is_refused_without_reading_it() -> None:
 # ------------------------------------------------------------------------------------------ memory (item 6)
 
 
+@pytest.mark.slow
 def test_kv_table_of_many_tiny_kvs_parses_in_a_small_multiple_of_its_size() -> None:
     n = 150_000
     data = tiny_kv_header(n)
@@ -189,15 +190,19 @@ HOSTILE_RUN = textwrap.dedent(
     import resource, sys
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if resource.getrlimit(resource.RLIMIT_AS) != (limit, limit):
+        sys.exit(f"the address-space limit {limit} is not in force")  # exit 1: the test's exit-2 check fails
     from gguf_mtp.cli import main
     sys.exit(main(sys.argv[2:]))
     """
 )
 
 
+@pytest.mark.slow
 def test_hostile_kv_table_under_an_address_space_limit_ends_with_one_line(tmp_path: Path) -> None:
     # ~21 MB of tiny KVs (1.5 million): one object per entry needed ~300 MB; the limit leaves ~250 MB
     # above what an idle interpreter with numpy maps.
+    ours = resource.getrlimit(resource.RLIMIT_AS)
     path = tmp_path / "hostile.gguf"
     path.write_bytes(tiny_kv_header(1_500_000))
     env = {**os.environ, "GGUF_MTP_DISABLE_PROGRESS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -215,7 +220,7 @@ def test_hostile_kv_table_under_an_address_space_limit_ends_with_one_line(tmp_pa
     assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.splitlines()) == 1 and "hostile.gguf" in result.stderr
-    assert resource.getrlimit(resource.RLIMIT_AS)  # the limit was the child's only
+    assert resource.getrlimit(resource.RLIMIT_AS) == ours  # the limit was the child's only
 
 
 # ------------------------------------------------------------------------------------------ item 10

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import no_hang
-from hostile_checkpoints import DEEP, HOSTILE, _checkpoint, _edit_config
-from malformed import Inputs, Malformed, Sources, build_sources
+from support.helpers import no_hang
+from support.hostile_checkpoints import DEEP, HOSTILE, _checkpoint, _edit_config
+from support.malformed import Inputs, Malformed, Sources, build_sources
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, GGUFMTPError

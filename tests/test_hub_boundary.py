@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from hub_standin import LargeFolderHub, RecordingHub, http_error
 from huggingface_hub import errors as hf_errors
+from support.hub_standin import LargeFolderHub, RecordingHub, http_error
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import HubError

@@ -23,12 +23,14 @@ import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.utils
 import pytest
-from helpers import LoopbackServer
+from support.helpers import LoopbackServer
 
 from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.hub import client
 from gguf_mtp.hub import errors as hub_errors
 from gguf_mtp.testing.tiny_models import write_draft
+
+pytestmark = pytest.mark.slow  # the CLI in child processes against dead and refusing hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 HF_JOB = ROOT / "scripts" / "hf_job.py"

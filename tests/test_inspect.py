@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFReader, GGUFValueType
-from helpers import copy_model, shard_files
+from support.helpers import copy_model, shard_files
 
 from gguf_mtp import BadGGUFError, compose
 from gguf_mtp.check.inspect import inspect

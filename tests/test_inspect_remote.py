@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from gguf import GGUFValueType
-from helpers import LoopbackServer, shard_files
-from hub_http import FOLDER, REPO, HubStandIn, handler_for
+from support.helpers import LoopbackServer, shard_files
+from support.hub_http import FOLDER, REPO, HubStandIn, handler_for
 
 from gguf_mtp import BadGGUFError, HubError, compose
 from gguf_mtp.check.inspect import inspect
@@ -303,6 +303,7 @@ def test_verify_needs_local_files_to_compare_bytes(hub: HubStandIn, published: s
 # ------------------------------------------------------------------------- hostile servers (issue 11 item 7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["trickle", "trickle-headers"])
 def test_a_trickling_server_ends_in_one_line_at_the_deadline(
     hub: HubStandIn, published: str, mode: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -356,6 +357,7 @@ def test_a_body_mislabelled_as_gzip_is_one_line(
     assert err.count("\n") == 1 and "Content-Encoding: gzip" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("status", "line"), [(403, f"no access to {REPO} (403)"), (503, "503")])
 def test_an_error_answer_is_not_read_beyond_a_small_cap(
     hub: HubStandIn, published: str, status: int, line: str, capsys: pytest.CaptureFixture[str]
@@ -572,7 +574,7 @@ def tls_hub(server: HubStandIn, tmp_path_factory: pytest.TempPathFactory) -> Ite
     import ssl
     import subprocess
 
-    from conftest import IN_CI
+    from support.session import IN_CI
 
     openssl = shutil.which("openssl")
     if openssl is None:

@@ -22,8 +22,8 @@ from typing import Any
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from helpers import flip_byte
-from hub_standin import JobsHub, NoVolumesJobsHub
+from support.helpers import flip_byte
+from support.hub_standin import JobsHub, NoVolumesJobsHub
 
 from gguf_mtp import ShardSetError, UnsafeOutputError
 from gguf_mtp.files.plan import CopyRange

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, rewrite_gguf, shard_files
+from support.helpers import copy_model, rewrite_gguf, shard_files
 
 from gguf_mtp import compose
 from gguf_mtp.check import llama_check
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.llama
 ARCH = "nemotron_h_moe"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target_fixture", "draft_fixture", "trunk"),
     [
@@ -77,6 +78,7 @@ def test_oracle_rejects_an_unextended_per_layer_array(composite: Path, tmp_path:
     assert "wrong array length; expected 4, got 3" in (check.error or "")
 
 
+@pytest.mark.slow
 def test_a_load_alone_misses_a_nextn_block_without_eh_proj_but_the_mtp_step_does_not(
     glm_target: Path, glm_draft: Path, tmp_path: Path
 ) -> None:
@@ -127,6 +129,7 @@ def _model_buffers(stderr: str) -> set[str]:
     return set(re.findall(r"load_tensors:\s+(\S+) model buffer size", stderr))
 
 
+@pytest.mark.slow
 def test_the_check_loads_the_weights_in_plain_cpu_buffers_only(composite: Path) -> None:
     """With the check's parameters llama.cpp puts every weight in a plain (mapped) CPU buffer: no CPU_REPACK,
     AMX or KleidiAI buffer, so no kernel that only a CPU with those features runs. The control run (extra

@@ -55,6 +55,7 @@ def _planned_copies(target: Path, draft: Path, out: Path) -> dict[str, tuple[int
     }
 
 
+@pytest.mark.slow
 def test_verbose_compose_logs_method_bytes_and_commit(nemotron_split: Path, nemotron_draft0: Path,
                                                       tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -95,6 +96,7 @@ def test_verbose_compose_with_auto_accounts_for_every_copied_byte(nemotron_split
         assert _number(line["written"]) == size - copies
 
 
+@pytest.mark.slow
 def test_without_verbose_nothing_is_logged(nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path) -> None:
     done = _gguf_mtp("compose", str(nemotron_split), str(nemotron_draft0), "-o", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, file_hashes, reader_kvs, reader_tensors, rewrite_gguf
+from support.helpers import copy_model, file_hashes, reader_kvs, reader_tensors, rewrite_gguf
 
 from gguf_mtp import IncompatibleDraftError, compose
 from gguf_mtp.check.inspect import inspect
@@ -223,6 +223,7 @@ def test_verify_fails_a_composite_whose_arrays_have_one_nextn_entry_for_three_bl
 # ------------------------------------------------------------------------------------------------ llama.cpp
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_llama_cpp_loads_a_three_block_glm4moe_composite_with_all_its_nextn_blocks(glm3: Path) -> None:
     check = check_with_llama(glm3)

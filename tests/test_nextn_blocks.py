@@ -6,7 +6,8 @@ Parity: llama.cpp's own ``convert_hf_to_gguf.py`` converts the 2-NextN GLM check
 ``--mtp``. It writes both NextN layers (``blk.3`` and ``blk.4``) in the full and the ``--mtp`` file, so the
 unpatched converter is the reference. gguf-mtp's draft equals upstream's ``--mtp`` blocks byte for byte, its
 ``--standalone`` sidecar every tensor of upstream's ``--mtp`` file, and ``compose`` of upstream's ``--no-mtp`` file
-and the 2-block draft every tensor of upstream's full file. Allowed differences: none (:data:`ALLOWED`).
+and the 2-block draft every tensor of upstream's full file, no difference allowed (tests/test_upstream_parity.py's
+``glm4moe-2nextn`` entry).
 
 llama.cpp loads the 2-block composite and runs its trunk; glm4moe's MTP graph asserts a single NextN block
 (src/models/glm4-moe.cpp:135), so an MTP draft step aborts (upstream's own full file too): convert and inspect say
@@ -19,13 +20,14 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
-from convert_support import raw_tensor
-from deepseek_checkpoints import as_glm47flash, write_mla_checkpoint
-from fp8_checkpoints import quantize_checkpoint
 from gguf import GGMLQuantizationType
-from glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, write_glm_checkpoint
-from helpers import reader_tensors
+from support.convert_support import raw_tensor
+from support.deepseek_checkpoints import as_glm47flash, write_mla_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
+from support.glm_checkpoints import GLM_HPARAMS, GLM_SPECIAL_TOKENS, write_glm_checkpoint
+from support.helpers import reader_tensors
+from support.session import shared_tmp_dir
+from support.upstream import ParitySet, assert_same_tensors
 
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.verify import verify
@@ -35,13 +37,10 @@ from gguf_mtp.hub.checkpoint import head_files
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
-from upstream import ParitySet, assert_same_tensors, parity_set
 
 Q = GGMLQuantizationType
 N = 3  # trunk layers of the GLM checkpoints: NextN layers model.layers.3 and .4 -> blk.3 and blk.4
 K = 2
-#: tensor -> (how gguf-mtp may differ from upstream, why): none.
-ALLOWED: dict[str, tuple[str, str]] = {}
 UNRUN = ("2 NextN blocks, but llama.cpp's glm4moe MTP graph runs exactly 1 (src/models/glm4-moe.cpp:135: "
          "GGML_ASSERT n_layer_nextn == 1): its MTP decode aborts on this file")
 CONVERT_NOTE = f"{UNRUN}; converting only the first block (nextn_blocks=1, --nextn-blocks 1) gives a file it runs"
@@ -139,6 +138,7 @@ def test_nextn_blocks_keeps_the_first_blocks_only(glm2: Path, glm_target: Path, 
         convert(glm2, tmp_path / "three.gguf", target=glm_target, nextn_blocks=3, progress=False)
 
 
+@pytest.mark.slow
 def test_nextn_blocks_flag_of_the_cli(glm2: Path, glm_target: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -192,9 +192,9 @@ def test_missing_second_layer_and_bad_counts_are_one_line(glm2: Path, tmp_path: 
 def test_hub_source_fetches_the_shards_of_both_nextn_layers_only(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
-    from convert_support import fill_hub_cache
-    from glm_checkpoints import glm_config, glm_tensors
     from huggingface_hub import constants as hf_constants
+    from support.convert_support import fill_hub_cache
+    from support.glm_checkpoints import glm_config, glm_tensors
 
     from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME
     from gguf_mtp.testing.tiny_checkpoints import write_safetensors
@@ -242,6 +242,7 @@ def test_hub_download_takes_the_shards_of_every_nextn_layer() -> None:
     assert head_files(weight_map, prefixes) == ["model-00002.safetensors", "model-00003.safetensors"]
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 def test_llama_loads_the_two_block_composite(glm2: Path, glm_target: Path, tmp_path: Path) -> None:
     from gguf_mtp.check.llama_check import check_with_llama
@@ -261,66 +262,42 @@ def test_llama_loads_the_two_block_composite(glm2: Path, glm_target: Path, tmp_p
 
 
 # --------------------------------------------------------------------------------------- upstream parity
-
-
-@pytest.fixture(scope="module")
-def upstream(request: pytest.FixtureRequest) -> ParitySet:
-    work = shared_tmp_dir(request, "glm-2nextn-parity")
-    checkpoint = write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True, n_nextn=K)
-    return parity_set(checkpoint, work, GLM_SPECIAL_TOKENS)
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+# (draft, sidecar and composite against upstream's files: tests/test_upstream_parity.py's ``glm4moe-2nextn`` entry)
 
 
 @pytest.mark.upstream
-class TestUpstreamParity:
-    def test_upstream_writes_both_nextn_layers(self, upstream: ParitySet) -> None:
-        # The reported drop of the first NextN layer (blk.3) does not happen in the vendored converter.
-        for kind, path in (("full", upstream.full), ("mtp", upstream.mtp)):
-            tensors = reader_tensors(path)
-            assert len(_block(tensors, N)) == len(_block(tensors, N + 1)) == 25, kind
-            header = read_header(path)
-            assert (header.get("glm4moe.block_count"), header.get("glm4moe.nextn_predict_layers")) == (N + K, K)
-            assert tensors[f"blk.{N}.nextn.eh_proj.weight"][2] == raw_tensor(
-                upstream.checkpoint, f"model.layers.{N}.eh_proj.weight")[2]
+@pytest.mark.parity("glm4moe-2nextn")
+def test_upstream_writes_both_nextn_layers(parity: ParitySet) -> None:
+    # The reported drop of the first NextN layer (blk.3) does not happen in the vendored converter.
+    for kind, path in (("full", parity.full), ("mtp", parity.mtp)):
+        tensors = reader_tensors(path)
+        assert len(_block(tensors, N)) == len(_block(tensors, N + 1)) == 25, kind
+        header = read_header(path)
+        assert (header.get("glm4moe.block_count"), header.get("glm4moe.nextn_predict_layers")) == (N + K, K)
+        assert tensors[f"blk.{N}.nextn.eh_proj.weight"][2] == raw_tensor(
+            parity.checkpoint, f"model.layers.{N}.eh_proj.weight")[2]
 
-    def test_convert_equals_upstream_mtp_blocks(self, upstream: ParitySet) -> None:
-        theirs = {n: t for n, t in reader_tensors(upstream.mtp).items() if n.startswith(("blk.3.", "blk.4."))}
-        assert len(theirs) == 2 * 25
-        _assert_same_tensors(reader_tensors(upstream.draft), theirs)
 
-    def test_standalone_equals_upstream_mtp_export(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.standalone), reader_tensors(upstream.mtp))
-        ours, theirs = read_header(upstream.standalone), read_header(upstream.mtp)
-        for key in ("glm4moe.block_count", "glm4moe.nextn_predict_layers"):
-            assert ours.get(key) == theirs.get(key), key
+@pytest.mark.upstream
+@pytest.mark.llama
+@pytest.mark.parity("glm4moe-2nextn")
+def test_llama_runs_the_composite_with_upstreams_logits(parity: ParitySet) -> None:
+    from gguf_mtp.check.llama_check import check_with_llama
 
-    def test_compose_of_no_mtp_and_two_block_draft_equals_upstream_full(self, upstream: ParitySet) -> None:
-        _assert_same_tensors(reader_tensors(upstream.composite), reader_tensors(upstream.full))
-        ours, theirs = read_header(upstream.composite), read_header(upstream.full)
-        for key in ("glm4moe.block_count", "glm4moe.nextn_predict_layers"):
-            assert ours.get(key) == theirs.get(key), key
-
-    @pytest.mark.llama
-    def test_llama_runs_the_composite_with_upstreams_logits(self, upstream: ParitySet) -> None:
-        from gguf_mtp.check.llama_check import check_with_llama
-
-        ours, theirs = check_with_llama(upstream.composite), check_with_llama(upstream.full)
-        for check in (ours, theirs):  # upstream's own 2-block file fares exactly as ours: trunk runs, MTP aborts
-            assert check.loaded and check.trunk_decode_ok is True, check.summary() + check.log_tail
-            assert (check.n_layer, check.n_layer_nextn) == (N, K)
-            assert check.mtp_decode_ok is not True and ASSERTION in (check.error or ""), check.summary()
-        assert ours.trunk_logits_sha256 is not None and ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
-        assert inspect(upstream.composite).graph_note == inspect(upstream.full).graph_note == UNRUN
+    ours, theirs = check_with_llama(parity.composite), check_with_llama(parity.full)
+    for check in (ours, theirs):  # upstream's own 2-block file fares exactly as ours: trunk runs, MTP aborts
+        assert check.loaded and check.trunk_decode_ok is True, check.summary() + check.log_tail
+        assert (check.n_layer, check.n_layer_nextn) == (N, K)
+        assert check.mtp_decode_ok is not True and ASSERTION in (check.error or ""), check.summary()
+    assert ours.trunk_logits_sha256 is not None and ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
+    assert inspect(parity.composite).graph_note == inspect(parity.full).graph_note == UNRUN
 
 
 @pytest.mark.upstream
 def test_deepseek2_two_fp8_blocks_equal_upstreams_glm47flash_class(request: pytest.FixtureRequest) -> None:
     """DeepSeek V3 FP8 shards with two NextN layers: upstream drops DeepSeek's MTP layers, so the reference is its
     GLM-4.7-Flash class (the same deepseek2 tensor handling and FP8 dequantization) on the very same shards."""
-    from upstream import write_gpt2_tokenizer
+    from support.upstream import write_gpt2_tokenizer
 
     work = shared_tmp_dir(request, "deepseek-2nextn-parity")
     n = 2  # deepseek_checkpoints.N_LAYERS
@@ -329,6 +306,6 @@ def test_deepseek2_two_fp8_blocks_equal_upstreams_glm47flash_class(request: pyte
     files = ParitySet(ours, work, reference=as_glm47flash(ours, work / "as-glm47flash"), outtype="auto")
     theirs = {name: t for name, t in reader_tensors(files.mtp).items() if name.startswith(("blk.2.", "blk.3."))}
     assert len(_block(theirs, n)) == len(_block(theirs, n + 1)) == 24
-    _assert_same_tensors(reader_tensors(files.draft), theirs)
+    assert_same_tensors(reader_tensors(files.draft), theirs)  # none may differ
     header = read_header(files.draft)
     assert (header.get("deepseek2.block_count"), header.get("deepseek2.nextn_predict_layers")) == (n + K, K)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor, rewrite_checkpoint_tensor
 from gguf import GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
-from helpers import reader_tensors
+from support.convert_support import raw_tensor, rewrite_checkpoint_tensor
+from support.helpers import reader_tensors
 
 from gguf_mtp.cli import main
 from gguf_mtp.format import quantize
@@ -252,9 +252,8 @@ def test_convert_writes_non_finite_values_as_llama_cpps_converter_does(
 def test_non_finite_values_are_written_as_upstreams_converter_writes_them(
     tmp_path_factory: pytest.TempPathFactory, outtype: str
 ) -> None:
-    from qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
-
-    from upstream import upstream_convert, write_gpt2_tokenizer
+    from support.qwen_checkpoints import N_TRUNK, QwenDims, write_qwen_checkpoint
+    from support.upstream import upstream_convert, write_gpt2_tokenizer
 
     work = tmp_path_factory.mktemp(f"up-non-finite-{outtype}")
     folder = write_qwen_checkpoint(work / "hf", "qwen35moe", conditional=False, packed=False, d=QwenDims(n_vocab=256))

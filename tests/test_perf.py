@@ -19,10 +19,10 @@ from gguf_mtp.constants import KEY_SPLIT_TENSORS_COUNT
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from conftest import IN_CI, shared_tmp_dir  # noqa: E402
 from perf_inputs import TargetSpec, ensure_draft, ensure_target, parse_size  # noqa: E402
 from perf_lib import Command, CommandFailed, Sample, measure, median_ratio, run_alternating  # noqa: E402
 from perf_reflink import reflink_unavailable, xfs_mount  # noqa: E402
+from support.session import IN_CI, shared_tmp_dir  # noqa: E402
 
 MiB = 2**20
 
@@ -361,7 +361,7 @@ def test_quick_run_measures_head_quantization_against_llama_quantize(
 def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
     quick_run: tuple[Path, dict, str, dict[str, bytes]], tmp_path: Path,
 ) -> None:
-    from helpers import reader_tensors
+    from support.helpers import reader_tensors
 
     from gguf_mtp.jobs.convert import convert
 
@@ -388,7 +388,7 @@ def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
     # the same checkpoint converts to the same NextN bytes both ways (so the timings compare the same work)
     spec = results["config"]["spec"]
     checkpoint = out.parent / f"fp8-e{spec['n_expert']}-f{spec['n_ff_exp']}-d{spec['n_embd']}" / "checkpoint"
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     mine = reader_tensors(convert(checkpoint, tmp_path / "d.gguf", block=1, progress=False).output)
     reference = upstream_convert(checkpoint, tmp_path / "mtp.gguf", "--mtp", outtype="auto")

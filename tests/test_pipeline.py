@@ -17,8 +17,8 @@ from pathlib import Path
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from helpers import flip_byte
-from hub_standin import RecordingHub
+from support.helpers import flip_byte
+from support.hub_standin import RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
@@ -127,6 +127,7 @@ def _sha256(path: Path) -> str:
 # ----------------------------------------------------------------------------------- offline, from the Hub cache
 
 
+@pytest.mark.slow
 def test_offline_run_from_the_hub_cache_goes_through_every_stage(first_run: tuple[Path, dict]) -> None:
     work, report = first_run
     assert statuses(report) == {
@@ -204,6 +205,7 @@ def test_corrupted_composite_shard_is_detected_and_composed_again(work_copy: Pat
     assert statuses(report)["verify"] == "reused"
 
 
+@pytest.mark.slow
 def test_truncated_draft_is_converted_again_and_later_stages_still_hold(work_copy: Path, hf_home: Path) -> None:
     draft = work_copy / "draft" / "mtp-draft.gguf"
     with open(draft, "r+b") as f:
@@ -213,6 +215,7 @@ def test_truncated_draft_is_converted_again_and_later_stages_still_hold(work_cop
     assert statuses(report)["compose"] == "reused"
 
 
+@pytest.mark.slow
 def test_changed_parameter_redoes_the_stages_it_affects(work_copy: Path, hf_home: Path) -> None:
     report = run_cli(work_copy, hf_home, "--basename", "Renamed-MTP")
     assert statuses(report)["draft"] == "reused"
@@ -223,6 +226,7 @@ def test_changed_parameter_redoes_the_stages_it_affects(work_copy: Path, hf_home
     ]  # the folder was recreated: no file of the earlier name is left
 
 
+@pytest.mark.slow
 def test_offline_run_with_a_remembered_listing_needs_only_the_shard_set_cached(
     tmp_path: Path, target_repo: Path, head_checkpoint: Path
 ) -> None:
@@ -360,7 +364,7 @@ def test_failed_verification_stops_before_publishing(
 def test_no_write_access_to_out_repo_stops_before_downloading(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
-    from hub_standin import http_error
+    from support.hub_standin import http_error
 
     hub = RecordingHub(source=target_repo, fail={"auth_check": http_error(403)})
     with pytest.raises(HubError, match="no write access to me/Tiny-MTP"):
@@ -384,7 +388,7 @@ def test_second_pipeline_in_the_same_work_folder_is_refused(
 
 
 def test_hub_refusal_while_listing_is_a_hub_error(online: None, head_checkpoint: Path, tmp_path: Path) -> None:
-    from hub_standin import http_error
+    from support.hub_standin import http_error
 
     hub = RecordingHub(fail={"list_repo_files": http_error(404)})
     with pytest.raises(HubError, match=f"{TARGET_REPO} not found"):
@@ -769,6 +773,7 @@ def _tree(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_dry_run_lists_the_download_and_writes_nothing(hf_home: Path, target_repo: Path, tmp_path: Path) -> None:
     work = tmp_path / "new" / "work"
     cache_before = _tree(hf_home)
@@ -850,6 +855,7 @@ def test_dry_run_of_a_finished_work_folder_changes_nothing(work_copy: Path, hf_h
     assert _tree(work_copy) == before
 
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_no_work_folder(hf_home: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     proc = subprocess.run(

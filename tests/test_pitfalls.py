@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from helpers import copy_model, reader_kvs, reader_tensors, rewrite_gguf
+from support.helpers import copy_model, reader_kvs, reader_tensors, rewrite_gguf
 
 from gguf_mtp import (
     BadGGUFError,

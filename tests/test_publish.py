@@ -15,8 +15,8 @@ from pathlib import Path
 import huggingface_hub
 import huggingface_hub.constants
 import pytest
-from helpers import copy_model, shard_files
-from hub_standin import LargeFolderHub, RecordingHub, http_error
+from support.helpers import copy_model, shard_files
+from support.hub_standin import LargeFolderHub, RecordingHub, http_error
 
 from gguf_mtp import HubError, NoNextNBlockError, ShardSetError, compose
 from gguf_mtp._version import __version__

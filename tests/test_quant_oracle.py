@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from convert_support import raw_tensor
-from fp8_checkpoints import dequantize_reference, is_linear, quantize_checkpoint
 from gguf import GGMLQuantizationType as Q
+from support.convert_support import raw_tensor
+from support.fp8_checkpoints import dequantize_reference, is_linear, quantize_checkpoint
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.format.header import GGUFHeader, read_header

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IN_CI
 from gguf import GGMLQuantizationType as Q
-from helpers import build_llama_tools
+from support.helpers import build_llama_tools
+from support.session import IN_CI
 
 from gguf_mtp.constants import OUTTYPE_NAMES
 from gguf_mtp.errors import ParameterError
@@ -156,6 +156,7 @@ def _llama_quant_source() -> list[str] | None:
         return data.read().decode().splitlines()
 
 
+@pytest.mark.slow
 def test_every_rule_cites_the_line_of_llama_quant_cpp_it_comes_from() -> None:
     lines = _llama_quant_source()
     if lines is None:

@@ -24,7 +24,7 @@ TEMP_DEMO = "/tmp/gguf-mtp-demo-…"
 #: The examples the README must keep (its first words after ``$``): dropping one is a change to notice.
 EXPECTED = ("python -m gguf_mtp demo", "gguf-mtp compose", "gguf-mtp verify")
 
-pytestmark = pytest.mark.llama  # the demo and verify print llama.cpp's verdict
+pytestmark = [pytest.mark.llama, pytest.mark.slow]  # the demo and verify print llama.cpp's verdict
 
 
 @dataclass(frozen=True)

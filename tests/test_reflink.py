@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
-from helpers import file_hashes
+from support.helpers import file_hashes
+from support.session import IN_CI
 
 from gguf_mtp import compose, open_model
 from gguf_mtp.check.verify import verify

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import file_hashes, shard_files
+from support.helpers import file_hashes, shard_files
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.cli import main
@@ -275,6 +275,7 @@ def test_a_draft_for_another_architecture_width_or_vocabulary_is_one_line(
 # ------------------------------------------------------------------------------------------------ llama.cpp
 
 
+@pytest.mark.slow
 @pytest.mark.llama
 @pytest.mark.parametrize("shipped", ["nemotron-3-shards", "glm4moe-2-shards"], indirect=True)
 def test_llama_cpp_runs_the_replaced_heads_mtp_decode(

@@ -214,7 +214,7 @@ def test_convert_refuses_a_repo_id_with_a_trailing_newline(tmp_path: Path, capsy
 def test_a_non_ascii_token_is_one_line_for_publish_and_convert(
     hostile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hub_standin import RecordingHub
+    from support.hub_standin import RecordingHub
 
     from gguf_mtp.release.publish import publish
 

@@ -18,7 +18,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+from support.session import IN_CI
+
+pytestmark = pytest.mark.slow  # nested pytest sessions and make runs: seconds each
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -157,6 +159,33 @@ def test_tests_that_need_a_native_llama_cpp_tool_are_marked_tools(tmp_path: Path
     assert _collected(tools) == ["test_direct", "test_server", "test_through_a_fixture"]
 
 
+SLOW_SAMPLE = """
+    import pytest
+
+    def test_tool(llama_quantize_tool):
+        pass
+
+    @pytest.mark.upstream
+    def test_converter():
+        pass
+
+    @pytest.mark.slow
+    def test_marked():
+        pass
+
+    def test_plain():
+        pass
+"""
+
+
+def test_the_quick_loop_leaves_out_the_tools_the_converter_and_what_is_marked_slow(tmp_path: Path) -> None:
+    quick = _pytest(tmp_path, SLOW_SAMPLE, "--collect-only", "-m", "not slow")
+    slow = _pytest(tmp_path, SLOW_SAMPLE, "--collect-only", "-m", "slow")
+    assert quick.returncode == slow.returncode == 0, quick.stdout + slow.stdout
+    assert _collected(quick) == ["test_plain"]
+    assert _collected(slow) == ["test_converter", "test_marked", "test_tool"]
+
+
 BENCH_SAMPLE = """
     import pytest
 
@@ -204,7 +233,7 @@ def test_the_benchmark_tests_skip_without_matplotlib_instead_of_erroring() -> No
 
 RETENTION_SAMPLE = f"""
     import pytest
-    from conftest import shared_tmp_dir
+    from support.session import shared_tmp_dir
 
     @pytest.fixture(scope="module")
     def shared(request):
@@ -251,7 +280,8 @@ import json
 
 def pytest_collection_finish(session):
     floor = [i for i in session.items if not i.get_closest_marker("llama") and not i.get_closest_marker("upstream")]
-    print("COUNTS " + json.dumps({"all": len(session.items), "floor": len(floor)}))
+    quick = [i for i in session.items if not i.get_closest_marker("slow")]
+    print("COUNTS " + json.dumps({"all": len(session.items), "floor": len(floor), "quick": len(quick)}))
 """
 
 
@@ -263,7 +293,8 @@ def _section(title: str) -> str:
 
 
 def _collected_counts(tmp_path: Path) -> dict[str, int]:
-    """What pytest collects: the whole suite (``make test``'s pytest step) and its non-llama part (the floor step)."""
+    """What pytest collects: the whole suite (``make test``'s pytest step), its non-llama part (the floor step) and
+    the quick loop (``-m "not slow"``)."""
     (tmp_path / "count_plugin.py").write_text(COUNTER)
     environment = {k: v for k, v in os.environ.items() if k != "CI"}
     environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environment.get("PYTHONPATH", "")])
@@ -288,8 +319,8 @@ def _row(step: str) -> str:
 def test_the_readmes_test_counts_are_what_pytest_collects(tmp_path: Path) -> None:
     counts = _collected_counts(tmp_path)
     stated = {"all": _about(_row("test-pytest"), "tests") + _about(_section("Tests"), "tests"),
-              "floor": _about(_row("test-floor"), "tests")}
-    assert [len(stated["all"]), len(stated["floor"])] == [2, 1], stated
+              "floor": _about(_row("test-floor"), "tests"), "quick": _about(_section("Tests"), "quick tests")}
+    assert [len(stated["all"]), len(stated["floor"]), len(stated["quick"])] == [2, 1, 1], stated
     for part, figures in stated.items():
         for figure in figures:
             assert abs(figure - counts[part]) <= COUNT_TOLERANCE * counts[part], (part, figure, counts)

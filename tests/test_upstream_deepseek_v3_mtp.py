@@ -24,10 +24,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deepseek_checkpoints import N_LAYERS, write_mla_checkpoint
-from fp8_checkpoints import quantize_checkpoint
-from glm_checkpoints import GLM_SPECIAL_TOKENS
-from helpers import reader_tensors
+from support.deepseek_checkpoints import N_LAYERS, write_mla_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
+from support.glm_checkpoints import GLM_SPECIAL_TOKENS
+from support.helpers import reader_tensors
 
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.compose import compose
@@ -46,7 +46,7 @@ ONE_BLOCK_ONLY = "GLM4 MTP currently only supports a single MTP block"
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The vendored llama.cpp as it is, and a copy with the patch applied."""
-    from upstream import ROOT, llama_cpp_tree
+    from support.upstream import ROOT, llama_cpp_tree
 
     patched = tmp_path_factory.mktemp("deepseek-v3-patched") / "llama.cpp"
     shutil.copytree(llama_cpp_tree(), patched, ignore=shutil.ignore_patterns(".complete", "__pycache__"))
@@ -58,7 +58,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _checkpoint(work: Path, variant: str, n_nextn: int = 1) -> Path:
     bf16 = write_mla_checkpoint(work / f"{variant}-bf16", variant, n_nextn=n_nextn)
     folder = quantize_checkpoint(bf16, work / variant) if variant == "deepseekv3" else bf16
-    from upstream import write_gpt2_tokenizer
+    from support.upstream import write_gpt2_tokenizer
 
     write_gpt2_tokenizer(folder, GLM_SPECIAL_TOKENS)
     return folder
@@ -68,7 +68,7 @@ def _checkpoint(work: Path, variant: str, n_nextn: int = 1) -> Path:
 def files(trees: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Unpatched full; patched full / --no-mtp / --mtp (``--outtype auto``); gguf-mtp's draft of the checkpoint
     (placed after the patched --no-mtp trunk) and its composite with that trunk."""
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     work = tmp_path_factory.mktemp("deepseek-v3-mtp-export")
     ckpt = _checkpoint(work, "deepseekv3")
@@ -93,7 +93,7 @@ def _counts(path: Path) -> tuple[object, object]:
 
 
 def _refusal(checkpoint: Path, tree: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    from upstream import upstream_python
+    from support.upstream import upstream_python
 
     return subprocess.run([upstream_python(), str(tree / "convert_hf_to_gguf.py"), str(checkpoint), "--mtp",
                            "--outfile", str(tmp_path / "x.gguf")], capture_output=True, text=True, cwd=tree,
@@ -148,8 +148,9 @@ def test_llama_runs_the_patched_full_file_with_gguf_mtps_mtp_logits(files: dict[
 
 @pytest.mark.llama
 def test_two_nextn_layers_are_exported_as_two_blocks(trees: dict[str, Path], tmp_path: Path) -> None:
+    from support.upstream import upstream_convert
+
     from gguf_mtp.check.llama_check import check_with_llama
-    from upstream import upstream_convert
 
     ckpt = _checkpoint(tmp_path, "deepseekv3", n_nextn=2)
     full = upstream_convert(ckpt, tmp_path / "full.gguf", outtype="auto", tree=trees["patched"])
@@ -167,7 +168,7 @@ def test_two_nextn_layers_are_exported_as_two_blocks(trees: dict[str, Path], tmp
 
 
 def test_glm47flash_output_is_unchanged(trees: dict[str, Path], tmp_path: Path) -> None:
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     ckpt = _checkpoint(tmp_path, "glm47flash")
     for flags in ((), ("--mtp",)):
@@ -181,7 +182,7 @@ def test_a_deepseek_v3_checkpoint_without_nextn_layers_is_unchanged(files: dict[
                                                                     tmp_path: Path) -> None:
     """Kimi-K2 ships ``DeepseekV3ForCausalLM`` with ``num_nextn_predict_layers = 0``: such a config converts as
     before, byte for byte (here the checkpoint still holds a layer past the trunk, dropped as before)."""
-    from upstream import upstream_convert
+    from support.upstream import upstream_convert
 
     ckpt = Path(shutil.copytree(files["checkpoint"], tmp_path / "no-nextn"))
     config = json.loads((ckpt / "config.json").read_text())

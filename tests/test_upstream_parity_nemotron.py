@@ -10,14 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import shared_tmp_dir
 from gguf import GGMLQuantizationType
-from helpers import reader_tensors
+from support.helpers import reader_tensors
+from support.session import shared_tmp_dir
+from support.upstream import (
+    ROOT,
+    ParitySet,
+    assert_runs_like,
+    assert_same_tensors_up_to,
+    assert_strip_gives_trunk,
+    parity_set,
+)
 
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint
 from gguf_mtp.testing.tiny_models import TinyHparams
-from upstream import ROOT, ParitySet, assert_runs_like, assert_same_tensors_up_to, assert_strip_gives_trunk, parity_set
 
 pytestmark = [pytest.mark.upstream, pytest.mark.llama]
 

@@ -1,6 +1,6 @@
 """The patches in upstream/ apply to the llama.cpp vendored in llama-cpp-python 0.3.36 and change its behaviour.
 
-The vendored tree comes from tests/upstream.py (the sdist, unpacked once into .cache/upstream/).
+The vendored tree comes from tests/support/upstream.py (the sdist, unpacked once into .cache/upstream/).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from upstream import ROOT, llama_cpp_tree
+from support.upstream import ROOT, llama_cpp_tree
 
 
 @pytest.fixture
@@ -53,6 +52,7 @@ def _hostile(tmp: Path) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_reader_patch_before_after(fresh_tree: Path, tmp_path: Path) -> None:
     files = _hostile(tmp_path)
     before = {k: _read(fresh_tree, p) for k, p in files.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-from helpers import reader_kvs, reader_tensors, shard_files
+from support.helpers import reader_kvs, reader_tensors, shard_files
 
 from gguf_mtp import compose
 from gguf_mtp.check.inspect import inspect

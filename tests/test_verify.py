@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model
+from support.helpers import copy_model
 
 from gguf_mtp import BadGGUFError, compose
 from gguf_mtp.check.llama_check import INSTALL_HINT

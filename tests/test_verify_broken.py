@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import copy_model, flip_byte, shard_files
+from support.helpers import copy_model, flip_byte, shard_files
 
 from gguf_mtp import compose
 from gguf_mtp.check.verify import VerifyReport, verify

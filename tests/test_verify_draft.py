@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFValueType
-from helpers import rewrite_gguf
+from support.helpers import rewrite_gguf
 
 from gguf_mtp.check.verify import verify
 from gguf_mtp.cli import main

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFReader, GGUFValueType
-from helpers import file_hashes, reader_kvs, reader_tensors
+from support.helpers import file_hashes, reader_kvs, reader_tensors
 
 from gguf_mtp import compose, open_model
 from gguf_mtp.check.llama_check import check_with_llama

@@ -1,7 +1,7 @@
 """What gguf-mtp needs of a Hub client: the :class:`huggingface_hub.HfApi` methods it calls, as a Protocol.
 
 A real ``HfApi`` satisfies it (mypy checks that where :func:`gguf_mtp.hub.client.make_api` builds one), and so
-must a stand-in that tests pass as ``api=`` (mypy checks ``tests/hub_standin.py`` too). Each method lists only
+must a stand-in that tests pass as ``api=`` (mypy checks ``tests/support/hub_standin.py`` too). Each method lists only
 the parameters gguf-mtp passes; positional ones are positional-only here, as gguf-mtp passes them.
 
 Two methods are optional, so they are looked up with ``getattr`` rather than listed: ``auth_check`` (missing

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from malformed import (
+from support.malformed import (
     Inputs,
     Malformed,
     Sources,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
 import shutil
 import signal
 import sys
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
@@ -21,28 +23,50 @@ from gguf_mtp.format.layout import PAD_KEY
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import find_shard_paths
 
+Tensors = dict[str, tuple[int, tuple[int, ...], bytes]]
+KVs = dict[str, tuple[list[GGUFValueType], Any]]
 
-def reader_tensors(first: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
+
+def reader_tensors(first: Path) -> Tensors:
     """name -> (ggml type, shape, raw bytes) over every shard, read with gguf-py."""
-    out: dict[str, tuple[int, tuple[int, ...], bytes]] = {}
+    out: Tensors = {}
     for path in find_shard_paths(first)[0]:
-        reader = GGUFReader(path)
-        for t in reader.tensors:
-            raw = bytes(reader.data[t.data_offset : t.data_offset + t.n_bytes])
-            out[t.name] = (int(t.tensor_type), tuple(int(d) for d in t.shape), raw)
+        out |= _read(path)[0]
     return out
 
 
-def reader_kvs(path: Path) -> dict[str, tuple[list[GGUFValueType], Any]]:
+def reader_kvs(path: Path) -> KVs:
     """key -> (types, contents) of one file, read with gguf-py."""
-    reader = GGUFReader(path)
-    return {
-        name: (list(field.types), field.contents())
-        for name, field in reader.fields.items()
-        # compose's own bookkeeping: the padding only places the data (gguf_mtp.format.layout), the set id marks
-        # the run that wrote a shard (gguf_mtp.set_id); neither is model metadata
-        if not name.startswith("GGUF.") and name not in (PAD_KEY, SET_ID_KEY)
-    }
+    return copy.deepcopy(_read(path)[1])
+
+
+#: What gguf-py read, per file content: its reader takes seconds on a 50,000-token vocabulary (one object per
+#: token), and the parity tests read each of llama.cpp's converted files several times. Keyed by the bytes'
+#: digest, so a file rewritten in place is read again; the oldest go first beyond READ_CACHE_BYTES of files.
+_read_cache: OrderedDict[tuple[int, str], tuple[Tensors, KVs]] = OrderedDict()
+READ_CACHE_BYTES = 256 << 20
+
+
+def _read(path: Path) -> tuple[Tensors, KVs]:
+    data = Path(path).read_bytes()
+    key = (len(data), hashlib.sha256(data).hexdigest())
+    cached = _read_cache.get(key)
+    if cached is None:
+        reader = GGUFReader(path)
+        tensors = {t.name: (int(t.tensor_type), tuple(int(d) for d in t.shape),
+                            bytes(reader.data[t.data_offset : t.data_offset + t.n_bytes])) for t in reader.tensors}
+        kvs = {
+            name: (list(field.types), field.contents())
+            for name, field in reader.fields.items()
+            # compose's own bookkeeping: the padding only places the data (gguf_mtp.format.layout), the set id
+            # marks the run that wrote a shard (gguf_mtp.set_id); neither is model metadata
+            if not name.startswith("GGUF.") and name not in (PAD_KEY, SET_ID_KEY)
+        }
+        cached = _read_cache[key] = (tensors, kvs)
+        while sum(size for size, _ in _read_cache) > READ_CACHE_BYTES and len(_read_cache) > 1:
+            _read_cache.popitem(last=False)
+    _read_cache.move_to_end(key)
+    return cached
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
@@ -143,7 +167,7 @@ def pid_alive(pid: int) -> bool:
 
 def build_llama_tools() -> ModuleType:
     """``scripts/build_llama_tools.py`` as a module (a script, not part of the package)."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "build_llama_tools.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_tools.py"
     spec = importlib.util.spec_from_file_location("build_llama_tools", script)
     assert spec is not None and spec.loader is not None
     tools = importlib.util.module_from_spec(spec)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from convert_support import read_raw_safetensors, write_raw_safetensors
+
+from support.convert_support import read_raw_safetensors, write_raw_safetensors
 
 __all__ = ["FP8_MAX", "dequantize_reference", "is_linear", "quantize_checkpoint"]
 

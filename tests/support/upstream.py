@@ -5,7 +5,9 @@ The sdist comes from pip (its cache after the first run) and the parts used here
 ``convert_hf_to_gguf.py`` the parity tests run). The converter needs torch: it runs in the separate venv
 ``make upstream-venv`` makes (``.venv-upstream``, or ``$GGUF_MTP_UPSTREAM_PYTHON``), never in the project's own.
 
-Conversions are cached per checkpoint content and flags for the session, so a family's full / ``--no-mtp`` /
+Every conversion runs in a fresh fork of one warm converter process per tree (:mod:`support.warm_converter`:
+torch imported once per session, not once per conversion), and GPT-2's tokenizer is built once per set of extra
+tokens. Conversions are cached per checkpoint content and flags for the session, so a family's full / ``--no-mtp`` /
 ``--mtp`` files are made once however many tests compare against them. :class:`ParitySet` is the one way a family's
 parity test gets those files and gguf-mtp's own (draft, standalone sidecar, composite), and
 :func:`assert_same_tensors` the one comparison, each family passing its own table of allowed differences.
@@ -13,12 +15,15 @@ parity test gets those files and gguf-mtp's own (draft, standalone sidecar, comp
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -27,14 +32,15 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from helpers import reader_tensors
 
 from gguf_mtp.check.llama_check import LlamaCheck, check_with_llama
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
+from support.helpers import reader_tensors
+from support.warm_converter import ConverterError, close_warm_converters, warm_converter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "upstream"
 SDIST = "llama-cpp-python==0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
@@ -69,6 +75,15 @@ def llama_cpp_tree() -> Path:
     return tree
 
 
+@functools.cache
+def _can_convert(python: str) -> bool:
+    probe = [python, "-c", "import torch, transformers, sentencepiece, yaml"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def upstream_python() -> str:
     """The python of the venv that runs llama.cpp's converter (torch, transformers, sentencepiece).
 
@@ -77,12 +92,7 @@ def upstream_python() -> str:
     # Absolute (not resolved: a venv's python is a symlink whose target is not the venv): the converter
     # runs with the llama.cpp tree as its working directory.
     python = os.path.abspath(os.environ.get("GGUF_MTP_UPSTREAM_PYTHON") or UPSTREAM_VENV / "bin" / "python")
-    probe = [python, "-c", "import torch, transformers, sentencepiece, yaml"]
-    try:
-        ok = subprocess.run(probe, capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
+    if not _can_convert(python):  # probed once per session
         message = f"{python} cannot run llama.cpp's converter (torch, transformers): run `make upstream-venv`"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
@@ -95,11 +105,34 @@ def _env(tree: Path) -> dict[str, str]:
             "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1"}
 
 
-def _run(what: str, cmd: Sequence[str], tree: Path) -> str:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=_env(tree), cwd=tree,
-                          timeout=CONVERT_TIMEOUT_S)
-    assert proc.returncode == 0, f"{what} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
-    return proc.stdout
+def _run(what: str, argv: Sequence[str], tree: Path, code: str | None = None) -> str:
+    """``convert_hf_to_gguf.py argv`` of ``tree`` (or the snippet ``code``) by the session's warm converter; its
+    standard output.
+
+    Raises:
+        AssertionError: the job failed or did not answer in time; the message carries its output's tail.
+    """
+    logs = _session_folder() / f"converter-{hashlib.sha256(str(tree).encode()).hexdigest()[:12]}"
+    try:
+        done = warm_converter(upstream_python(), tree, _env(tree), logs, CONVERT_TIMEOUT_S).run(argv, code)
+    except ConverterError as e:
+        raise AssertionError(f"{what}: {e}") from None
+    assert done.returncode == 0, f"{what} failed (rc {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
+    return done.stdout
+
+
+@functools.cache
+def _session_folder() -> Path:
+    """The session's folder for the converter's output and the tokenizers (removed, the converters ended, when
+    pytest exits)."""
+    folder = Path(tempfile.mkdtemp(prefix="gguf-mtp-upstream-"))
+
+    def end() -> None:
+        close_warm_converters()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(end)
+    return folder
 
 
 _TOKENIZER_CODE = r"""
@@ -124,20 +157,34 @@ print(tok.get_vocab_size())
 """
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def write_gpt2_tokenizer(folder: Path, extra_special: Sequence[str] = ()) -> int:
     """Write GPT-2's real BPE tokenizer (rebuilt from llama.cpp's ``ggml-vocab-gpt-2.gguf``) into ``folder``.
 
     The converter refuses BPE tokenizers whose pre-tokenizer it does not know, so a toy one will not do.
     ``extra_special`` are appended as special tokens (GLM's converter needs ``[gMASK]``, ``<sop>``...).
-    Returns the number of tokens (50,257 plus the extras).
+    Returns the number of tokens (50,257 plus the extras). Each set of extras is built once per session; later
+    calls copy its files.
     """
+    built, count = _gpt2_tokenizer(tuple(extra_special))
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(built / name, folder / name)
+    return count
+
+
+@functools.cache
+def _gpt2_tokenizer(extra_special: tuple[str, ...]) -> tuple[Path, int]:
     import json
 
     tree = llama_cpp_tree()
     vocab = tree / "models" / "ggml-vocab-gpt-2.gguf"
-    out = _run("tokenizer build", [upstream_python(), "-c", _TOKENIZER_CODE, str(vocab), str(folder),
-                                   json.dumps(list(extra_special))], tree)
-    return int(out.strip().splitlines()[-1])
+    folder = _session_folder() / f"tokenizer-{hashlib.sha256(json.dumps(extra_special).encode()).hexdigest()[:12]}"
+    folder.mkdir()
+    out = _run("tokenizer build", [str(vocab), str(folder), json.dumps(list(extra_special))], tree,
+               code=_TOKENIZER_CODE)
+    return folder, int(out.strip().splitlines()[-1])
 
 
 def _checkpoint_digest(checkpoint: Path) -> str:
@@ -166,9 +213,8 @@ def upstream_convert(
     if done is not None and done.exists():
         return done
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [upstream_python(), str(tree / "convert_hf_to_gguf.py"), str(checkpoint), "--outtype", outtype,
-           "--outfile", str(out), *flags]
-    _run(f"convert_hf_to_gguf.py {' '.join(flags)} of {checkpoint.name}", cmd, tree)
+    argv = [str(checkpoint), "--outtype", outtype, "--outfile", str(out), *flags]
+    _run(f"convert_hf_to_gguf.py {' '.join(flags)} of {checkpoint.name}", argv, tree)
     _converted[key] = out
     return out
 
@@ -188,6 +234,7 @@ class ParitySet:
                  tree: Path | None = None, name: str = "") -> None:
         self.checkpoint, self.work, self.reference = checkpoint, work, reference or checkpoint
         self.outtype, self.tree, self.name = outtype, tree, name
+        self._patched: dict[Path, Path] = {}
 
     def upstream(self, name: str, *flags: str) -> Path:
         """``reference`` converted by llama.cpp's converter with ``flags`` into ``work/name``."""
@@ -219,10 +266,12 @@ class ParitySet:
         return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
 
     def full_with_patch(self, patch: Path) -> Path:
-        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied."""
-        tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
-        return upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf", outtype=self.outtype,
-                                tree=tree)
+        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied (made once)."""
+        if patch not in self._patched:
+            tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
+            self._patched[patch] = upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf",
+                                                    outtype=self.outtype, tree=tree)
+        return self._patched[patch]
 
 
 def parity_set(checkpoint: Path, work: Path, special_tokens: Sequence[str] = (), **kwargs: Any) -> ParitySet:

@@ -24,7 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from helpers import LoopbackServer
+
+from support.helpers import LoopbackServer
 
 REPO = "tiny-org/Tiny-Nemotron-GGUF"
 FOLDER = "UD-Q4_K_XL"

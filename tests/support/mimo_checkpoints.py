@@ -24,11 +24,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from convert_support import read_raw_safetensors, write_raw_safetensors
-from fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
 from gguf_mtp.format.safetensors_io import CONFIG_NAME
 from gguf_mtp.testing.tiny_checkpoints import CheckpointTensor, mlp_tensors, moe_tensors, write_checkpoint
+from support.convert_support import read_raw_safetensors, write_raw_safetensors
+from support.fp8_checkpoints import _bf16_to_f32, _quantize, is_linear, quantize_checkpoint
 
 N_LAYER, N_NEXTN = 2, 3
 H, N_HEAD, HEAD_DIM, V_HEAD_DIM, N_KV_FULL, N_KV_SWA = 160, 4, 32, 24, 2, 4
@@ -147,7 +147,7 @@ def write_mimo_checkpoint(out_dir: Path, *, fp8: str | None = None, seed: int = 
 def _shard_qkv(folder: Path, tp: int, block: int = 128) -> None:
     """Rewrite every FP8 ``qkv_proj`` as saved by ``tp`` tensor-parallel ranks (rows ``[Q_r | K_r | V_r]`` per rank,
     each rank quantized with its own block rows), from the dequantized unsharded tensor."""
-    from fp8_checkpoints import dequantize_reference
+    from support.fp8_checkpoints import dequantize_reference
 
     for path in sorted(folder.glob("*.safetensors")):
         entries = read_raw_safetensors(path)
