@@ -140,16 +140,21 @@ class WarmConverter:
         return (self.logs / "server.err").read_text(errors="replace")[-4000:]
 
 
-_servers: dict[tuple[str, Path], WarmConverter] = {}
+_servers: dict[tuple[str, Path], WarmConverter] = {}  # least recently used first
+#: Servers kept at once (about 300 MB each): the vendored tree's and one patched copy's.
+KEEP = 2
 
 
 def warm_converter(python: str, tree: Path, env: Mapping[str, str], logs: Path, timeout_s: float) -> WarmConverter:
-    """The session's server for ``tree`` run by ``python`` (started on first use; :func:`close_warm_converters`
-    ends them all)."""
+    """The session's server for ``tree`` run by ``python``: started on first use, ended when :data:`KEEP` others
+    have been used since, or by :func:`close_warm_converters`."""
     key = (python, tree)
-    server = _servers.get(key)
+    server = _servers.pop(key, None)
     if server is None or server._proc.poll() is not None:
-        server = _servers[key] = WarmConverter(python, tree, env, logs, timeout_s)
+        while len(_servers) >= KEEP:
+            _servers.pop(next(iter(_servers))).close()
+        server = WarmConverter(python, tree, env, logs, timeout_s)
+    _servers[key] = server
     return server
 
 
