@@ -115,6 +115,7 @@ def test_the_plan_shows_the_embeddings_new_type(model: Path, tmp_path: Path,
     assert not (tmp_path / "mtp.gguf").exists()
 
 
+@pytest.mark.llama  # the quantizer is asked for before the rows are checked
 def test_rows_that_do_not_fit_the_type_are_refused_in_one_line(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """llama-quantize applies --token-embedding-type without a fallback (llama-quant.cpp 721-740): a width of 320

@@ -88,6 +88,7 @@ def test_every_nextn_layer_becomes_its_own_block(glm2: Path, tmp_path: Path) -> 
     assert CONVERT_NOTE in report.plan.notes
 
 
+@pytest.mark.llama
 def test_every_block_takes_a_llama_quantize_outtype(glm2: Path, tmp_path: Path) -> None:
     """``--outtype q4_k`` (llama-quantize's rules) on a head of two blocks: each block gets the types and bytes the
     first block alone gets (the rule is looked up on the first block's names, ``{bid[1]}`` included)."""
