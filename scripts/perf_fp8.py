@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from perf_lib import Command, Sample, load_average, run_alternating
+from perf_lib import Command, Sample, load_average, median_tool_ratio, run_alternating
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -249,15 +249,6 @@ def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ratio(samples: Sequence[Sample], ours: str, theirs: str) -> float | None:
-    """Median over rounds of ``ours`` / ``theirs`` within the same round."""
-    rounds: dict[int, dict[str, float]] = {}
-    for s in samples:
-        rounds.setdefault(s.round, {})[s.tool] = s.seconds
-    ratios = [r[ours] / r[theirs] for r in rounds.values() if ours in r and theirs in r]
-    return statistics.median(ratios) if ratios else None
-
-
 def run_fp8(
     work_dir: Path, *, quick: bool, repeat: int, warmup: int, cache: str, spec: Fp8Spec | None = None,
     upstream_python: str | None = None, log: Callable[[str], None] = print,
@@ -291,8 +282,8 @@ def run_fp8(
     rows = _summary(samples)
     by_tool = {r["tool"]: r for r in rows}
     upstream_tool = "convert_hf_to_gguf.py --mtp"
-    ratios = {"convert_vs_cp": _ratio(samples, "convert", "cp"),
-              "convert_vs_upstream": _ratio(samples, "convert", upstream_tool)}
+    ratios = {"convert_vs_cp": median_tool_ratio(samples, "convert", "cp"),
+              "convert_vs_upstream": median_tool_ratio(samples, "convert", upstream_tool)}
     ours = by_tool["convert"]
     shard = head_shard(checkpoint)
     fp8_bytes = sum(math.prod(e.shape) for e in _entries(mla_tensors("glm47flash", spec.dims, n_layers=N_TRUNK))

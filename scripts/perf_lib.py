@@ -53,6 +53,7 @@ __all__ = [
     "machine_info",
     "measure",
     "median_ratio",
+    "median_tool_ratio",
     "own_bytes",
     "run_alternating",
     "set_cache_state",
@@ -409,6 +410,14 @@ def median_ratio(
             by_round.setdefault(s.round, {})[(s.tool, s.case)] = s.seconds
     ratios = [r[numerator] / r[denominator] for r in by_round.values() if numerator in r and denominator in r]
     return statistics.median(ratios) if ratios else None
+
+
+def median_tool_ratio(samples: Sequence[Sample], ours: str, theirs: str) -> float | None:
+    """:func:`median_ratio` for a group of one case and one size: tools named by ``Sample.tool`` alone."""
+    pairs = {s.tool: (s.case, s.size) for s in samples}
+    if ours not in pairs or theirs not in pairs:
+        return None
+    return median_ratio(samples, (ours, pairs[ours][0]), (theirs, pairs[theirs][0]), pairs[ours][1])
 
 
 # ----------------------------------------------------------------------------------------- machine

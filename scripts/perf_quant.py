@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from perf_lib import Command, Sample, load_average, run_alternating
+from perf_lib import Command, Sample, load_average, median_tool_ratio, run_alternating
 from perf_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_models import TinyHparams, with_hparams, write_draft, write_target
@@ -83,15 +83,6 @@ def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ratio(samples: Sequence[Sample]) -> float | None:
-    """Median over rounds of ours / theirs within the same round."""
-    rounds: dict[int, dict[str, float]] = {}
-    for s in samples:
-        rounds.setdefault(s.round, {})[s.tool] = s.seconds
-    ratios = [r["compose --outtype"] / r["llama-quantize --pure"] for r in rounds.values() if len(r) == 2]
-    return statistics.median(ratios) if ratios else None
-
-
 def run_quantize(
     work_dir: Path, llama_quantize: Path, *, quick: bool, repeat: int, warmup: int, cache: str,
     log: Callable[[str], None] = print,
@@ -107,7 +98,7 @@ def run_quantize(
                               report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
                                                    f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
     rows = _summary(samples)
-    ratio = _ratio(samples)
+    ratio = median_tool_ratio(samples, "compose --outtype", "llama-quantize --pure")
     by_tool = {r["tool"]: r for r in rows}
     ours, theirs = by_tool["compose --outtype"], by_tool["llama-quantize --pure"]
     return {
