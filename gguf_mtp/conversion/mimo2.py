@@ -27,7 +27,6 @@ module's own table: PyPI gguf 0.19.0 has no NextN entries for ``mimo2``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -42,6 +41,7 @@ from .base import HeadModel, TargetCheck
 from .fp8 import FP8_DTYPES, BlockFP8, BlockScaledTensor, fp8_lut
 from .hf_names import DECODER_NAMES, NEXTN_GLUE_NAMES
 from .hparams import LLAMA_MAX_LAYERS
+from .nextn_layer import NextNLayerModel
 from .tensors import TensorSource
 
 __all__ = ["MimoV2MTPModel", "RankRows", "qkv_rank_count"]
@@ -60,7 +60,6 @@ NAMES: dict[str, tuple[MODEL_TENSOR, str]] = {
     "final_layernorm.weight": (T.LAYER_OUT_NORM, ".weight"),
 }
 PREFIX = "model.mtp.layers."
-_LAYER = re.compile(r"^model\.mtp\.layers\.(?P<layer>[0-9]{1,4})\.(?P<rest>.+)$")
 _QKV = "self_attn.qkv_proj.weight"
 #: The tensor-parallel rank counts llama.cpp's converter recognises, in the order it tries them.
 TP_RANKS = (8, 4)
@@ -107,21 +106,39 @@ class RegroupedQKV(BlockScaledTensor):
 
 
 @HeadModel.register("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM")
-class MimoV2MTPModel(HeadModel):
-    """MiMo-V2 with its MTP layers ``model.mtp.layers.{0,1,2}``."""
+class MimoV2MTPModel(NextNLayerModel):
+    """MiMo-V2 with its MTP layers ``model.mtp.layers.{0,1,2}``: NextN decoder layers numbered on their own, all
+    converted (llama.cpp chains them)."""
 
     model_arch = MODEL_ARCH.MIMO2
     tensor_prefix: ClassVar[NamePrefix] = PREFIX
+    layer_roots = (PREFIX,)
+    numbered_after_trunk = False
+    layer_names = NAMES
+    keep_nextn_copies = None  # the copies are converted when present, never dropped
+    layer_word = "MTP"
+    chained_blocks = True
+    expert_pattern = None  # the MTP layers have a dense MLP
     norm_eps_keys = ("layernorm_epsilon", "rms_norm_eps")
 
+    def read_layer_counts(self) -> None:
+        """:attr:`n_layer` from config.json and :attr:`n_nextn` from the checkpoint: its MTP layers are counted
+        (``model.mtp.layers.{0..k-1}``, contiguous); config.json does not state them."""
+        self.n_layer = self.hparam_int("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
+                                       limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
+        layers = sorted({found[0] for name in self.checkpoint.tensors if (found := self._in_layer(name)) is not None})
+        if not layers:
+            raise CheckpointError(f"no MTP head: no tensor name starts with {PREFIX!r} (no MTP layers in it?)",
+                                  self.checkpoint.folder)
+        if layers != list(range(len(layers))) or self.n_layer + len(layers) > LLAMA_MAX_LAYERS:
+            shown = ", ".join(str(n) for n in layers[:6])
+            raise CheckpointError(f"the MTP layers are {PREFIX}{{{shown}}}: expected 0..k-1 with at most "
+                                  f"{LLAMA_MAX_LAYERS - self.n_layer} layers", self.checkpoint.folder)
+        self.n_nextn = len(layers)
+
     def read_hparams(self) -> None:
-        self._present = {(int(m["layer"]), m["rest"]) for name in self.checkpoint.tensors
-                         if (m := _LAYER.match(name)) is not None}
-        need, may = self.hparam_int, self.optional_hparam_int
-        self.n_layer = need("num_hidden_layers", maximum=LLAMA_MAX_LAYERS - 1,
-                            limit=f"llama.cpp loads at most {LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
         super().read_hparams()
-        self.n_nextn = self._count_mtp_layers()
+        need, may = self.hparam_int, self.optional_hparam_int
         self.v_head_dim = need("v_head_dim")
         self.n_head_kv_swa = need("swa_num_key_value_heads", maximum=self.n_head)
         for key, value in (("swa_head_dim", self.head_dim), ("swa_v_head_dim", self.v_head_dim),
@@ -145,18 +162,6 @@ class MimoV2MTPModel(HeadModel):
         self.n_group = may("n_group", maximum=self.n_expert)
         self.topk_group = may("topk_group", maximum=self.n_expert)
         self.rope_theta_swa = self.optional_hparam_float("swa_rope_theta", maximum=3.4e38)
-
-    def _count_mtp_layers(self) -> int:
-        """How many MTP layers the checkpoint has (``model.mtp.layers.{0..k-1}``, contiguous)."""
-        layers = sorted({layer for layer, _ in self._present})
-        if not layers:
-            raise CheckpointError(f"no MTP head: no tensor name starts with {PREFIX!r} (no MTP layers in it?)",
-                                  self.checkpoint.folder)
-        if layers != list(range(len(layers))) or self.n_layer + len(layers) > LLAMA_MAX_LAYERS:
-            shown = ", ".join(str(n) for n in layers[:6])
-            raise CheckpointError(f"the MTP layers are {PREFIX}{{{shown}}}: expected 0..k-1 with at most "
-                                  f"{LLAMA_MAX_LAYERS - self.n_layer} layers", self.checkpoint.folder)
-        return len(layers)
 
     # ------------------------------------------------------------------------------------ tensors
 
@@ -198,50 +203,35 @@ class MimoV2MTPModel(HeadModel):
         return RegroupedQKV(weight.name, weight.dtype, weight.shape, weight.path, weight.offset, weight.nbytes,
                             scale=scale, block=quant.block, runs=tuple(runs))
 
-    def modify_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
-        match = _LAYER.match(tensor.name)
-        if match is None or not 0 <= int(match["layer"]) < self.n_nextn:
-            raise CheckpointError(f"tensor {tensor.name!r} is not in an MTP layer", tensor.path)
-        entry = NAMES.get(match["rest"])
-        if entry is None:
-            hint = " (llama.cpp's mimo2 MTP graph needs a fused qkv_proj)" if "_proj" in match["rest"] else ""
-            raise CheckpointError(f"cannot map tensor {tensor.name!r} to a llama.cpp NextN tensor{hint}", tensor.path)
-        key, suffix = entry
-        name = self.format_tensor_name(key, suffix, int(match["layer"]))
+    def layer_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         if isinstance(tensor, RegroupedQKV):
-            yield name, TensorSource(tuple(tensor.runs), tensor.shape)
+            yield self.block_name(tensor), TensorSource(tuple(tensor.runs), tensor.shape)
         else:
-            yield name, TensorSource.single(tensor)
+            yield from super().layer_tensors(tensor)
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        h, d, vd = self.n_embd, self.head_dim, self.v_head_dim
+    def unmapped_hint(self, suffix: str) -> str:
+        return " (llama.cpp's mimo2 MTP graph needs a fused qkv_proj)" if "_proj" in suffix else ""
+
+    def layer_shapes(self, block: int) -> dict[str, tuple[int, ...]]:
+        # One block in the order llama.cpp's converter writes it: the fusion, the attention, what this layer has
+        # of the sinks, the output norm and the head's own embedding, norm and LM head, then the dense MLP.
+        h, d, vd, f = self.n_embd, self.head_dim, self.v_head_dim, self.n_ff
         q, kv_rows = self.n_head * d, self.n_head_kv_swa * (d + vd)
-        shapes: dict[str, tuple[int, ...]] = {}
-        for i in range(self.n_nextn):
-            def name(key: MODEL_TENSOR, suffix: str = ".weight", i: int = i) -> str:
-                return self.format_tensor_name(key, suffix, i)
-
-            shapes.update({
-                name(T.NEXTN_EH_PROJ): (h, 2 * h), name(T.NEXTN_ENORM): (h,), name(T.NEXTN_HNORM): (h,),
-                name(T.ATTN_NORM): (h,), name(T.ATTN_QKV): (q + kv_rows, h), name(T.ATTN_OUT): (h, self.n_head * vd),
-            })
-            optional = {"self_attn.attention_sink_bias": (self.n_head,), "final_layernorm.weight": (h,),
-                        "embed_tokens.weight": (self._rows(i, "embed_tokens"), h), "shared_head.norm.weight": (h,),
-                        "shared_head.head.weight": (self._rows(i, "shared_head.head"), h)}
-            for rest, shape in optional.items():
-                if (i, rest) in self._present:
-                    key, suffix = NAMES[rest]
-                    shapes[name(key, suffix)] = shape
-            f = self.n_ff
-            shapes.update({name(T.FFN_NORM): (h,), name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h),
-                           name(T.FFN_DOWN): (h, f)})
+        name = self.format_tensor_name
+        shapes: dict[str, tuple[int, ...]] = {
+            name(T.NEXTN_EH_PROJ): (h, 2 * h), name(T.NEXTN_ENORM): (h,), name(T.NEXTN_HNORM): (h,),
+            name(T.ATTN_NORM): (h,), name(T.ATTN_QKV): (q + kv_rows, h), name(T.ATTN_OUT): (h, self.n_head * vd),
+        }
+        optional = {"self_attn.attention_sink_bias": (self.n_head,), "final_layernorm.weight": (h,),
+                    "embed_tokens.weight": (self.copy_rows("embed_tokens.weight", block), h),
+                    "shared_head.norm.weight": (h,),
+                    "shared_head.head.weight": (self.copy_rows("shared_head.head.weight", block), h)}
+        for rest, shape in optional.items():
+            if self.has(rest, block):
+                shapes[name(*NAMES[rest])] = shape
+        shapes.update({name(T.FFN_NORM): (h,), name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h),
+                       name(T.FFN_DOWN): (h, f)})
         return shapes
-
-    def _rows(self, i: int, hf_name: str) -> int:
-        if self.vocab_size is not None:
-            return self.vocab_size
-        tensor = self.checkpoint.tensors.get(f"{PREFIX}{i}.{hf_name}.weight")
-        return tensor.shape[0] if tensor is not None and tensor.shape else 0
 
     # --------------------------------------------------------------------------------- metadata
 
@@ -284,6 +274,5 @@ class MimoV2MTPModel(HeadModel):
 
     def target_checks(self) -> list[TargetCheck]:
         # head_count_kv differs per layer (full vs sliding attention): compared through the arrays at compose time.
-        return [TargetCheck("block_count", self.n_layer, "num_hidden_layers"),
-                *(c for c in super().target_checks() if c.key != HEAD_COUNT_KV),
+        return [*(c for c in super().target_checks() if c.key != HEAD_COUNT_KV),
                 TargetCheck("attention.value_length", self.v_head_dim, "v_head_dim")]

@@ -1,9 +1,10 @@
 """The template of every head that is one more decoder layer: GLM-4.5 (``glm4moe``), GLM-4.7-Flash and DeepSeek V3/R1
 (``deepseek2``), the DeepSeek/GLM-shaped families after them, Hy3 (``hy_v3``), Ling-3.0 (``bailingmoe3``) and
-Step-3.5 (``step35``).
+Step-3.5 (``step35``), MiMo-V2 (``mimo2``).
 
 The head is the checkpoint's layer ``model.layers.{N}.*`` with ``N = num_hidden_layers`` (with
-``num_nextn_predict_layers: k`` the layers ``N`` .. ``N + k - 1``, one NextN block each): an ordinary decoder layer
+``num_nextn_predict_layers: k`` the layers ``N`` .. ``N + k - 1``, one NextN block each; MiMo-V2 numbers its own
+``model.mtp.layers.{0..k-1}``, :attr:`NextNLayerModel.numbered_after_trunk`): an ordinary decoder layer
 of the trunk's kind, plus the NextN glue gguf-py's ``TensorNameMap`` names for every architecture
 (``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own copies of the embedding and LM head,
 ``embed_tokens`` and ``shared_head.head``; llama.cpp's converter keeps the copies, ``keep_nextn_copies=False``
@@ -61,6 +62,9 @@ class NextNLayerModel(HeadModel):
     tensor_prefix: ClassVar[NamePrefix] = "model.layers."
     #: Where the checkpoint's decoder layers are numbered (Step-3.7 nests them in ``model.language_model.layers.``).
     layer_roots: ClassVar[tuple[str, ...]] = ("model.layers.",)
+    #: Whether the NextN layers continue the trunk's numbering (``N`` .. ``N + k - 1``); ``False``: they are
+    #: numbered ``0`` .. ``k - 1`` under a root of their own (MiMo-V2's ``model.mtp.layers.``).
+    numbered_after_trunk: ClassVar[bool] = True
     #: Keep the layer's ``embed_tokens`` / ``shared_head.head`` copies in the NextN block (llama.cpp's converter
     #: does); ``False`` drops them and llama.cpp uses the trunk's.
     keep_nextn_copies: ClassVar[bool | None] = True
@@ -87,6 +91,8 @@ class NextNLayerModel(HeadModel):
     def head_prefix(cls, config: dict[str, Any]) -> NamePrefix:
         """The name prefixes of the head's tensors for a ``config.json``: ``model.layers.{num_hidden_layers}.``, one
         more per further NextN layer (what to download from the Hub and open: only the shards of the NextN layers)."""
+        if not cls.numbered_after_trunk:
+            return cls.tensor_prefix
         config = cls.text_hparams(config)
         n_layer, n_nextn = config.get("num_hidden_layers"), config.get("num_nextn_predict_layers", 1)
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (n_layer, n_nextn)):
@@ -130,23 +136,28 @@ class NextNLayerModel(HeadModel):
         """Open only the first ``count`` NextN layers: :attr:`layer_prefixes` and :attr:`tensor_prefix`."""
         self.n_nextn = count
         #: ``model.layers.{N+k}.`` of each NextN block, in block order.
-        self.layer_prefixes = tuple(f"{self.layer_roots[0]}{self.n_layer + k}." for k in range(count))
-        prefixes = tuple(f"{root}{self.n_layer + k}." for root in self.layer_roots for k in range(count))
+        self.layer_prefixes = tuple(f"{self.layer_roots[0]}{self.first_layer + k}." for k in range(count))
+        prefixes = tuple(f"{root}{self.first_layer + k}." for root in self.layer_roots for k in range(count))
         self.tensor_prefix = prefixes[0] if len(prefixes) == 1 else prefixes  # type: ignore[misc]
         #: (block, name inside the layer) -> tensor, for every tensor of the NextN layers
         self._present = {found: tensor for tensor in self.checkpoint.tensors.values()
                          if (found := self._in_layer(tensor.name)) is not None and found[0] < count}
 
+    @property
+    def first_layer(self) -> int:
+        """The checkpoint's number of the first NextN layer: ``N`` (:attr:`numbered_after_trunk`), else 0."""
+        return self.n_layer if self.numbered_after_trunk else 0
+
     def _in_layer(self, name: str) -> tuple[int, str] | None:
         """(NextN block, name inside the layer as :meth:`layer_name` gives it) of a checkpoint tensor of a layer
-        ``N + k`` (``k`` may be beyond the head's blocks), else ``None``."""
+        ``first_layer + k`` (``k`` may be beyond the head's blocks), else ``None``."""
         root = next((r for r in self.layer_roots if name.startswith(r)), None)
         if root is None:
             return None
         layer, _, suffix = name[len(root) :].partition(".")
-        if not suffix or _LAYER_NUMBER.fullmatch(layer) is None or int(layer) < self.n_layer:
+        if not suffix or _LAYER_NUMBER.fullmatch(layer) is None or int(layer) < self.first_layer:
             return None
-        return int(layer) - self.n_layer, self.layer_name(suffix)
+        return int(layer) - self.first_layer, self.layer_name(suffix)
 
     def _check_layers_present(self) -> None:
         """Refuse a ``num_nextn_predict_layers`` the checkpoint's layers do not bear out, naming the first absent."""
@@ -155,7 +166,7 @@ class NextNLayerModel(HeadModel):
         if absent is not None and absent > 0:  # none at all: head_tensors says "no MTP head"
             raise CheckpointError(
                 f"num_nextn_predict_layers = {self.n_nextn}, but the checkpoint has no NextN layer "
-                f"{self.layer_roots[0]}{self.n_layer + absent} (NextN block {absent + 1} of {self.n_nextn})",
+                f"{self.layer_roots[0]}{self.first_layer + absent} (NextN block {absent + 1} of {self.n_nextn})",
                 self.config_path)
 
     def keep_first_blocks(self, count: int) -> None:
@@ -196,6 +207,11 @@ class NextNLayerModel(HeadModel):
             return
         yield name, TensorSource.single(tensor)
 
+    def unmapped_hint(self, suffix: str) -> str:
+        """What to add to the refusal of a layer tensor ``suffix`` the family's names do not map (e.g. what its graph
+        needs instead); empty by default."""
+        return ""
+
     # ------------------------------------------------------------------------------------ tensors
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -221,7 +237,8 @@ class NextNLayerModel(HeadModel):
             CheckpointError: neither the family's names (or the NextN glue and gguf-py's table) name it.
         """
         suffix = self.layer_suffix(tensor)
-        unknown = f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor"
+        hint = self.unmapped_hint(suffix)
+        unknown = f"cannot map tensor {tensor.name!r} to a llama.cpp {self.arch} NextN tensor{hint}"
         if self.layer_names is not None:
             entry = self.layer_names.get(suffix)
             if entry is None:
