@@ -96,6 +96,12 @@ def max_header_bytes() -> int:
         raise ParameterError(f"{ENV_MAX_HEADER_BYTES}={raw!r} is not a positive whole number of bytes (e.g. 536870912)")
     return int(text)
 
+#: What ``bench`` measures and ``accept`` predicts unless told otherwise: the draft lengths (llama-server's
+#: ``--spec-draft-n-max``), the tokens per prompt, and the seconds a server may take to load the model (the command
+#: lines' defaults too).
+DEFAULT_N_MAX = (1, 2, 3)
+DEFAULT_TOKENS = 128
+DEFAULT_HEALTH_TIMEOUT = 600.0
 
 #: Seconds one range read of a remote header may take in all, huggingface_hub's retries included, first byte
 #: to last (a server trickling a byte every few seconds never trips a per-read timeout), and seconds all

@@ -6,12 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-from .common import print_json, print_report
+from .common import add_prompt_flags, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gguf_mtp.server.bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
-
     p = subparsers.add_parser(
         "accept",
         usage="gguf-mtp accept MODEL [--draft SIDECAR] [--prompts FILE] [--tokens N] [--n-max K,K...] [--text] "
@@ -25,16 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the prompts are scored as they are (teacher forcing: an estimate, not a server prediction). "
         "gguf-mtp bench measures the real tokens/s with your llama-server.",
     )
-    p.add_argument("model", help="the composite GGUF (any shard), or the trunk when --draft names an MTP-only sidecar")
-    p.add_argument("--draft", metavar="SIDECAR", help="an MTP-only GGUF, as given to llama-server with "
-                   "--spec-draft-model")
-    p.add_argument("--prompts", metavar="FILE", help="prompts: a JSON list of strings, or text with prompts "
-                   "separated by '---' lines (default: the built-in code, prose and chat prompts bench sends)")
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N",
-                   help=f"tokens generated per prompt, llama-server's n_predict (default: {DEFAULT_TOKENS})")
-    n_max = ",".join(str(k) for k in DEFAULT_N_MAX)
-    p.add_argument("--n-max", dest="n_max", default=n_max, metavar="K,K...",
-                   help=f"draft lengths to predict, llama-server's --spec-draft-n-max (default: {n_max})")
+    add_prompt_flags(p, draft_help="as given to llama-server with --spec-draft-model",
+                     tokens_help=", llama-server's n_predict", n_max_help="predict")
     p.add_argument("--text", action="store_true", help="score the prompts as given text (teacher forcing: how often "
                    "the head's first draft equals the trunk's own next token; an estimate)")
     p.add_argument("--ctx-size", dest="ctx_size", type=int, metavar="N", help="the server slot's context, "

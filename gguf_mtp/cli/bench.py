@@ -7,7 +7,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from .common import print_json, print_report
+from .common import add_prompt_flags, print_json, print_report
 
 if TYPE_CHECKING:
     from gguf_mtp.check.accept import AcceptReport
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gguf_mtp.server.bench_rules import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS  # no numpy
+    from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT
 
     p = subparsers.add_parser(
         "bench",
@@ -29,19 +29,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "without -t, the trunk's and the MTP head's thread pools get half the free cores each. "
         "The server is always stopped; its log is kept when something fails.",
     )
-    p.add_argument("model", help="the composite GGUF (any shard), or the trunk when --draft names an MTP-only sidecar")
-    p.add_argument("--draft", metavar="SIDECAR", help="an MTP-only GGUF (convert/extract --standalone), "
-                   "given to llama-server as --spec-draft-model")
+    add_prompt_flags(p, draft_help="given to llama-server as --spec-draft-model", tokens_help="",
+                     n_max_help="measure")
     p.add_argument("--server", metavar="PATH", default=shutil.which("llama-server"),
                    help="your llama-server binary (default: llama-server on PATH)")
-    n_max = ",".join(str(k) for k in DEFAULT_N_MAX)
-    p.add_argument("--n-max", dest="n_max", default=n_max, metavar="K,K...",
-                   help=f"draft lengths to measure, --spec-draft-n-max (default: {n_max})")
-    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N",
-                   help=f"tokens generated per prompt (default: {DEFAULT_TOKENS})")
-    p.add_argument("--prompts", metavar="FILE",
-                   help="prompts: a JSON list of strings, or text with prompts separated by '---' lines "
-                        "(default: built-in code, prose and chat prompts)")
     p.add_argument("--health-timeout", dest="health_timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT,
                    metavar="SECONDS",
                    help=f"how long one server may take to load the model and answer /health, in seconds "

@@ -114,6 +114,25 @@ def add_replace_head_flag(parser: argparse.ArgumentParser, whose: str) -> None:
     )
 
 
+def add_prompt_flags(parser: argparse.ArgumentParser, *, draft_help: str, tokens_help: str, n_max_help: str) -> None:
+    """MODEL, ``--draft``, ``--prompts``, ``--tokens`` and ``--n-max``: what ``bench`` measures with llama-server and
+    ``accept`` predicts without one, with the same defaults (:data:`~gguf_mtp.constants.DEFAULT_TOKENS`,
+    :data:`~gguf_mtp.constants.DEFAULT_N_MAX`)."""
+    from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS
+
+    parser.add_argument("model", help="the composite GGUF (any shard), or the trunk when --draft names an MTP-only "
+                        "sidecar")
+    parser.add_argument("--draft", metavar="SIDECAR",
+                        help=f"an MTP-only GGUF (convert/extract --standalone), {draft_help}")
+    parser.add_argument("--prompts", metavar="FILE", help="prompts: a JSON list of strings, or text with prompts "
+                        "separated by '---' lines (default: the built-in code, prose and chat prompts)")
+    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, metavar="N",
+                        help=f"tokens generated per prompt{tokens_help} (default: {DEFAULT_TOKENS})")
+    n_max = ",".join(str(k) for k in DEFAULT_N_MAX)
+    parser.add_argument("--n-max", dest="n_max", default=n_max, metavar="K,K...",
+                        help=f"draft lengths to {n_max_help}, llama-server's --spec-draft-n-max (default: {n_max})")
+
+
 def print_json(data: Any) -> None:
     """``data`` as indented JSON on stdout: valid UTF-8 JSON whatever bytes the names inside hold."""
     json.dump(json_safe(data), sys.stdout, indent=2, allow_nan=False)

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS
 from gguf_mtp.errors import LlamaServerError, ParameterError
 
 __all__ = [
@@ -61,11 +62,6 @@ SEED = 42
 
 #: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
 MAX_N_MAX = 16
-#: What ``bench`` measures unless told otherwise: the draft lengths, the tokens per prompt, and the seconds a
-#: server may take to load the model (the command line's defaults too).
-DEFAULT_N_MAX = (1, 2, 3)
-DEFAULT_TOKENS = 128
-DEFAULT_HEALTH_TIMEOUT = 600.0
 
 #: MTP is recommended only when its best run is at least this much faster than the run without it
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
