@@ -26,11 +26,15 @@ UPSTREAM_PKGS  := torch==2.13.0 numpy sentencepiece transformers==4.57.6 safeten
 # The lowest releases pyproject.toml claims: the suite's non-llama part runs against them too.
 FLOOR_VENV  ?= .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.gguf-mtp-installed
-FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 ml_dtypes==0.5.0 tqdm==4.60.0 huggingface_hub==0.25.0 pytest hypothesis safetensors 'matplotlib<3.10'
+FLOOR_PKGS  := gguf==0.19.0 numpy==1.24.4 ml_dtypes==0.5.0 tqdm==4.60.0 huggingface_hub==0.25.0 pytest pytest-xdist hypothesis safetensors 'matplotlib<3.10'
 
 # `make test` is the full gate: every step runs even when an earlier one failed, and the failed ones are named
 # at the end (one flaky test must not hide the upstream proof or the floor suite).
 TEST_STEPS := lint typecheck tools test-pytest test-upstream test-floor
+# pytest's workers (pytest-xdist): one pytest keeps about one core busy (the rest is waiting on child processes
+# and files), so 2 on 2 cores.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 # llama.cpp's own tools (the tests' oracles), built by `make tools` into ~/.cache/gguf-mtp-tools (or
 # $GGUF_MTP_TOOLS_CACHE); pytest under `make test` never builds them (a test would fail saying `make tools`).
 TOOLS_JOBS ?= 2
@@ -59,9 +63,11 @@ demo: $(DEMO_STAMP)
 test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	@$(MAKE) --no-print-directory run-steps STEPS="$(TEST_STEPS)"
 
-# The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing").
+# The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing"), on
+# $(PYTEST_WORKERS) pytest-xdist workers: one module, or the tests of one shared ParitySet, per worker at a time
+# (tests/conftest.py's xdist_group).
 test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)
-	GGUF_MTP_TOOLS_NO_BUILD=1 GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q
+	GGUF_MTP_TOOLS_NO_BUILD=1 GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 # llama-gguf-split, llama-quantize and llama-server from the llama.cpp llama-cpp-python vendors (cmake; ninja if
 # installed): 10-30 minutes on 2 cores the first time, with a progress line every 5 %; seconds once cached.
@@ -98,7 +104,7 @@ $(FLOOR_STAMP): pyproject.toml
 	touch $@
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest -q -m "not llama and not upstream" -p no:cacheprovider
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "not llama and not upstream" -p no:cacheprovider $(PYTEST_PARALLEL)
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .

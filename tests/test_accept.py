@@ -77,7 +77,7 @@ def designed_chains(model: CycleModel, before: int, greedy: tuple[int, ...], k: 
 
 
 def test_the_prediction_is_what_the_design_says(cycle: CycleModel) -> None:
-    report = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2, 3), threads=2, ctx_size=1024)
+    report = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2, 3), threads=1, ctx_size=1024)
     assert report.heads == 1 and not report.chained and report.batched_disagreements == 0
     for score in report.prompts:
         greedy = score.greedy
@@ -92,7 +92,7 @@ def test_the_prediction_is_what_the_design_says(cycle: CycleModel) -> None:
 
 
 def test_json_report_has_the_shape_of_the_issue(cycle: CycleModel) -> None:
-    proc = cli("accept", str(cycle.path), "--tokens", "24", "--n-max", "1,2", "--threads", "2", "--json")
+    proc = cli("accept", str(cycle.path), "--tokens", "24", "--n-max", "1,2", "--threads", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert {"model", "draft", "prompts", "runs", "recommended_n_max"} <= set(data)
@@ -111,10 +111,29 @@ def test_json_report_has_the_shape_of_the_issue(cycle: CycleModel) -> None:
 
 def test_trunk_and_sidecar_predict_what_the_composite_predicts(cycle: CycleModel, split: tuple[Path, Path]) -> None:
     trunk, sidecar = split
-    together = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=2, ctx_size=1024)
-    apart = accept(trunk, draft=sidecar, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=2, ctx_size=1024)
+    together = accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=1, ctx_size=1024)
+    apart = accept(trunk, draft=sidecar, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=1, ctx_size=1024)
     assert [p.runs for p in apart.prompts] == [p.runs for p in together.prompts]
     assert apart.draft == str(sidecar)
+
+
+@pytest.mark.parametrize(("load", "threads"), [(3.0, 1), (0.4, 4)])
+def test_llama_cpp_runs_on_the_free_cores_unless_told(cycle: CycleModel, monkeypatch: pytest.MonkeyPatch,
+                                                      load: float, threads: int) -> None:
+    # as bench and the quantizer size their pools (constants.free_cores): a busy machine is not oversubscribed
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    asked: list[int] = []
+
+    def child(request: dict, model: str) -> dict:
+        asked.append(request["threads"])
+        raise LlamaCppError("stopped before llama.cpp runs", model)
+
+    monkeypatch.setattr(accept_module, "_run_child", child)
+    for given in (None, 3):
+        with pytest.raises(LlamaCppError, match="stopped before"):
+            accept(cycle.path, prompts=PROMPTS, tokens=TOKENS, threads=given)
+    assert asked == [threads, 3]
 
 
 def test_a_dead_head_fails_verify_acceptance_while_plain_verify_passes(cycle: CycleModel, tmp_path: Path) -> None:
@@ -172,7 +191,7 @@ def test_an_empty_or_binary_prompts_file_is_refused(cycle: CycleModel, tmp_path:
 def test_a_prompt_longer_than_the_context_is_refused(cycle: CycleModel) -> None:
     long = Prompt("long", "0123456789" * 200)  # 400 tokens of llama.cpp's test tokenizer (5 bytes each)
     with pytest.raises(ParameterError, match=r"long: 400 prompt tokens do not fit the context of 256"):
-        accept(cycle.path, prompts=[long], tokens=TOKENS, ctx_size=200, threads=2)
+        accept(cycle.path, prompts=[long], tokens=TOKENS, ctx_size=200, threads=1)
     proc = cli("accept", str(cycle.path), "--ctx-size", "200", "--prompts", str(write_prompt(cycle, long.text)))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "do not fit the context of 256" in proc.stderr
 
@@ -232,7 +251,7 @@ def test_ctrl_c_leaves_no_child(cycle: CycleModel) -> None:
 
 def test_the_head_type_sweep_measures_each_type_and_recommends_by_the_rule(cycle: CycleModel) -> None:
     proc = cli("accept", str(cycle.path), "--outtypes", "q8_0,q6_k,q4_k,q3_k", "--n-max", "1", "--tokens", "24",
-               "--threads", "2", "--json")
+               "--threads", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     rows = data["outtypes"]
@@ -257,10 +276,10 @@ def test_text_mode_scores_the_given_text_by_teacher_forcing(cycle: CycleModel) -
     # trunk's next token after t is cycle[t] everywhere; the head (shown t and the row after t) drafts cycle[t] when t
     # is a bad token and cycle[cycle[t]] when it is a good one: full agreement or none.
     chunks = [c * 5 for c in "abcdefgh"]
-    greedy = accept(cycle.path, prompts=[Prompt(c, c * 4) for c in chunks], tokens=1, n_max=(1,), threads=2)
+    greedy = accept(cycle.path, prompts=[Prompt(c, c * 4) for c in chunks], tokens=1, n_max=(1,), threads=1)
     token = {p.name: cycle.cycle.index(p.greedy[0]) for p in greedy.prompts}
     assert {t in cycle.good for t in token.values()} == {True, False}  # both kinds among the chunks
-    report = accept(cycle.path, prompts=[Prompt(c, c * 20) for c in chunks], text=True, n_max=(1,), threads=2)
+    report = accept(cycle.path, prompts=[Prompt(c, c * 20) for c in chunks], text=True, n_max=(1,), threads=1)
     assert report.mode == "text" and report.recommended_n_max is None
     for score in report.prompts:
         agreeing, scored = score.agreement or (0, 0)

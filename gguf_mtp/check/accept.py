@@ -26,11 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
 from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model
-from gguf_mtp.server.bench_rules import DEFAULT_N_MAX, DEFAULT_TOKENS, MAX_N_MAX
+from gguf_mtp.server.bench_rules import MAX_N_MAX
 
 from .accept_schedule import Limits, Replay, first_draft_agreement, replay, total
 from .draft_checks import target_fit_check
@@ -277,7 +278,8 @@ def accept(
         n_max: the draft lengths to predict (``--spec-draft-n-max``).
         text: score the prompts themselves as text (teacher forcing: an estimate, not a server prediction).
         ctx_size: llama-server's ``-c`` (default: the model's training context); see :func:`slot_context`.
-        threads: CPU threads for llama.cpp (default: all).
+        threads: CPU threads for llama.cpp (default: the free cores, :func:`~gguf_mtp.constants.free_cores`:
+            more on a busy machine only slow llama.cpp's pool down).
         n_gpu_layers: layers to offload (``-ngl``), with a GPU build of llama-cpp-python.
 
     Raises:
@@ -288,7 +290,7 @@ def accept(
         RuntimeError: llama-cpp-python is not installed.
     """
     began = time.monotonic()
-    threads = threads if threads is not None else max(os.cpu_count() or 1, 1)
+    threads = threads if threads is not None else free_cores()
     n_max = tuple(sorted(set(n_max)))
     _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
     info, target, mtp = _check_inputs(model, draft)

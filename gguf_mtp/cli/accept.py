@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "the head's first draft equals the trunk's own next token; an estimate)")
     p.add_argument("--ctx-size", dest="ctx_size", type=int, metavar="N", help="the server slot's context, "
                    "llama-server's -c (default: the model's training context)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for llama.cpp (default: all)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for llama.cpp (default: the free cores: "
+                   "the CPUs less the one-minute load average, at least 1)")
     p.add_argument("--n-gpu-layers", dest="n_gpu_layers", type=int, default=0, metavar="N",
                    help="layers to offload to a GPU (a GPU build of llama-cpp-python; default: 0)")
     p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "

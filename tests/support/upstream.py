@@ -16,6 +16,7 @@ parity test gets those files and gguf-mtp's own (draft, standalone sidecar, comp
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
 import hashlib
 import os
@@ -62,16 +63,20 @@ def llama_cpp_tree() -> Path:
     if stamp.exists() and stamp.read_text() == TREE_VERSION:
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)
-    if not (CACHE / SDIST_FILE).exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", SDIST,
-                        "-d", str(CACHE)], check=True, timeout=600)
-    with tarfile.open(CACHE / SDIST_FILE) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.name.startswith(PREFIX) and m.name[len(PREFIX):].startswith(NEEDED)]
-        for m in members:
-            m.name = m.name[len(PREFIX):]
-        tar.extractall(tree, members=members, filter="data")
-    stamp.write_text(TREE_VERSION)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the suite's workers (pytest -n) unpack it once, one after the other
+        if stamp.exists() and stamp.read_text() == TREE_VERSION:
+            return tree
+        if not (CACHE / SDIST_FILE).exists():
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                            SDIST, "-d", str(CACHE)], check=True, timeout=600)
+        with tarfile.open(CACHE / SDIST_FILE) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.name.startswith(PREFIX) and m.name[len(PREFIX):].startswith(NEEDED)]
+            for m in members:
+                m.name = m.name[len(PREFIX):]
+            tar.extractall(tree, members=members, filter="data")
+        stamp.write_text(TREE_VERSION)
     return tree
 
 
