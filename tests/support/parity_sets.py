@@ -8,8 +8,8 @@ how many use each set; a set's folder goes when the last one has ended, unless a
 tests of one set run together, so a parametrised module holds one family's files at a time.
 
 :data:`BUILDERS` is the one table of how each set is made: the checkpoint builder (``support/<family>_checkpoints``),
-the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint or another
-``--outtype``, those.
+the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint (DeepSeek V3), another
+``--outtype`` or a tokenizer setting (DeepSeek V3.2's BOS), those.
 """
 
 from __future__ import annotations
