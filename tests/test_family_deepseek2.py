@@ -6,13 +6,10 @@
   (``attn_k_b`` transposed per head, ``attn_v_b``), the copies kept or dropped, an old ``attn_kv_b`` trunk refused;
 * parity (``upstream``): llama.cpp's ``convert_hf_to_gguf.py`` writes full / ``--no-mtp`` / ``--mtp`` of the
   GLM-4.7-Flash checkpoint; for DeepSeek V3, whose MTP layer upstream drops (``skip_mtp = True``), the reference is
-  upstream's GLM-4.7-Flash class (the same deepseek2 tensor handling, FP8 dequantization included) run on the very
-  same FP8 shards, with only ``config.json``'s ``architectures``/``model_type`` renamed; llama.cpp runs the results.
-
-Allowed differences (the one place they are listed): :data:`ALLOWED`, empty: every NextN tensor is byte-identical;
-:data:`ALLOWED_KVS`: the composite's ``general.size_label`` (upstream counts the copies' parameters).
-The draft's own metadata is not compared with upstream's ``--mtp`` file (it is gguf-mtp's; compose keeps the
-target's KVs and only moves ``block_count`` / ``nextn_predict_layers``, which are compared).
+  upstream's GLM-4.7-Flash class run on the very same FP8 shards (:mod:`support.parity_sets`' ``deepseekv3``). The
+  checks every family shares, and the differences allowed (none in the tensors; DeepSeek V3's composite
+  ``general.size_label``), are tests/test_upstream_parity.py's ``glm47flash`` and ``deepseekv3`` entries; here, on
+  the same shared set, a trunk without MLA metadata refused.
 """
 
 from __future__ import annotations
@@ -26,32 +23,18 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 from support.convert_support import raw_tensor
-from support.deepseek_checkpoints import DIMS, N_LAYERS, as_glm47flash, write_mla_checkpoint
+from support.deepseek_checkpoints import DIMS, N_LAYERS, write_mla_checkpoint
 from support.fp8_checkpoints import dequantize_reference, quantize_checkpoint
-from support.glm_checkpoints import GLM_SPECIAL_TOKENS
 from support.helpers import reader_tensors
-from support.upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    write_gpt2_tokenizer,
-)
+from support.upstream import ParitySet
 
 from gguf_mtp.cli import main
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
-from gguf_mtp.format.header import GGUFArray, TensorInfo, encode_kv, read_header, serialize_header
+from gguf_mtp.format.header import TensorInfo, encode_kv, read_header, serialize_header
 from gguf_mtp.jobs.convert import convert
 
 Q = GGMLQuantizationType
 N = N_LAYERS
-#: NextN tensor -> (how gguf-mtp's bytes may differ from llama.cpp's converter's, why). None do.
-ALLOWED: dict[str, tuple[str, str]] = {}
-#: KV of the composite -> why it may differ from upstream's full file (compose keeps the trunk's metadata).
-ALLOWED_KVS: dict[str, str] = {
-    "general.size_label": "upstream's full file counts the NextN layer's own embedding / LM head copies in its "
-                          "parameter count (DeepSeek V3: 4x13M -> 4x26M here); compose keeps the trunk's label",
-}
 KV_B = f"model.layers.{N}.self_attn.kv_b_proj.weight"
 PER_HEAD = DIMS.nope + DIMS.v_dim
 
@@ -199,77 +182,17 @@ def test_target_with_other_mla_sizes_is_refused(ckpts: dict[str, Path], tmp_path
         convert(other, tmp_path / "b.gguf", target=target, progress=False)
 
 
-# --------------------------------------------------------------------- llama.cpp's converter: the reference
-
-
-@pytest.fixture(scope="module")
-def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
-    """Per checkpoint: upstream's full / --no-mtp / --mtp (``--outtype auto``), gguf-mtp's draft (block from the
-    --no-mtp trunk), its --standalone sidecar and the composite. DeepSeek V3's reference runs upstream's
-    Glm4MoeLite class on the same FP8 shards (only ``architectures``/``model_type`` renamed)."""
-    work = tmp_path_factory.mktemp("mla-parity")
-    out: dict[str, ParitySet] = {}
-    for name in ("glm", "deepseek"):
-        ours = Path(shutil.copytree(ckpts[name], work / name / "hf"))
-        write_gpt2_tokenizer(ours, GLM_SPECIAL_TOKENS)
-        reference = as_glm47flash(ours, work / name / "as-glm47flash") if name == "deepseek" else ours
-        out[name] = ParitySet(ours, work / name, reference=reference, outtype="auto")
-    return out
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+# --------------------------------------------------------------------------------------- upstream parity
+# (draft, sidecar, strip, composite and llama.cpp's runs against upstream's files: tests/test_upstream_parity.py's
+# ``glm47flash`` and ``deepseekv3`` entries; here what holds for a trunk upstream wrote)
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_convert_equals_upstreams_mtp_block(upstream: dict[str, ParitySet], name: str) -> None:
-    files = upstream[name]
-    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith(f"blk.{N}.")}
-    assert len(theirs) == (22 if name == "glm" else 24)
-    _assert_same_tensors(reader_tensors(files.draft), theirs)
-
-
-@pytest.mark.upstream
-@pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, ParitySet], name: str) -> None:
-    files = upstream[name]
-    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
-    composite, full = read_header(files.composite), read_header(files.full)
-    for key in ("deepseek2.block_count", "deepseek2.nextn_predict_layers"):
-        assert composite.get(key) == full.get(key), key
-    assert _kvs(composite) == _kvs(full)  # every KV, gguf_mtp.* bookkeeping and ALLOWED_KVS aside
-    if name == "glm":  # no copies: the label is the same too
-        assert composite.get("general.size_label") == full.get("general.size_label")
-
-
-def _kvs(header: object) -> dict[str, bytes]:
-    return {k: kv.raw for k, kv in header.kvs.items()  # type: ignore[attr-defined]
-            if not k.startswith("gguf_mtp.") and k not in ALLOWED_KVS}
-
-
-@pytest.mark.upstream
-@pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, ParitySet], name: str) -> None:
-    _assert_same_tensors(reader_tensors(upstream[name].standalone), reader_tensors(upstream[name].mtp))
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-@pytest.mark.parametrize("name", ["glm", "deepseek"])
-def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, ParitySet], name: str) -> None:
-    ours = assert_runs_like(upstream[name].composite, upstream[name].full)
-    assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-    assert_runs_mtp_only(upstream[name].standalone)
-
-
-@pytest.mark.upstream
-def test_an_attn_kv_b_trunk_is_refused_with_the_reason(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
+@pytest.mark.parity("glm47flash")
+def test_an_attn_kv_b_trunk_is_refused_with_the_reason(parity: ParitySet, tmp_path: Path) -> None:
     from support.malformed import edit_kvs
 
-    trunk = upstream["glm"].trunk
-    no_mla = edit_kvs(trunk, tmp_path / "old.gguf", drop=["deepseek2.attention.key_length_mla"])
+    no_mla = edit_kvs(parity.trunk, tmp_path / "old.gguf", drop=["deepseek2.attention.key_length_mla"])
     with pytest.raises(IncompatibleDraftError, match=r"has no deepseek2.attention.key_length_mla: llama.cpp's "
                                                      r"deepseek2 MTP graph runs only on an MLA-format model"):
-        convert(upstream["glm"].checkpoint, tmp_path / "d.gguf", target=no_mla, progress=False)
-    assert GGUFArray and encode_kv  # (KV helpers shared with the corpus)
+        convert(parity.checkpoint, tmp_path / "d.gguf", target=no_mla, progress=False)

@@ -7,13 +7,12 @@
   for deepseek32 (a head without it is refused in one line) and optional for glm-dsa; GLM-5.2's trunk-length
   ``attention.indexer.types``; ``--target`` checks (MLA trunk, indexer sizes).
 * parity (``upstream``): llama.cpp's ``convert_hf_to_gguf.py`` (``DeepseekV32Model``, ``GlmMoeDsaModel``: both export
-  the MTP layer) writes full / ``--no-mtp`` / ``--mtp`` of each checkpoint; convert equals the ``--mtp`` NextN block,
-  compose of ``--no-mtp`` + draft equals the full file, ``--standalone`` equals ``--mtp``; llama.cpp runs them.
-
-Allowed differences (the one place they are listed): :data:`ALLOWED`, empty: every NextN tensor is byte-identical;
-:data:`ALLOWED_KVS`: the composite's ``general.size_label`` (DeepSeek V3.2: upstream counts the NextN layer's own
-embedding / LM head copies). The draft's own metadata is not compared with upstream's ``--mtp`` file (compose keeps
-the target's KVs and moves only ``block_count`` / ``nextn_predict_layers``, compared here).
+  the MTP layer) writes full / ``--no-mtp`` / ``--mtp`` of each checkpoint. The checks every family shares (convert
+  equals the ``--mtp`` NextN block, ``--standalone`` the ``--mtp`` file, compose of ``--no-mtp`` + draft the full
+  file; llama.cpp runs them), and the differences allowed (none in the tensors; DeepSeek V3.2's composite
+  ``general.size_label``), are tests/test_upstream_parity.py's ``deepseekv32`` / ``glm5`` / ``glm5-bf16`` entries;
+  here, on the same shared sets, the indexer in upstream's block, the trunk-length ``indexer.types``, verify, and
+  FP8 to Q8_0 in one pass.
 """
 
 from __future__ import annotations
@@ -27,17 +26,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 from support.convert_support import raw_tensor
-from support.deepseek_checkpoints import DIMS, GLM52_INDEXER_TYPES, N_LAYERS, write_mla_checkpoint
-from support.fp8_checkpoints import is_linear, quantize_checkpoint
-from support.glm_checkpoints import GLM_SPECIAL_TOKENS
+from support.deepseek_checkpoints import DIMS, GLM52_INDEXER_TYPES, N_LAYERS, dsa_fp8_release, write_mla_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
 from support.helpers import reader_tensors
-from support.upstream import (
-    ParitySet,
-    assert_runs_like,
-    assert_runs_mtp_only,
-    assert_same_tensors,
-    write_gpt2_tokenizer,
-)
+from support.upstream import ParitySet, assert_same_tensors, raw_tensors
 
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import TensorInfo, encode_kv, read_header, serialize_header
@@ -46,13 +38,6 @@ from gguf_mtp.jobs.convert import convert
 Q = GGMLQuantizationType
 N = N_LAYERS
 B = f"blk.{N}."
-#: NextN tensor -> (how gguf-mtp's bytes may differ from llama.cpp's converter's, why). None do.
-ALLOWED: dict[str, tuple[str, str]] = {}
-#: KV of the composite -> why it may differ from upstream's full file (compose keeps the trunk's metadata).
-ALLOWED_KVS: dict[str, str] = {
-    "general.size_label": "upstream's full DeepSeek V3.2 file counts the NextN layer's own embedding / LM head copies "
-                          "in its parameter count; compose keeps the trunk's label",
-}
 ARCH = {"deepseekv32": "deepseek32", "glm5": "glm-dsa", "glm5-bf16": "glm-dsa"}
 INDEXER = {f"{B}indexer.attn_q_b.weight": (Q.BF16, (DIMS.q_lora, DIMS.index_n_heads * DIMS.index_head_dim)),
            f"{B}indexer.attn_k.weight": (Q.BF16, (DIMS.n_embd, DIMS.index_head_dim)),
@@ -61,19 +46,14 @@ INDEXER = {f"{B}indexer.attn_q_b.weight": (Q.BF16, (DIMS.q_lora, DIMS.index_n_he
            f"{B}indexer.proj.weight": (Q.F32, (DIMS.n_embd, DIMS.index_n_heads))}
 
 
-def _fp8_release(keep_bf16: tuple[str, ...]) -> object:
-    """What an FP8 release quantizes: the linear weights except the indexer's ``weights_proj`` (BF16 in V3.2) and
-    ``keep_bf16`` (GLM-5 keeps ``eh_proj``)."""
-    return lambda name, shape: is_linear(name, shape) and not any(k in name for k in ("weights_proj", *keep_bf16))
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("dsa")
     v32 = write_mla_checkpoint(work / "deepseekv32-bf16", "deepseekv32")
     glm5 = write_mla_checkpoint(work / "glm5-bf16", "glm5")
-    return {"deepseekv32": quantize_checkpoint(v32, work / "deepseekv32", quantized=_fp8_release(())),
-            "glm5-bf16": glm5, "glm5": quantize_checkpoint(glm5, work / "glm5", quantized=_fp8_release(("eh_proj",))),
+    return {"deepseekv32": quantize_checkpoint(v32, work / "deepseekv32", quantized=dsa_fp8_release()),
+            "glm5-bf16": glm5,
+            "glm5": quantize_checkpoint(glm5, work / "glm5", quantized=dsa_fp8_release(("eh_proj",))),
             "deepseekv3": write_mla_checkpoint(work / "deepseekv3", "deepseekv3"),
             "glm47flash": write_mla_checkpoint(work / "glm47flash", "glm47flash")}
 
@@ -186,94 +166,50 @@ def test_a_deepseek2_target_is_not_a_v32_one(ckpts: dict[str, Path], tmp_path: P
         convert(ckpts["deepseekv32"], tmp_path / "d.gguf", target=target, progress=False)
 
 
-# --------------------------------------------------------------------- llama.cpp's converter: the reference
+# --------------------------------------------------------------------------------------- upstream parity
+# (draft, sidecar, strip, composite and llama.cpp's runs against upstream's files: tests/test_upstream_parity.py's
+# ``deepseekv32``, ``glm5`` and ``glm5-bf16`` entries, where no tensor may differ; here what is particular to DSA)
+
+SETS = ["deepseekv32", "glm5", "glm5-bf16"]
 
 
-@pytest.fixture(scope="module")
-def upstream(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParitySet]:
-    """Per checkpoint: upstream's full / --no-mtp / --mtp (``--outtype auto``), gguf-mtp's draft (block from the
-    --no-mtp trunk), its --standalone sidecar and the composite."""
-    work = tmp_path_factory.mktemp("dsa-parity")
-    out: dict[str, ParitySet] = {}
-    for name in ("deepseekv32", "glm5", "glm5-bf16"):
-        ours = Path(shutil.copytree(ckpts[name], work / name / "hf"))
-        write_gpt2_tokenizer(ours, GLM_SPECIAL_TOKENS)
-        # DeepseekV32Model.set_vocab asserts the tokenizer adds a BOS token (V3.2's tokenizer_config.json does)
-        config = json.loads((ours / "tokenizer_config.json").read_text())
-        (ours / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
-        out[name] = ParitySet(ours, work / name, outtype="auto")
-    return out
-
-
-def _assert_same_tensors(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
-
-
-def _kvs(header: object) -> dict[str, bytes]:
-    return {k: kv.raw for k, kv in header.kvs.items()  # type: ignore[attr-defined]
-            if not k.startswith("gguf_mtp.") and k not in ALLOWED_KVS}
-
-
-NAMES = ["deepseekv32", "glm5", "glm5-bf16"]
+def _on(*names: str) -> list[object]:
+    return [pytest.param(name, marks=pytest.mark.parity(name)) for name in names]
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("name", NAMES)
-def test_convert_equals_upstreams_mtp_block(upstream: dict[str, ParitySet], name: str) -> None:
-    files = upstream[name]
-    theirs = {n: t for n, t in reader_tensors(files.mtp).items() if n.startswith(B)}
-    assert len(theirs) == (29 if name == "deepseekv32" else 27) and INDEXER.keys() <= theirs.keys()
-    _assert_same_tensors(reader_tensors(files.draft), theirs)
+@pytest.mark.parametrize("name", _on(*SETS))
+def test_upstreams_nextn_block_carries_the_indexer(name: str, parity: ParitySet) -> None:
+    theirs = raw_tensors(parity.mtp)
+    assert {n: t[:2] for n, t in theirs.items() if ".indexer." in n and n.startswith(B)} == INDEXER
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("name", NAMES)
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(upstream: dict[str, ParitySet], name: str) -> None:
-    files = upstream[name]
-    _assert_same_tensors(reader_tensors(files.composite), reader_tensors(files.full))
-    composite, full, arch = read_header(files.composite), read_header(files.full), ARCH[name]
-    for key in (f"{arch}.block_count", f"{arch}.nextn_predict_layers"):
-        assert composite.get(key) == full.get(key), key
-    assert _kvs(composite) == _kvs(full)  # every KV, gguf_mtp.* bookkeeping and ALLOWED_KVS aside
-    if name != "deepseekv32":  # no copies: the label is the same too
-        assert composite.get("general.size_label") == full.get("general.size_label")
-    if arch == "glm-dsa":  # compose left the trunk-length array alone, as upstream writes it
-        assert composite.kvs["glm-dsa.attention.indexer.types"].array_length == N
-
-
-@pytest.mark.upstream
-@pytest.mark.parametrize("name", NAMES)
-def test_standalone_equals_upstreams_mtp_export(upstream: dict[str, ParitySet], name: str) -> None:
-    _assert_same_tensors(reader_tensors(upstream[name].standalone), reader_tensors(upstream[name].mtp))
+@pytest.mark.parametrize("name", _on("glm5", "glm5-bf16"))
+def test_compose_leaves_the_indexer_types_trunk_length(name: str, parity: ParitySet) -> None:
+    composite, full = read_header(parity.composite), read_header(parity.full)
+    assert composite.kvs["glm-dsa.attention.indexer.types"].array_length == N  # as upstream writes it
+    assert composite.get("glm-dsa.attention.indexer.types") == full.get("glm-dsa.attention.indexer.types")
 
 
 @pytest.mark.upstream
 @pytest.mark.llama
-@pytest.mark.parametrize("name", ["deepseekv32", "glm5"])
-def test_llama_runs_the_composite_with_upstreams_mtp_logits(upstream: dict[str, ParitySet], name: str) -> None:
-    ours = assert_runs_like(upstream[name].composite, upstream[name].full)
-    assert (ours.n_layer, ours.n_layer_nextn) == (N, 1)
-    assert_runs_mtp_only(upstream[name].standalone)
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-def test_verify_accepts_the_glm_dsa_composite(upstream: dict[str, ParitySet]) -> None:
+@pytest.mark.parity("glm5")
+def test_verify_accepts_the_glm_dsa_composite(parity: ParitySet) -> None:
     from gguf_mtp.check.verify import verify
 
-    files = upstream["glm5"]
-    report = verify(files.composite, target=files.trunk, draft=files.draft, llama=True, progress=False)
+    report = verify(parity.composite, target=parity.trunk, draft=parity.draft, llama=True, progress=False)
     assert report.ok, report
 
 
 @pytest.mark.upstream
-def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(upstream: dict[str, ParitySet], tmp_path: Path) -> None:
+@pytest.mark.parity("deepseekv32")
+def test_fp8_v32_to_q8_0_equals_upstreams_q8_0_mtp_block(parity: ParitySet, tmp_path: Path) -> None:
     from support.upstream import upstream_convert
 
-    files = upstream["deepseekv32"]
-    mtp = upstream_convert(files.checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")
-    theirs = {n: t for n, t in reader_tensors(mtp).items() if n.startswith(B)}
-    ours = reader_tensors(convert(files.checkpoint, tmp_path / "d.gguf", target=files.trunk, outtype="q8_0",
+    mtp = upstream_convert(parity.checkpoint, tmp_path / "mtp-q8.gguf", "--mtp", outtype="q8_0")
+    theirs = {n: t for n, t in raw_tensors(mtp).items() if n.startswith(B)}
+    ours = raw_tensors(convert(parity.checkpoint, tmp_path / "d.gguf", target=parity.trunk, outtype="q8_0",
                                   progress=False).output)
     assert ours[f"{B}indexer.proj.weight"][0] == Q.F32 and ours[f"{B}indexer.attn_q_b.weight"][0] == Q.Q8_0
-    _assert_same_tensors(ours, theirs)
+    assert_same_tensors(ours, theirs)

@@ -1,21 +1,20 @@
 """Qwen3.5 / Qwen3.6 (qwen35, qwen35moe) and Qwen3-Next (qwen3next) MTP heads: convert, llama.cpp, upstream parity.
 
-Three groups:
+Two groups:
 
 * convert of tiny checkpoints (:mod:`qwen_checkpoints`, a small vocabulary): names, ggml shapes and types, the
   RMSNorm ``+1`` values, the packed ``gate_up_proj`` split, per-expert stacking, the ``model.language_model.*``
   layout, ``attention.recurrent_layers``, and one-line refusals;
-* llama.cpp runs it (``llama``): the trunk is upstream's ``--no-mtp`` conversion of the same checkpoint; the
-  composite of it and gguf-mtp's draft, and the ``--standalone`` sidecar, load and run an MTP step;
 * upstream parity (``upstream``): llama.cpp's own converter makes full / ``--no-mtp`` / ``--mtp`` of each
-  family's checkpoint (real GPT-2 tokenizer); gguf-mtp's draft equals ``--mtp``'s NextN block byte for byte,
-  ``strip(full)`` equals ``--no-mtp``, ``compose(--no-mtp, draft)`` equals full, MTP logits are bit-identical.
-  No difference is allowed for these families: :data:`ALLOWED` is empty.
+  family's checkpoint (real GPT-2 tokenizer). The checks every family shares (the draft is ``--mtp``'s NextN block
+  byte for byte, the ``--standalone`` sidecar ``--mtp``'s file, ``strip(full)`` ``--no-mtp``, ``compose(--no-mtp,
+  draft)`` full; llama.cpp runs the composite with upstream's trunk and MTP logits, and the sidecar) are
+  tests/test_upstream_parity.py's ``qwen35moe`` / ``qwen35`` / ``qwen3next`` entries, with no difference allowed;
+  here, on the same shared sets, ``attention.recurrent_layers`` after strip and compose.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
@@ -28,10 +27,8 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from support.convert_support import raw_tensor, rewrite_checkpoint_tensor
 from support.helpers import reader_kvs, reader_tensors
 from support.qwen_checkpoints import DIMS, N_TRUNK, QwenDims, write_qwen_checkpoint
-from support.session import shared_tmp_dir
-from support.upstream import ParitySet, assert_same_tensors, parity_set
+from support.upstream import ParitySet
 
-from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.errors import CheckpointError, GGUFMTPError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.convert import convert
@@ -42,8 +39,6 @@ BLOCK = N_TRUNK
 ARCH = {"qwen35moe": "qwen35moe", "qwen35": "qwen35", "qwen3next": "qwen3next"}
 #: A small vocabulary for the tests that never meet llama.cpp (the upstream ones need GPT-2's 50,264).
 SMALL = QwenDims(n_vocab=256)
-#: NextN tensor -> (how gguf-mtp's bytes may differ from upstream's --mtp, why). None for the Qwen families.
-ALLOWED: dict[str, tuple[str, str]] = {}
 
 H, E, F, S = DIMS.n_embd, DIMS.n_expert, DIMS.n_ff_exp, DIMS.n_ff_shexp
 ATTENTION = {  # ggml shape, type
@@ -292,91 +287,25 @@ def test_cli_refusal_is_one_line_with_exit_2(damaged: Path, tmp_path: Path) -> N
     assert "Traceback" not in proc.stderr
 
 
-# ----------------------------------------------------------------------- llama.cpp and upstream parity
+# --------------------------------------------------------------------------------------- upstream parity
+# (draft, sidecar, strip, composite and llama.cpp's runs against upstream's files: tests/test_upstream_parity.py's
+# qwen35moe / qwen35 / qwen3next entries, where no difference is allowed; here the hybrid layers' pattern)
+
+VARIANTS = [pytest.param(v, marks=pytest.mark.parity(v)) for v in ("qwen35moe", "qwen35", "qwen3next")]
 
 
-@pytest.fixture(scope="module", params=["qwen35moe", "qwen35", "qwen3next"])
-def up(request: pytest.FixtureRequest) -> ParitySet:
-    """One family (``name``): its checkpoint (GPT-2 tokenizer), upstream's full / --no-mtp / --mtp files, gguf-mtp's
-    draft (block from the --no-mtp trunk) and the composite."""
-    variant = request.param
-    work = shared_tmp_dir(request, f"up-{variant}")
-    return parity_set(write_qwen_checkpoint(work / "hf", variant), work, name=variant)
-
-
-@functools.cache
-def _tensors(path: Path) -> dict[str, tuple[int, tuple[int, ...], bytes]]:
-    """name -> (ggml type, ggml shape, raw bytes), once per file (gguf-py's reader takes seconds to parse a
-    50k-token vocabulary; only the raw bytes are compared, so the header parser used does not matter)."""
-    header = read_header(path)
-    out = {}
-    with open(path, "rb") as f:
-        for t in header.tensors:
-            f.seek(header.data_offset + t.offset)
-            out[t.name] = (t.ggml_type, t.shape, f.read(t.nbytes))
-    return out
-
-
-def _kv(path: Path, key: str) -> tuple[int, int | None, object] | None:
-    """(value type, element type, value) of one KV, ``None`` when absent."""
-    kv = read_header(path).kvs.get(key)
-    if kv is None:
-        return None
-    value = list(kv.value) if kv.element_type is not None else kv.value
-    return int(kv.vtype), None if kv.element_type is None else int(kv.element_type), value
-
-
-def _assert_same(ours: dict, theirs: dict) -> None:
-    assert_same_tensors(ours, theirs, ALLOWED)
+def _recurrent_layers(path: Path, variant: str) -> list[bool]:
+    kv = read_header(path).kvs[f"{variant}.attention.recurrent_layers"]
+    assert kv.element_type == GGUFValueType.BOOL
+    return list(kv.value)
 
 
 @pytest.mark.upstream
-@pytest.mark.llama
-def test_standalone_sidecar_runs_and_equals_upstream_mtp_tensors(up: ParitySet, tmp_path: Path) -> None:
-    out = convert(up.checkpoint, tmp_path / "mtp-tiny.gguf", target=up.trunk, standalone=True,
-                  progress=False).output
-    ours = _tensors(out)
-    assert "blk.0.attn_norm.weight" not in ours
-    _assert_same(ours, _tensors(up.mtp))  # token_embd, output_norm, output and the block
-    check = check_with_llama(out, trunk=False)
-    assert check.ok, check.summary() + "\n" + check.log_tail
-    assert check.n_layer_nextn == 1 and check.mtp_decode_ok and check.mtp_logits_finite
-
-
-@pytest.mark.upstream
-def test_convert_equals_upstream_mtp_block(up: ParitySet) -> None:
-    prefix = f"blk.{BLOCK}."
-    theirs = {n: t for n, t in _tensors(up.mtp).items() if n.startswith(prefix)}
-    assert len(theirs) == (15 if up.name == "qwen35" else 20)
-    _assert_same(_tensors(up.draft), theirs)
-
-
-@pytest.mark.upstream
-def test_strip_of_upstream_full_equals_its_no_mtp_file(up: ParitySet, tmp_path: Path) -> None:
-    stripped = strip(up.full, tmp_path / "stripped", progress=False).output_paths[0]
-    assert _tensors(stripped) == _tensors(up.trunk)
-    key = f"{up.name}.attention.recurrent_layers"
-    assert _kv(stripped, key) == _kv(up.trunk, key) == (9, 7, [True, True, True, False])  # arr[bool]
-
-
-@pytest.mark.upstream
-def test_compose_of_no_mtp_and_draft_equals_upstream_full(up: ParitySet) -> None:
-    _assert_same(_tensors(up.composite), _tensors(up.full))
-    variant = up.name
-    for suffix in ("block_count", "nextn_predict_layers", "attention.recurrent_layers", "full_attention_interval"):
-        key = f"{variant}.{suffix}"
-        assert _kv(up.composite, key) == _kv(up.full, key), key
-    assert _kv(up.composite, f"{variant}.attention.recurrent_layers") == (9, 7, [True, True, True, False, False])
-
-
-@pytest.mark.upstream
-@pytest.mark.llama
-def test_composite_with_upstream_trunk_runs_an_mtp_step_with_upstreams_logits(up: ParitySet) -> None:
-    ours, theirs = check_with_llama(up.composite), check_with_llama(up.full)
-    for check in (ours, theirs):
-        assert check.ok, check.summary() + "\n" + check.log_tail
-        assert (check.n_layer, check.n_layer_nextn) == (N_TRUNK, 1)
-        assert check.mtp_decode_ok and check.mtp_logits_finite
-    assert ours.mtp_logits_sha256 is not None and ours.trunk_logits_sha256 is not None
-    assert ours.mtp_logits_sha256 == theirs.mtp_logits_sha256  # bit-identical MTP logits
-    assert ours.trunk_logits_sha256 == theirs.trunk_logits_sha256
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strip_and_compose_give_upstreams_recurrent_layers(variant: str, parity: ParitySet, tmp_path: Path) -> None:
+    """``strip`` shortens upstream's full-file pattern to its ``--no-mtp`` one; ``compose`` lengthens the trunk's
+    with ``false`` for the NextN block, as upstream writes it."""
+    stripped = strip(parity.full, tmp_path / "stripped", progress=False).output_paths[0]
+    assert _recurrent_layers(stripped, variant) == _recurrent_layers(parity.trunk, variant) == [True] * 3 + [False]
+    assert _recurrent_layers(parity.composite, variant) == _recurrent_layers(parity.full, variant) == \
+        [True] * 3 + [False] * 2

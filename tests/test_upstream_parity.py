@@ -13,21 +13,26 @@ once per session. The same checks then run for every family:
   differ);
 * llama.cpp runs the composite with upstream's trunk and MTP logits bit for bit, and the sidecar as an MTP-only model.
 
-A family's allowed differences are listed once, in its entry (:attr:`Family.allowed`); its own module keeps what is
-particular to it (other layouts, patched converters, llama.cpp's refusals).
+A family's allowed differences are listed once, in its entry (:attr:`Family.allowed`); how upstream converts it
+(another ``--outtype``, another copy of the checkpoint standing in for it: DeepSeek V3 under GLM-4.7-Flash's class)
+once, in its builder. Its own module keeps what is particular to it (other layouts, patched converters, llama.cpp's
+refusals), taking the same shared set with ``@pytest.mark.parity(name)``. Both sides of a comparison are read alike,
+by gguf-mtp's own header parser (:func:`support.upstream.raw_tensors`, ``raw_kvs``): gguf-py's reader takes seconds
+a file on GPT-2's vocabulary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType
-from support.helpers import reader_kvs, reader_tensors
+from support.deepseek_checkpoints import N_LAYERS as MLA_BLOCK
 from support.mimo_checkpoints import N_LAYER as MIMO_LAYERS
 from support.nano_checkpoints import NANO_HPARAMS
+from support.qwen_checkpoints import N_TRUNK as QWEN_BLOCK
 from support.step_checkpoints import N_LAYER as STEP_LAYERS
 from support.upstream import (
     ROOT,
@@ -36,6 +41,8 @@ from support.upstream import (
     assert_runs_mtp_only,
     assert_same_tensors_up_to,
     assert_strip_gives_trunk,
+    raw_kvs,
+    raw_tensors,
 )
 
 from gguf_mtp.format.header import read_header
@@ -53,8 +60,8 @@ class Family:
     #: the NextN blocks (``blk.N``) upstream's ``--mtp`` file holds, and how many tensors they have in all
     blocks: tuple[int, ...]
     block_tensors: int
-    #: trunk layers llama.cpp reports; ``None``: llama.cpp does not run this family's composite (its own module
-    #: says why)
+    #: trunk layers llama.cpp reports; ``None``: llama.cpp's run of this set is not checked here (the entry says
+    #: why)
     n_layer: int | None
     #: tensor -> (how, why) gguf-mtp's may differ from upstream's: ``widened`` or ``permuted``
     #: (:func:`support.upstream.equal_up_to`); every other tensor is byte-identical
@@ -74,6 +81,23 @@ class Family:
 
 
 NANO_BLOCK = 3
+# NextN fusion 3, attention 5, MoE 7 (no latent projections), head norm 1: the names test_family_nemotron_nano
+# checks the draft has. Upstream's full file is converted with upstream/01's router patch, which leaves the q/k
+# row order as the only difference.
+NANO = Family(
+    "nemotron_nano", "nemotron_h_moe", blocks=(NANO_BLOCK,), block_tensors=16, n_layer=NANO_BLOCK,
+    allowed={
+        f"blk.{NANO_BLOCK}.ffn_gate_inp.weight": (
+            "widened", "gguf-mtp keeps every router F32, the MTP one too; upstream's F32 rule reads the block id "
+            "from the HF name (mtp.layers.1 -> 1) and leaves the MTP router BF16 (upstream/01 fixes it)"),
+        f"blk.{NANO_BLOCK}.attn_q.weight": (
+            "permuted", "upstream runs the MTP attention through LlamaModel.permute (Granite's undo_permute); "
+            "Nemotron-H has no RoPE, so the same row order change in Q and K leaves Q.K^T and the logits "
+            "unchanged"),
+        f"blk.{NANO_BLOCK}.attn_k.weight": ("permuted", "as attn_q"),
+    },
+    heads=(NANO_HPARAMS.n_head, NANO_HPARAMS.n_head_kv), full_patch=NANO_ROUTER_PATCH,
+    full_patch_fixes=frozenset({"widened"}), standalone=False)
 SIZE_LABEL = frozenset({"general.size_label"})  # compose keeps the trunk's; upstream recounts
 FAMILIES = [
     # NextN 4 + copies 2, attention 11 (q/k/v bias, QK norm), MoE 8. No allowed difference: GLM's attention is
@@ -82,23 +106,9 @@ FAMILIES = [
     Family("glm4moe", "glm4moe", blocks=(3,), block_tensors=25, n_layer=3),
     # llama.cpp's glm4moe graph runs one NextN block: tests/test_nextn_blocks.py checks both files fare alike
     Family("glm4moe-2nextn", "glm4moe", blocks=(3, 4), block_tensors=2 * 25, n_layer=None, strip=False),
-    # NextN fusion 3, attention 5, MoE 7 (no latent projections), head norm 1: the names test_family_nemotron_nano
-    # checks the draft has. Upstream's full file is converted with upstream/01's router patch, which leaves the q/k
-    # row order as the only difference.
-    Family(
-        "nemotron_nano", "nemotron_h_moe", blocks=(NANO_BLOCK,), block_tensors=16, n_layer=NANO_BLOCK,
-        allowed={
-            f"blk.{NANO_BLOCK}.ffn_gate_inp.weight": (
-                "widened", "gguf-mtp keeps every router F32, the MTP one too; upstream's F32 rule reads the block id "
-                "from the HF name (mtp.layers.1 -> 1) and leaves the MTP router BF16 (upstream/01 fixes it)"),
-            f"blk.{NANO_BLOCK}.attn_q.weight": (
-                "permuted", "upstream runs the MTP attention through LlamaModel.permute (Granite's undo_permute); "
-                "Nemotron-H has no RoPE, so the same row order change in Q and K leaves Q.K^T and the logits "
-                "unchanged"),
-            f"blk.{NANO_BLOCK}.attn_k.weight": ("permuted", "as attn_q"),
-        },
-        heads=(NANO_HPARAMS.n_head, NANO_HPARAMS.n_head_kv), full_patch=NANO_ROUTER_PATCH,
-        full_patch_fixes=frozenset({"widened"}), standalone=False),
+    NANO,
+    # Nemotron 3 Super: Nano's entry, its MoE latent (fc1/fc2_latent_proj: 2 more tensors); the same dimensions
+    replace(NANO, set="nemotron_super", block_tensors=18),
     Family("hy_v3", "hy_v3", blocks=(2,), block_tensors=20, n_layer=2,  # NextN 4, attn 7, ffn_norm, MoE 5 + 3
            composite_kv_differences=frozenset()),
     Family("bailingmoe3", "bailingmoe3", blocks=(2,), block_tensors=21, n_layer=2,  # NextN 4, MLA 8, norm, MoE 8
@@ -110,6 +120,25 @@ FAMILIES = [
     *(Family(f"mimo2-{variant}", "mimo2", blocks=(2, 3, 4), block_tensors=36, n_layer=MIMO_LAYERS, strip=False,
              draft_kvs=("attention.head_count_kv", "attention.sliding_window_pattern"),
              composite_kv_differences=SIZE_LABEL) for variant in ("bf16", "tp4")),
+    # NextN 4, attention 7 (gated Q, QK norm), post-attention norm, then MoE 8 (router and shared gate F32) or dense 3
+    *(Family(variant, variant, blocks=(QWEN_BLOCK,), block_tensors=15 if variant == "qwen35" else 20,
+             n_layer=QWEN_BLOCK, composite_kv_differences=frozenset())
+      for variant in ("qwen35moe", "qwen35", "qwen3next")),
+    # deepseek2, --outtype auto: NextN 4, MLA 9 (attn_kv_b split into attn_k_b / attn_v_b), ffn_norm, MoE 8;
+    # DeepSeek V3 keeps its NextN layer's embedding / LM head copies (2 more; upstream counts them in the label)
+    Family("glm47flash", "deepseek2", blocks=(MLA_BLOCK,), block_tensors=22, n_layer=MLA_BLOCK,
+           composite_kv_differences=frozenset()),
+    Family("deepseekv3", "deepseek2", blocks=(MLA_BLOCK,), block_tensors=24, n_layer=MLA_BLOCK,
+           composite_kv_differences=SIZE_LABEL),
+    # DSA, --outtype auto: the deepseek2 block (V3.2's with the copies) and the indexer's 5 (test_family_dsa checks
+    # their names and types in upstream's block)
+    Family("deepseekv32", "deepseek32", blocks=(MLA_BLOCK,), block_tensors=29, n_layer=MLA_BLOCK,
+           composite_kv_differences=SIZE_LABEL),
+    Family("glm5", "glm-dsa", blocks=(MLA_BLOCK,), block_tensors=27, n_layer=MLA_BLOCK,
+           composite_kv_differences=frozenset()),
+    # the BF16 release: glm5's graph, its tensors equal as glm5's are, so llama.cpp's run adds nothing
+    Family("glm5-bf16", "glm-dsa", blocks=(MLA_BLOCK,), block_tensors=27, n_layer=None,
+           composite_kv_differences=frozenset()),
 ]
 
 
@@ -139,15 +168,15 @@ def _counts(path: Path, arch: str) -> tuple[object, object]:
 @pytest.mark.parametrize("family", ALL)
 def test_convert_equals_upstream_mtp_blocks(family: Family, parity: ParitySet) -> None:
     prefixes = tuple(f"blk.{block}." for block in family.blocks)
-    theirs = {n: t for n, t in reader_tensors(parity.mtp).items() if n.startswith(prefixes)}
+    theirs = {n: t for n, t in raw_tensors(parity.mtp).items() if n.startswith(prefixes)}
     assert len(theirs) == family.block_tensors
     assert {n.split(".")[1] for n in theirs} == {str(block) for block in family.blocks}
-    _assert_same(family, reader_tensors(parity.draft), theirs)
+    _assert_same(family, raw_tensors(parity.draft), theirs)
 
 
 @pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.draft_kvs]))
 def test_draft_metadata_equals_upstream_mtp_export(family: Family, parity: ParitySet) -> None:
-    ours, theirs = reader_kvs(parity.draft), reader_kvs(parity.mtp)
+    ours, theirs = raw_kvs(parity.draft), raw_kvs(parity.mtp)
     if family.draft_kvs == ("*",):
         prefix = f"{family.arch}."
         assert {k: v for k, v in ours.items() if k.startswith(prefix)} == \
@@ -158,7 +187,7 @@ def test_draft_metadata_equals_upstream_mtp_export(family: Family, parity: Parit
 
 @pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.standalone]))
 def test_standalone_equals_upstream_mtp_export(family: Family, parity: ParitySet) -> None:
-    _assert_same(family, reader_tensors(parity.standalone), reader_tensors(parity.mtp))
+    _assert_same(family, raw_tensors(parity.standalone), raw_tensors(parity.mtp))
     assert _counts(parity.standalone, family.arch) == _counts(parity.mtp, family.arch)
 
 
@@ -170,10 +199,10 @@ def test_strip_of_upstream_full_equals_its_no_mtp_file(family: Family, parity: P
 @pytest.mark.parametrize("family", ALL)
 def test_compose_of_no_mtp_and_draft_equals_upstream_full(family: Family, parity: ParitySet) -> None:
     full = _full(family, parity)
-    _assert_same(family, reader_tensors(parity.composite), reader_tensors(full), family.full_patch_fixes)
+    _assert_same(family, raw_tensors(parity.composite), raw_tensors(full), family.full_patch_fixes)
     assert _counts(parity.composite, family.arch) == _counts(full, family.arch)
     if family.composite_kv_differences is not None:
-        ours, theirs = reader_kvs(parity.composite), reader_kvs(full)
+        ours, theirs = raw_kvs(parity.composite), raw_kvs(full)
         assert {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)} == \
             family.composite_kv_differences
 
@@ -191,5 +220,6 @@ def test_llama_runs_the_composite_with_upstreams_logits(family: Family, parity: 
 @pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.standalone and f.n_layer is not None]))
 def test_standalone_runs_as_an_mtp_only_model(family: Family, parity: ParitySet) -> None:
     check = assert_runs_mtp_only(parity.standalone)
+    assert check.n_layer_nextn == len(family.blocks)
     if len(family.blocks) > 1:
         assert check.mtp_blocks_decoded == len(family.blocks)

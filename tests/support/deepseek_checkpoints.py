@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from gguf_mtp.testing.tiny_checkpoints import (
     moe_tensors,
     write_checkpoint,
 )
+from support.fp8_checkpoints import is_linear
 
 #: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8 (llama.cpp's GLM vocab code needs them).
 VOCAB = 50264
@@ -181,3 +183,10 @@ def as_glm47flash(checkpoint: Path, into: Path) -> Path:
     config.update(architectures=[ARCHITECTURES["glm47flash"]], model_type=MODEL_TYPES["glm47flash"])
     (into / CONFIG_NAME).write_text(json.dumps(config))
     return into
+
+
+def dsa_fp8_release(keep_bf16: tuple[str, ...] = ()) -> Callable[[str, list[int]], bool]:
+    """What a DSA model's FP8 release quantizes (:func:`fp8_checkpoints.quantize_checkpoint`'s ``quantized``): the
+    linear weights except the indexer's ``weights_proj`` (BF16 in V3.2) and ``keep_bf16`` (GLM-5 keeps
+    ``eh_proj``)."""
+    return lambda name, shape: is_linear(name, shape) and not any(k in name for k in ("weights_proj", *keep_bf16))

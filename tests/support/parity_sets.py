@@ -8,12 +8,13 @@ how many use each set; a set's folder goes when the last one has ended, unless a
 tests of one set run together, so a parametrised module holds one family's files at a time.
 
 :data:`BUILDERS` is the one table of how each set is made: the checkpoint builder (``support/<family>_checkpoints``),
-the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint or another
-``--outtype``, those.
+the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint (DeepSeek V3), another
+``--outtype`` or a tokenizer setting (DeepSeek V3.2's BOS), those.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -21,13 +22,40 @@ from pathlib import Path
 
 import pytest
 
+from gguf_mtp.testing.tiny_checkpoints import write_full_nemotron_checkpoint
+from support.deepseek_checkpoints import as_glm47flash, dsa_fp8_release, write_mla_checkpoint
+from support.fp8_checkpoints import quantize_checkpoint
 from support.glm_checkpoints import GLM_SPECIAL_TOKENS, write_glm_checkpoint
 from support.hy_checkpoints import write_hy_checkpoint
 from support.ling_checkpoints import write_ling_checkpoint
 from support.mimo_checkpoints import write_mimo_checkpoint
-from support.nano_checkpoints import write_full_nano_checkpoint
+from support.nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint
+from support.qwen_checkpoints import write_qwen_checkpoint
 from support.step_checkpoints import write_step_checkpoint
-from support.upstream import ParitySet, parity_set
+from support.upstream import ParitySet, parity_set, write_gpt2_tokenizer
+
+
+def _deepseek_v3(work: Path) -> ParitySet:
+    """DeepSeek V3's FP8 release; upstream drops its MTP layer (``skip_mtp``), so the reference is upstream's
+    GLM-4.7-Flash class (the same deepseek2 tensor handling, FP8 dequantization included) on the very same shards,
+    only ``config.json``'s ``architectures`` / ``model_type`` renamed."""
+    checkpoint = quantize_checkpoint(write_mla_checkpoint(work / "bf16", "deepseekv3"), work / "hf")
+    write_gpt2_tokenizer(checkpoint, GLM_SPECIAL_TOKENS)
+    return ParitySet(checkpoint, work, reference=as_glm47flash(checkpoint, work / "as-glm47flash"), outtype="auto")
+
+
+def _dsa(work: Path, variant: str, fp8_keeps: tuple[str, ...] | None) -> ParitySet:
+    """A DSA checkpoint (``variant`` of :func:`write_mla_checkpoint`), FP8 as its release is (keeping ``fp8_keeps``
+    in BF16) unless ``None``, converted ``--outtype auto``."""
+    checkpoint = write_mla_checkpoint(work / ("hf" if fp8_keeps is None else "bf16"), variant)
+    if fp8_keeps is not None:
+        checkpoint = quantize_checkpoint(checkpoint, work / "hf", quantized=dsa_fp8_release(fp8_keeps))
+    files = parity_set(checkpoint, work, GLM_SPECIAL_TOKENS, outtype="auto")
+    # DeepseekV32Model.set_vocab asserts the tokenizer adds a BOS token (V3.2's tokenizer_config.json does)
+    config = checkpoint / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "add_bos_token": True}))
+    return files
+
 
 #: set name -> how it is made in a fresh folder ``work`` (the checkpoint in ``work/hf``).
 BUILDERS: dict[str, Callable[[Path], ParitySet]] = {
@@ -36,12 +64,23 @@ BUILDERS: dict[str, Callable[[Path], ParitySet]] = {
     "glm4moe-2nextn": lambda work: parity_set(
         write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True, n_nextn=2), work, GLM_SPECIAL_TOKENS),
     "nemotron_nano": lambda work: parity_set(write_full_nano_checkpoint(work / "hf"), work),
+    # Nemotron 3 Super: the same tiny dimensions, with the latent MoE Nano lacks
+    "nemotron_super": lambda work: parity_set(write_full_nemotron_checkpoint(work / "hf", NANO_HPARAMS), work),
     "hy_v3": lambda work: parity_set(write_hy_checkpoint(work / "hf"), work),
     "hy_v3-2mtp": lambda work: parity_set(write_hy_checkpoint(work / "hf", n_nextn=2), work),
     "bailingmoe3": lambda work: parity_set(write_ling_checkpoint(work / "hf"), work),
     "step35": lambda work: parity_set(write_step_checkpoint(work / "hf"), work),
     "mimo2-bf16": lambda work: parity_set(write_mimo_checkpoint(work / "hf"), work, name="bf16"),
     "mimo2-tp4": lambda work: parity_set(write_mimo_checkpoint(work / "hf", fp8="tp4"), work, name="tp4"),
+    **{variant: lambda work, variant=variant: parity_set(write_qwen_checkpoint(work / "hf", variant), work,
+                                                         name=variant)
+       for variant in ("qwen35moe", "qwen35", "qwen3next")},
+    "glm47flash": lambda work: parity_set(write_mla_checkpoint(work / "hf", "glm47flash"), work, GLM_SPECIAL_TOKENS,
+                                          outtype="auto"),
+    "deepseekv3": _deepseek_v3,
+    "deepseekv32": lambda work: _dsa(work, "deepseekv32", ()),
+    "glm5": lambda work: _dsa(work, "glm5", ("eh_proj",)),
+    "glm5-bf16": lambda work: _dsa(work, "glm5", None),
 }
 
 
