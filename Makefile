@@ -34,7 +34,7 @@ TEST_STEPS := lint typecheck tools test-pytest test-upstream test-floor
 # pytest's workers (pytest-xdist): one pytest keeps about one core busy (the rest is waiting on child processes
 # and files), so 2 on 2 cores.
 PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadscope
 # llama.cpp's own tools (the tests' oracles), built by `make tools` into ~/.cache/gguf-mtp-tools (or
 # $GGUF_MTP_TOOLS_CACHE); pytest under `make test` never builds them (a test would fail saying `make tools`).
 TOOLS_JOBS ?= 2
@@ -65,7 +65,7 @@ test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 
 # The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing"), on
 # $(PYTEST_WORKERS) pytest-xdist workers: one module, or the tests of one shared ParitySet, per worker at a time
-# (tests/conftest.py's xdist_group).
+# (tests/support/scheduling.py).
 test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	GGUF_MTP_TOOLS_NO_BUILD=1 GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_PARALLEL)
 

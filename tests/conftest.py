@@ -58,15 +58,16 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.tools)
     if any(item.get_closest_marker(name) for name in SLOW_WITH):
         item.add_marker(pytest.mark.slow)
-    item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
 
 
-def _worker_group(item: pytest.Item) -> str:
-    """What runs on one worker under ``pytest -n N --dist loadgroup`` (``make test``): the tests of one shared
-    ParitySet (:mod:`support.parity_sets`, made once and deleted after its last user), else the tests of one module
-    (its module-scoped fixtures are built once)."""
-    parity = item.get_closest_marker("parity")
-    return f"parity-{parity.args[0]}" if parity is not None else item.nodeid.split("::")[0]
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only when it runs the suite
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadscope``: a module, or the tests of one ParitySet, per work unit (:mod:`support.scheduling`)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from support.scheduling import ModuleOrParitySetScheduling
+
+    return ModuleOrParitySetScheduling(config, log)
 
 
 def _extras() -> dict[str, tuple[bool, str]]:

@@ -89,9 +89,9 @@ def test_make_test_reaches_lint_types_suite_upstream_proof_and_floor_suite() -> 
     steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
              if line.startswith("gguf-mtp: make ")]
     assert steps == ["lint", "typecheck", "tools", "test-pytest", "test-upstream", "test-floor"]
-    for command in ("-m ruff check .", "-m mypy", "-m pytest -q -n 2 --dist loadgroup\n",
+    for command in ("-m ruff check .", "-m mypy", "-m pytest -q -n 2 --dist loadscope\n",
                     "reproduce.py --upstream-python",
-                    '-m pytest -q -m "not llama and not upstream" -p no:cacheprovider -n 2 --dist loadgroup'):
+                    '-m pytest -q -m "not llama and not upstream" -p no:cacheprovider -n 2 --dist loadscope'):
         assert command in done.stdout + "\n", command
 
 
@@ -104,7 +104,7 @@ def test_make_test_builds_llama_cpps_tools_in_a_step_before_pytest_which_never_b
     tools_step, pytest_step = lines.index("gguf-mtp: make tools"), lines.index("gguf-mtp: make test-pytest")
     assert tools_step < pytest_step
     assert any(line.endswith("/python scripts/build_llama_tools.py -j 2") for line in lines[tools_step:pytest_step])
-    [suite] = [line for line in lines[pytest_step:] if line.endswith("-m pytest -q -n 2 --dist loadgroup")]
+    [suite] = [line for line in lines[pytest_step:] if line.endswith("-m pytest -q -n 2 --dist loadscope")]
     assert suite.startswith("GGUF_MTP_TOOLS_NO_BUILD=1 ")
 
 

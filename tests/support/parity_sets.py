@@ -116,12 +116,37 @@ def _name(item: pytest.Item) -> str | None:
     return None if marker is None else str(marker.args[0])
 
 
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs together (``make test``'s ``pytest -n``, :mod:`support.scheduling`): every
+    test of one ParitySet, wherever it is, when the test's id names the set (``test_x[glm5]``: the set is made once
+    and deleted after its last user there), else the test's module (its module-scoped fixtures made once)."""
+    module, _, rest = nodeid.partition("::")
+    if rest.endswith("]") and "[" in rest:
+        name = rest[rest.index("[") + 1 : -1]
+        if name in BUILDERS:
+            return f"parity:{name}"
+    return module
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``parity(name)`` itself (rather than through a ``pytest.param``) gets the id ``[name]`` too: every
+    test's id names the set it uses (:func:`work_unit`)."""
+    marker = metafunc.definition.get_closest_marker("parity")
+    if marker is not None and "parity" in metafunc.fixturenames:
+        name = str(marker.args[0])
+        metafunc.parametrize("parity", [name], indirect=True, ids=[name])
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Within each module, the tests of one set together (in the order the module first uses them)."""
+    """Within each module, the tests of one set together (in the order the module first uses them); a test whose id
+    does not name the set it uses is refused (its worker would make the set again)."""
     first: dict[tuple[str, str], int] = {}
     order: list[tuple[int, int]] = []
     for index, item in enumerate(items):
         name = _name(item)
+        if name is not None and work_unit(item.nodeid) != f"parity:{name}":
+            raise pytest.UsageError(f"{item.nodeid} uses ParitySet {name!r}: its id must be [{name}] "
+                                    "(pytest.param(..., id=name) or a parity marker on the test itself)")
         group = first.setdefault((item.nodeid.split("::")[0], name), index) if name is not None else index
         order.append((group, index))
     items[:] = [items[index] for _, index in sorted(order)]
