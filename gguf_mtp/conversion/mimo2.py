@@ -222,13 +222,8 @@ class MimoV2MTPModel(NextNLayerModel):
             name(T.NEXTN_EH_PROJ): (h, 2 * h), name(T.NEXTN_ENORM): (h,), name(T.NEXTN_HNORM): (h,),
             name(T.ATTN_NORM): (h,), name(T.ATTN_QKV): (q + kv_rows, h), name(T.ATTN_OUT): (h, self.n_head * vd),
         }
-        optional = {"self_attn.attention_sink_bias": (self.n_head,), "final_layernorm.weight": (h,),
-                    "embed_tokens.weight": (self.copy_rows("embed_tokens.weight", block), h),
-                    "shared_head.norm.weight": (h,),
-                    "shared_head.head.weight": (self.copy_rows("shared_head.head.weight", block), h)}
-        for rest, shape in optional.items():
-            if self.has(rest, block):
-                shapes[name(*NAMES[rest])] = shape
+        shapes.update(self.present_shapes(block, {"self_attn.attention_sink_bias": (self.n_head,),
+                                                  "final_layernorm.weight": (h,)}))
         shapes.update({name(T.FFN_NORM): (h,), name(T.FFN_GATE): (f, h), name(T.FFN_UP): (f, h),
                        name(T.FFN_DOWN): (h, f)})
         return shapes

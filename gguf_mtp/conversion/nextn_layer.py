@@ -277,6 +277,18 @@ class NextNLayerModel(HeadModel):
         tensor = self._present.get((block, suffix))
         return tensor.shape[0] if tensor is not None and tensor.shape else 0
 
+    def present_shapes(self, block: int, optional: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """GGUF name -> shape of what NextN layer ``block`` has of ``optional`` (name inside the layer -> shape) and of
+        its own embedding, head norm and LM head, in that order, named by :attr:`layer_names` (for a family whose
+        block holds them between its attention and its MLP, as Step-3.5's and MiMo-V2's do)."""
+        assert self.layer_names is not None, "present_shapes names tensors by the family's own table"
+        h = self.n_embd
+        candidates = {**optional, "embed_tokens.weight": (self.copy_rows("embed_tokens.weight", block), h),
+                      "shared_head.norm.weight": (h,),
+                      "shared_head.head.weight": (self.copy_rows("shared_head.head.weight", block), h)}
+        return {self.format_tensor_name(*self.layer_names[rest]): shape for rest, shape in candidates.items()
+                if self.has(rest, block)}
+
     def glue_shapes(self, layer: dict[str, tuple[int, ...]], block: int = 0) -> dict[str, tuple[int, ...]]:
         """A NextN block's shapes: the fusion (``eh_proj``, ``enorm``, ``hnorm``), the family's decoder layer
         ``layer``, then what llama.cpp loads when NextN layer ``block`` has it (the head norm, the kept copies), in

@@ -170,14 +170,8 @@ class Step35MTPModel(NextNLayerModel):
             name(T.ATTN_NORM): (h,), name(T.ATTN_Q): (q, h), name(T.ATTN_K): (kv, h), name(T.ATTN_V): (kv, h),
             name(T.ATTN_OUT): (h, q),
         }
-        optional = {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
-                    "self_attn.g_proj.weight": (n_head, h),
-                    "embed_tokens.weight": (self.copy_rows("embed_tokens.weight", block), h),
-                    "shared_head.norm.weight": (h,),
-                    "shared_head.head.weight": (self.copy_rows("shared_head.head.weight", block), h)}
-        for rest, shape in optional.items():
-            if self.has(rest, block):
-                shapes[name(*NAMES[rest])] = shape
+        shapes.update(self.present_shapes(block, {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
+                                                  "self_attn.g_proj.weight": (n_head, h)}))
         shapes[name(T.FFN_NORM)] = (h,)
         if self.has("moe.gate.weight", block):
             shapes.update(self.moe_shapes(self._need(self.n_ff_exp, "moe_intermediate_size"), self.n_ff_shexp))
