@@ -96,6 +96,7 @@ def max_header_bytes() -> int:
         raise ParameterError(f"{ENV_MAX_HEADER_BYTES}={raw!r} is not a positive whole number of bytes (e.g. 536870912)")
     return int(text)
 
+
 #: What ``bench`` measures and ``accept`` predicts unless told otherwise: the draft lengths (llama-server's
 #: ``--spec-draft-n-max``), the tokens per prompt, and the seconds a server may take to load the model (the command
 #: lines' defaults too).

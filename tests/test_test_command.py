@@ -340,3 +340,42 @@ def test_the_quick_start_table_names_every_step_of_make_test_and_the_prerequisit
     for program in ("`cmake`", "`xfsprogs` (`mkfs.xfs`)", "C/C++ compiler and `make`"):
         assert program in prerequisites, program
     assert "apt-get install -y xfsprogs" in (ROOT / ".ci" / "run").read_text()
+
+
+# ------------------------------------------------------------------------------- the suite's xdist workers
+
+
+def test_a_work_unit_is_a_module_or_every_test_of_one_parity_set() -> None:
+    from support.parity_sets import work_unit
+    from support.scheduling import ModuleOrParitySetScheduling
+
+    units = {"tests/test_upstream_parity.py::test_convert_equals_upstream_mtp_blocks[glm5]": "parity:glm5",
+             "tests/test_family_dsa.py::test_verify_accepts_the_glm_dsa_composite[glm5]": "parity:glm5",
+             "tests/test_family_dsa.py::test_target_checks[glm5-blk.0.attn_k_b.weight-6]": "tests/test_family_dsa.py",
+             "tests/test_perf.py::test_parse_size_reads_binary_units": "tests/test_perf.py",
+             "tests/test_x.py::TestY::test_z[not-a-set]": "tests/test_x.py"}
+    assert {nodeid: work_unit(nodeid) for nodeid in units} == units
+    assert ModuleOrParitySetScheduling._split_scope(object(), "tests/a.py::t[step35]") == "parity:step35"  # type: ignore[arg-type]
+
+
+PARITY_IDS_SAMPLE = """
+    import pytest
+
+    @pytest.mark.parity("glm5")
+    def test_marked_itself(parity):
+        pass
+
+    @pytest.mark.parametrize("x", [pytest.param(1, marks=pytest.mark.parity("step35"))])
+    def test_marked_through_a_param_without_the_sets_id(x, parity):
+        pass
+"""
+
+
+def test_a_parity_tests_id_names_its_set_or_the_collection_is_refused(tmp_path: Path) -> None:
+    # the scheduler sees node ids only: a test of a set it cannot see would make that set again on another worker
+    done = _pytest(tmp_path, PARITY_IDS_SAMPLE, "--collect-only")
+    assert done.returncode != 0
+    assert ("test_marked_through_a_param_without_the_sets_id[1] uses ParitySet 'step35': its id must be [step35]"
+            in done.stdout + done.stderr)
+    fine = _pytest(tmp_path, PARITY_IDS_SAMPLE.split("@pytest.mark.parametrize")[0], "--collect-only")
+    assert fine.returncode == 0 and "test_sample.py::test_marked_itself[glm5]" in fine.stdout
