@@ -141,7 +141,22 @@ class VerificationError(GGUFMTPError, ValueError):
     """A composite failed verification."""
 
 
-class LlamaServerError(GGUFMTPError, OSError):
+class _LoggedError(GGUFMTPError):
+    """A llama.cpp program that failed in a child process, with the last lines of its log (``log_tail``)."""
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        parameter: str | tuple[str, ...] | None = None,
+        *,
+        log_tail: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, path, parameter)
+        self.log_tail = log_tail
+
+
+class LlamaServerError(_LoggedError, OSError):
     """llama-server (``gguf-mtp bench``) is not usable: not llama-server, too old, never ready, crashed, or
     answered something else than llama-server answers.
 
@@ -159,26 +174,14 @@ class LlamaServerError(GGUFMTPError, OSError):
         log_tail: tuple[str, ...] = (),
         log: str | None = None,
     ) -> None:
-        super().__init__(message, path, parameter)
-        self.log_tail = log_tail
+        super().__init__(message, path, parameter, log_tail=log_tail)
         self.log = log
 
 
-class LlamaCppError(GGUFMTPError, RuntimeError):
+class LlamaCppError(_LoggedError, RuntimeError):
     """llama.cpp (through llama-cpp-python, in a child process: ``gguf-mtp accept``) aborted or failed while running
     a model.
 
     Attributes:
         log_tail: llama.cpp's last log lines.
     """
-
-    def __init__(
-        self,
-        message: str,
-        path: str | os.PathLike[str] | None = None,
-        parameter: str | tuple[str, ...] | None = None,
-        *,
-        log_tail: tuple[str, ...] = (),
-    ) -> None:
-        super().__init__(message, path, parameter)
-        self.log_tail = log_tail

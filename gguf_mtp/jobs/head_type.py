@@ -91,12 +91,7 @@ def retype_embedding_tensor(
         raise ParameterError(f"embd_type {embd_type.name.lower()}: {e}", parameter="embd_type") from None
     if wanted is None:
         return None
-    try:
-        return retyped_tensor(tensor, path, offset, wanted)
-    except ValueError as e:
-        raise BadGGUFError(str(e), path) from None
-    except QuantizerUnavailableError as e:
-        raise ParameterError(str(e), parameter="embd_type") from None
+    return _retyped(tensor, path, offset, wanted, "embd_type")
 
 
 def retype_head_tensor(
@@ -107,12 +102,20 @@ def retype_head_tensor(
     gives it for ``outtype``: its table entry and segments (a kernel copy when the type stays)."""
     wanted = tensor.ggml_type if outtype is None else head_tensor_type(
         tensor.name, tensor.shape, tensor.ggml_type, outtype, arch)
+    return _retyped(tensor, path, offset, wanted, "outtype")
+
+
+def _retyped(
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, parameter: str
+) -> tuple[TensorInfo, tuple[Segment, ...]]:
+    """:func:`retyped_tensor`, its refusals in one line: a tensor that cannot be converted is the file's
+    (:class:`BadGGUFError`), a missing quantizer the option's (:class:`ParameterError` naming ``parameter``)."""
     try:
         return retyped_tensor(tensor, path, offset, wanted)
     except ValueError as e:
         raise BadGGUFError(str(e), path) from None
     except QuantizerUnavailableError as e:
-        raise ParameterError(str(e), parameter="outtype") from None
+        raise ParameterError(str(e), parameter=parameter) from None
 
 
 @dataclass(frozen=True)
