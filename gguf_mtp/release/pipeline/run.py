@@ -391,15 +391,7 @@ def _stage_target(runner: _Runner, report: PipelineReport) -> tuple[list[FileDig
     started = time.perf_counter()
     record, why = runner.recorded(stage, key)
     if record is not None:
-        outputs = runner.state.outputs(record)
-        runner.say(f"[1/5] target: {len(outputs)} file(s) of {repo} already downloaded (sizes and sha256 checked)")
-        report.stages.append(
-            StageResult(
-                stage, "reused", f"{len(outputs)} file(s) of {repo}, checked", time.perf_counter() - started, outputs
-            )
-        )
-        report.target = [d.path for d in outputs]
-        return outputs, record["detail"].get("commit")
+        return _target_reused(runner, report, record, f"of {repo}", "downloaded", started)
     if why:
         runner.say(f"[1/5] target: {why}; downloading again")
     names = select_target_files(target_listing(api, token, repo, pattern, revision, options.cache_dir), pattern)
@@ -422,17 +414,7 @@ def _stage_target(runner: _Runner, report: PipelineReport) -> tuple[list[FileDig
     outputs = runner.digest(model.paths, stage)
     commit = snapshot.name if _COMMIT.match(snapshot.name) else None
     runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo})
-    report.target = [d.path for d in outputs]
-    report.stages.append(
-        StageResult(
-            stage,
-            _status(why),
-            f"{len(names)} file(s) of {repo}" + (f" @ {commit[:12]}" if commit else ""),
-            time.perf_counter() - started,
-            outputs,
-        )
-    )
-    return outputs, commit
+    return _target_done(report, outputs, commit, f"{len(names)} file(s) of {repo}", why, started)
 
 
 def _stage_target_folder(
@@ -448,14 +430,7 @@ def _stage_target_folder(
     started = time.perf_counter()
     record, why = runner.recorded(stage, key)
     if record is not None:
-        outputs = runner.state.outputs(record)
-        runner.say(f"[1/5] target: {len(outputs)} file(s) in {folder} already read (sizes and sha256 checked)")
-        report.stages.append(
-            StageResult(stage, "reused", f"{len(outputs)} file(s) in {folder}, checked",
-                        time.perf_counter() - started, outputs)
-        )
-        report.target = [d.path for d in outputs]
-        return outputs, record["detail"].get("commit")
+        return _target_reused(runner, report, record, f"in {folder}", "read", started)
     names = select_folder_files(folder, pattern, repo)
     remote = None
     if hub_access.is_offline():
@@ -471,17 +446,27 @@ def _stage_target_folder(
         check_folder_digests(folder, [(n, d.sha256) for n, d in zip(names, outputs)], remote, repo, revision)
     commit = revision if revision is not None and _COMMIT.match(revision) else None
     runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo, "dir": str(source)})
+    detail = f"{len(names)} file(s) of {repo} read from the mounted repo {folder}, not downloaded"
+    return _target_done(report, outputs, commit, detail, why, started)
+
+
+def _target_reused(runner: _Runner, report: PipelineReport, record: dict[str, Any], where: str, done: str,
+                   started: float) -> tuple[list[FileDigest], str | None]:
+    """The target stage when its record still holds: the recorded files (sizes and sha256 checked) and commit."""
+    outputs = runner.state.outputs(record)
+    runner.say(f"[1/5] target: {len(outputs)} file(s) {where} already {done} (sizes and sha256 checked)")
+    report.stages.append(StageResult("target", "reused", f"{len(outputs)} file(s) {where}, checked",
+                                     time.perf_counter() - started, outputs))
     report.target = [d.path for d in outputs]
-    report.stages.append(
-        StageResult(
-            stage,
-            _status(why),
-            f"{len(names)} file(s) of {repo} read from the mounted repo {folder}, not downloaded"
-            + (f" @ {commit[:12]}" if commit else ""),
-            time.perf_counter() - started,
-            outputs,
-        )
-    )
+    return outputs, record["detail"].get("commit")
+
+
+def _target_done(report: PipelineReport, outputs: list[FileDigest], commit: str | None, detail: str,
+                 why: str | None, started: float) -> tuple[list[FileDigest], str | None]:
+    """The target stage's files and commit, once read and recorded, in the report."""
+    report.target = [d.path for d in outputs]
+    report.stages.append(StageResult("target", _status(why), detail + (f" @ {commit[:12]}" if commit else ""),
+                                     time.perf_counter() - started, outputs))
     return outputs, commit
 
 
