@@ -380,6 +380,24 @@ def _reflink_sizes(args: argparse.Namespace, config: BenchConfig) -> tuple[int, 
     return config.sizes if config.quick else tuple(map(parse_size, ("1G", "3G")))
 
 
+def _log_targets(targets: list[dict[str, Any]]) -> None:
+    """Log each goal: met or MISSED, and what was measured."""
+    for target in targets:
+        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+
+
+def _tool_or_skip(name: str, case: str) -> Path | None:
+    """llama.cpp's tool ``name``, built or found by scripts/build_llama_tools.py; None (and the ``case`` case
+    logged as skipped) when it is not available."""
+    from build_llama_tools import BuildError, build_tool
+
+    try:
+        return build_tool(name, quiet=False)
+    except (BuildError, OSError) as e:
+        _log(f"{case} case skipped: {name} is not available ({e})")
+        return None
+
+
 def reflink_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
     """Run the reflink case when it can run here (else say why); returns the files it wrote."""
     reason = reflink_unavailable()
@@ -390,33 +408,33 @@ def reflink_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
         return []
     results = run_reflink(config.work_dir, _reflink_sizes(args, config), shards=config.shards, pattern=config.pattern,
                           repeat=config.repeat, warmup=config.warmup, cache=config.cache, log=_log)
-    for target in results["targets"]:
-        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    _log_targets(results["targets"])
     return write_reflink_report(results, config.out_dir)
+
+
+def _tool_case(config: BenchConfig, tool: str, case: str, run: Callable[..., dict[str, Any]],
+               write: Callable[[dict[str, Any], Path], list[Path]]) -> list[Path]:
+    """Run a case that needs llama.cpp's ``tool`` (skipped, said so, when it is not available): measure with
+    ``run``, log its goals, write its report with ``write``; returns the files written."""
+    path = _tool_or_skip(tool, case)
+    if path is None:
+        return []
+    results = run(config.work_dir, path, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
+                  cache=config.cache, log=_log)
+    _log_targets(results["targets"])
+    return write(results, config.out_dir)
 
 
 def quantize_case(config: BenchConfig) -> list[Path]:
     """Run the head-quantization case (llama-quantize built or found by scripts/build_llama_tools.py)."""
-    from build_llama_tools import BuildError, build_tool
-
-    try:
-        tool = build_tool("llama-quantize", quiet=False)
-    except (BuildError, OSError) as e:
-        _log(f"quantize case skipped: llama-quantize is not available ({e})")
-        return []
-    results = run_quantize(config.work_dir, tool, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
-                           cache=config.cache, log=_log)
-    for target in results["targets"]:
-        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
-    return write_quantize_report(results, config.out_dir)
+    return _tool_case(config, "llama-quantize", "quantize", run_quantize, write_quantize_report)
 
 
 def fp8_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
     """Run the FP8 head case (llama.cpp's converter when its torch venv is there, else without it, said so)."""
     results = run_fp8(config.work_dir, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
                       cache=config.cache, upstream_python=args.upstream_python, log=_log)
-    for target in results["targets"]:
-        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    _log_targets(results["targets"])
     for note in results["notes"]:
         _log(f"note: {note}")
     return write_fp8_report(results, config.out_dir)
@@ -424,18 +442,7 @@ def fp8_case(args: argparse.Namespace, config: BenchConfig) -> list[Path]:
 
 def accept_case(config: BenchConfig) -> list[Path]:
     """Run the accept vs bench case (llama-server built or found by scripts/build_llama_tools.py)."""
-    from build_llama_tools import BuildError, build_tool
-
-    try:
-        server = build_tool("llama-server", quiet=False)
-    except (BuildError, OSError) as e:
-        _log(f"accept case skipped: llama-server is not available ({e})")
-        return []
-    results = run_accept(config.work_dir, server, quick=config.quick, repeat=config.repeat, warmup=config.warmup,
-                         cache=config.cache, log=_log)
-    for target in results["targets"]:
-        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
-    return write_accept_report(results, config.out_dir)
+    return _tool_case(config, "llama-server", "accept", run_accept, write_accept_report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.clean:
                 shutil.rmtree(config.work_dir, ignore_errors=True)
     written = case_reports + write_report(results, config.out_dir)
-    for target in results["targets"]:
-        _log(f"{'met    ' if target['met'] else 'MISSED '} {target['goal']}: {target['measured']}")
+    _log_targets(results["targets"])
     _log("wrote " + ", ".join(str(p) for p in written))
     print(json.dumps(results["ratios"], indent=2))
     return 0

@@ -14,16 +14,14 @@ builds from the llama.cpp vendored in the pinned llama-cpp-python.
 
 from __future__ import annotations
 
-import os
-import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from perf_lib import Command, Sample, load_average, median_tool_ratio, run_alternating
-from perf_report import goals_table, write_json_and_markdown
+from perf_lib import Command, case_results, load_average, measure_case, median_tool_ratio, ratio_target, tool_rows
+from perf_report import conditions_and_summary, goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.cycle_model import HPARAMS, write_cycle_model
 from gguf_mtp.testing.tiny_models import TinyHparams
@@ -67,16 +65,6 @@ def accept_group(work_dir: Path, server: Path, model: Path) -> list[Command]:
     ]
 
 
-def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    rows = []
-    for tool in dict.fromkeys(s.tool for s in samples):
-        mine = [s for s in samples if s.tool == tool]
-        rows.append({"tool": tool, "runs": len(mine), "median_seconds": statistics.median(s.seconds for s in mine),
-                     "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine),
-                     "max_rss": max(s.peak_rss for s in mine)})
-    return rows
-
-
 def run_accept(
     work_dir: Path, server: Path, *, quick: bool, repeat: int, warmup: int, cache: str,
     log: Callable[[str], None] = print,
@@ -86,34 +74,25 @@ def run_accept(
     model = _model(work_dir, hp, log)
     group = accept_group(work_dir, server, model)
     load_before = load_average()
-    log("measuring accept vs bench: " + " | ".join(c.tool for c in group) + f", {repeat} round(s)")
-    samples = run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=work_dir / "logs-accept",
-                              report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
-                                                   f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
-    rows = _summary(samples)
+    samples = measure_case(group, "accept vs bench", repeat=repeat, warmup=warmup, cache=cache,
+                           log_dir=work_dir / "logs-accept", log=log)
+    rows = tool_rows(samples, bytes_out=False)
     ratio = median_tool_ratio(samples, "accept", "bench")
     by_tool = {r["tool"]: r for r in rows}
     ours, theirs = by_tool["accept"], by_tool["bench"]
     size = model.stat().st_size
-    return {
-        "schema": 1,
-        "config": {"tokens": TOKENS, "threads": THREADS, "repeat": repeat, "warmup": warmup, "cache": cache,
-                   "quick": quick, "hparams": asdict(hp)},
-        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
-        "inputs": {"model_bytes": size},
-        "samples": [asdict(s) for s in samples],
-        "summary": rows,
-        "ratio": ratio,
-        "targets": [
-            {"goal": f"accept --n-max 1,2,3 <= {MAX_OVER_BENCH} x bench --n-max 1,2,3 (wall time)",
-             "measured": None if ratio is None else f"{ratio:.2f}x ({ours['median_seconds']:.2f} s vs "
-                                                    f"{theirs['median_seconds']:.2f} s)",
-             "met": ratio is not None and ratio <= MAX_OVER_BENCH},
+    return case_results(
+        {"tokens": TOKENS, "threads": THREADS, "repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick,
+         "hparams": asdict(hp)},
+        load_before, {"model_bytes": size}, samples, rows, ratio=ratio,
+        targets=[
+            ratio_target(f"accept --n-max 1,2,3 <= {MAX_OVER_BENCH} x bench --n-max 1,2,3 (wall time)", ratio, ours,
+                         theirs, MAX_OVER_BENCH),
             {"goal": "accept's peak RSS <= the model's size + 100 MiB",
              "measured": f"{ours['max_rss'] / 2**20:.0f} MiB for a {size / 2**20:.0f} MiB model",
              "met": ours["max_rss"] <= size + MAX_RSS_OVER_MODEL},
         ],
-    }
+    )
 
 
 def render_accept_markdown(results: dict[str, Any]) -> str:
@@ -127,15 +106,8 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
         f"alternating round(s) after {c['warmup']} warm-up round(s). Made by `scripts/perf.py` "
         "(`--accept-only` runs just this case).",
         "",
-        f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
-        f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",
-        "",
-        "| command | median time | median CPU time | peak RSS |",
-        "|---|---:|---:|---:|",
+        *conditions_and_summary(results, bytes_out=False),
     ]
-    for row in results["summary"]:
-        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
-                     f"{row['max_rss'] / 2**20:.0f} MiB |")
     lines += ["", *goals_table(results["targets"], "issue 30"),
               "accept's time splits between the greedy generation (one trunk decode per token, sequential, as "
               "the server's run without MTP), the batched trunk and MTP passes, and the draft chains (one MTP "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -30,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from perf_lib import Command, Sample, load_average, median_tool_ratio, run_alternating
+from perf_lib import Command, case_results, load_average, measure_case, median_tool_ratio, tool_rows
+from perf_report import conditions_and_summary, write_json_and_markdown
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -239,16 +239,6 @@ def fp8_group(work_dir: Path, checkpoint: Path, upstream: tuple[str, Path] | Non
     return group
 
 
-def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    rows = []
-    for tool in dict.fromkeys(s.tool for s in samples):
-        mine = [s for s in samples if s.tool == tool]
-        rows.append({"tool": tool, "runs": len(mine), "median_seconds": statistics.median(s.seconds for s in mine),
-                     "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine),
-                     "bytes_out": max(s.bytes_out for s in mine), "max_rss": max(s.peak_rss for s in mine)})
-    return rows
-
-
 def run_fp8(
     work_dir: Path, *, quick: bool, repeat: int, warmup: int, cache: str, spec: Fp8Spec | None = None,
     upstream_python: str | None = None, log: Callable[[str], None] = print,
@@ -274,12 +264,9 @@ def run_fp8(
     checkpoint = ensure_fp8_checkpoint(work_dir, spec, tokenizer=tokenizer, log=log)
     group = fp8_group(work_dir, checkpoint, upstream)
     load_before = load_average()
-    log(f"measuring the FP8 head: {' | '.join(c.tool for c in group)}, {repeat} round(s)")
-    samples = run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=work_dir / "logs-fp8",
-                              evict=list(group[0].inputs),
-                              report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
-                                                   f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
-    rows = _summary(samples)
+    samples = measure_case(group, "the FP8 head", repeat=repeat, warmup=warmup, cache=cache,
+                           log_dir=work_dir / "logs-fp8", log=log, evict=list(group[0].inputs))
+    rows = tool_rows(samples)
     by_tool = {r["tool"]: r for r in rows}
     upstream_tool = "convert_hf_to_gguf.py --mtp"
     ratios = {"convert_vs_cp": median_tool_ratio(samples, "convert", "cp"),
@@ -302,20 +289,15 @@ def run_fp8(
         targets.append({"goal": "convert peak RSS below upstream's",
                         "measured": f"{ours['max_rss'] / 2**20:.0f} MiB vs {theirs['max_rss'] / 2**20:.0f} MiB",
                         "met": ours["max_rss"] < theirs["max_rss"]})
-    return {
-        "schema": 1,
-        "config": {"repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick, "spec": asdict(spec),
-                   "hf_architecture": "Glm4MoeLiteForCausalLM", "outtype": "auto (BF16)"},
-        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
-        "inputs": {"head_shard_bytes": shard.stat().st_size, "head_fp8_bytes": fp8_bytes,
-                   "checkpoint_bytes": sum(p.stat().st_size for p in checkpoint.glob("*.safetensors")),
-                   "upstream": None if upstream is None else {"python": upstream[0], "tree": str(upstream[1])}},
-        "samples": [asdict(s) for s in samples],
-        "summary": rows,
-        "ratios": ratios,
-        "targets": targets,
-        "notes": notes,
-    }
+    return case_results(
+        {"repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick, "spec": asdict(spec),
+         "hf_architecture": "Glm4MoeLiteForCausalLM", "outtype": "auto (BF16)"},
+        load_before,
+        {"head_shard_bytes": shard.stat().st_size, "head_fp8_bytes": fp8_bytes,
+         "checkpoint_bytes": sum(p.stat().st_size for p in checkpoint.glob("*.safetensors")),
+         "upstream": None if upstream is None else {"python": upstream[0], "tree": str(upstream[1])}},
+        samples, rows, ratios=ratios, targets=targets, notes=notes,
+    )
 
 
 def render_fp8_markdown(results: dict[str, Any]) -> str:
@@ -335,15 +317,8 @@ def render_fp8_markdown(results: dict[str, Any]) -> str:
         "runs just this case). Both converters write the same NextN bytes: `tests/test_family_deepseek2.py` "
         "proves it on tiny checkpoints, `tests/test_perf.py` on this benchmark's own (`--quick`) checkpoint.",
         "",
-        f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
-        f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",
-        "",
-        "| command | median time | median CPU time | bytes written | peak RSS |",
-        "|---|---:|---:|---:|---:|",
+        *conditions_and_summary(results, rss=",.0f"),
     ]
-    for row in results["summary"]:
-        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
-                     f"{row['bytes_out'] / 2**20:,.1f} MiB | {row['max_rss'] / 2**20:,.0f} MiB |")
     ratios = results["ratios"]
     lines += ["", "Same-round time ratios (medians): " + ", ".join(
         f"{name.replace('_', ' ')} {value:.2f}x" for name, value in ratios.items() if value is not None) + ".",
@@ -358,8 +333,4 @@ def render_fp8_markdown(results: dict[str, Any]) -> str:
 
 def write_fp8_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write ``fp8.json`` and ``fp8.md`` into ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / FP8_JSON, out_dir / FP8_MD
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
-    md_path.write_text(render_fp8_markdown(results))
-    return [md_path, json_path]
+    return write_json_and_markdown(results, out_dir, FP8_JSON, FP8_MD, render_fp8_markdown(results))

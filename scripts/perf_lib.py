@@ -49,15 +49,21 @@ __all__ = [
     "CommandFailed",
     "Sample",
     "Summary",
+    "case_conditions",
+    "case_results",
     "load_average",
     "machine_info",
     "measure",
+    "measure_case",
     "median_ratio",
     "median_tool_ratio",
     "own_bytes",
+    "ratio_target",
+    "round_text",
     "run_alternating",
     "set_cache_state",
     "summarise",
+    "tool_rows",
 ]
 
 CACHE_MODES = ("cold", "warm")
@@ -478,3 +484,63 @@ def machine_info(work_dir: Path) -> dict[str, Any]:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+# ------------------------------------------------------------------------------------ case helpers
+
+
+def round_text(sample: Sample) -> str:
+    """One kept round of a case, as the case's log shows it: time and peak RSS."""
+    return (f"  round {sample.round + 1}: {sample.tool}: {sample.seconds:.2f} s, "
+            f"peak RSS {sample.peak_rss / 2**20:.0f} MiB")
+
+
+def measure_case(
+    group: Sequence[Command], label: str, *, repeat: int, warmup: int, cache: str, log_dir: Path,
+    log: Callable[[str], None], evict: Sequence[Path] = (), disk: bool = False,
+    describe: Callable[[Sample], str] = round_text,
+) -> list[Sample]:
+    """Say what is measured (``measuring LABEL: A | B, N round(s)``), run ``group`` alternating
+    (:func:`run_alternating`), and log each kept round with ``describe``; returns the kept samples."""
+    log(f"measuring {label}: " + " | ".join(c.tool for c in group) + f", {repeat} round(s)")
+    return run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=log_dir, evict=evict,
+                           disk=disk, report=lambda s: log(describe(s)))
+
+
+def tool_rows(samples: Sequence[Sample], *, bytes_out: bool = True) -> list[dict[str, Any]]:
+    """One summary row per tool of a one-size case, in the order the tools ran: runs, median time and CPU
+    time, bytes written (unless ``bytes_out`` is false) and the highest peak RSS."""
+    rows = []
+    for tool in dict.fromkeys(s.tool for s in samples):
+        mine = [s for s in samples if s.tool == tool]
+        row: dict[str, Any] = {"tool": tool, "runs": len(mine),
+                               "median_seconds": statistics.median(s.seconds for s in mine),
+                               "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine)}
+        if bytes_out:
+            row["bytes_out"] = max(s.bytes_out for s in mine)
+        row["max_rss"] = max(s.peak_rss for s in mine)
+        rows.append(row)
+    return rows
+
+
+def case_conditions(load_before: list[float]) -> dict[str, Any]:
+    """The ``conditions`` of a case's results: the load average before and now, and the CPU count."""
+    return {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()}
+
+
+def case_results(config: dict[str, Any], load_before: list[float], inputs: dict[str, Any],
+                 samples: Sequence[Sample], rows: list[dict[str, Any]], **rest: Any) -> dict[str, Any]:
+    """The results record of a one-group case: schema, config, conditions, inputs, the raw samples and the
+    summary rows, then ``rest`` (ratios, targets, notes) in the order given."""
+    return {"schema": 1, "config": config, "conditions": case_conditions(load_before), "inputs": inputs,
+            "samples": [asdict(s) for s in samples], "summary": rows, **rest}
+
+
+def ratio_target(goal: str, ratio: float | None, ours: dict[str, Any], theirs: dict[str, Any],
+                 limit: float) -> dict[str, Any]:
+    """The goal "time(ours) / time(theirs) <= ``limit``": the same-round ratio and both medians, met or not
+    (not met when nothing was measured)."""
+    return {"goal": goal,
+            "measured": None if ratio is None else f"{ratio:.2f}x ({ours['median_seconds']:.2f} s vs "
+                                                   f"{theirs['median_seconds']:.2f} s)",
+            "met": ratio is not None and ratio <= limit}

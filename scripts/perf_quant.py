@@ -15,16 +15,14 @@ one ``scripts/build_llama_tools.py`` builds from the llama.cpp vendored in the p
 
 from __future__ import annotations
 
-import os
-import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from perf_lib import Command, Sample, load_average, median_tool_ratio, run_alternating
-from perf_report import goals_table, write_json_and_markdown
+from perf_lib import Command, case_results, load_average, measure_case, median_tool_ratio, ratio_target, tool_rows
+from perf_report import conditions_and_summary, goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_models import TinyHparams, with_hparams, write_draft, write_target
 
@@ -73,16 +71,6 @@ def quantize_group(work_dir: Path, llama_quantize: Path, target: Path, draft: Pa
     ]
 
 
-def _summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    rows = []
-    for tool in dict.fromkeys(s.tool for s in samples):
-        mine = [s for s in samples if s.tool == tool]
-        rows.append({"tool": tool, "runs": len(mine), "median_seconds": statistics.median(s.seconds for s in mine),
-                     "median_cpu_seconds": statistics.median(s.cpu_seconds for s in mine),
-                     "bytes_out": max(s.bytes_out for s in mine), "max_rss": max(s.peak_rss for s in mine)})
-    return rows
-
-
 def run_quantize(
     work_dir: Path, llama_quantize: Path, *, quick: bool, repeat: int, warmup: int, cache: str,
     log: Callable[[str], None] = print,
@@ -92,35 +80,26 @@ def run_quantize(
     target, draft, composite = _inputs(work_dir, hp, log)
     group = quantize_group(work_dir, llama_quantize, target, draft, composite)
     load_before = load_average()
-    log(f"measuring {QTYPE} head quantization: " + " | ".join(c.tool for c in group) + f", {repeat} round(s)")
-    samples = run_alternating(group, repeat=repeat, warmup=warmup, cache=cache, log_dir=work_dir / "logs-quantize",
-                              evict=[target, draft, composite],
-                              report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.2f} s, "
-                                                   f"peak RSS {s.peak_rss / 2**20:.0f} MiB"))
-    rows = _summary(samples)
+    samples = measure_case(group, f"{QTYPE} head quantization", repeat=repeat, warmup=warmup, cache=cache,
+                           log_dir=work_dir / "logs-quantize", log=log, evict=[target, draft, composite])
+    rows = tool_rows(samples)
     ratio = median_tool_ratio(samples, "compose --outtype", "llama-quantize --pure")
     by_tool = {r["tool"]: r for r in rows}
     ours, theirs = by_tool["compose --outtype"], by_tool["llama-quantize --pure"]
-    return {
-        "schema": 1,
-        "config": {"qtype": QTYPE, "repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick,
-                   "hparams": asdict(hp)},
-        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
-        "inputs": {"target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
-                   "composite_bytes": composite.stat().st_size},
-        "samples": [asdict(s) for s in samples],
-        "summary": rows,
-        "ratio": ratio,
-        "targets": [
-            {"goal": f"compose --outtype {QTYPE} <= {MAX_OVER_LLAMA_QUANTIZE} x llama-quantize --pure (same tensors)",
-             "measured": None if ratio is None else f"{ratio:.2f}x ({ours['median_seconds']:.2f} s vs "
-                                                    f"{theirs['median_seconds']:.2f} s)",
-             "met": ratio is not None and ratio <= MAX_OVER_LLAMA_QUANTIZE},
+    return case_results(
+        {"qtype": QTYPE, "repeat": repeat, "warmup": warmup, "cache": cache, "quick": quick, "hparams": asdict(hp)},
+        load_before,
+        {"target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
+         "composite_bytes": composite.stat().st_size},
+        samples, rows, ratio=ratio,
+        targets=[
+            ratio_target(f"compose --outtype {QTYPE} <= {MAX_OVER_LLAMA_QUANTIZE} x llama-quantize --pure "
+                         "(same tensors)", ratio, ours, theirs, MAX_OVER_LLAMA_QUANTIZE),
             {"goal": "peak RSS no higher than llama-quantize's",
              "measured": f"{ours['max_rss'] / 2**20:.0f} MiB vs {theirs['max_rss'] / 2**20:.0f} MiB",
              "met": ours["max_rss"] <= theirs["max_rss"]},
         ],
-    }
+    )
 
 
 def render_quantize_markdown(results: dict[str, Any]) -> str:
@@ -134,15 +113,8 @@ def render_quantize_markdown(results: dict[str, Any]) -> str:
         f"{c['warmup']} warm-up round(s); outputs on disk (fsync/sync) before the clock stops. "
         "Made by `scripts/perf.py` (`--quantize-only` runs just this case).",
         "",
-        f"Load average (1, 5, 15 min) on {results['conditions']['cpus']} CPU(s): before "
-        f"{results['conditions']['load_before']}, after {results['conditions']['load_after']}.",
-        "",
-        "| command | median time | median CPU time | bytes written | peak RSS |",
-        "|---|---:|---:|---:|---:|",
+        *conditions_and_summary(results),
     ]
-    for row in results["summary"]:
-        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
-                     f"{row['bytes_out'] / 2**20:,.1f} MiB | {row['max_rss'] / 2**20:.0f} MiB |")
     lines += ["", *goals_table(results["targets"], "issue 23")]
     return "\n".join(lines)
 

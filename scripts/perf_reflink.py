@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from perf_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
-from perf_lib import Command, Sample, load_average, run_alternating
+from perf_lib import Command, Sample, case_conditions, load_average, measure_case
 from perf_report import goals_table, write_json_and_markdown
 
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
@@ -198,6 +198,11 @@ def _targets(rows: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[d
     ]
 
 
+def _disk_round_text(sample: Sample) -> str:
+    return (f"  round {sample.round + 1}: {sample.tool}: {sample.seconds:.3f} s, "
+            f"+{(sample.extra_disk or 0) / 2**20:.1f} MiB on disk")
+
+
 def run_reflink(
     work_dir: Path, sizes: Sequence[int], *, shards: int, pattern: str, repeat: int, warmup: int, cache: str,
     log: Callable[[str], None] = print,
@@ -222,12 +227,9 @@ def run_reflink(
                                 "draft_bytes": draft.stat().st_size})
             group = reflink_group(mount, target, draft, composite)
             generated = sorted({p for c in group for p in c.inputs})
-            log(f"measuring on XFS (reflink) {size_label(size)}: " + " | ".join(c.tool for c in group)
-                + f", {repeat} round(s)")
-            samples += run_alternating(group, repeat=repeat, warmup=warmup, cache=cache,
-                                       log_dir=work_dir / "logs-reflink", evict=generated, disk=True,
-                                       report=lambda s: log(f"  round {s.round + 1}: {s.tool}: {s.seconds:.3f} s, "
-                                                            f"+{(s.extra_disk or 0) / 2**20:.1f} MiB on disk"))
+            samples += measure_case(group, f"on XFS (reflink) {size_label(size)}", repeat=repeat, warmup=warmup,
+                                    cache=cache, log_dir=work_dir / "logs-reflink", log=log, evict=generated,
+                                    disk=True, describe=_disk_round_text)
         mkfs = _run("xfs_info", str(mount)).stdout.strip()
     rows = _summary(samples)
     return {
@@ -235,7 +237,7 @@ def run_reflink(
         "filesystem": {"kind": "xfs (mkfs.xfs -m reflink=1), loop-mounted image", "image_bytes": image_bytes,
                        "xfs_info": mkfs},
         "config": {"sizes": list(sizes), "shards": shards, "repeat": repeat, "warmup": warmup, "cache": cache},
-        "conditions": {"load_before": load_before, "load_after": load_average(), "cpus": os.cpu_count()},
+        "conditions": case_conditions(load_before),
         "inputs": inputs_info,
         "samples": [asdict(s) for s in samples],
         "summary": rows,

@@ -188,20 +188,23 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
         "",
     ]
     if reflink is not None:
-        lines += ["## On a reflink filesystem (XFS)", "",
-                  "Compose, strip and graft against `cp --reflink=always` and `cp --reflink=never`, time and extra "
-                  "disk used: [`reflink.md`](reflink.md) (raw: `reflink.json`).", "",
-                  "| goal | measured | met |", "|---|---|---|"]
-        lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in reflink["targets"]]
-        lines.append("")
+        lines += _case_section("On a reflink filesystem (XFS)",
+                               "Compose, strip and graft against `cp --reflink=always` and `cp --reflink=never`, "
+                               "time and extra disk used: [`reflink.md`](reflink.md) (raw: `reflink.json`).",
+                               reflink["targets"])
     if fp8 is not None:
-        lines += ["## An FP8 head", "",
-                  "`convert` of a block-scaled FP8 head against `cp` of its shard and llama.cpp's "
-                  "`convert_hf_to_gguf.py --mtp` on the same checkpoint: [`fp8.md`](fp8.md) (raw: `fp8.json`).", "",
-                  "| goal | measured | met |", "|---|---|---|"]
-        lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in fp8["targets"]]
-        lines.append("")
+        lines += _case_section("An FP8 head",
+                               "`convert` of a block-scaled FP8 head against `cp` of its shard and llama.cpp's "
+                               "`convert_hf_to_gguf.py --mtp` on the same checkpoint: [`fp8.md`](fp8.md) "
+                               "(raw: `fp8.json`).", fp8["targets"])
     return "\n".join(lines)
+
+
+def _case_section(title: str, text: str, targets: list[dict[str, Any]]) -> list[str]:
+    """A case's section of README.md: its title, what it measures (linking its own report), its goals."""
+    lines = [f"## {title}", "", text, "", "| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {t['goal']} | {t['measured']} | {'yes' if t['met'] else '**no**'} |" for t in targets]
+    return [*lines, ""]
 
 
 def _cache_text(mode: str) -> str:
@@ -255,6 +258,23 @@ def goals_table(targets: list[dict[str, Any]], source: str) -> list[str]:
     lines += [f"| {t['goal']} | {t['measured'] if t['measured'] is not None else 'not measured'} | "
               f"{'yes' if t['met'] else '**no**'} |" for t in targets]
     return [*lines, ""]
+
+
+def conditions_and_summary(results: dict[str, Any], *, bytes_out: bool = True, rss: str = ".0f") -> list[str]:
+    """A case report's load-average line and its table of :func:`perf_lib.tool_rows` rows (with a bytes-written
+    column unless ``bytes_out`` is false; peak RSS in MiB formatted with ``rss``)."""
+    cond = results["conditions"]
+    lines = [f"Load average (1, 5, 15 min) on {cond['cpus']} CPU(s): before {cond['load_before']}, after "
+             f"{cond['load_after']}.", ""]
+    if bytes_out:
+        lines += ["| command | median time | median CPU time | bytes written | peak RSS |", "|---|---:|---:|---:|---:|"]
+    else:
+        lines += ["| command | median time | median CPU time | peak RSS |", "|---|---:|---:|---:|"]
+    for row in results["summary"]:
+        written = f"{row['bytes_out'] / 2**20:,.1f} MiB | " if bytes_out else ""
+        lines.append(f"| {row['tool']} | {row['median_seconds']:.2f} s | {row['median_cpu_seconds']:.2f} s | "
+                     f"{written}{format(row['max_rss'] / 2**20, rss)} MiB |")
+    return lines
 
 
 def write_json_and_markdown(results: dict[str, Any], out_dir: Path, json_name: str, md_name: str,
