@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ from gguf_mtp.server.bench_rules import (
     recommend_n_max,
     server_arguments,
 )
-from gguf_mtp.server.options import ServerOptions, Threads, check_extra_arguments, choose_threads
+from gguf_mtp.server.options import ServerOptions, Threads, check_extra_arguments, choose_threads, option_name
 from gguf_mtp.server.process import probe_server
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
@@ -135,6 +136,33 @@ def test_extra_arguments_refuse_every_spelling_of_what_bench_sets(flag: str) -> 
         check_extra_arguments(["-t", "2", flag, "x"], ServerOptions.from_help(RECORDED_HELP))
 
 
+#: The underscore spellings of the long options bench sets (issue 37 item 1): llama.cpp's parser replaces every
+#: ``_`` of an argument starting with ``--`` by ``-`` before it looks it up (common/arg.cpp,
+#: ``common_params_parse_ex``), so each reaches llama-server as the option it spells.
+UNDERSCORE_SPELLINGS = ["--hf_repo", "--model_url", "--spec_draft_model", "--spec_type", "--spec_draft_n_max",
+                        "--api_prefix", "--docker_repo", "--hf_file", "--model_draft", "--hf_repo_draft",
+                        "--spec_draft_hf"]
+
+
+@pytest.mark.parametrize("given", [lambda flag: [flag, "x"], lambda flag: [f"{flag}=x"]], ids=["value", "=value"])
+@pytest.mark.parametrize("flag", UNDERSCORE_SPELLINGS)
+def test_extra_arguments_refuse_the_underscore_spellings_llama_server_reads_as_what_bench_sets(
+    flag: str, given: Callable[[str], list[str]]
+) -> None:
+    as_read = flag.replace("_", "-")
+    with pytest.raises(ParameterError,
+                       match=rf"^server_args: {flag} \(llama-server's {as_read}\) is set by bench itself"):
+        check_extra_arguments(["-t", "2", *given(flag)], ServerOptions.from_help(RECORDED_HELP))
+
+
+def test_a_server_option_is_named_as_llama_cpp_looks_it_up() -> None:
+    assert option_name("--hf_repo") == "--hf-repo"
+    assert option_name("--spec_draft_n_max=2") == "--spec-draft-n-max"
+    assert option_name("--hf-repo=me/a_b") == "--hf-repo"
+    assert option_name("-hf_r") == "-hf_r"  # only arguments starting with -- are rewritten
+    assert option_name("-t=2") == "-t"
+
+
 def test_extra_arguments_pass_what_bench_does_not_set() -> None:
     check_extra_arguments(["-ngl", "99", "-c", "8192", "-t", "4", "-td", "2", "--spec-draft-p-min", "0.5"],
                           ServerOptions.from_help(RECORDED_HELP))
@@ -164,6 +192,23 @@ def test_threads_given_by_the_user_stand_and_oversubscription_is_told() -> None:
     assert (inherited.head, inherited.oversubscribed) == (3, True)  # -td defaults to -t
     from_env = choose_threads([], options, 2, draft=False, environ={"LLAMA_ARG_THREADS": "8"})
     assert from_env.arguments == () and not from_env.oversubscribed
+
+
+@pytest.mark.parametrize("given", [["--threads_draft", "1"], ["--threads_draft=1"], ["--spec_draft_threads", "1"],
+                                   ["--spec_draft_threads=1"]])
+def test_thread_options_spelled_with_underscores_are_the_users_choice(given: list[str]) -> None:
+    options = ServerOptions.from_help(RECORDED_HELP)
+    draft_only = choose_threads(given, options, 4, draft=True, environ={})
+    assert (draft_only.arguments, draft_only.draft_arguments, draft_only.head) == ((), (), 1)
+    both = choose_threads(["-t", "3", *given], options, 4, draft=True, environ={})
+    assert (both.trunk, both.head, both.oversubscribed) == (3, 1, False)
+
+
+def test_accept_beside_bench_reads_the_servers_context_and_threads_under_underscore_spellings() -> None:
+    from gguf_mtp.cli.bench import _server_value
+
+    assert _server_value(["--ctx_size", "1024"], ("-c", "--ctx-size")) == 1024
+    assert _server_value(["--ctx_size=512"], ("-c", "--ctx-size")) == 512
 
 
 def test_completion_request_is_greedy_and_uncached() -> None:
@@ -366,6 +411,7 @@ def test_refuses_a_llama_server_too_old_for_mtp(tmp_path: Path, glm_trunk: Path,
     old = fake_server(tmp_path / "old", 'echo "-m, --model FNAME --host HOST --port PORT -md, --model-draft FNAME"\n')
     line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(old)))
     assert "too old for MTP" in line and "draft-mtp" in line
+    assert "(needed: llama.cpp b11025 or later: `cmake -B build && cmake --build build --target llama-server`" in line
 
 
 def test_refuses_a_model_without_nextn(tmp_path: Path, glm_trunk: Path) -> None:
@@ -383,6 +429,29 @@ def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path
                                    "--", "--port", "1"))
     assert "--port is set by bench" in line
     assert not started.exists()  # refused before any server started
+
+
+def test_an_underscore_spelling_of_a_flag_bench_sets_is_refused_before_any_server_starts(
+    glm_trunk: Path, glm_converted3: Path, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    server = fake_server(tmp_path / "srv", HELP + f"touch {started}\nexec sleep 600\n")
+    line = one_error_line(gguf_mtp("bench", str(glm_trunk), "--draft", str(glm_converted3), "--server", str(server),
+                                   "--", "--model_url", "http://127.0.0.1:9/other.gguf"))
+    assert "--model_url (llama-server's --model-url) is set by bench itself" in line
+    assert not started.exists()
+
+
+def test_no_llama_server_names_how_to_build_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from gguf_mtp.cli import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no llama-server on it
+    assert main(["bench", str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("gguf-mtp: error: --server: no llama-server on PATH; give your build's binary (llama.cpp b11025 "
+                   "or later: `cmake -B build && cmake --build build --target llama-server` in its checkout makes "
+                   "build/bin/llama-server; in a gguf-mtp checkout `make tools` builds one and prints its path)\n")
 
 
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400", "0", "-1", "604801"])

@@ -126,3 +126,16 @@ def test_a_wrong_line_is_caught() -> None:
     assert match is not None
     _, text = _cited_lines(match)
     assert "n_layer_nextn" not in text
+
+
+def test_llama_cpp_reads_underscores_as_dashes_in_long_options_as_bench_does() -> None:
+    """gguf_mtp.server.options.option_name cites common/arg.cpp's ``common_params_parse_ex`` (issue 37 item 1):
+    an argument starting with ``--`` has every ``_`` replaced by ``-`` before it is looked up, and no ``=`` is
+    split off."""
+    source = "\n".join(_sources()["common/arg.cpp"])
+    body = source[source.index("static bool common_params_parse_ex("):]
+    body = body[:body.index("\n}\n")]
+    assert 'const std::string arg_prefix = "--";' in body
+    assert "if (arg.compare(0, arg_prefix.size(), arg_prefix) == 0) {" in body
+    assert "std::replace(arg.begin(), arg.end(), '_', '-');" in body
+    assert "'='" not in body

@@ -338,6 +338,29 @@ def test_target_that_already_has_a_nextn_block_is_refused(bf16_head: Path, tmp_p
         convert(bf16_head, tmp_path / "d.gguf", target=with_mtp)
 
 
+def test_a_target_with_a_head_is_refused_naming_how_to_replace_it(
+    bf16_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_mtp = write_target(tmp_path / "t", with_nextn=True)  # 3 trunk blocks + blk.3
+    out = tmp_path / "d.gguf"
+    assert main(["convert", str(bf16_head), "-o", str(out), "--target", str(with_mtp)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("; to replace it, convert with --block 3 instead of --target and splice the draft in with "
+                        "replace_head (gguf-mtp compose --replace-head)\n") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_target_with_a_head_is_refused_for_a_standalone_file_naming_a_stripped_copy(
+    bf16_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with_mtp = write_target(tmp_path / "t", with_nextn=True)
+    out = tmp_path / "mtp.gguf"
+    assert main(["convert", str(bf16_head), "-o", str(out), "--target", str(with_mtp), "--standalone"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("; to convert another head as a standalone file, give a copy without it as --target "
+                        "(gguf-mtp strip)\n") and err.count("\n") == 1
+
+
 # --------------------------------------------------------------------------------------- streaming
 
 

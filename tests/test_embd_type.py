@@ -8,6 +8,7 @@ drafter of its target and run the MTP decode (``verify SIDECAR --target MODEL``)
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -113,6 +114,18 @@ def test_the_plan_shows_the_embeddings_new_type(model: Path, tmp_path: Path,
     out = capsys.readouterr().out
     assert rc == 0 and "token_embd.weight (Q8_0" in out and "output.weight (Q8_0" in out
     assert not (tmp_path / "mtp.gguf").exists()
+
+
+def test_the_plan_calls_re_typed_embeddings_re_typed_not_the_sources(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["extract", str(model), "-o", str(tmp_path / "mtp.gguf"), "--standalone", "--embd-type", "q8_0",
+               "--dry-run"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("with ")]
+    assert rc == 0 and len(lines) == 2, lines
+    assert re.fullmatch(r"with the source's output_norm\.weight \(F32, [^)]*\)", lines[0])
+    assert re.fullmatch(r"with token_embd\.weight \(Q8_0, [^,]*, re-typed from the source's Q4_K\), "
+                        r"output\.weight \(Q8_0, [^,]*, re-typed from the source's Q6_K\)", lines[1])
 
 
 @pytest.mark.llama  # the quantizer is asked for before the rows are checked

@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from gguf_mtp.write import signals_as_interrupt
 
     if not args.server:
-        raise ParameterError("server: no llama-server on PATH; give your build's binary", parameter="server")
+        from gguf_mtp.server.process import BUILD_HINT
+
+        raise ParameterError(f"server: no llama-server on PATH; give your build's binary ({BUILD_HINT})",
+                             parameter="server")
     n_max = parse_n_max_list(args.n_max)
     prompts = load_prompts(args.prompts) if args.prompts else None
     if args.plot:
@@ -111,9 +114,11 @@ def run(args: argparse.Namespace) -> int:
 def _server_value(server_args: list[str], flags: tuple[str, ...]) -> int | None:
     """The positive number given to llama-server with one of ``flags`` (``-c 1024``, ``-t=4``), if any: accept
     then predicts for the same slot context and runs on as many threads."""
+    from gguf_mtp.server.options import option_name
+
     for i, arg in enumerate(server_args):
-        flag, _, value = arg.partition("=")
-        if flag in flags:
+        _, _, value = arg.partition("=")
+        if option_name(arg) in flags:
             value = value or (server_args[i + 1] if i + 1 < len(server_args) else "")
             return int(value) if value.isdigit() and int(value) > 0 else None
     return None

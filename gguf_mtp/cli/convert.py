@@ -58,6 +58,9 @@ _AS_FLAGS = (
     (re.compile(r"^drop_nextn_copies:"), lambda m: "--drop-nextn-copies:"),
     (re.compile(r"^nextn_blocks "), lambda m: "--nextn-blocks "),
     (re.compile(r"give target \((.*)\) or block$"), lambda m: f"give --target TARGET.gguf ({m[1]}) or --block N"),
+    (re.compile(r"convert with block (\d+) instead of target"),
+     lambda m: f"convert with --block {m[1]} instead of --target"),
+    (re.compile(r"as target \(gguf-mtp strip\)$"), lambda m: "as --target (gguf-mtp strip)"),
 )
 
 

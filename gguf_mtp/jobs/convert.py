@@ -182,7 +182,7 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool, d
     if target.nextn_predict_layers:
         raise IncompatibleDraftError(
             f"target already has {target.nextn_predict_layers} NextN block(s) "
-            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); a head for it exists already",
+            f"({target.arch_key(KEY_NEXTN_PREDICT_LAYERS)}); {_replacing_a_head(target.trunk_block_count, standalone)}",
             target.name,
         )
     trunk = target.trunk_block_count
@@ -200,6 +200,15 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool, d
             target.name,
         )
     return trunk
+
+
+def _replacing_a_head(trunk: int, standalone: bool) -> str:
+    """How to convert a head for a model that carries one already (a weak one, often: README, --replace-head)."""
+    if standalone:
+        # A standalone file takes its embeddings and tokenizer from target, so target stays: without its head.
+        return "to convert another head as a standalone file, give a copy without it as target (gguf-mtp strip)"
+    return (f"to replace it, convert with block {trunk} instead of target and splice the draft in with "
+            "replace_head (gguf-mtp compose --replace-head)")
 
 
 def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:

@@ -375,13 +375,26 @@ class ExtractReport(WriteReport):
             f"{len(plan.header.tensors)} tensors, {len(plan.header.kvs)} KVs)",
         ]
         lines.append(f"    NextN block: {plan.head.describe()}")
-        if plan.global_tensors:
-            types = plan.header.tensor_by_name
-            shown = ", ".join(f"{name} ({types[name].type_name}, {human_bytes(types[name].nbytes)})"
-                              for name in plan.global_tensors)
-            lines.append(f"    with the source's {shown}")
+        lines.extend(f"    with {line}" for line in _global_tensor_lines(plan))
         lines.extend(f"    note: {n}" for n in self.notes)
         return lines
+
+
+def _global_tensor_lines(plan: ExtractionPlan) -> list[str]:
+    """A standalone file's tensors outside the NextN block(s): the source's own, copied, then those ``embd_type``
+    re-typed on the way (new bytes, not the source's: each says the type it was re-typed from)."""
+    written = plan.header.tensor_by_name
+    source_type = {name: plan.source.tensor_locations[name][1].type_name for name in plan.global_tensors}
+
+    def shown(name: str, note: str = "") -> str:
+        return f"{name} ({written[name].type_name}, {human_bytes(written[name].nbytes)}{note})"
+
+    copied = [name for name in plan.global_tensors if written[name].type_name == source_type[name]]
+    retyped = [name for name in plan.global_tensors if name not in copied]
+    lines = [f"the source's {', '.join(shown(name) for name in copied)}"] if copied else []
+    if retyped:
+        lines.append(", ".join(shown(name, f", re-typed from the source's {source_type[name]}") for name in retyped))
+    return lines
 
 
 def _notes(plan: ExtractionPlan) -> Iterator[str]:

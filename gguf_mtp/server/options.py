@@ -27,6 +27,7 @@ __all__ = [
     "Threads",
     "check_extra_arguments",
     "choose_threads",
+    "option_name",
     "parse_help",
 ]
 
@@ -138,20 +139,32 @@ class ServerOptions:
         return {k: v for k, v in environ.items() if k not in self.reserved_env}
 
 
-def _flag(arg: str) -> str:
-    return arg.split("=", 1)[0]
+def option_name(arg: str) -> str:
+    """The option a server argument names, as llama.cpp looks it up: ``--hf_repo`` is ``--hf-repo``.
+
+    llama.cpp's parser (common/arg.cpp, ``common_params_parse_ex``) replaces every ``_`` with ``-`` in an argument
+    that starts with ``--`` (single-dash ones stay as they are) before looking it up, so every underscore spelling
+    of a long option reaches the same option. It never splits ``=``; it is split here all the same, so that
+    ``--hf_repo=X`` counts as the option it would be to any server that does.
+    """
+    name = arg.replace("_", "-") if arg.startswith("--") else arg
+    return name.split("=", 1)[0]
 
 
 def check_extra_arguments(extra: Sequence[str], options: ServerOptions) -> None:
-    """Refuse extra server arguments that set what bench sets itself, under any spelling.
+    """Refuse extra server arguments that set what bench sets itself, under any spelling (underscores included:
+    :func:`option_name`).
 
     Raises:
-        ParameterError: one line naming the flag.
+        ParameterError: one line naming the flag as given (and as llama-server reads it, when that differs).
     """
     for arg in extra:
-        if arg.startswith("-") and _flag(arg) in options.reserved:
+        name = option_name(arg)
+        if arg.startswith("-") and name in options.reserved:
+            given = arg.split("=", 1)[0]
+            shown = given if given == name else f"{given} (llama-server's {name})"
             raise ParameterError(
-                f"server_args: {_flag(arg)} is set by bench itself (the model and where it comes from, the loopback "
+                f"server_args: {shown} is set by bench itself (the model and where it comes from, the loopback "
                 "address, the MTP settings)",
                 parameter="server_args",
             )
@@ -181,8 +194,8 @@ def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> 
     hardware concurrency for 0 or less); ``None`` when its value is not a number (llama-server refuses it)."""
     found = default
     for i, arg in enumerate(extra):
-        flag, equals, inline = arg.partition("=")
-        if flag in flags:
+        _, equals, inline = arg.partition("=")
+        if option_name(arg) in flags:
             text = inline if equals else (extra[i + 1] if i + 1 < len(extra) else "")
             value = int(text) if re.fullmatch(r"-?\d{1,6}", text) else None
             found = None if value is None else (value if value > 0 else os.cpu_count() or 1)
@@ -201,7 +214,7 @@ def choose_threads(extra: Sequence[str], options: ServerOptions, free: int, *, d
     to warn.
     """
     environ = os.environ if environ is None else environ
-    user_set = any(_flag(a) in options.trunk_threads | options.draft_threads for a in extra if a.startswith("-"))
+    user_set = any(option_name(a) in options.trunk_threads | options.draft_threads for a in extra)
     if not user_set:
         if any(name in environ for name in options.thread_env):  # set by the environment: the user's choice
             return Threads((), (), None, None, free)

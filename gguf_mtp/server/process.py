@@ -34,7 +34,7 @@ from typing import Any
 from gguf_mtp.errors import GGUFMTPError, LlamaServerError
 from gguf_mtp.files.json_io import parse_json
 
-__all__ = ["LOG_TAIL_LINES", "ServerHandle", "probe_server", "running_server"]
+__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "probe_server", "running_server"]
 
 #: Lines of the server's log shown with an error.
 LOG_TAIL_LINES = 12
@@ -47,6 +47,12 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: The longest one ``/health`` probe may take (the whole wait has its own deadline).
 HEALTH_PROBE_SECONDS = 5.0
 _POLL_SECONDS = 0.2
+#: Where a llama-server that runs MTP comes from: the first llama.cpp release whose ``--spec-type`` has
+#: ``draft-mtp``, built by cmake as llama.cpp's docs/build.md says; a user without one may have no checkout of
+#: gguf-mtp (scripts/build_llama_tools.py, behind ``make tools``, is not installed), hence llama.cpp's own build.
+BUILD_HINT = ("llama.cpp b11025 or later: `cmake -B build && cmake --build build --target llama-server` in its "
+              "checkout makes build/bin/llama-server; in a gguf-mtp checkout `make tools` builds one and prints "
+              "its path")
 
 
 def probe_server(binary: str) -> str:
@@ -73,8 +79,7 @@ def probe_server(binary: str) -> str:
         raise LlamaServerError("not llama-server: its --help lists no --model, --host and --port", binary, "server")
     if "--spec-type" not in text or "draft-mtp" not in text:
         raise LlamaServerError(
-            "llama-server too old for MTP: its --help has no '--spec-type draft-mtp' (llama.cpp b11025 or later "
-            "needed)",
+            f"llama-server too old for MTP: its --help has no '--spec-type draft-mtp' (needed: {BUILD_HINT})",
             binary,
             "server",
         )
