@@ -431,6 +431,7 @@ def test_refuses_bad_arguments_in_one_line(glm_trunk: Path, glm_converted3: Path
     assert not started.exists()  # refused before any server started
 
 
+@pytest.mark.slow  # a gguf-mtp child process: about 2 s
 def test_an_underscore_spelling_of_a_flag_bench_sets_is_refused_before_any_server_starts(
     glm_trunk: Path, glm_converted3: Path, tmp_path: Path
 ) -> None:
