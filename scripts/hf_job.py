@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def pipeline_options(pipeline_args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def pipeline_arguments(pipeline_args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The pipeline's options as the Job's ``gguf-mtp pipeline`` will read them (its own parser: abbreviations and
     ``--opt=value`` alike), and the notes on how they were read.
 
@@ -311,11 +311,11 @@ def _library(module: str) -> Any:
 def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = None) -> int:
     """Submit the pipeline as a Job; returns the exit status."""
     try:
-        target, notes = pipeline_options(pipeline_args)
+        options, notes = pipeline_arguments(pipeline_args)
     except ValueError as e:  # gguf-mtp's ParameterError: what the pipeline would refuse when the Job starts
         print(f"hf_job.py: error: {e}", file=sys.stderr)
         return 2
-    if target.out_repo is None:
+    if options.out_repo is None:
         print("hf_job.py: error: a Job's disk is discarded when it ends: pass --out-repo OWNER/NAME", file=sys.stderr)
         return 2
     token = None if args.dry_run else _token()
@@ -339,7 +339,7 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
         return 2
     notes += package_notes
     volume = volume_class(api)
-    mounted = args.mount_target is not False and target.target_dir is None and target.target_repo is not None
+    mounted = args.mount_target is not False and options.target_dir is None and options.target_repo is not None
     if mounted and volume is None:
         if args.mount_target:
             print(f"hf_job.py: error: huggingface_hub {_hub_version()} cannot mount the target in a Job (Job volumes, "
@@ -354,24 +354,24 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
     if mounted:
         read_token = token or _token()  # a dry run reads the Hub too (a private target needs the token)
         boundary = _hub_boundary()
-        guard = boundary.hub_errors("look up the target's commit", target.target_repo) if boundary \
+        guard = boundary.hub_errors("look up the target's commit", options.target_repo) if boundary \
             else contextlib.nullcontext()
         try:
             with guard:
-                commit = _resolve_commit(api, target.target_repo, target.target_revision, read_token)
-                disk = _disk_lines(api, target, commit, read_token) if args.dry_run else []
+                commit = _resolve_commit(api, options.target_repo, options.target_revision, read_token)
+                disk = _disk_lines(api, options, commit, read_token) if args.dry_run else []
         except Exception as e:  # one line for what the user can fix: a Hub refusal, a pattern naming no model
             if not _is_bad_input(e):
                 raise
             print(f"hf_job.py: error: {e}", file=sys.stderr)
             return 2
-        mount = volume(type="model", source=target.target_repo, mount_path=MOUNT_PATH, revision=commit,
+        mount = volume(type="model", source=options.target_repo, mount_path=MOUNT_PATH, revision=commit,
                        read_only=True)
     request = job_request(args, pipeline_args, mount)
     if args.dry_run:
         print(f"package: the Job installs {package!r} (from {source})")
         if mount is not None:
-            print(f"target: {target.target_repo} at commit {commit}, mounted read-only at {MOUNT_PATH} and read "
+            print(f"target: {options.target_repo} at commit {commit}, mounted read-only at {MOUNT_PATH} and read "
                   "from the mounted repo, not downloaded")
         else:
             print("target: downloaded in the Job (--no-mount-target, or a huggingface_hub without Job volumes)")
