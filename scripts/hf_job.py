@@ -20,9 +20,11 @@ option this script does not know is passed on to ``gguf-mtp pipeline`` unchanged
 gguf-mtp is not on PyPI, so the Job installs it from git: ``--package`` names the requirement
 (``--package "gguf-mtp[llama] @ git+https://github.com/OWNER/gguf-mtp@COMMIT"``, or ``GGUF_MTP_PACKAGE``);
 without either, this checkout's ``origin`` remote is used (``gguf-mtp[llama] @ git+URL``) when it has
-one the Job can reach (https or ssh), and ``--dry-run`` says which. The token goes to the Job as the
-secret ``HF_TOKEN`` (never as a plain variable). A Job's disk is discarded when it ends, so a submitted
-run must publish (``--out-repo``).
+one the Job can reach (https or ssh), less what may hold a credential (an https user name, a password, a query, a
+fragment: a note says so), and ``--dry-run`` says which. The pipeline's options are read with the pipeline's
+own parser (where gguf-py is importable; else by their full names only), so the Job reads them the same way.
+The token goes to the Job as the secret ``HF_TOKEN`` (never as a plain variable). A Job's disk is discarded
+when it ends, so a submitted run must publish (``--out-repo``).
 
 ``--mount-target`` (the default where the installed huggingface_hub has Job volumes, 1.8.0 and later): the Job
 mounts the target repo read-only at the commit resolved when submitting (``Volume(type="model", ...,
@@ -42,7 +44,8 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 #: The distribution and extra the Job installs, from the git URL of --package or of this checkout's origin.
 REQUIREMENT = "gguf-mtp[llama]"
@@ -53,6 +56,10 @@ MOUNT_PATH = "/target-repo"
 #: The huggingface_hub release that added Job volumes (``huggingface_hub.Volume``, ``run_uv_job(volumes=...)``).
 VOLUMES_SINCE = "1.8.0"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: The pipeline options this script reads itself: the target it mounts, and the repo a Job must publish to.
+READ_OPTIONS = ("--target-repo", "--target-files", "--target-revision", "--target-dir", "--out-repo")
+FULL_NAMES_NOTE = ("the pipeline's options are read here by their full names only and not checked (gguf-py is not "
+                   "importable here; `make install` in this clone lets this script check them before submitting)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,19 +84,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _target_options(pipeline_args: list[str]) -> argparse.Namespace:
-    """The pipeline options that say which target the Job reads (the rest are passed on untouched)."""
+def pipeline_arguments(pipeline_args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The pipeline's options as the Job's ``gguf-mtp pipeline`` will read them (its own parser: abbreviations and
+    ``--opt=value`` alike), and the notes on how they were read.
+
+    Raises:
+        ValueError: options the pipeline would refuse (gguf-mtp's ``ParameterError``), one line.
+    """
+    cli = _library("gguf_mtp.cli.pipeline")
+    if cli is not None:
+        with contextlib.suppress(ImportError):  # gguf-py missing (`uv run`): --outtype's names are its tables
+            return cli.read_pipeline_arguments(pipeline_args), []
+    return _read_by_full_names(pipeline_args), [FULL_NAMES_NOTE]
+
+
+def _read_by_full_names(pipeline_args: list[str]) -> argparse.Namespace:
+    """Without the pipeline's parser: the options this script reads, by their full names (``--opt=value`` too).
+    An abbreviation of one is refused: the Job's parser would take it for that option, and this one could not."""
+    for argument in pipeline_args:
+        name = argument.partition("=")[0]
+        meant = [option for option in READ_OPTIONS if option.startswith(name) and option != name]
+        if name.startswith("--") and meant:
+            raise ValueError(f"{name}: write the option in full ({' or '.join(meant)}): without gguf-py here, this "
+                             "script cannot read an abbreviation as the pipeline would")
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--target-repo", "--target-files", "--target-revision", "--target-dir"):
+    for flag in READ_OPTIONS:
         p.add_argument(flag)
     return p.parse_known_args(pipeline_args)[0]
 
 
-def checkout_package(root: Path | None = None) -> str | None:
+class OriginPackage(NamedTuple):
+    """The requirement that installs this checkout's origin remote, and the parts of the remote's address left
+    out of it because they may hold a credential (never sent to the Job, never printed)."""
+
+    requirement: str
+    left_out: tuple[str, ...]
+
+
+def public_address(url: str) -> tuple[str, tuple[str, ...]]:
+    """``url`` without any part that may hold a credential, and the names of the parts left out: the user name and
+    password of an http(s) address (``https://USER:TOKEN@host/...``), the password of an ssh one (its user,
+    ``git@``, is the login ssh needs, not a secret), a query string and a fragment (``?private_token=...``)."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    left_out: list[str] = []
+    if at and parts.scheme == "ssh":
+        host = f"{user}@{host}" if user else host
+        if colon:
+            left_out.append("a password")
+    elif at:
+        left_out.append("a user name and password" if colon else "a user name (or token)")
+    if parts.query:
+        left_out.append("a query string")
+    if parts.fragment:
+        left_out.append("a fragment")
+    return urlunsplit((parts.scheme, host, parts.path, "", "")), tuple(left_out)
+
+
+def checkout_package(root: Path | None = None) -> OriginPackage | None:
     """``gguf-mtp[llama] @ git+URL`` for this checkout's ``origin`` remote, or ``None`` without a usable one.
 
     Only an address a Job can reach is used: ``https://``, ``http://``, ``ssh://`` or ``git@host:path``
-    (rewritten as ``ssh://``); a local path or no git at all gives ``None``.
+    (rewritten as ``ssh://``); a local path or no git at all gives ``None``. What may hold a credential is left
+    out of it (:func:`public_address`): the requirement is visible in the Job and printed by ``--dry-run``.
     """
     import subprocess
 
@@ -106,16 +164,22 @@ def checkout_package(root: Path | None = None) -> str | None:
         url = f"ssh://{scp[1]}/{scp[2]}"
     if not re.match(r"(https?|ssh)://\S+$", url):
         return None
-    return f"{REQUIREMENT} @ git+{url}"
+    address, left_out = public_address(url)
+    return OriginPackage(f"{REQUIREMENT} @ git+{address}", left_out)
 
 
-def _package(args: argparse.Namespace) -> tuple[str | None, str]:
-    """The requirement the Job installs and where it came from."""
+def _package(args: argparse.Namespace) -> tuple[str | None, str, list[str]]:
+    """The requirement the Job installs, where it came from, and the note on what of it was left out."""
     if args.package:
-        return args.package, "--package"
+        return args.package, "--package", []
     if os.environ.get("GGUF_MTP_PACKAGE", "").strip():
-        return os.environ["GGUF_MTP_PACKAGE"].strip(), "GGUF_MTP_PACKAGE"
-    return checkout_package(), "this checkout's origin remote"
+        return os.environ["GGUF_MTP_PACKAGE"].strip(), "GGUF_MTP_PACKAGE", []
+    origin = checkout_package()
+    if origin is None:
+        return None, "this checkout's origin remote", []
+    notes = [f"this checkout's origin remote has {' and '.join(origin.left_out)} in its address: left out of the "
+             "Job's requirement (a private repo needs --package)"] if origin.left_out else []
+    return origin.requirement, "this checkout's origin remote", notes
 
 
 def _hub_boundary() -> Any:
@@ -152,7 +216,7 @@ def job_request(args: argparse.Namespace, pipeline_args: list[str], mount: Any =
     request: dict[str, Any] = {
         "script": str(Path(__file__).resolve()),
         "script_args": ["--local", *pipeline_args],
-        "dependencies": [args.package or _package(args)[0]],
+        "dependencies": [_package(args)[0]],
         "flavor": args.flavor,
         "timeout": args.timeout,
         "namespace": args.namespace,
@@ -246,14 +310,19 @@ def _library(module: str) -> Any:
 
 def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = None) -> int:
     """Submit the pipeline as a Job; returns the exit status."""
-    if "--out-repo" not in pipeline_args and not any(a.startswith("--out-repo=") for a in pipeline_args):
+    try:
+        options, notes = pipeline_arguments(pipeline_args)
+    except ValueError as e:  # gguf-mtp's ParameterError: what the pipeline would refuse when the Job starts
+        print(f"hf_job.py: error: {e}", file=sys.stderr)
+        return 2
+    if options.out_repo is None:
         print("hf_job.py: error: a Job's disk is discarded when it ends: pass --out-repo OWNER/NAME", file=sys.stderr)
         return 2
     token = None if args.dry_run else _token()
     if not args.dry_run and not token:
         print("hf_job.py: error: no Hugging Face token (set HF_TOKEN or run `hf auth login`)", file=sys.stderr)
         return 2
-    package, source = _package(args)
+    package, source, package_notes = _package(args)
     if package is None:
         print("hf_job.py: error: gguf-mtp is not on PyPI and this checkout has no https/ssh origin remote: pass "
               "--package 'gguf-mtp[llama] @ git+https://.../gguf-mtp@COMMIT' (or set GGUF_MTP_PACKAGE)",
@@ -268,10 +337,9 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
         print(f"hf_job.py: error: huggingface_hub {_hub_version()} cannot submit Jobs (HfApi.run_uv_job is newer): "
               "pip install -U huggingface_hub, or run `uv run scripts/hf_job.py ...`", file=sys.stderr)
         return 2
-    target = _target_options(pipeline_args)
+    notes += package_notes
     volume = volume_class(api)
-    notes: list[str] = []
-    mounted = args.mount_target is not False and target.target_dir is None and target.target_repo is not None
+    mounted = args.mount_target is not False and options.target_dir is None and options.target_repo is not None
     if mounted and volume is None:
         if args.mount_target:
             print(f"hf_job.py: error: huggingface_hub {_hub_version()} cannot mount the target in a Job (Job volumes, "
@@ -286,24 +354,24 @@ def submit(args: argparse.Namespace, pipeline_args: list[str], *, api: Any = Non
     if mounted:
         read_token = token or _token()  # a dry run reads the Hub too (a private target needs the token)
         boundary = _hub_boundary()
-        guard = boundary.hub_errors("look up the target's commit", target.target_repo) if boundary \
+        guard = boundary.hub_errors("look up the target's commit", options.target_repo) if boundary \
             else contextlib.nullcontext()
         try:
             with guard:
-                commit = _resolve_commit(api, target.target_repo, target.target_revision, read_token)
-                disk = _disk_lines(api, target, commit, read_token) if args.dry_run else []
+                commit = _resolve_commit(api, options.target_repo, options.target_revision, read_token)
+                disk = _disk_lines(api, options, commit, read_token) if args.dry_run else []
         except Exception as e:  # one line for what the user can fix: a Hub refusal, a pattern naming no model
             if not _is_bad_input(e):
                 raise
             print(f"hf_job.py: error: {e}", file=sys.stderr)
             return 2
-        mount = volume(type="model", source=target.target_repo, mount_path=MOUNT_PATH, revision=commit,
+        mount = volume(type="model", source=options.target_repo, mount_path=MOUNT_PATH, revision=commit,
                        read_only=True)
     request = job_request(args, pipeline_args, mount)
     if args.dry_run:
         print(f"package: the Job installs {package!r} (from {source})")
         if mount is not None:
-            print(f"target: {target.target_repo} at commit {commit}, mounted read-only at {MOUNT_PATH} and read "
+            print(f"target: {options.target_repo} at commit {commit}, mounted read-only at {MOUNT_PATH} and read "
                   "from the mounted repo, not downloaded")
         else:
             print("target: downloaded in the Job (--no-mount-target, or a huggingface_hub without Job volumes)")

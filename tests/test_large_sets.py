@@ -200,6 +200,96 @@ def test_no_mount_target_downloads_in_the_job(
     assert "volumes" not in hub.calls[0][2]
 
 
+# ------------------------------------------------------------------ issue 37: the pipeline's options, read its way
+
+
+def _pipeline_reads(script_args: list[str]) -> Any:
+    """What the Job's ``gguf-mtp pipeline`` reads from the arguments hf_job.py gives it."""
+    from gguf_mtp.cli.pipeline import read_pipeline_arguments
+
+    assert script_args[0] == "--local"
+    return read_pipeline_arguments(script_args[1:])
+
+
+@pytest.mark.skipif(not HAS_VOLUMES, reason="huggingface_hub < 1.8 has no Job volumes")
+@pytest.mark.parametrize("revision", [["--target-revi", "v1.0"], ["--target-revi=v1.0"], ["--target-revision=v1.0"]])
+def test_the_job_mounts_the_target_revision_however_the_pipeline_accepts_it_spelled(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch, revision: list[str]
+) -> None:
+    """Issue 37 item 5: an abbreviation the pipeline accepts pins the mount to that revision's commit, not main's."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main([*JOB_ARGS, *revision], api=hub) == 0
+    assert next(c for c in hub.calls if c[0] == "model_info")[2]["revision"] == "v1.0"
+    (_, _, request) = next(c for c in hub.calls if c[0] == "run_uv_job")
+    job_reads = _pipeline_reads(request["script_args"])
+    assert (job_reads.target_revision, job_reads.target_dir) == (COMMIT, "/target-repo")
+
+
+@pytest.mark.skipif(not HAS_VOLUMES, reason="huggingface_hub < 1.8 has no Job volumes")
+def test_a_target_dir_however_spelled_is_not_mounted_over(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main([*JOB_ARGS, "--target-d=/data/mine"], api=hub) == 0
+    (_, _, request) = next(c for c in hub.calls if c[0] == "run_uv_job")
+    assert "volumes" not in request and _pipeline_reads(request["script_args"]).target_dir == "/data/mine"
+
+
+def test_an_abbreviated_out_repo_is_a_job_that_publishes(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main(["--no-mount-target", *JOB_ARGS[:-2], "--out-rep", "me/Out"], api=hub) == 0
+    (_, _, request) = next(c for c in hub.calls if c[0] == "run_uv_job")
+    assert _pipeline_reads(request["script_args"]).out_repo == "me/Out"
+
+
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+def test_a_job_without_target_files_is_refused_with_the_pipelines_one_line(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    dry: list[str],
+) -> None:
+    """Issue 37 item 13: what the pipeline would refuse when the Job starts is refused before anything is asked."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    files = JOB_ARGS.index("--target-files")
+    assert hf_job.main([*dry, *JOB_ARGS[:files], *JOB_ARGS[files + 2 :]], api=hub) == 2
+    assert capsys.readouterr().err == \
+        "hf_job.py: error: gguf-mtp pipeline: the following arguments are required: --target-files\n"
+    assert hub.calls == []
+
+
+@pytest.mark.skipif(not HAS_VOLUMES, reason="huggingface_hub < 1.8 has no Job volumes")
+def test_the_dry_run_plans_abbreviated_target_files(
+    hf_job: Any, target_repo: Path, target_bytes: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    files = JOB_ARGS.index("--target-files")
+    args = [*JOB_ARGS[:files], f"--target-fi={PATTERN}", *JOB_ARGS[files + 2 :]]
+    assert hf_job.main(["--dry-run", *args], api=hub) == 0
+    assert f"({target_bytes:,} bytes: the composite; the target's 3 file(s) are read from the mount)" \
+        in capsys.readouterr().out
+
+
+def test_without_gguf_py_an_abbreviation_of_an_option_it_reads_is_refused(
+    hf_job: Any, target_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`uv run` installs only huggingface_hub: the pipeline's parser (its --outtype needs gguf-py's tables) cannot
+    be built, so the options this script reads are read by their full names and an abbreviation is refused."""
+    monkeypatch.setitem(sys.modules, "gguf_mtp.constants", None)  # what a missing gguf-py makes of it
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    assert hf_job.main(["--dry-run", *JOB_ARGS, "--target-revi", "v1.0"], api=hub) == 2
+    assert capsys.readouterr().err == "hf_job.py: error: --target-revi: write the option in full " \
+        "(--target-revision): without gguf-py here, this script cannot read an abbreviation as the pipeline would\n"
+    assert hf_job.main(["--dry-run", "--no-mount-target", *JOB_ARGS, "--target-revision=v1.0"], api=hub) == 0
+    out = capsys.readouterr().out
+    assert "note: the pipeline's options are read here by their full names only and not checked" in out
+    assert hub.calls == []
+
+
 # ------------------------------------------------------------------------------ item 1: a read-only target folder
 
 

@@ -655,7 +655,7 @@ def test_hf_job_installs_this_checkouts_origin_and_says_so(
     subprocess.run(["git", "init", "-q", str(checkout)], check=True)
     remote = ["git", "-C", str(checkout), "remote", "add", "origin"]
     subprocess.run([*remote, "https://example.com/o/gguf-mtp.git"], check=True)
-    assert hf_job.checkout_package(checkout) == "gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git"
+    assert hf_job.checkout_package(checkout) == ("gguf-mtp[llama] @ git+https://example.com/o/gguf-mtp.git", ())
     real = hf_job.checkout_package
     monkeypatch.setattr(hf_job, "checkout_package", lambda root=None: real(checkout))
     assert hf_job.main(["--dry-run", "--no-mount-target", *PIPELINE_ARGS, "--out-repo", "me/Out"]) == 0
@@ -666,7 +666,7 @@ def test_hf_job_installs_this_checkouts_origin_and_says_so(
 
     subprocess.run(["git", "-C", str(checkout), "remote", "set-url", "origin", "git@github.com:o/gguf-mtp.git"],
                    check=True)
-    assert real(checkout) == "gguf-mtp[llama] @ git+ssh://git@github.com/o/gguf-mtp.git"
+    assert real(checkout) == ("gguf-mtp[llama] @ git+ssh://git@github.com/o/gguf-mtp.git", ())
     subprocess.run(["git", "-C", str(checkout), "remote", "set-url", "origin", str(tmp_path)], check=True)
     assert real(checkout) is None  # a local path: a Job cannot reach it
     assert real(tmp_path / "not-a-checkout") is None
@@ -691,6 +691,53 @@ def test_hf_job_without_a_package_source_submits_nothing(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "pass --package 'gguf-mtp[llama] @ git+https://" in err
     assert api.calls == []
+
+
+@pytest.mark.parametrize(
+    ("origin", "address", "left_out"),
+    [
+        ("https://someone:ghp_SECRET@github.com/o/gguf-mtp.git", "https://github.com/o/gguf-mtp.git",
+         ("a user name and password",)),
+        ("https://ghp_SECRET@github.com/o/gguf-mtp.git", "https://github.com/o/gguf-mtp.git",
+         ("a user name (or token)",)),
+        ("https://github.com/o/gguf-mtp.git?private_token=SECRET#SECRET", "https://github.com/o/gguf-mtp.git",
+         ("a query string", "a fragment")),
+        ("ssh://git:SECRET@example.com:2222/o/gguf-mtp.git", "ssh://git@example.com:2222/o/gguf-mtp.git",
+         ("a password",)),
+        ("ssh://git@example.com/o/gguf-mtp.git", "ssh://git@example.com/o/gguf-mtp.git", ()),
+        ("http://[::1]:8080/o/gguf-mtp", "http://[::1]:8080/o/gguf-mtp", ()),
+    ],
+)
+def test_a_remote_address_loses_every_part_that_may_hold_a_credential(
+    hf_job: object, origin: str, address: str, left_out: tuple[str, ...]
+) -> None:
+    assert hf_job.public_address(origin) == (address, left_out)
+
+
+def test_hf_job_never_sends_nor_prints_the_origin_remotes_credentials(
+    hf_job: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 37 item 2: the Job's requirement is visible to whoever sees the Job, and --dry-run prints it."""
+    monkeypatch.delenv("GGUF_MTP_PACKAGE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    checkout = tmp_path / "clone"
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    subprocess.run(["git", "-C", str(checkout), "remote", "add", "origin",
+                    "https://someone:ghp_SECRET@github.com/o/gguf-mtp.git?token=QSECRET"], check=True)
+    real = hf_job.checkout_package
+    monkeypatch.setattr(hf_job, "checkout_package", lambda root=None: real(checkout))
+    api = JobsStandIn()
+    args = ["--no-mount-target", *PIPELINE_ARGS, "--out-repo", "me/Out"]
+    assert hf_job.main(["--dry-run", *args], api=api) == 0
+    assert hf_job.main(args, api=api) == 0
+    printed = capsys.readouterr()
+    for secret in ("someone", "SECRET"):
+        assert secret not in printed.out and secret not in printed.err and secret not in repr(api.calls)
+    (call,) = api.calls
+    assert call["dependencies"] == ["gguf-mtp[llama] @ git+https://github.com/o/gguf-mtp.git"]
+    note = ("note: this checkout's origin remote has a user name and password and a query string in its address: "
+            "left out of the Job's requirement (a private repo needs --package)\n")
+    assert printed.out.count(note) == 1 and printed.err == note
 
 
 def test_install_hints_work_from_a_clone(hf_job: object) -> None:

@@ -29,15 +29,19 @@ COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser(
+    commands: Sequence[str] = COMMANDS, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser
+) -> argparse.ArgumentParser:
+    """The ``gguf-mtp`` parser with ``commands`` (default: all); ``parser_class`` makes it and its subcommands'
+    parsers (one whose ``error`` raises reads arguments without printing usage or exiting)."""
+    parser = parser_class(
         prog="gguf-mtp",
         description="Convert, splice, verify and publish MTP (NextN) heads for llama.cpp GGUF models.",
     )
     parser.add_argument("--version", action="version", version=f"gguf-mtp {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in commands:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
     for sub in subparsers.choices.values():
         _accept_verbose(sub)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+from gguf_mtp.errors import ParameterError
 
 if TYPE_CHECKING:
     from gguf_mtp.release.pipeline.options import PipelineOptions
@@ -58,6 +61,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_pipeline_arguments(p)
     add_output_flags(p)
     p.set_defaults(run=run)
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    """A parser that refuses bad arguments with a :class:`ParameterError` (one line) instead of usage and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ParameterError(f"{self.prog}: {message}")
+
+
+def read_pipeline_arguments(arguments: Sequence[str]) -> argparse.Namespace:
+    """``arguments`` read exactly as ``gguf-mtp pipeline ARGUMENTS`` reads them, by the command's own parser: an
+    abbreviation (``--target-revi``) or ``--opt=value`` means to ``scripts/hf_job.py`` what it means to the Job.
+
+    Raises:
+        ParameterError: where the command would refuse them (argparse's reason, one line).
+        ImportError: where the parser cannot be built here (``--outtype`` needs gguf-py's tables).
+    """
+    from . import build_parser
+
+    return build_parser(("pipeline",), _RefusingParser).parse_args(["pipeline", *arguments])
 
 
 def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
