@@ -10,14 +10,22 @@ TEST_STAMP := $(VENV)/.gguf-mtp-installed-llama-test-bench
 # wheel cache then serves to every later install.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
-# Said before pip starts, because pip --quiet prints nothing while llama-cpp-python compiles.
+# The pinned release, read from pyproject.toml (beside this Makefile, wherever make runs).
+LLAMA_CPP_PYTHON_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' \
+                                    $(dir $(lastword $(MAKEFILE_LIST)))pyproject.toml)
+# Said before pip starts, because pip --quiet prints nothing while llama-cpp-python compiles; said only when pip
+# will compile it: it is not in $(VENV) and pip's wheel cache holds no wheel of it (a cached wheel takes seconds).
 define BUILD_NOTICE
-	@if ! $(PY) -c 'import llama_cpp' >/dev/null 2>&1; then \
-	  echo "gguf-mtp: installing into $(VENV); llama-cpp-python 0.3.36 is built from source with its"; \
-	  echo "gguf-mtp: vendored llama.cpp: about 5-8 minutes on 2 cores the first time, with no output meanwhile."; \
+	@if ! $(PY) -c 'import llama_cpp' >/dev/null 2>&1 && \
+	  [ -z "$$($(PY) -m pip cache list --format=abspath llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION) 2>/dev/null)" ]; then \
+	  echo "gguf-mtp: llama-cpp-python $(LLAMA_CPP_PYTHON_VERSION) is built from source with its vendored llama.cpp:"; \
+	  echo "gguf-mtp: about 5 minutes on 2 idle cores, up to 17 on a busy machine, with no output meanwhile."; \
 	  echo "gguf-mtp: pip caches the wheel, so later installs take seconds."; \
 	fi
 endef
+# setuptools ends every editable install of a flat layout like this one with an 11-line "Editable installation"
+# note (an InformationOnly warning, which pip shows even with --quiet); it says nothing about this project.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 # llama.cpp's own converter (the peer of the parity tests) needs torch: a venv of its own, never the project's.
 UPSTREAM_VENV  ?= .venv-upstream
@@ -49,12 +57,13 @@ $(VENV)/bin/python:
 
 $(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(BUILD_NOTICE)
-	$(PY) -m pip install --quiet -e '.[llama]'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.[llama]'
 	touch $@
 
 $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "gguf-mtp: make install: the project and its [llama,test,bench] extras into $(VENV)"
 	$(BUILD_NOTICE)
-	$(PY) -m pip install --quiet -e '.[llama,test,bench]'
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e '.[llama,test,bench]'
 	touch $@ $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
@@ -86,7 +95,7 @@ run-steps:
 	echo "gguf-mtp: passed: $(STEPS)"
 
 $(UPSTREAM_STAMP):
-	@echo "gguf-mtp: making $(UPSTREAM_VENV) for llama.cpp's own converter (torch CPU wheel, transformers)"
+	@echo "gguf-mtp: make upstream-venv: $(UPSTREAM_VENV) for llama.cpp's own converter (torch CPU wheel, transformers; about 1.2 GB)"
 	$(PYTHON) -m venv $(UPSTREAM_VENV)
 	$(UPSTREAM_VENV)/bin/pip install --quiet $(UPSTREAM_PKGS)
 	touch $@
@@ -100,7 +109,7 @@ test-upstream: $(TEST_STAMP) $(UPSTREAM_STAMP)
 $(FLOOR_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/pip install --quiet $(FLOOR_PKGS)
-	$(FLOOR_VENV)/bin/pip install --quiet --no-deps -e .
+	$(QUIET_EDITABLE) $(FLOOR_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
 
 test-floor: $(FLOOR_STAMP)

@@ -23,7 +23,11 @@ waits for it, then finds the tools made), removes the folders of builds whose bu
 they left running), then runs cmake in a session of its own (ninja gives each compiler a process group of its
 own, so cmake's group alone would miss them). The builder kills that whole session and removes its folder when
 it is signalled or when the process that asked for the build goes away (its stdin closes), so a killed build
-leaves no compiler running and no folder behind.
+leaves no compiler running and no folder behind. A process is killed as a build's only when it carries that
+build's marker (a random token in ``$GGUF_MTP_TOOLS_BUILD_MARKER``, recorded in the build folder, which every
+process cmake starts inherits): a session id outlives its leader, and its number may be another's by now.
+Every file the builder writes is created exclusively and never through a link planted at its name; the lock
+file, which outlives builds, is refused when it is a link.
 Prints the tools' paths (or those of the tools named).
 """
 
@@ -31,12 +35,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -47,8 +54,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt", "build_tool",
-           "building_allowed", "cache_dir", "find_sdist"]
+__all__ = ["BUILD_MARKER_ENV", "LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt",
+           "build_tool", "building_allowed", "cache_dir", "find_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -62,8 +69,17 @@ LOCK_NAME = ".build.lock"
 _BUILD_DIR = re.compile(r"\.build-(?P<key>[0-9a-f]{16})-(?P<pid>\d+)-(?P<start>\d+)")
 #: In a build folder: the pid and start time of the running cmake, the leader of the build's own session.
 _WORKERS_FILE = "workers"
+#: In a build folder: the build's marker, written before any of its processes starts.
+_MARKER_FILE = "marker"
+#: Carries the build's marker into the environment of cmake and of everything it starts (ninja, the compilers).
+BUILD_MARKER_ENV = "GGUF_MTP_TOOLS_BUILD_MARKER"
+_MARKER = re.compile(r"[0-9a-f]{32}")
+#: Every file a build writes is new: never an existing file, never through a link planted at its name.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: A build step's progress in cmake's output: ninja's ``[12/345]``, make's ``[ 12%]``.
 _STEP = re.compile(rb"^\[\s*(?:(\d+)/(\d+)|(\d+)%)\]")
+#: Linux: processes are found, and proved to be a build's, through /proc.
+_HAS_PROC = os.path.isdir("/proc/self")
 
 
 class BuildError(RuntimeError):
@@ -89,8 +105,18 @@ def building_allowed() -> bool:
     return os.environ.get(NO_BUILD_ENV, "") in ("", "0")
 
 
-def find_sdist(cache: Path, *, download: bool = True) -> Path:
-    """The llama-cpp-python sdist: ``$GGUF_MTP_LLAMA_SDIST``, a copy already on disk, else ``pip download``."""
+def _silent(message: str) -> None:
+    """A ``say`` that says nothing (``--quiet``)."""
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def find_sdist(cache: Path, *, download: bool = True, say: Callable[[str], None] = _silent) -> Path:
+    """The llama-cpp-python sdist: ``$GGUF_MTP_LLAMA_SDIST``, a copy already on disk, else ``pip download``.
+
+    ``say`` hears, before it starts, of a download (a minute or more: pip prepares the sdist's metadata)."""
     env = os.environ.get("GGUF_MTP_LLAMA_SDIST")
     if env:
         path = Path(env).expanduser()
@@ -104,6 +130,7 @@ def find_sdist(cache: Path, *, download: bool = True) -> Path:
         raise BuildError(f"{SDIST_NAME} is not in {cache / 'sdist'} and downloading is off")
     dest = cache / "sdist"
     dest.mkdir(parents=True, exist_ok=True)
+    say(f"downloading {SDIST_NAME} into {dest} (pip download, once; a minute or more, with no output meanwhile)")
     cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
            "--no-deps", "--no-binary", ":all:", "--dest", str(dest), "--quiet"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
@@ -160,7 +187,7 @@ def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool =
     allowed = building_allowed() if build is None else build
     cache = cache_dir()
     try:
-        sdist = find_sdist(cache, download=download and allowed)
+        sdist = find_sdist(cache, download=download and allowed, say=_silent if quiet else _to_stderr)
     except BuildError as e:
         if allowed:
             raise
@@ -223,7 +250,7 @@ def _start_time(pid: int) -> int | None:
     """The process's start time (clock ticks after boot, /proc/PID/stat field 22), None if there is none.
 
     Without /proc (not Linux) 0 for any live process: a pid is then judged by its existence alone."""
-    if not os.path.isdir("/proc/self"):
+    if not _HAS_PROC:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -239,44 +266,61 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else None
 
 
-def _session_members(sid: int) -> list[int]:
-    """The live processes of session ``sid`` (/proc/PID/stat field 6)."""
+def _carries(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` was started with the build marker ``marker`` in its environment."""
+    try:
+        environment = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False  # ended meanwhile, or another user's: not provably the build's
+    return f"{BUILD_MARKER_ENV}={marker}".encode() in environment.split(b"\0")
+
+
+def _build_processes(sid: int, marker: str) -> list[int]:
+    """The live processes of session ``sid`` (/proc/PID/stat field 6) that carry the build's ``marker``."""
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             fields = (entry / "stat").read_bytes().rsplit(b")", 1)[-1].split()
         except OSError:
             continue  # ended meanwhile
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z" and _carries(int(entry.name), marker):
             members.append(int(entry.name))
     return members
 
 
-def _kill_session(leader: int, start: int) -> None:
-    """SIGKILL every process of the session whose leader was (``leader``, ``start``): cmake, ninja and the
-    compilers ninja starts (ninja gives each its own process group, so killing cmake's group alone would leave
-    them running), however many generations later.
+def _kill_build(leader: int, start: int, marker: str) -> None:
+    """SIGKILL every process of the build marked ``marker`` in the session whose leader was (``leader``,
+    ``start``): cmake, ninja and the compilers ninja starts (ninja gives each its own process group, so killing
+    cmake's group alone would leave them running), however many generations later.
 
-    A pid is not reused while a session (or process group) of that number exists, so when no process ``leader``
-    exists the session, if any, is still the build's; when a process of that pid started at another time, the
-    build's session is gone. Without /proc (not Linux) the leader's process group is killed instead."""
+    When a process of pid ``leader`` started at another time, the build's session is gone. When none exists,
+    the session may live on without its leader, and its number may be someone else's by now (a double-forked
+    daemon's, after a reboot or a wrap-around): only a process that carries the marker is the build's. Without
+    /proc (not Linux) nothing can be proved, so nothing is killed."""
     now = _start_time(leader)
-    if now is not None and now != start:
-        return
-    if not os.path.isdir("/proc/self"):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader, signal.SIGKILL)
+    if (now is not None and now != start) or not _HAS_PROC:
         return
     for _ in range(1000):  # until none is left: a process being killed may have just forked
-        members = [pid for pid in _session_members(leader) if pid != os.getpid()]
+        members = _build_processes(leader, marker)
         if not members:
             return
         for pid in members:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
+
+
+def _recorded_marker(folder: Path) -> str | None:
+    """The marker a build recorded in its folder; None when there is none (a build of an older version)."""
+    try:
+        fd = os.open(folder / _MARKER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(64).decode(errors="replace").strip()
+    return text if _MARKER.fullmatch(text) else None
 
 
 def _remove_dead_builds(cache: Path, say: Callable[[str], None]) -> None:
@@ -290,9 +334,11 @@ def _remove_dead_builds(cache: Path, say: Callable[[str], None]) -> None:
             continue
         if _start_time(int(m["pid"])) == int(m["start"]):
             continue  # alive
+        marker = _recorded_marker(folder)
         with contextlib.suppress(OSError, ValueError):
             leader, start = map(int, (folder / _WORKERS_FILE).read_text().split())
-            _kill_session(leader, start)
+            if marker is not None:
+                _kill_build(leader, start, marker)
         for _ in range(50):  # SIGKILL is delivered asynchronously: a dying compiler may still write a file
             shutil.rmtree(folder, ignore_errors=True)
             if not folder.exists():
@@ -301,10 +347,27 @@ def _remove_dead_builds(cache: Path, say: Callable[[str], None]) -> None:
         say(f"removed {folder} (a build whose builder, pid {m['pid']}, is gone)")
 
 
+def _open_lock(path: Path) -> int:
+    """Open (or create) the lock file, which outlives builds; never through a link planted at its name, since the
+    holder writes its pid into it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise BuildError(f"{path} is a symbolic link: not followed; remove it and run again") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise BuildError(f"{path} is not a plain file of its own (a hard link or a special file): not written; "
+                         f"remove it and run again")
+    return fd
+
+
 @contextlib.contextmanager
 def _build_lock(cache: Path, say: Callable[[str], None]) -> Iterator[None]:
     """Hold ``CACHE/.build.lock`` (flock): one build at a time; a second builder waits here."""
-    fd = os.open(cache / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(cache / LOCK_NAME)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -320,6 +383,29 @@ def _build_lock(cache: Path, say: Callable[[str], None]) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def _create_new(path: Path) -> IO[bytes]:
+    """Create ``path`` for writing: exclusively, never through a link planted at its name (one line if taken)."""
+    try:
+        return os.fdopen(os.open(path, _NEW_FILE, 0o644), "wb")
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ELOOP):
+            raise BuildError(f"{path} already exists (a link or a file this build did not make): not written "
+                             f"through") from None
+        raise
+
+
+def _write_new(path: Path, text: str) -> None:
+    with _create_new(path) as f:
+        f.write(text.encode())
+
+
+def _copy_executable(source: Path, dest: Path) -> None:
+    """Copy a built tool to the new file ``dest``, executable."""
+    with source.open("rb") as src, _create_new(dest) as out:
+        shutil.copyfileobj(src, out)
+        os.fchmod(out.fileno(), 0o755)
+
+
 class _Builder:
     """The builder process: the lock, the build folder, and the cmake session it runs."""
 
@@ -327,6 +413,8 @@ class _Builder:
         self.sdist, self.cache, self.jobs = sdist, cache, jobs
         self.log = log
         self.worker: subprocess.Popen[bytes] | None = None
+        #: In the environment of every process of this build: what proves a process is this build's.
+        self.marker = secrets.token_hex(16)
 
     def say(self, message: str) -> None:
         if self.log is not None:
@@ -348,55 +436,67 @@ class _Builder:
                 shutil.rmtree(work, ignore_errors=True)
 
     def _build(self, work: Path, final: Path) -> None:
+        _write_new(work / _MARKER_FILE, f"{self.marker}\n")  # before any process of the build starts
+        log = work / "build.log"
+        with _create_new(log) as out:
+            self._build_logged(work, final, log, out)
+
+    def _build_logged(self, work: Path, final: Path, log: Path, out: IO[bytes]) -> None:
         self.say(f"building {', '.join(TOOLS)} from {self.sdist.name} (the llama.cpp vendored there) with "
-                 f"{self.jobs} jobs: 10-30 minutes on 2 cores, once; log: {work / 'build.log'}")
+                 f"{self.jobs} jobs: 10-30 minutes on 2 cores, once; log: {log}")
+        self.say(f"unpacking vendor/llama.cpp from {self.sdist}")
         src = _extract_llama_cpp(self.sdist, work / "src")
         build = work / "build"
-        log = work / "build.log"
         flags = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
                  "-DGGML_OPENMP=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
                  "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF"]
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        self._run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", work, log)
+        self.say("configuring llama.cpp with cmake (a minute or two before the first compile step)")
+        self._run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", work, log, out)
         self._run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(self.jobs)],
-                  f"building {', '.join(TOOLS)}", work, log, progress=True)
+                  f"building {', '.join(TOOLS)}", work, log, out, progress=True)
         staged = work / "out" / "bin"
         staged.mkdir(parents=True)
         for each in TOOLS:
             built = next((p for p in build.rglob(each) if p.is_file() and os.access(p, os.X_OK)), None)
             if built is None:
                 raise BuildError(f"the build finished but {each} is not in {build}")
-            shutil.copy2(built, staged / each)
-        (work / "out" / "SOURCE").write_text(f"{self.sdist.name} sha256 {_sha256(self.sdist)}\n")
+            _copy_executable(built, staged / each)
+        _write_new(work / "out" / "SOURCE", f"{self.sdist.name} sha256 {_sha256(self.sdist)}\n")
         os.rename(work / "out", final)  # atomic; under the lock no other builder makes `final`
         self.say(f"built llama.cpp's tools into {final / 'bin'}")
 
-    def _run(self, cmd: list[str], what: str, work: Path, log: Path, *, progress: bool = False) -> None:
-        """Run ``cmd`` as the leader of a new session (recorded in the build folder), its output to ``log``."""
+    def _run(self, cmd: list[str], what: str, work: Path, log: Path, out: IO[bytes], *,
+             progress: bool = False) -> None:
+        """Run ``cmd`` as the leader of a new session (recorded in the build folder) that carries the build's
+        marker, its output to ``out`` (the file ``log``)."""
         began = time.monotonic()
-        with log.open("ab") as out:
-            out.write(("$ " + " ".join(cmd) + "\n").encode())
-            out.flush()
-            self.worker = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-            (work / _WORKERS_FILE).write_text(f"{self.worker.pid} {_start_time(self.worker.pid) or 0}\n")
-            assert self.worker.stdout is not None
-            shown = -1
-            for line in self.worker.stdout:
-                out.write(line)
-                step = _STEP.match(line) if progress else None
-                if step is None:
-                    continue
-                done, total, percent = step.groups()
-                share = int(percent) if percent else 100 * int(done) // max(int(total), 1)
-                if share // 5 > shown:
-                    shown = share // 5
-                    counted = f" ({int(done)}/{int(total)} steps)" if total else ""
-                    self.say(f"building llama.cpp's tools: {share}%{counted}, "
-                             f"{(time.monotonic() - began) / 60:.0f} min")
-            code = self.worker.wait()
+        out.write(("$ " + " ".join(cmd) + "\n").encode())
+        out.flush()
+        self.worker = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, BUILD_MARKER_ENV: self.marker})
+        record = work / _WORKERS_FILE
+        _write_new(record, f"{self.worker.pid} {_start_time(self.worker.pid) or 0}\n")
+        assert self.worker.stdout is not None
+        shown = -1
+        for line in self.worker.stdout:
+            out.write(line)
+            step = _STEP.match(line) if progress else None
+            if step is None:
+                continue
+            done, total, percent = step.groups()
+            share = int(percent) if percent else 100 * int(done) // max(int(total), 1)
+            if share // 5 > shown:
+                shown = share // 5
+                counted = f" ({int(done)}/{int(total)} steps)" if total else ""
+                self.say(f"building llama.cpp's tools: {share}%{counted}, "
+                         f"{(time.monotonic() - began) / 60:.0f} min")
+        code = self.worker.wait()
+        out.flush()
         self.worker = None
+        record.unlink()  # its session has ended; the next step records its own
         if code != 0:
             lines = log.read_text(errors="replace").strip().splitlines()
             raise BuildError(f"{what} failed (exit {code}), see {log}: {lines[-1] if lines else ''}")
@@ -405,7 +505,11 @@ class _Builder:
         """SIGKILL the running cmake's whole session (ninja, compilers) and reap cmake."""
         if self.worker is None:
             return
-        _kill_session(self.worker.pid, _start_time(self.worker.pid) or 0)
+        if _HAS_PROC:
+            _kill_build(self.worker.pid, _start_time(self.worker.pid) or 0, self.marker)
+        else:  # cmake is this process's child, not reaped yet: its process group is the build's for sure
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.worker.pid, signal.SIGKILL)
         self.worker.wait()
         self.worker = None
 

