@@ -190,11 +190,11 @@ def _check_free_space(folder: Path, needed: int, repo_id: str) -> None:
     """Refuse a fetch whose bytes do not fit in ``folder``, before the first of them.
 
     Raises:
-        UnsafeOutputError: one line naming the folder, the bytes needed and the bytes free.
+        UnsafeOutputError: one line naming the folder ``folder`` lies in, the bytes needed and the bytes free.
     """
     free = shutil.disk_usage(folder).free
     if needed > free:
-        raise UnsafeOutputError(_no_room(needed, free, repo_id), folder)
+        raise UnsafeOutputError(_no_room(needed, free, repo_id), folder.parent)
 
 
 def _no_room(needed: int, free: int, repo_id: str) -> str:
@@ -251,7 +251,8 @@ def fetch_head_ranges(
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
                 raise
             free = shutil.disk_usage(folder).free
-            raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder) from None
+            # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
+            raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
         logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
                     len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
                     human_bytes(shard.remote.bytes_received), shard.remote.requests)

@@ -46,8 +46,8 @@ from gguf_mtp.errors import (
     ParameterError,
 )
 from gguf_mtp.files.kernel_copy import SHARE_BLOCK
-from gguf_mtp.files.scratch import existing_ancestor, scratch_folder
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
+from gguf_mtp.files.scratch import existing_ancestor, scratch_folder
 from gguf_mtp.format.header import (
     KeyValue,
     TensorInfo,

@@ -10,6 +10,7 @@ checks before its first byte.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,12 +99,14 @@ def _disk_need(files: TargetFiles, cache_dir: str | os.PathLike[str] | None, wor
 
 
 def run_disk_need(
-    api: HubApi, token: str | None, options: PipelineOptions, *, head: HeadNeed, composite_done: bool
+    api: HubApi, token: str | None, options: PipelineOptions, *, head: Callable[[], HeadNeed], composite_done: bool
 ) -> DiskNeed | None:
     """The disk a run needs (downloads, the head's byte ranges, the draft and the composite; no download from
-    ``target_dir``), or ``None`` where the sizes are unknown (offline, a file the cache does not hold)."""
+    ``target_dir``), or ``None`` where the sizes are unknown (offline, a file the cache does not hold).
+
+    ``head()`` is asked once the target's files are known: a target the run refuses is refused first."""
     files = target_files_of(api, token, options)
-    return _disk_need(files, options.cache_dir, options.work_dir, composite_done, head)
+    return _disk_need(files, options.cache_dir, options.work_dir, composite_done, head())
 
 
 def _size(value: int | None) -> str:

@@ -351,7 +351,7 @@ def _run(
         runner = _Runner(options, api, token, say)
         # Hours of downloading are wasted too if the composite cannot be written at the end: check the disk first.
         stages = runner.state.stages
-        need = run_disk_need(api, token, options, head=_head_need(runner), composite_done="compose" in stages)
+        need = run_disk_need(api, token, options, head=lambda: _head_need(runner), composite_done="compose" in stages)
         if need is None:
             report.notes.append("the disk was not checked before the run: the target's sizes are unknown offline")
         else:
