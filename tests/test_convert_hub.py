@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,8 +23,9 @@ from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import LocalEntryNotFoundError
 from support.convert_support import fill_hub_cache
 from support.helpers import LoopbackServer, reader_kvs, reader_tensors
+from support.small_disk import PAGE, free_bytes, small_disk
 
-from gguf_mtp.errors import CheckpointError
+from gguf_mtp.errors import CheckpointError, OutputWriteError, UnsafeOutputError
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 
@@ -292,7 +294,7 @@ def test_repo_head_is_fetched_by_byte_ranges(on_hub: Any, shared_last_shard: Pat
     ranged = [path for _, path, _ in on_hub.requests if path.endswith(last)]
     assert all(f"/resolve/{fetched['ranges']['commit']}/" in path for path in ranged)  # pinned, every one
     assert any(line.startswith("fetched by byte ranges at commit ") for line in report.plan_lines())
-    assert not list(tmp_path.glob(".gguf-mtp-head-*"))  # the scratch folder is gone
+    assert not list(tmp_path.glob(".gguf-mtp-head*"))  # the scratch folder is gone
 
 
 def test_a_dry_run_reads_only_the_headers(on_hub: Any, shared_last_shard: Path, tmp_path: Path) -> None:
@@ -328,7 +330,7 @@ def test_a_push_between_ranges_is_one_line(on_hub: Any, shared_last_shard: Path,
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "the file changed on the Hub while it was read" in done.stderr
     assert last in done.stderr
-    assert not (tmp_path / "d.gguf").exists() and not list(tmp_path.glob(".gguf-mtp-head-*"))
+    assert not (tmp_path / "d.gguf").exists() and not list(tmp_path.glob(".gguf-mtp-head*"))
 
 
 def test_a_multi_layer_head_is_fetched_by_ranges(on_hub: Any, tmp_path: Path) -> None:
@@ -350,3 +352,89 @@ def test_a_multi_layer_head_is_fetched_by_ranges(on_hub: Any, tmp_path: Path) ->
     head = sum(_head_and_headers(folder, last, f"model.layers.{layer}.")[0] for layer in (N_LAYERS, N_LAYERS + 1))
     header = _head_and_headers(folder, last, "-")[1]
     assert head + header <= on_hub.sent(last) <= head + header + 2 * 64 * 1024 < (folder / last).stat().st_size
+
+
+# ------------------------------------------- the head's scratch: free space, a full disk, signals (issue 37)
+
+LAST = "model-00002-of-00002.safetensors"
+
+
+def _before_the_head_data(hub: Any, act: Any) -> None:
+    """Run ``act()`` once, when the last shard's header has been answered and its tensor data is asked for next."""
+    def hook(_gets_before: int) -> None:
+        shard_gets = [r for r in hub.log if r.method == "GET" and r.path.endswith(LAST)]
+        if len(shard_gets) == 2:
+            act()
+
+    hub.before_get = hook
+
+
+def test_a_head_larger_than_the_free_space_is_refused_before_its_bytes_are_fetched(
+    on_hub: Any, shared_last_shard: Path, tmp_path: Path
+) -> None:
+    from support.deepseek_checkpoints import N_LAYERS
+
+    head, header = _head_and_headers(shared_last_shard, LAST, f"model.layers.{N_LAYERS}.")
+    with small_disk(tmp_path / "disk", max(head // 2, 16 * PAGE)) as disk:
+        assert free_bytes(disk) < head
+        with pytest.raises(UnsafeOutputError) as refused:
+            convert(RANGES_REPO, disk / "draft.gguf", block=N_LAYERS, progress=False)
+        left = os.listdir(disk)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{disk}: not enough free space for the head of {RANGES_REPO}")
+    assert "needed (" in message and "free (" in message
+    assert on_hub.sent(LAST) <= max(header, 64 * 1024)  # its header, not its tensors
+    assert left == []  # the scratch folder is gone
+
+
+def test_a_disk_that_fills_during_the_fetch_is_one_line_and_leaves_no_scratch(
+    on_hub: Any, shared_last_shard: Path, tmp_path: Path
+) -> None:
+    from support.deepseek_checkpoints import N_LAYERS
+
+    head, _ = _head_and_headers(shared_last_shard, LAST, f"model.layers.{N_LAYERS}.")
+    with small_disk(tmp_path / "disk", 2 * head) as disk:  # room for the head, until someone else takes it
+        filler = disk / "someone-elses-file"
+        _before_the_head_data(on_hub, lambda: filler.write_bytes(b"x" * free_bytes(disk)))
+        with pytest.raises(OutputWriteError) as failed:
+            convert(RANGES_REPO, disk / "draft.gguf", block=N_LAYERS, progress=False)
+        left = os.listdir(disk)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(f"{disk}: not enough free space for the head of {RANGES_REPO}")
+    assert "needed (" in message and "free (" in message
+    assert left == ["someone-elses-file"]
+
+
+def test_the_scratch_goes_beside_an_output_folder_still_to_be_made(on_hub: Any, tmp_path: Path) -> None:
+    from support.deepseek_checkpoints import N_LAYERS
+
+    seen: list[Path] = []
+    _before_the_head_data(on_hub, lambda: seen.extend(tmp_path.glob(".gguf-mtp-head*")))
+    report = convert(RANGES_REPO, tmp_path / "new" / "draft.gguf", block=N_LAYERS, progress=False)
+    assert len(seen) == 1 and seen[0].parent == tmp_path  # the nearest folder there is, on the output's disk
+    assert report.output.is_file() and not list(tmp_path.glob(".gguf-mtp-head*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_during_the_fetch_removes_the_scratch(signal_name: str, on_hub: Any, tmp_path: Path) -> None:
+    from support.deepseek_checkpoints import N_LAYERS
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE"))}
+    env |= _hub_env(on_hub.url, tmp_path)
+    child = subprocess.Popen([sys.executable, "-m", "gguf_mtp", "convert", RANGES_REPO, "-o", str(out / "d.gguf"),
+                              "--block", str(N_LAYERS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    scratch: list[Path] = []
+
+    def interrupt() -> None:  # the server answers only once the signal is sent: mid-fetch, every time
+        scratch.extend(out.glob(".gguf-mtp-head*"))
+        child.send_signal(getattr(signal, signal_name))
+
+    _before_the_head_data(on_hub, interrupt)
+    _, stderr = child.communicate()
+    assert scratch  # it was there when the signal came
+    assert child.returncode == 130 and stderr == "gguf-mtp: interrupted; no output was left behind\n", stderr
+    assert os.listdir(out) == []

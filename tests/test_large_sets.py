@@ -24,10 +24,12 @@ import huggingface_hub.constants
 import pytest
 from support.helpers import flip_byte
 from support.hub_standin import JobsHub, NoVolumesJobsHub
+from support.small_disk import PAGE, free_bytes, small_disk
 
 from gguf_mtp import ShardSetError, UnsafeOutputError
 from gguf_mtp.files.plan import CopyRange
 from gguf_mtp.jobs.compose_plan import plan_composition
+from gguf_mtp.jobs.convert import draft_size_bound
 from gguf_mtp.model.shards import open_model
 from gguf_mtp.release.pipeline import disk as pipeline_disk
 from gguf_mtp.release.pipeline import run_pipeline
@@ -323,8 +325,8 @@ def test_the_dry_run_of_a_target_folder_plans_no_download(
     target = report.stage("target").summary
     assert target.startswith("read 3 file(s) (") and "from the mounted repo" in target and "not downloaded" in target
     assert report.planned["download"] == [] and [r["path"] for r in report.planned["read"]] == SHARDS
-    shared = pipeline_disk.can_share(target_repo / SHARDS[0], tmp_path)
-    assert report.disk_needed == (0 if shared else target_bytes)  # the composite only, nothing into a cache
+    need = _folder_need(target_repo, head_checkpoint, tmp_path / "work")
+    assert need.download == 0 and report.disk_needed == need.total  # the composite and the draft, no cache
     assert hub.methods == []  # the folder is listed, not the Hub
     assert not (tmp_path / "work").exists()
 
@@ -410,7 +412,8 @@ def test_a_download_and_composite_that_do_not_fit_are_refused_before_the_first_b
     online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    need = 2 * target_bytes  # the download into the Hub cache + the composite, on the same filesystem here
+    # the download into the Hub cache + the composite and the draft, on the same filesystem here
+    need = target_bytes + _folder_need(target_repo, head_checkpoint, tmp_path / "work").total
     _free(monkeypatch, need - 1)
     hub = JobsHub(source=target_repo)
     with pytest.raises(UnsafeOutputError) as e:
@@ -422,28 +425,64 @@ def test_a_download_and_composite_that_do_not_fit_are_refused_before_the_first_b
     assert not (tmp_path / "work").exists()  # the run made nothing it leaves behind
 
 
-def test_a_target_folder_needs_only_the_composite(
+def _folder_need(target_repo: Path, head: Path, work: Path) -> pipeline_disk.DiskNeed:
+    """What a run from the target folder into ``work`` needs, as the pipeline counts it."""
+    sizes = [(target_repo / s).stat().st_size for s in SHARDS]
+    draft = pipeline_disk.HeadNeed(draft_size_bound(head))
+    return pipeline_disk.disk_need(sizes, local=[target_repo / SHARDS[0]], download=0, cache=None, work=work,
+                                   head=draft)
+
+
+def test_a_target_folder_needs_the_composite_and_the_draft(
     online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if pipeline_disk.can_share(target_repo / SHARDS[0], tmp_path):
         pytest.skip("a reflink filesystem: the composite shares the target's bytes (tested below)")
-    _free(monkeypatch, target_bytes - 1)
-    refusal = rf"\({target_bytes:,} bytes: .*composite .*free \({target_bytes - 1:,}"
+    need = _folder_need(target_repo, head_checkpoint, tmp_path / "work").total
+    _free(monkeypatch, need - 1)
+    refusal = rf"\({need:,} bytes: .*composite .*draft .*free \({need - 1:,}"
     with pytest.raises(UnsafeOutputError, match=refusal):
         _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo)
-    _free(monkeypatch, target_bytes)  # exactly enough: the run goes through
+    _free(monkeypatch, need)  # exactly enough: the run goes through
     report = _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo)
     assert report.stage("compose").status == "ran"
+
+
+def test_the_disk_figures_are_never_below_what_the_run_writes(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    need = _folder_need(target_repo, head_checkpoint, tmp_path / "work")
+    report = _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo)
+    assert report.draft is not None and report.draft.stat().st_size <= need.draft
+    assert sum(p.stat().st_size for p in report.composite) <= need.composite
+
+
+def test_free_space_between_the_target_and_the_composite_is_refused_before_the_first_byte(
+    online: None, target_repo: Path, target_bytes: int, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Enough for the target's size (the old figure), not for the composite and the draft: refused at the start,
+    on a real filesystem of that size, with the figures in the one line."""
+    with small_disk(tmp_path / "disk", target_bytes + 8 * PAGE) as disk:
+        need = _folder_need(target_repo, head_checkpoint, disk / "work")
+        free = free_bytes(disk)
+        assert target_bytes < free < need.total  # between the old estimate and the new one
+        with pytest.raises(UnsafeOutputError) as refused:
+            _run(JobsHub(source=target_repo), tmp_path, head_checkpoint, target_dir=target_repo, work_dir=disk / "work")
+        left = os.listdir(disk)
+    message = str(refused.value)
+    assert "\n" not in message and f"({need.total:,} bytes:" in message and "a draft of at most" in message
+    assert left == []  # no draft, no state file, no work folder
 
 
 def test_reflink_sharing_is_counted_as_free(tmp_path: Path, target_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_disk, "can_share", lambda source, folder: True)
     need = pipeline_disk.disk_need([1000, 2000], local=[target_repo / SHARDS[0]], download=0, cache=None,
-                                   work=tmp_path / "w")
-    assert (need.composite, need.shared, need.total) == (3000, 3000, 0)
-    _free(monkeypatch, 0)
-    pipeline_disk.check_disk(need)  # nothing lands: nothing to refuse
+                                   work=tmp_path / "w", head=pipeline_disk.HeadNeed(draft=500))
+    growth = 2 * pipeline_disk.SHARD_HEADER_GROWTH  # the headers and the NextN block are new bytes, shared or not
+    assert (need.composite, need.shared, need.total) == (3000 + 500 + growth, 3000, 500 + growth + 500)
+    _free(monkeypatch, need.total)
+    pipeline_disk.check_disk(need)  # the target's data takes no new blocks
 
 
 def test_the_cache_and_the_work_folder_on_two_filesystems_are_checked_apart(

@@ -23,6 +23,7 @@ from support.hub_standin import RecordingHub
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
 from gguf_mtp.release.pipeline import STATE_NAME, run_pipeline, select_target_files
+from gguf_mtp.release.pipeline.disk import SHARD_HEADER_GROWTH
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 
@@ -836,7 +837,8 @@ def test_dry_run_lists_the_download_and_writes_nothing(hf_home: Path, target_rep
     assert report["planned"]["write"] == [str(work / "draft" / "mtp-draft.gguf"),
                                           *(str(work / "composite" / c) for c in composite)]
     assert report["planned"]["upload"] == [*composite, "README.md"]
-    assert report["disk_needed"] == sum(sizes.values())  # nothing to download, a composite the target's size
+    growth = 3 * SHARD_HEADER_GROWTH  # the head is on the Hub: its draft is not counted by a dry run
+    assert report["disk_needed"] == sum(sizes.values()) + growth  # nothing to download, a composite
     assert statuses(report) == {n: "planned" for n in ("target", "draft", "compose", "verify", "publish")}
 
     text = pipeline_process(work, hf_home, "--dry-run")
@@ -859,7 +861,8 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
                           progress=False)
     assert set(hub.methods) == {"list_repo_files", "get_paths_info"}  # no whoami, no create_repo, no download
     assert [d["size"] for d in report.planned["download"]] == [10**9 + len(s) for s in SHARDS]
-    assert report.disk_needed == 2 * sum(10**9 + len(s) for s in SHARDS)  # downloaded, then composed
+    # downloaded, then composed (each shard's header grown)
+    assert report.disk_needed == 2 * sum(10**9 + len(s) for s in SHARDS) + 3 * SHARD_HEADER_GROWTH
     assert report.stage("target").summary.startswith(f"download 3 of 3 file(s) of {TARGET_REPO} (")
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
 

@@ -115,9 +115,14 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def _run(args: argparse.Namespace) -> int:
     """Run the subcommand; map errors to one line on stderr (and a JSON error object with ``--json``)."""
+    from gguf_mtp.write import signals_as_interrupt
+
     want_json = bool(getattr(args, "json", False))
     try:
-        return int(args.run(args) or 0)
+        # SIGTERM and SIGHUP end any stage like Ctrl-C, the head's fetch before the writer's included: every
+        # scratch and temporary file is removed on the way out.
+        with signals_as_interrupt():
+            return int(args.run(args) or 0)
     except GGUFMTPError as e:
         flags = getattr(args, "flag_of_parameter", {})
         message = _in_cli_terms(e.message, e.parameters, flags)

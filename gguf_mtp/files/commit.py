@@ -57,6 +57,7 @@ from .journal import (
     read_journal,
 )
 from .json_io import write_json_file
+from .scratch import pid_alive, remove_if_dead, scratch_pid
 
 __all__ = [
     "BACKUP_SUFFIX",
@@ -159,19 +160,6 @@ def folder_lock(folder: Path, *, busy: str = _BUSY) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (``os.kill(pid, 0)``; one we may not signal exists too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, OSError):  # not a pid this system can have
-        return False
-    return True
 
 
 def _write_journal(folder: Path, entries: Sequence[Replacement]) -> None:
@@ -411,6 +399,8 @@ def remove_leftovers(folder: Path) -> str | None:
     ``.NAME.PID.replaced`` whose PID is no running process are removed: a run killed while writing
     leaves its full-size partials, one killed after its commit point its moved-aside old files. This
     process's own pid counts as dead: under the lock, before writing, no such file is this run's.
+    A head scratch folder (``.gguf-mtp-head.PID.*``, :mod:`.scratch`) is removed only when its pid is no
+    running process and its own lock can be taken: a live run fetches into it before it locks this folder.
 
     Returns:
         One line saying how many files and bytes were freed, and whose they were; ``None`` if none.
@@ -422,23 +412,35 @@ def remove_leftovers(folder: Path) -> str | None:
     except OSError:
         return None
     for entry in listing:
-        match = _LEFTOVER.fullmatch(entry.name)
-        if match is None:
-            continue
-        pid = int(match["pid"])
-        try:
-            info = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(info.st_mode) or (pid != os.getpid() and pid_alive(pid)):
-                continue
-            os.unlink(entry.path)
-        except OSError:
-            continue
-        removed += 1
-        freed += getattr(info, "st_blocks", 0) * 512 or info.st_size
-        pids.add(pid)
+        taken = _remove_leftover(entry)
+        if taken is not None:
+            pid, nbytes = taken
+            removed, freed = removed + 1, freed + nbytes
+            pids.add(pid)
     if not removed:
         return None
     fsync_dir(folder)
     whose = (f"a killed gguf-mtp run (pid {pids.pop()})" if len(pids) == 1
              else f"killed gguf-mtp runs (pids {', '.join(str(p) for p in sorted(pids))})")
     return f"{folder}: removed {removed} temporary file(s) ({human_bytes(freed)}) left by {whose}"
+
+
+def _remove_leftover(entry: os.DirEntry[str]) -> tuple[int, int] | None:
+    """Remove ``entry`` if it is a dead run's temporary file or head scratch folder: (its run's pid, the bytes
+    freed), else ``None``."""
+    scratch_of = scratch_pid(entry.name)
+    if scratch_of is not None:
+        freed = remove_if_dead(Path(entry.path), scratch_of)  # proved by its pid and its lock
+        return None if freed is None else (scratch_of, freed)
+    match = _LEFTOVER.fullmatch(entry.name)
+    if match is None:
+        return None
+    pid = int(match["pid"])
+    try:
+        info = entry.stat(follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode) or (pid != os.getpid() and pid_alive(pid)):
+            return None
+        os.unlink(entry.path)
+    except OSError:
+        return None
+    return pid, getattr(info, "st_blocks", 0) * 512 or info.st_size

@@ -23,6 +23,7 @@ the draft is byte for byte the one a full copy gives.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.errors import CheckpointError, HubError
+from gguf_mtp.errors import CheckpointError, GGUFMTPError, HubError, OutputWriteError, UnsafeOutputError
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.format.safetensors_io import (
     CONFIG_NAME,
@@ -71,6 +72,7 @@ class RangeFetch:
     bytes_fetched: int  # body bytes received for the shards (headers + ranges)
     requests: int  # range requests made
     data: bool  # whether the tensor bytes were fetched (not in a dry run: headers only)
+    scratch_bytes: int = 0  # the files written into ``folder`` take this much once their bytes are fetched
 
     def describe(self) -> str:
         """One line: what crossed the network, against what a download of the shards would move."""
@@ -134,11 +136,23 @@ def _wanted(header: SafetensorsFile, prefix: NamePrefix) -> list[SafetensorsTens
     return [t for t in header.tensors.values() if t.name.startswith(prefix)]
 
 
-def _write_head_shard(
-    path: Path, header: SafetensorsFile, tensors: list[SafetensorsTensor], remote: RemoteFile | None
-) -> None:
-    """``path``: a safetensors file of ``tensors`` alone, their bytes fetched from ``remote`` (``None``: left
-    as a hole, for a dry run that reads no tensor data)."""
+@dataclass(frozen=True)
+class _HeadShard:
+    """One shard's head as it is written in the scratch folder: the header bytes and where each range goes."""
+
+    name: str
+    remote: RemoteFile
+    tensors: list[SafetensorsTensor]
+    header: bytes  # 8 bytes of length, then the JSON placing the tensors back to back
+    ranges: list[tuple[int, int, int]]  # (start in the source, length, offset in the file written)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(length for _, length, _ in self.ranges)
+
+
+def _head_shard(name: str, remote: RemoteFile, header: SafetensorsFile, tensors: list[SafetensorsTensor]) -> _HeadShard:
+    """The layout of a safetensors file of ``tensors`` alone, their ranges packed back to back (pure)."""
     ranges = joined_ranges(tensors)
     placed: dict[int, int] = {}  # the start of each range in the source -> its data offset here
     position = 0
@@ -155,15 +169,37 @@ def _write_head_shard(
     raw = json.dumps(entries, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
     data_start = 8 + len(raw)
+    return _HeadShard(name, remote, tensors, len(raw).to_bytes(8, "little") + raw,
+                      [(start, end - start, data_start + placed[start]) for start, end in ranges])
+
+
+def _write_head_shard(path: Path, shard: _HeadShard, data: bool) -> None:
+    """``path``: the shard's head, its bytes fetched (``data=False``: left as a hole, for a dry run)."""
     fd = create_exclusive(path)
     try:
-        write_all(fd, len(raw).to_bytes(8, "little") + raw)
-        if remote is not None:
-            for start, end in ranges:
-                remote.copy_range(start, end - start, _writer(fd, data_start + placed[start]))
-        os.ftruncate(fd, data_start + position)
+        write_all(fd, shard.header)
+        if data:
+            for start, length, at in shard.ranges:
+                shard.remote.copy_range(start, length, _writer(fd, at))
+        os.ftruncate(fd, shard.size)
     finally:
         os.close(fd)
+
+
+def _check_free_space(folder: Path, needed: int, repo_id: str) -> None:
+    """Refuse a fetch whose bytes do not fit in ``folder``, before the first of them.
+
+    Raises:
+        UnsafeOutputError: one line naming the folder ``folder`` lies in, the bytes needed and the bytes free.
+    """
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise UnsafeOutputError(_no_room(needed, free, repo_id), folder.parent)
+
+
+def _no_room(needed: int, free: int, repo_id: str) -> str:
+    return (f"not enough free space for the head of {repo_id}: {human_bytes(needed)} needed ({needed:,} bytes), "
+            f"{human_bytes(free)} free ({free:,} bytes)")
 
 
 def _writer(fd: int, at: int) -> Callable[[int, bytes], None]:
@@ -205,19 +241,37 @@ def fetch_head_ranges(
     commit = snapshot if _COMMIT.match(snapshot) else None
     shutil.copyfile(config_path, folder / CONFIG_NAME)
     shutil.copyfile(index_path, folder / INDEX_NAME)
-    shard_bytes = head_bytes = fetched = requests = 0
-    for name in files:
-        remote = RemoteFile.open(HubFile(repo_id, name, commit), limit=8 + MAX_HEADER_BYTES)
-        if commit is not None and remote.commit not in (None, commit):
-            raise HubError(f"the Hub answered for commit {remote.commit[:12]}, not {commit[:12]}", str(remote.hub_file))
-        header = _remote_header(remote)
-        tensors = _wanted(header, prefix)
-        _write_head_shard(folder / name, header, tensors, remote if data else None)
-        shard_bytes += remote.size
-        head_bytes += sum(t.nbytes for t in tensors)
-        fetched += remote.bytes_received
-        requests += remote.requests
-        logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", name, repo_id,
-                    len(tensors), human_bytes(sum(t.nbytes for t in tensors)), human_bytes(remote.bytes_received),
-                    remote.requests)
-    return RangeFetch(folder, commit, tuple(files), shard_bytes, head_bytes, fetched, requests, data)
+    shards = [_read_head_shard(repo_id, name, commit, prefix) for name in files]
+    needed = sum(shard.size for shard in shards) if data else 0
+    _check_free_space(folder, needed, repo_id)
+    for shard in shards:
+        try:
+            _write_head_shard(folder / shard.name, shard, data)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
+                raise
+            free = shutil.disk_usage(folder).free
+            # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
+            raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
+        logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
+                    len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
+                    human_bytes(shard.remote.bytes_received), shard.remote.requests)
+    return RangeFetch(
+        folder, commit, tuple(files), sum(s.remote.size for s in shards),
+        sum(t.nbytes for s in shards for t in s.tensors), sum(s.remote.bytes_received for s in shards),
+        sum(s.remote.requests for s in shards), data, sum(s.size for s in shards),
+    )
+
+
+def _read_head_shard(repo_id: str, name: str, commit: str | None, prefix: NamePrefix) -> _HeadShard:
+    """A head shard's checked header and the layout of its head in the scratch folder (the header read only).
+
+    Raises:
+        HubError: the Hub answered for another commit than ``commit``.
+        CheckpointError: not a safetensors header.
+    """
+    remote = RemoteFile.open(HubFile(repo_id, name, commit), limit=8 + MAX_HEADER_BYTES)
+    if commit is not None and remote.commit not in (None, commit):
+        raise HubError(f"the Hub answered for commit {remote.commit[:12]}, not {commit[:12]}", str(remote.hub_file))
+    header = _remote_header(remote)
+    return _head_shard(name, remote, header, _wanted(header, prefix))

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +45,9 @@ from gguf_mtp.errors import (
     IncompatibleDraftError,
     ParameterError,
 )
+from gguf_mtp.files.kernel_copy import SHARE_BLOCK
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
+from gguf_mtp.files.scratch import existing_ancestor, scratch_folder
 from gguf_mtp.format.header import (
     KeyValue,
     TensorInfo,
@@ -64,7 +64,10 @@ from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short
 
-__all__ = ["ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "plan_conversion", "resolve_source"]
+__all__ = [
+    "ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "draft_size_bound", "plan_conversion",
+    "resolve_source",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -582,6 +585,30 @@ class ConvertReport(WriteReport):
         return lines
 
 
+def draft_size_bound(folder: Path, *, outtype: str | None = None, nextn_blocks: int | None = None) -> int:
+    """Bytes that :func:`convert` writes at most for the head checkpoint in ``folder``, whatever the target.
+
+    The draft is planned at the last block index llama.cpp loads (its per-layer arrays and tensor names then
+    are their longest), plus the padding KV that lays a draft out in step with its target's last shard
+    (:func:`~gguf_mtp.format.layout.header_at_residue`: less than one share block and the KV's own bytes).
+    The target's ``general.alignment`` is taken to be the default one (it is in every quant seen).
+
+    Raises:
+        CheckpointError: the checkpoint cannot be read or planned (as :func:`convert` would refuse it).
+    """
+    config = read_config(folder)
+    model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
+    checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
+    probe = plan_conversion(checkpoint, folder / "draft.gguf", block=0, outtype=outtype, nextn_blocks=nextn_blocks)
+    longest = plan_conversion(checkpoint, folder / "draft.gguf", block=LLAMA_MAX_LAYERS - probe.nextn_blocks,
+                              outtype=outtype, nextn_blocks=nextn_blocks)
+    return longest.bytes_to_write + SHARE_BLOCK + _PADDING_KV_BYTES
+
+
+#: The padding KV's bytes besides its items (:data:`~gguf_mtp.format.layout.PAD_KEY`): an upper bound.
+_PADDING_KV_BYTES = 256
+
+
 def _kv_dict(kv: KeyValue) -> dict[str, Any]:
     length = kv.array_length
     value: Any = f"<{length} items>" if length is not None and length > 64 else kv.value
@@ -676,16 +703,16 @@ def convert(
 def _scratch_folder(
     source: str | os.PathLike[str], output: str | os.PathLike[str], *, wanted: bool
 ) -> Iterator[Path | None]:
-    """For a repo-id ``source`` fetched by ranges: a new folder beside ``output`` (the same file system, so the
-    head's bytes can be shared with the output), removed afterwards; else ``None``."""
+    """For a repo-id ``source`` fetched by ranges: a new scratch folder beside ``output``, removed afterwards (a
+    killed run's, by the next run: :mod:`gguf_mtp.files.scratch`); else ``None``.
+
+    Beside means on the output's filesystem, so the head's bytes can be shared with the output and count
+    against its free space: in the output's folder, or in its nearest existing parent when the folder is
+    still to be made (made here, it would outlive a failed run that the writer cleans up after).
+    """
     text = os.fspath(source)
     if not wanted or Path(source).exists() or not is_repo_id(text) or text.startswith((".", "/", "~")):
         yield None
         return
-    parent = Path(output).parent
-    folder = Path(tempfile.mkdtemp(prefix=".gguf-mtp-head-", dir=parent if parent.is_dir() else None))
-    try:
+    with scratch_folder(existing_ancestor(Path(output).parent)) as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-

@@ -1,7 +1,10 @@
 """The pipeline's disk need, and its check before the first byte.
 
-A run adds to the disks what it downloads into the Hub cache and the composite it writes into the work folder
-(about the target's size: the target's tensor data, new headers and the NextN block). A target read from a
+A run adds to the disks what it downloads into the Hub cache and what it writes into the work folder: the head
+fetched by byte ranges (a scratch folder, while the draft is converted), the draft, and the composite (the
+target's bytes, the NextN block, which is at most the draft, and each shard's header growth). The draft's size
+is an upper bound (:func:`gguf_mtp.jobs.convert.draft_size_bound`), so the check never passes a run that compose
+refuses at the end. A target read from a
 folder (a Hub repo mounted read-only in a Job, or any local copy) is not downloaded: only the composite is
 written. On a reflink filesystem (XFS, btrfs, ZFS block cloning) holding both the target and the work folder,
 the composite shares the target's data and adds only its headers and the NextN block: that share is counted as
@@ -20,36 +23,50 @@ from pathlib import Path
 
 from gguf_mtp.errors import UnsafeOutputError
 from gguf_mtp.files.kernel_copy import can_share
+from gguf_mtp.files.scratch import existing_ancestor
 from gguf_mtp.text import human_bytes
 
-__all__ = ["DiskNeed", "check_disk", "disk_need", "free_space"]
+__all__ = ["SHARD_HEADER_GROWTH", "DiskNeed", "HeadNeed", "check_disk", "disk_need", "free_space"]
+
+#: What compose adds to one shard's header at most besides the NextN tensors' entries (those are in the draft's
+#: header too): its set id KV, one more entry in each per-layer array, and the alignment and share-block padding.
+SHARD_HEADER_GROWTH = 16 * 1024
+
+
+@dataclass(frozen=True)
+class HeadNeed:
+    """What the head adds to the work folder: the draft (an upper bound) and the byte ranges fetched for it."""
+
+    draft: int
+    scratch: int = 0  # the head's byte ranges, in a scratch folder while the draft is converted (0: a local head)
+    done: bool = False  # the draft is in the work folder already (a re-run reuses it): only compose adds bytes
 
 
 def free_space(folder: Path) -> int:
     """Bytes free for an unprivileged writer on the filesystem of ``folder`` (its nearest existing parent)."""
-    return shutil.disk_usage(_existing(folder)).free
-
-
-def _existing(folder: Path) -> Path:
-    probe = folder.absolute()
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    return probe
+    return shutil.disk_usage(existing_ancestor(folder)).free
 
 
 @dataclass(frozen=True)
 class DiskNeed:
-    """What a run adds to the disks, at least (the head's files and the draft come on top)."""
+    """What a run adds to the disks, at most."""
 
     download: int  # bytes downloaded into the Hub cache (0 for a target read from a folder)
     composite: int  # bytes of the composite written into the work folder, before reflink sharing
     shared: int  # of ``composite``, bytes a reflink filesystem shares with the target (take no new blocks)
     cache: Path | None  # the Hub cache the downloads go to (None: nothing is downloaded)
     work: Path
+    draft: int = 0  # the draft written into the work folder (an upper bound)
+    scratch: int = 0  # the head's byte ranges, fetched into the work folder while the draft is converted
+
+    @property
+    def in_work(self) -> int:
+        """Bytes landing in the work folder."""
+        return self.composite - self.shared + self.draft + self.scratch
 
     @property
     def total(self) -> int:
-        return self.download + self.composite - self.shared
+        return self.download + self.in_work
 
     def describe(self) -> str:
         """``378.0 GiB (190.0 GiB into the Hub cache, a composite of 189.0 GiB in WORK)``, one line."""
@@ -60,12 +77,16 @@ class DiskNeed:
         if self.shared:
             composite += f", {human_bytes(self.shared)} of it shared with the target (reflink)"
         parts.append(composite)
+        if self.draft:
+            parts.append(f"a draft of at most {human_bytes(self.draft)}")
+        if self.scratch:
+            parts.append(f"the head's byte ranges, {human_bytes(self.scratch)}")
         return f"{human_bytes(self.total)} ({', '.join(parts)})"
 
 
 def disk_need(
     sizes: Sequence[int], *, local: Sequence[Path], download: int, cache: Path | None, work: Path,
-    composite_done: bool = False,
+    head: HeadNeed | None = None, composite_done: bool = False,
 ) -> DiskNeed:
     """The disk a run needs for a target of ``sizes`` bytes per file.
 
@@ -76,11 +97,15 @@ def disk_need(
         download: the bytes still to download into ``cache``.
         cache: the Hub cache folder (``None`` when nothing is downloaded).
         work: the work folder (it may not exist yet).
+        head: the draft and the head's bytes to fetch for it (``None``: unknown, counted as nothing).
         composite_done: the state file records a composite (a re-run checks and reuses it: no new bytes).
     """
-    composite = 0 if composite_done else sum(sizes)
-    shared = composite if composite and local and can_share(local[0], _existing(work)) else 0
-    return DiskNeed(download, composite, shared, cache if download else None, work)
+    draft = head.draft if head is not None else 0
+    composite = 0 if composite_done else sum(sizes) + draft + len(sizes) * SHARD_HEADER_GROWTH
+    # Only the target's data can be shared: the headers and the NextN block are new bytes.
+    shared = sum(sizes) if composite and local and can_share(local[0], existing_ancestor(work)) else 0
+    new_draft, scratch = (0, 0) if head is None or head.done else (head.draft, head.scratch)
+    return DiskNeed(download, composite, shared, cache if download else None, work, new_draft, scratch)
 
 
 def check_disk(need: DiskNeed) -> None:
@@ -90,10 +115,10 @@ def check_disk(need: DiskNeed) -> None:
         UnsafeOutputError: one line naming the bytes needed and the bytes free (per filesystem).
     """
     landing: dict[int, tuple[Path, int]] = {}  # st_dev -> (a folder on it, bytes landing there)
-    for folder, nbytes in ((need.cache, need.download), (need.work, need.composite - need.shared)):
+    for folder, nbytes in ((need.cache, need.download), (need.work, need.in_work)):
         if folder is None or nbytes <= 0:
             continue
-        device = os.stat(_existing(folder)).st_dev
+        device = os.stat(existing_ancestor(folder)).st_dev
         first, before = landing.get(device, (folder, 0))
         landing[device] = (first, before + nbytes)
     for folder, nbytes in landing.values():
@@ -102,5 +127,5 @@ def check_disk(need: DiskNeed) -> None:
             raise UnsafeOutputError(
                 f"not enough free space for the pipeline: {human_bytes(nbytes)} needed ({nbytes:,} bytes: "
                 f"{need.describe()}), {human_bytes(free)} free ({free:,} bytes)",
-                _existing(folder),
+                existing_ancestor(folder),
             )

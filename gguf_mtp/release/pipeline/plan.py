@@ -10,6 +10,7 @@ checks before its first byte.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
+from gguf_mtp.jobs.convert import draft_size_bound
 from gguf_mtp.text import human_bytes
 
-from .disk import DiskNeed, disk_need
+from .disk import DiskNeed, HeadNeed, disk_need
 from .options import PipelineOptions
 from .report import PipelineReport, StageResult
 from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
@@ -87,22 +89,24 @@ def target_files_of(api: HubApi, token: str | None, options: PipelineOptions) ->
 
 
 def _disk_need(files: TargetFiles, cache_dir: str | os.PathLike[str] | None, work: Path,
-               composite_done: bool) -> DiskNeed | None:
+               composite_done: bool, head: HeadNeed | None = None) -> DiskNeed | None:
     sizes, download = [files.sizes[n] for n in files.names], files.download_bytes
     if None in sizes or download is None:
         return None
     local = [p for p in files.local.values() if p is not None]
     return disk_need([s for s in sizes if s is not None], local=local, download=download,
-                     cache=hub.cache_folder(cache_dir), work=work, composite_done=composite_done)
+                     cache=hub.cache_folder(cache_dir), work=work, head=head, composite_done=composite_done)
 
 
 def run_disk_need(
-    api: HubApi, token: str | None, options: PipelineOptions, *, composite_done: bool
+    api: HubApi, token: str | None, options: PipelineOptions, *, head: Callable[[], HeadNeed], composite_done: bool
 ) -> DiskNeed | None:
-    """The disk a run needs (downloads + composite, or the composite alone from ``target_dir``), or ``None`` where
-    the sizes are unknown (offline, a file the cache does not hold)."""
+    """The disk a run needs (downloads, the head's byte ranges, the draft and the composite; no download from
+    ``target_dir``), or ``None`` where the sizes are unknown (offline, a file the cache does not hold).
+
+    ``head()`` is asked once the target's files are known: a target the run refuses is refused first."""
     files = target_files_of(api, token, options)
-    return _disk_need(files, options.cache_dir, options.work_dir, composite_done)
+    return _disk_need(files, options.cache_dir, options.work_dir, composite_done, head())
 
 
 def _size(value: int | None) -> str:
@@ -200,11 +204,14 @@ def plan_pipeline(api: HubApi, token: str | None, options: PipelineOptions) -> P
         ))
     else:
         report.stages.append(StageResult("publish", "skipped", "no --out-repo given"))
-    need = _disk_need(files, options.cache_dir, work, composite_done=False)
+    # A Hub head's size needs its shards' headers, fetched into the work folder: the dry run makes none.
+    head = HeadNeed(draft_size_bound(local_head, outtype=options.outtype)) if local_head.is_dir() else None
+    need = _disk_need(files, options.cache_dir, work, composite_done=False, head=head)
     if need is not None:
         report.disk_needed = need.total
         report.notes.append(
-            f"disk needed: at least {need.describe()}, plus the head's MTP files and the draft"
+            f"disk needed: {'at most' if head else 'at least'} {need.describe()}"
+            + ("" if head else ", plus the head's byte ranges and the draft")
             + ("" if need.shared or target_dir is not None else "; less on a reflink filesystem holding both")
         )
     report.planned = {

@@ -44,6 +44,7 @@ from gguf_mtp.files.commit import folder_lock, remove_leftovers
 from gguf_mtp.files.digests import FileDigest, digest_files, sha256_file
 from gguf_mtp.files.json_io import write_json_file
 from gguf_mtp.files.progress import progress_bar
+from gguf_mtp.files.scratch import scratch_folder
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
@@ -52,7 +53,7 @@ from gguf_mtp.model.shards import open_model
 from gguf_mtp.text import human_bytes
 
 from ..card import Provenance
-from .disk import check_disk
+from .disk import HeadNeed, check_disk
 from .options import PipelineOptions
 from .plan import plan_pipeline, run_disk_need
 from .report import PipelineReport, StageResult
@@ -349,7 +350,8 @@ def _run(
             report.notes.append(leftovers)
         runner = _Runner(options, api, token, say)
         # Hours of downloading are wasted too if the composite cannot be written at the end: check the disk first.
-        need = run_disk_need(api, token, options, composite_done="compose" in runner.state.stages)
+        stages = runner.state.stages
+        need = run_disk_need(api, token, options, head=lambda: _head_need(runner), composite_done="compose" in stages)
         if need is None:
             report.notes.append("the disk was not checked before the run: the target's sizes are unknown offline")
         else:
@@ -377,6 +379,26 @@ def _run(
             )
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _head_need(runner: _Runner) -> HeadNeed:
+    """The draft this run writes (an upper bound, from the head's tensors and the outtype) and the head's byte
+    ranges it fetches for it, known before the first of them: a Hub head's headers are read for it."""
+    from gguf_mtp.jobs.convert import draft_size_bound, resolve_source
+
+    options = runner.options
+    record = runner.state.stages.get("draft")
+    if record is not None:  # a re-run reuses it or, converting again, first removes it (_fresh_folder)
+        return HeadNeed(sum(d.size for d in runner.state.outputs(record)), done=True)
+    local = Path(options.head_repo).expanduser()
+    if local.is_dir():
+        return HeadNeed(draft_size_bound(local, outtype=options.outtype))
+    with scratch_folder(runner.work_dir) as scratch:
+        folder, fetched = resolve_source(options.head_repo, options.head_revision, ranges_into=scratch,
+                                         tensor_data=False)
+        ranges = fetched.ranges if fetched is not None else None
+        return HeadNeed(draft_size_bound(folder, outtype=options.outtype),
+                        ranges.scratch_bytes if ranges is not None else 0)
 
 
 def _status(before: str | None) -> str:
