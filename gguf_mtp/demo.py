@@ -7,7 +7,11 @@ for Nemotron 3 Super, on a model small enough to write on the spot:
 2. a tiny MTPv2-style head *checkpoint* (safetensors + config.json, as NVIDIA ships it);
 3. convert the head to a GGUF draft block; 4. compose it into the target as its last block;
 5. verify the composite (bytes against both inputs; llama.cpp loads it and runs the NextN block);
-6. inspect it (the MTP verdict); 7. a publish dry run (the model card that would be uploaded).
+6. inspect it (the MTP verdict); 7. a publish dry run (the model card that would be uploaded);
+8. does the head predict? The tiny target has no tokenizer and its random head predicts nothing, so ``accept``
+   predicts llama-server's acceptance on a second composite, the designed test model
+   (:mod:`gguf_mtp.testing.cycle_model`: llama.cpp's ``test`` tokenizer, a head right after a known share of
+   tokens), which ``accept``, ``bench`` and ``verify --acceptance`` all run on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gguf_mtp.check.accept import accept
 from gguf_mtp.check.inspect import inspect
 from gguf_mtp.check.llama_check import INSTALL_HINT, llama_cpp_available
 from gguf_mtp.check.verify import verify
@@ -27,6 +32,7 @@ from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.release.card import Provenance
 from gguf_mtp.release.publish import CARD_NAME, publish
+from gguf_mtp.testing.cycle_model import write_cycle_model
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
 from gguf_mtp.text import human_bytes
@@ -34,6 +40,10 @@ from gguf_mtp.text import human_bytes
 __all__ = ["run_demo"]
 
 TARGET_NAME = "Tiny-Nemotron-UD-Q4_K_XL"
+#: The designed model's file stem: ``cycle.gguf`` in the demo's folder, the README's ``accept`` example.
+CYCLE_NAME = "cycle"
+#: Tokens per prompt of the demo's prediction: enough for a hundred drafts over the built-in prompts, in seconds.
+ACCEPT_TOKENS = 64
 
 
 def run_demo(
@@ -140,5 +150,24 @@ def _run(work: Path, llama: bool | None, say: Callable[[str], None]) -> bool:
     replace_atomically(card_path, card.card.encode("utf-8"))
     how = card.plan.mode.replace("-", " ")
     say(f"7. publish --dry-run: would upload {len(card.files)} files + {CARD_NAME} as {how}; card: {card_path}")
+    _predict_acceptance(work, use_llama, say)
     say(f"composite: {composite}")
     return verified.ok
+
+
+def _predict_acceptance(work: Path, use_llama: bool, say: Callable[[str], None]) -> None:
+    """Step 8: write the designed model and predict its head's acceptance at n-max 1 with ``accept``."""
+    model = write_cycle_model(work, name=CYCLE_NAME)
+    share = len(model.good) / len(model.cycle)
+    say(
+        f"8. accept: a tiny glm4moe composite with llama.cpp's test tokenizer, its head designed to draft right "
+        f"after {share * 100:.0f} % of tokens ({human_bytes(model.path.stat().st_size)}): {model.path}"
+    )
+    if not use_llama:
+        say(f"   (accept skipped: {INSTALL_HINT})")
+        return
+    (run,) = accept(model.path, tokens=ACCEPT_TOKENS, n_max=(1,)).runs
+    say(
+        f"   predicted llama-server acceptance at n-max 1: {run.draft_n_accepted} of {run.draft_n} drafted tokens "
+        f"({run.acceptance or 0:.2f}); every n-max: gguf-mtp accept {model.path.name} --tokens {ACCEPT_TOKENS}"
+    )

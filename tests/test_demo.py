@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from support.helpers import shard_files
 
+from gguf_mtp.check.accept import accept
 from gguf_mtp.check.llama_check import check_with_llama
 from gguf_mtp.demo import run_demo
+from gguf_mtp.format.header import read_header
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def test_demo_reports_each_step_of_the_flow_in_order(demo_run: tuple[Path, list[
     assert ok
     steps = [line.split(":", 1)[0] for line in lines if re.match(r"^\d\. ", line)]
     assert steps == ["1. target", "2. head", "3. convert", "4. compose", "5. verify", "6. inspect",
-                     "7. publish --dry-run"]
+                     "7. publish --dry-run", "8. accept"]
     assert lines[-1].startswith("composite: ")
 
 
@@ -44,6 +46,7 @@ def test_demo_lines_state_what_happened(demo_run: tuple[Path, list[str], bool]) 
     assert "split.tensors.count 26->44" in text
     assert "6. inspect: MTP: yes (1 block, blk.3); 4 blocks, 44 tensors" in text
     assert "llama.cpp check skipped" in text
+    assert "accept skipped" in text
 
 
 def test_demo_converts_from_a_safetensors_head_checkpoint(demo_run: tuple[Path, list[str], bool]) -> None:
@@ -67,17 +70,48 @@ def test_demo_rerun_in_the_same_folder_replaces_its_files(demo_run: tuple[Path, 
     assert run_demo(work, llama=False, say=lines.append)
 
 
+def test_demo_writes_a_model_with_a_tokenizer_and_a_head_for_accept(demo_run: tuple[Path, list[str], bool]) -> None:
+    work, lines, _ = demo_run
+    header = read_header(work / "cycle.gguf")
+    assert header.get("tokenizer.ggml.model") == "test"  # accept, bench and verify --acceptance tokenize prompts
+    assert header.get("glm4moe.nextn_predict_layers") == 1
+    step = next(line for line in lines if line.startswith("8. accept: "))
+    assert "its head designed to draft right after 70 % of tokens" in step
+    assert step.endswith(f": {work / 'cycle.gguf'}")
+
+
+@pytest.fixture(scope="module")
+def demo_command(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """``gguf-mtp demo --dir DIR`` with llama.cpp, as a newcomer runs it: its folder and its lines."""
+    work = tmp_path_factory.mktemp("demo-command")
+    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "demo", "--dir", str(work)],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    return work, proc.stdout.strip().splitlines()
+
+
 @pytest.mark.slow
 @pytest.mark.llama
-def test_demo_command_composite_loads_and_runs_in_llama_cpp(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "gguf_mtp", "demo", "--dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert proc.returncode == 0, proc.stderr
-    assert "5. verify:" in proc.stdout and "MTP decode ok" in proc.stdout
-    composite = Path(proc.stdout.strip().splitlines()[-1].removeprefix("composite: "))
+def test_demo_command_composite_loads_and_runs_in_llama_cpp(demo_command: tuple[Path, list[str]]) -> None:
+    _, lines = demo_command
+    assert any(line.startswith("5. verify:") and "MTP decode ok" in line for line in lines)
+    composite = Path(lines[-1].removeprefix("composite: "))
     assert composite.is_file()
     check = check_with_llama(composite)
     assert check.ok and check.n_layer_nextn == 1
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_demo_command_predicts_the_designed_heads_acceptance(demo_command: tuple[Path, list[str]]) -> None:
+    work, lines = demo_command
+    step = lines.index(next(line for line in lines if line.startswith("8. accept: ")))
+    (run,) = accept(work / "cycle.gguf", tokens=64, n_max=(1,)).runs
+    assert run.draft_n and 0.6 <= run.draft_n_accepted / run.draft_n <= 0.8  # the design's 70 %
+    assert lines[step + 1] == (
+        f"   predicted llama-server acceptance at n-max 1: {run.draft_n_accepted} of {run.draft_n} drafted tokens "
+        f"({run.draft_n_accepted / run.draft_n:.2f}); every n-max: gguf-mtp accept cycle.gguf --tokens 64"
+    )
 
 
 # ------------------------------------------------------------------------------ whose folder it is
@@ -186,6 +220,6 @@ def test_demo_json_is_one_parseable_report_of_every_step(tmp_path: Path) -> None
     report = json.loads(result.stdout)  # the whole of stdout is the report: no progress lines around it
     assert report["command"] == "demo" and report["ok"] is True
     numbered = [line.split(".", 1)[0] for line in report["steps"] if line[:1].isdigit()]
-    assert numbered == ["1", "2", "3", "4", "5", "6", "7"]
+    assert numbered == ["1", "2", "3", "4", "5", "6", "7", "8"]
     composite = Path(report["steps"][-1].removeprefix("composite: "))
     assert composite.is_file() and composite.parent == work / "composite"

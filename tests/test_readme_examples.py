@@ -22,7 +22,7 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 TEMP_DEMO = "/tmp/gguf-mtp-demo-…"
 #: The examples the README must keep (its first words after ``$``): dropping one is a change to notice.
-EXPECTED = ("python -m gguf_mtp demo", "gguf-mtp compose", "gguf-mtp verify")
+EXPECTED = ("python -m gguf_mtp demo", "gguf-mtp compose", "gguf-mtp verify", "gguf-mtp accept")
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]  # the demo and verify print llama.cpp's verdict
 

@@ -16,8 +16,10 @@ from gguf import GGUFValueType
 from support.helpers import copy_model, flip_byte, shard_files
 
 from gguf_mtp import compose
+from gguf_mtp.check.llama_check import llama_reason
 from gguf_mtp.check.verify import VerifyReport, verify
-from gguf_mtp.format.header import KeyValue, align_up, encode_kv, read_header, serialize_header
+from gguf_mtp.format.header import GGUFArray, KeyValue, align_up, encode_kv, read_header, serialize_header
+from gguf_mtp.testing.tiny_models import add_raw_kvs, write_target
 
 ARCH = "nemotron_h_moe"
 COUNT = "split.tensors.count"
@@ -227,3 +229,83 @@ def test_llama_cpp_refuses_an_unextended_array(broken: list[Path]) -> None:
     llama = verify(broken[0], llama=True, progress=False).check("llama.cpp")
     assert llama.status == "fail"
     assert "feed_forward_length has wrong array length; expected 4, got 3" in llama.detail
+
+
+# ------------------------------------------------------------------------------- llama.cpp's own reason
+
+NESTED = "general.nested"
+
+
+def nested_array_target(folder: Path) -> Path:
+    """A single-file tiny target carrying an array of arrays, which this llama.cpp's GGUF reader refuses
+    ("key '...' has invalid GGUF type 9": type 9 is ARRAY, an array's items may not be arrays)."""
+    target = write_target(folder, name="tiny-nested")
+    inner = GGUFArray(GGUFValueType.INT32, (1, 2))
+    add_raw_kvs(target, [encode_kv(NESTED, GGUFValueType.ARRAY, GGUFArray(GGUFValueType.ARRAY, (inner,)))])
+    return target
+
+
+@pytest.mark.llama
+def test_llama_cpp_refusal_names_its_cause_and_the_target_refused_too(nemotron_draft0: Path, tmp_path: Path) -> None:
+    target = nested_array_target(tmp_path / "target")
+    composite = compose(target, nemotron_draft0, tmp_path / "composite", progress=False).output_paths[0]
+    llama = verify(composite, target=target, llama=True, progress=False).check("llama.cpp")
+    cause = f"key '{NESTED}' has invalid GGUF type 9"
+    assert llama.status == "fail"
+    assert llama.detail == (
+        f"llama.cpp refused it: {cause}; the target {target} is refused by this llama.cpp too: {cause}"
+    )
+
+
+@pytest.mark.llama
+def test_llama_cpp_refusal_of_a_composite_whose_target_loads_blames_the_composite(broken: list[Path],
+                                                                                  nemotron_split: Path) -> None:
+    key = f"{ARCH}.feed_forward_length"
+    rewrite(broken[0], kvs={key: encode_kv(key, GGUFValueType.ARRAY, [0, 0, 256], GGUFValueType.INT32)})
+    llama = verify(broken[0], target=nemotron_split, llama=True, progress=False).check("llama.cpp")
+    assert llama.detail == (
+        f"llama.cpp refused it: error loading model hyperparameters: key {key} has wrong array length; expected 4, "
+        "got 3"
+    )
+
+
+#: llama.cpp's log (llama-cpp-python 0.3.36) loading a file with an array of arrays, as the check's child kept it.
+NESTED_LOG = """gguf_init_from_reader: key 'general.nested' has invalid GGUF type 9
+gguf_init_from_reader: failed to read key-value pairs
+llama_model_load: error loading model: llama_model_loader: failed to load model from /tmp/t/tiny-nested.gguf
+llama_model_load_from_file_impl: failed to load model
+"""
+#: The same, the array of arrays in shard 2 of a split set.
+NESTED_SPLIT_LOG = """gguf_init_from_reader: key 'general.nested' has invalid GGUF type 9
+gguf_init_from_reader: failed to read key-value pairs
+llama_model_load: error loading model: llama_model_loader: failed to load GGUF split from /tmp/s/s-00002-of-00003.gguf
+llama_model_load_from_file_impl: failed to load model
+"""
+
+
+def test_llama_reason_is_the_gguf_readers_first_complaint_not_the_loaders_wrapper() -> None:
+    assert llama_reason(NESTED_LOG) == "key 'general.nested' has invalid GGUF type 9"
+
+
+def test_llama_reason_names_the_split_the_gguf_reader_refused() -> None:
+    assert llama_reason(NESTED_SPLIT_LOG) == (
+        "key 'general.nested' has invalid GGUF type 9 (in /tmp/s/s-00002-of-00003.gguf)"
+    )
+
+
+def test_llama_reason_keeps_a_loader_cause_that_says_why() -> None:
+    log = ("llama_model_load: error loading model: error loading model hyperparameters: key "
+           "nemotron_h_moe.feed_forward_length has wrong array length; expected 4, got 3\n"
+           "llama_model_load_from_file_impl: failed to load model\n")
+    assert llama_reason(log) == (
+        "error loading model hyperparameters: key nemotron_h_moe.feed_forward_length has wrong array length; "
+        "expected 4, got 3"
+    )
+
+
+def test_llama_reason_does_not_take_ggmls_failed_to_load_model_with_a_why_for_a_wrapper() -> None:
+    log = ("gguf_init_from_reader: failed to load model: this GGUF file version 50331648 is extremely large, is there "
+           "a mismatch between the host and model endianness?\n"
+           "llama_model_load: error loading model: llama_model_loader: failed to load model from /tmp/m.gguf\n")
+    assert llama_reason(log) == ("failed to load model: this GGUF file version 50331648 is extremely large, is there "
+                                 "a mismatch between the host and model endianness?")

@@ -151,15 +151,48 @@ def _named_tensors(reason: str, lines: list[str]) -> str:
     return f"{reason} (NaN or infinity): {shown}{more}"
 
 
+#: llama.cpp's lines that only say loading failed, wrapping a cause logged before them: the loader's "failed to load
+#: model from PATH" (the main file's header did not parse) and "failed to load GGUF split from PATH" (a split's), the
+#: loading function's closing "failed to load model", llama-server's "unable to load model". ggml's own "failed to load
+#: model: <why>" is not one: it says why.
+_WRAPPER = re.compile(r"(failed to load (model|GGUF split)( from .*|, .*| '.*')?|unable to load model.*)$")
+_SPLIT_WRAPPER = re.compile(r"failed to load GGUF split from (?P<path>.+)$")
+_LOADER_ERROR = "error loading model:"
+#: The logging function's name llama.cpp puts before each message ("gguf_init_from_reader: ...").
+_FUNCTION_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*: ")
+
+
+def _is_complaint(line: str) -> bool:
+    return _REASON.search(line) is not None and _WRAPPER.search(line) is None
+
+
 def llama_reason(stderr: str) -> str | None:
-    """llama.cpp's most specific complaint: its "error loading model: ..." line (with the tensors named, for
-    invalid data), else the last error."""
+    """llama.cpp's most specific complaint in its log ``stderr``.
+
+    The loader's "error loading model: <why>" line says why (with the tensors named, for invalid data), unless its
+    why is only a wrapper (:data:`_WRAPPER`: ggml's GGUF reader refused a file): then see :func:`_wrapped_cause`.
+    Without a loader line (an abort) it is the last complaint: the one the process stopped at.
+    """
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "error loading model:" in line:
-            return _named_tensors(line.split("error loading model:", 1)[1].strip(), lines)
-    hits = [line for line in lines if _REASON.search(line) and "failed to load model" not in line]
-    return hits[-1] if hits else (lines[-1] if lines else None)
+    loader = next((i for i in range(len(lines) - 1, -1, -1) if _LOADER_ERROR in lines[i]), None)
+    if loader is None:
+        complaints = [line for line in lines if _is_complaint(line)]
+        return complaints[-1] if complaints else (lines[-1] if lines else None)
+    why = lines[loader].split(_LOADER_ERROR, 1)[1].strip()
+    if _WRAPPER.search(why) is None:
+        return _named_tensors(why, lines)
+    return _wrapped_cause(lines[:loader], why)
+
+
+def _wrapped_cause(before: list[str], wrapper: str) -> str:
+    """The cause behind the loader's ``wrapper``: the first complaint logged ``before`` it (ggml's GGUF reader names
+    the key or tensor first, then sums up: "failed to read key-value pairs"), without its function-name prefix, with
+    the file named when it is a split's; the wrapper itself when nothing was logged before it."""
+    cause = next((line for line in before if _is_complaint(line)), None)
+    if cause is None:
+        return wrapper
+    split = _SPLIT_WRAPPER.search(wrapper)
+    return _FUNCTION_PREFIX.sub("", cause) + (f" (in {split['path']})" if split else "")
 
 
 def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:

@@ -605,10 +605,16 @@ def _not_run(llama: bool | None, detail: str) -> tuple[Check, None]:
 
 
 def _llama_check(
-    model: ScannedModel, layout: _Layout | None, llama: bool | None, draft: bool = False, sidecar: bool = False
+    model: ScannedModel,
+    layout: _Layout | None,
+    llama: bool | None,
+    draft: bool = False,
+    sidecar: bool = False,
+    target: ShardSet | None = None,
 ) -> tuple[Check, LlamaCheck | None]:
     """Load the file with llama.cpp and run its decode steps: a model's trunk step and the MTP step through each
-    NextN block; a draft (``draft``) only the MTP steps, and only a ``sidecar`` (a bare draft cannot load)."""
+    NextN block; a draft (``draft``) only the MTP steps, and only a ``sidecar`` (a bare draft cannot load). A
+    composite llama.cpp refuses is compared with its ``target`` (see :func:`_target_refusal`)."""
     name = "llama.cpp"
     if llama is False:
         return Check(name, None, "skipped (--no-llama)"), None
@@ -639,7 +645,19 @@ def _llama_check(
         detail += f"; the MTP decode step ran through {result.mtp_blocks_decoded} of {declared} NextN blocks"
     if not ok and result.error and result.error not in detail:
         detail += f" ({result.error})"
+    if target is not None and not result.loaded and result.crashed is None:
+        detail += _target_refusal(target)
     return Check(name, ok, detail), result
+
+
+def _target_refusal(target: ShardSet) -> str:
+    """What a composite llama.cpp refused owes to its ``target``: a composite is as loadable as its target, so when
+    this llama.cpp refuses the target too (a key type it cannot read, an architecture it does not know), the fault
+    is not the composition's. Empty when the target loads."""
+    refused = check_with_llama(target.name, mtp=False, trunk=False)
+    if refused.loaded or refused.crashed is not None:
+        return ""
+    return f"; the target {target.name} is refused by this llama.cpp too: {refused.error or 'load failed'}"
 
 
 # ---------------------------------------------------------------------------------------------- verify
@@ -740,7 +758,7 @@ def verify(
         report.checks.append(metadata)
         report.hints += [hint] if hint else []
 
-    llama_check, report.llama = _llama_check(model, layout, llama)
+    llama_check, report.llama = _llama_check(model, layout, llama, target=target_set)
     report.checks.append(llama_check)
     if acceptance:
         report.checks.append(_acceptance_check(report, llama_check, floor))

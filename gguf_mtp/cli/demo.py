@@ -12,8 +12,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "demo",
         help="run the whole flow on an embedded tiny model (offline, seconds)",
         description="Write a tiny 3-shard nemotron_h_moe target and an MTPv2-style head checkpoint, then convert, "
-        "compose, verify (llama.cpp loads the composite and runs its NextN block, when installed), inspect, and "
-        "show the model card a publish would upload. Nothing is downloaded.",
+        "compose, verify (llama.cpp loads the composite and runs its NextN block, when installed), inspect, "
+        "show the model card a publish would upload, and predict the acceptance of a designed head with accept "
+        "(cycle.gguf, a tiny model with a tokenizer). Nothing is downloaded.",
     )
     p.add_argument(
         "--dir",
