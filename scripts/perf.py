@@ -74,6 +74,9 @@ QUICK_REPORT = "quick-report"
 
 #: Goals from issue 6 (medians on the project's 2-core machine).
 MAX_COMPOSE_OVER_CP = 1.15
+#: Issue 41: compose / (cp + fsync of the same files), same-round medians, by target size: a small set pays
+#: the fixed costs (start-up, the fsyncs) on fewer bytes, so its bound is looser.
+MAX_COMPOSE_OVER_CP_BY_SIZE = {2**30: MAX_COMPOSE_OVER_CP, 3 * 2**30: 1.05}
 MAX_COMPOSE_RSS = 150 * 2**20
 MAX_COMPOSE_RSS_GROWTH = 0.10  # "flat": at most 10 % more at the largest size than at the smallest
 MAX_CONVERT_RSS = 2**30
@@ -262,11 +265,7 @@ def _targets(summaries: list, ratios: dict, config: BenchConfig) -> list[dict[st
     """Each goal of issue 6 with what was measured and whether it was met."""
     by_key = {(s.tool, s.case, s.size): s for s in summaries}
     headline = str(config.headline)
-    results = []
-    ratio = ratios["compose_vs_cp"].get(headline)
-    results.append({"goal": f"compose / cp <= {MAX_COMPOSE_OVER_CP} at {size_label(config.headline)}",
-                    "measured": None if ratio is None else round(ratio, 3),
-                    "met": ratio is not None and ratio <= MAX_COMPOSE_OVER_CP})
+    results = [_compose_over_cp(ratios, size, limit) for size, limit in _compose_limits(config)]
     compose_rss = {size: max(by_key[(t, c, size)].max_rss for t, c in (("compose", "sharded"), ("compose", "single")))
                    for size in config.sizes}
     worst = max(compose_rss.values())
@@ -296,6 +295,20 @@ def _targets(summaries: list, ratios: dict, config: BenchConfig) -> list[dict[st
                     "measured": None if convert is None else f"{convert.max_rss / 2**20:.0f} MiB",
                     "met": convert is not None and convert.max_rss < MAX_CONVERT_RSS})
     return results
+
+
+def _compose_limits(config: BenchConfig) -> list[tuple[int, float]]:
+    """(size, bound on compose / cp) for each measured size issue 41 bounds, else the headline's issue-6 bound."""
+    limits = [(size, limit) for size, limit in MAX_COMPOSE_OVER_CP_BY_SIZE.items() if size in config.sizes]
+    return limits or [(config.headline, MAX_COMPOSE_OVER_CP)]
+
+
+def _compose_over_cp(ratios: dict, size: int, limit: float) -> dict[str, Any]:
+    """The goal "compose / (cp + fsync) <= ``limit``" at ``size``: the same-round median ratio, met or not."""
+    ratio = ratios["compose_vs_cp"].get(str(size))
+    return {"goal": f"compose / (cp + fsync) <= {limit} at {size_label(size)}",
+            "measured": None if ratio is None else round(ratio, 3),
+            "met": ratio is not None and ratio <= limit}
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -394,3 +394,19 @@ def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
     reference = upstream_convert(checkpoint, tmp_path / "mtp.gguf", "--mtp", outtype="auto")
     assert mine == {n: t for n, t in reader_tensors(reference).items() if n.startswith("blk.1.")}
     assert any(t == 30 for t, _, _ in mine.values())  # BF16 matrices, dequantized from FP8
+
+
+def test_compose_goals_bound_cp_plus_fsync_at_1g_and_3g_from_same_round_ratios() -> None:
+    import perf
+
+    sizes = (2**30, 3 * 2**30)
+    seconds = {("compose", "sharded"): 1.1, ("cp", "sharded"): 1.0, ("compose", "single"): 1.0,
+               ("gguf_new_metadata", "single"): 1.0}
+    samples = [Sample(tool, case, size, 0, seconds[(tool, case)] * size / 2**30, 0.0, MiB, MiB, size)
+               for size in sizes for tool, case in seconds]
+    config = perf.BenchConfig(Path(), Path(), sizes, 3 * 2**30, 1, 0, 3, "M", "cold", None)
+
+    goals = {t["goal"]: (t["measured"], t["met"]) for t in perf.analyse(samples, config)["targets"]}
+
+    assert goals["compose / (cp + fsync) <= 1.15 at 1G"] == (1.1, True)
+    assert goals["compose / (cp + fsync) <= 1.05 at 3G"] == (1.1, False)
