@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_mtp.check.accept_schedule import Limits, Replay, first_draft_agreement, replay, total
+from gguf_mtp.check.accept_schedule import (
+    Limits,
+    Replay,
+    draft_length,
+    first_draft_agreement,
+    fitted_prompt_length,
+    replay,
+    total,
+)
 
 GREEDY = list(range(100, 200))
 
@@ -108,3 +116,25 @@ def test_the_slot_context_is_rounded_up_to_256_and_capped_at_training() -> None:
 
     assert [slot_context(500, 4096), slot_context(512, 4096), slot_context(None, 4096), slot_context(9000, 4096),
             slot_context(300, None)] == [512, 512, 4096, 4096, 512]
+
+
+@pytest.mark.parametrize(("n_max", "heads", "drafted"), [(1, 2, 1), (2, 2, 2), (3, 2, 2), (4, 3, 3), (16, 3, 3),
+                                                         (3, 1, 3), (16, 1, 16)])
+def test_a_chain_of_heads_drafts_at_most_one_token_per_block_and_a_single_head_n_max(n_max: int, heads: int,
+                                                                                     drafted: int) -> None:
+    assert draft_length(n_max, heads) == drafted
+
+
+def test_a_prompt_that_fits_with_room_to_generate_is_kept_whole() -> None:
+    assert fitted_prompt_length(100, 512, 64, 1) == 100
+    assert fitted_prompt_length(445, 512, 64, 1) == 445  # 445 + 64 generated + 1 drafted + 2 = 512
+
+
+def test_a_long_prompt_is_cut_to_leave_room_for_the_generation_and_a_draft() -> None:
+    assert fitted_prompt_length(1050, 512, 64, 1) == 445
+    assert fitted_prompt_length(1050, 512, 64, 3) == 443
+
+
+def test_a_generation_longer_than_the_context_keeps_half_of_it_for_the_prompt() -> None:
+    assert fitted_prompt_length(1050, 256, 512, 1) == 128
+    assert fitted_prompt_length(5, 8, 512, 1) == 4

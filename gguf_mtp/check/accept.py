@@ -138,8 +138,9 @@ class AcceptReport:
                 {"position": i + 1, "drafted": d, "accepted": a, "acceptance": a / d if d else None}
                 for i, (d, a) in enumerate(zip(r.drafted_per_pos, r.accepted_per_pos, strict=True))
             ]
-            runs.append({"n_max": r.n_max, "drafted_n_max": self.drafted_n_max(r), "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted,
-                         "acceptance": r.acceptance, "by_position": by_position, "steps": r.steps,
+            runs.append({"n_max": r.n_max, "drafted_n_max": self.drafted_n_max(r), "draft_n": r.draft_n,
+                         "draft_n_accepted": r.draft_n_accepted, "acceptance": r.acceptance,
+                         "by_position": by_position, "steps": r.steps,
                          "generated": r.generated, "tokens_per_step": r.tokens_per_step,
                          "speedup_estimate": self.speedup(r)})
         return {

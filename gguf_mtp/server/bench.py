@@ -178,8 +178,8 @@ def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | N
     """
     target = open_model(model)
     if is_mtp_only(read_block_layout(target.first), target.block_indices()):
-        raise ParameterError("an MTP-only sidecar (draft only), not a model: give the model it drafts for and this "
-                             "file as --draft", target.name, "draft")
+        raise ParameterError("an MTP-only sidecar, not a model: give the model it drafts for, and this file as draft",
+                             target.name, "draft")
     refusal = tokenizer_refusal(target)
     if refusal is not None:
         raise ParameterError(refusal, target.name)

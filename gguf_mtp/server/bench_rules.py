@@ -29,10 +29,10 @@ from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TO
 from gguf_mtp.errors import LlamaServerError, ParameterError
 
 __all__ = [
+    "COUNT_OPTIONS",
     "DEFAULT_HEALTH_TIMEOUT",
     "DEFAULT_N_MAX",
     "DEFAULT_TOKENS",
-    "COUNT_OPTIONS",
     "FLOAT_OPTIONS",
     "MAX_COUNT",
     "MAX_N_MAX",
