@@ -138,3 +138,49 @@ def test_a_long_prompt_is_cut_to_leave_room_for_the_generation_and_a_draft() -> 
 def test_a_generation_longer_than_the_context_keeps_half_of_it_for_the_prompt() -> None:
     assert fitted_prompt_length(1050, 256, 512, 1) == 128
     assert fitted_prompt_length(5, 8, 512, 1) == 4
+
+
+def test_the_child_builds_no_chain_longer_than_the_blocks_of_a_chain_of_heads(monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture[str]
+                                                                              ) -> None:
+    # llama.cpp aborts (nextn_layer_offset out of range) when asked for a block past the last one
+    import numpy as np
+
+    from gguf_mtp.check import accept_child
+
+    lengths: list[int] = []
+
+    class TwoBlocks:
+        heads, chained, n_vocab, n_ctx = 2, True, 8, 512
+
+        def __init__(self, request: dict) -> None:
+            pass
+
+        def tokenize(self, text: str) -> list[int]:
+            return [1, 2, 3]
+
+        def open_contexts(self, cells: int) -> None:
+            pass
+
+        def greedy(self, prompt: list[int], n: int) -> list[int]:
+            return [4] * n
+
+        def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
+            return np.zeros((len(tokens), 1)), [4] * (len(tokens) - score_from)
+
+        def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
+            return [4] * (len(tokens) - score_from), np.zeros((len(tokens) - score_from, 1))
+
+        def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
+                  length: int) -> list[int]:
+            lengths.append(length)
+            return [4] * length
+
+        def first_eog(self, tokens: list[int]) -> None:
+            return None
+
+    monkeypatch.setattr(accept_child, "_Runner", TwoBlocks)
+    report = accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "k_max": 3, "n_ctx": 512,
+                               "threads": 1, "n_gpu_layers": 0})
+    capsys.readouterr()
+    assert max(lengths) == 2 and all(len(chain) <= 2 for chain in report["prompts"][0]["chains"])

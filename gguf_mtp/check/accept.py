@@ -66,8 +66,7 @@ class PromptScore:
 
     def to_dict(self) -> dict[str, Any]:
         runs = [{"n_max": r.n_max, "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted} for r in self.runs]
-        return {"name": self.name, "tokens": self.tokens, "runs": runs, "prompt_tokens": self.prompt_tokens,
-                "cut_from": self.cut_from}
+        return {"name": self.name, "tokens": self.tokens, "runs": runs}
 
 
 @dataclass(frozen=True)
