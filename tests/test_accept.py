@@ -19,13 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from support.helpers import pid_alive
+from gguf import GGUFValueType
+from support.helpers import pid_alive, rewrite_gguf
 
 from gguf_mtp import extract, strip
 from gguf_mtp.check import accept as accept_module
 from gguf_mtp.check.accept import accept
 from gguf_mtp.check.accept_schedule import Limits, replay
 from gguf_mtp.errors import LlamaCppError, NoNextNBlockError, ParameterError
+from gguf_mtp.format.header import encode_kv
 from gguf_mtp.server.bench import Prompt
 from gguf_mtp.testing.cycle_model import CycleModel, damage_head, write_cycle_model
 from gguf_mtp.testing.server_models import with_test_tokenizer
@@ -117,15 +119,15 @@ def test_trunk_and_sidecar_predict_what_the_composite_predicts(cycle: CycleModel
     assert apart.draft == str(sidecar)
 
 
-@pytest.mark.parametrize(("load", "threads"), [(3.0, 1), (0.4, 4)])
-def test_llama_cpp_runs_on_the_free_cores_unless_told(cycle: CycleModel, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("load", "threads"), [(3.0, 1), (0.4, 2)])
+def test_llama_cpp_runs_on_half_the_free_cores_unless_told(cycle: CycleModel, monkeypatch: pytest.MonkeyPatch,
                                                       load: float, threads: int) -> None:
-    # as bench and the quantizer size their pools (constants.free_cores): a busy machine is not oversubscribed
+    # as bench gives llama-server's two pools (the trunk's, the head's) half the free cores each
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     asked: list[int] = []
 
-    def child(request: dict, model: str) -> dict:
+    def child(request: dict, model: str, say: object) -> dict:
         asked.append(request["threads"])
         raise LlamaCppError("stopped before llama.cpp runs", model)
 
@@ -192,7 +194,7 @@ def test_a_prompt_longer_than_the_context_is_refused(cycle: CycleModel) -> None:
     long = Prompt("long", "0123456789" * 200)  # 400 tokens of llama.cpp's test tokenizer (5 bytes each)
     with pytest.raises(ParameterError, match=r"long: 400 prompt tokens do not fit the context of 256"):
         accept(cycle.path, prompts=[long], tokens=TOKENS, ctx_size=200, threads=1)
-    proc = cli("accept", str(cycle.path), "--ctx-size", "200", "--prompts", str(write_prompt(cycle, long.text)))
+    proc = cli("accept", str(cycle.path), "--ctx-size", "200", "--prompts", str(write_prompt(cycle, long.text)), "-q")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "do not fit the context of 256" in proc.stderr
 
 
@@ -285,3 +287,128 @@ def test_text_mode_scores_the_given_text_by_teacher_forcing(cycle: CycleModel) -
         agreeing, scored = score.agreement or (0, 0)
         assert scored == 19 and agreeing == (0 if token[score.name] in cycle.good else 19), score.name
     assert "an estimate of acceptance at n-max 1, not a server prediction" in report.describe()[-1]
+
+
+# ------------------------------------------------------------------------------------------- issue 37
+
+
+def test_a_sigkilled_accept_takes_its_llama_cpp_child_with_it(cycle: CycleModel, tmp_path: Path) -> None:
+    # the child here only sleeps: whatever it does, it must not outlive a parent killed outright
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import sys\nfrom gguf_mtp.check import accept\nfrom gguf_mtp.cli import main\n"
+        "accept._child_command = lambda: [sys.executable, '-c', 'import time; time.sleep(3600)']\n"
+        f"sys.exit(main(['accept', {str(cycle.path)!r}, '--threads', '1', '-q']))\n")
+    proc = subprocess.Popen([sys.executable, str(parent)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (children := _children(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120  # a bound, not a wait: the kernel kills it at once
+        while any(pid_alive(child) for child in children):
+            assert time.monotonic() < deadline, "the child outlived its SIGKILLed parent"
+            time.sleep(0.05)
+    finally:
+        for child in children:
+            if pid_alive(child):
+                os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("flag", "value", "bound"), [("--threads", "0", "1 to 512"), ("--threads", "5000", "1 to 512"),
+                                                      ("--threads", "100000", "1 to 512"),
+                                                      ("--n-gpu-layers", "70000", "0 to 65536"),
+                                                      ("--ctx-size", "99999999", "8 to 16777216"),
+                                                      ("--tokens", "70000", "1 to 65536")])
+def test_a_count_beyond_its_bound_is_refused_before_llama_cpp_starts(cycle: CycleModel, flag: str, value: str,
+                                                                     bound: str) -> None:
+    proc = cli("accept", str(cycle.path), flag, value)
+    assert proc.returncode == 2
+    assert proc.stderr == f"gguf-mtp: error: {flag} {value}: give {bound}\n"
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused_naming_the_file_and_the_character(cycle: CycleModel,
+                                                                                     tmp_path: Path) -> None:
+    prompts = tmp_path / "mine.json"
+    prompts.write_text('["a fine prompt", "ab\\ud800c"]')
+    proc = cli("accept", str(cycle.path), "--prompts", str(prompts))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"gguf-mtp: error: {prompts}: --prompts: prompt 2: character 3 (U+D800) cannot be encoded "
+                           "as UTF-8 (surrogates not allowed)\n")
+
+
+def test_an_mtp_only_sidecar_given_as_the_model_is_refused_naming_draft(split: tuple[Path, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, sidecar = split
+
+    def child(request: dict, model: str, say: object) -> dict:
+        raise AssertionError("llama.cpp started")
+
+    monkeypatch.setattr(accept_module, "_run_child", child)
+    with pytest.raises(ParameterError, match=r"an MTP-only sidecar, not a model: .* and this file as draft$"):
+        accept(sidecar, prompts=PROMPTS, tokens=8, threads=1)
+    proc = cli("accept", str(sidecar))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"gguf-mtp: error: {sidecar}: an MTP-only sidecar, not a model: give the model it drafts "
+                           "for, and this file as --draft\n")
+
+
+@pytest.mark.parametrize(("given", "free", "warned"), [(2, 1, True), (1, 1, False), (2, 4, False), (3, 4, True)])
+def test_threads_that_oversubscribe_the_free_cores_are_warned_of_as_bench_does(
+    cycle: CycleModel, monkeypatch: pytest.MonkeyPatch, given: int, free: int, warned: bool
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0 - free,) * 3)
+
+    def child(request: dict, model: str, say: object) -> dict:
+        raise LlamaCppError("stopped before llama.cpp runs", model)
+
+    monkeypatch.setattr(accept_module, "_run_child", child)
+    warnings: list[str] = []
+    with pytest.raises(LlamaCppError):
+        accept(cycle.path, prompts=PROMPTS, tokens=8, threads=given, warn=warnings.append)
+    expected = (f"threads: an MTP run's two thread pools hold {given} + {given} threads for {free} free core(s): it "
+                f"may run many times slower than it would with fewer (give --threads {max(1, free // 2)}, or leave "
+                "it out)")
+    assert warnings == ([expected] if warned else [])
+
+
+def test_progress_lines_say_the_threads_the_child_and_each_prompt_as_they_come(cycle: CycleModel) -> None:
+    prompts = cycle.path.parent / "two-prompts.txt"
+    prompts.write_text(f"{PROMPTS[0].text}\n---\n{PROMPTS[1].text}\n")
+    proc = cli("accept", str(cycle.path), "--prompts", str(prompts), "--tokens", "8", "--n-max", "1", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("threads: as given (") and lines[0].endswith(" free core(s))")
+    assert lines[1].startswith("llama.cpp: pid ") and lines[1].endswith(", loading the model")
+    assert lines[2:] == ["prompt 1/2 (prompt 1): predicting", "prompt 2/2 (prompt 2): predicting"]
+    quiet = cli("accept", str(cycle.path), "--prompts", str(prompts), "--tokens", "8", "--n-max", "1", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@pytest.fixture(scope="module")
+def small_context(cycle: CycleModel) -> Path:
+    """The designed model with a 256-token training context: the built-in prompts do not fit it whole."""
+    key = "glm4moe.context_length"
+    return rewrite_gguf(cycle.path, cycle.path.parent / "context-256.gguf",
+                        set_kvs={key: encode_kv(key, GGUFValueType.UINT32, 256)})
+
+
+def test_verify_acceptance_cuts_the_built_in_prompts_to_a_small_context_and_says_so(small_context: Path) -> None:
+    proc = cli("verify", str(small_context), "--acceptance", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    detail = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["acceptance"]["detail"]
+    assert detail.startswith("predicted acceptance 0.") and "cut to fit the context of 256, 64 tokens each" in detail
+
+
+def test_verify_acceptance_refuses_a_model_without_a_tokenizer_up_front(tmp_path: Path) -> None:
+    bare = write_target(tmp_path / "bare", family=GLM4MOE, with_nextn=True, name="bare")
+    proc = cli("verify", str(bare), "--acceptance")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"gguf-mtp: error: {bare}: --acceptance: model has no tokenizer (tokenizer.ggml.model = "
+                           "'no_vocab'): llama-server cannot tokenize prompts, so its head cannot be measured: leave "
+                           "--acceptance out\n")

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_mtp.check.accept_schedule import Limits, Replay, first_draft_agreement, replay, total
+from gguf_mtp.check.accept_schedule import (
+    Limits,
+    Replay,
+    draft_length,
+    first_draft_agreement,
+    fitted_prompt_length,
+    replay,
+    total,
+)
 
 GREEDY = list(range(100, 200))
 
@@ -108,3 +116,71 @@ def test_the_slot_context_is_rounded_up_to_256_and_capped_at_training() -> None:
 
     assert [slot_context(500, 4096), slot_context(512, 4096), slot_context(None, 4096), slot_context(9000, 4096),
             slot_context(300, None)] == [512, 512, 4096, 4096, 512]
+
+
+@pytest.mark.parametrize(("n_max", "heads", "drafted"), [(1, 2, 1), (2, 2, 2), (3, 2, 2), (4, 3, 3), (16, 3, 3),
+                                                         (3, 1, 3), (16, 1, 16)])
+def test_a_chain_of_heads_drafts_at_most_one_token_per_block_and_a_single_head_n_max(n_max: int, heads: int,
+                                                                                     drafted: int) -> None:
+    assert draft_length(n_max, heads) == drafted
+
+
+def test_a_prompt_that_fits_with_room_to_generate_is_kept_whole() -> None:
+    assert fitted_prompt_length(100, 512, 64, 1) == 100
+    assert fitted_prompt_length(445, 512, 64, 1) == 445  # 445 + 64 generated + 1 drafted + 2 = 512
+
+
+def test_a_long_prompt_is_cut_to_leave_room_for_the_generation_and_a_draft() -> None:
+    assert fitted_prompt_length(1050, 512, 64, 1) == 445
+    assert fitted_prompt_length(1050, 512, 64, 3) == 443
+
+
+def test_a_generation_longer_than_the_context_keeps_half_of_it_for_the_prompt() -> None:
+    assert fitted_prompt_length(1050, 256, 512, 1) == 128
+    assert fitted_prompt_length(5, 8, 512, 1) == 4
+
+
+def test_the_child_builds_no_chain_longer_than_the_blocks_of_a_chain_of_heads(monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture[str]
+                                                                              ) -> None:
+    # llama.cpp aborts (nextn_layer_offset out of range) when asked for a block past the last one
+    import numpy as np
+
+    from gguf_mtp.check import accept_child
+
+    lengths: list[int] = []
+
+    class TwoBlocks:
+        heads, chained, n_vocab, n_ctx = 2, True, 8, 512
+
+        def __init__(self, request: dict) -> None:
+            pass
+
+        def tokenize(self, text: str) -> list[int]:
+            return [1, 2, 3]
+
+        def open_contexts(self, cells: int) -> None:
+            pass
+
+        def greedy(self, prompt: list[int], n: int) -> list[int]:
+            return [4] * n
+
+        def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
+            return np.zeros((len(tokens), 1)), [4] * (len(tokens) - score_from)
+
+        def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
+            return [4] * (len(tokens) - score_from), np.zeros((len(tokens) - score_from, 1))
+
+        def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
+                  length: int) -> list[int]:
+            lengths.append(length)
+            return [4] * length
+
+        def first_eog(self, tokens: list[int]) -> None:
+            return None
+
+    monkeypatch.setattr(accept_child, "_Runner", TwoBlocks)
+    report = accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "k_max": 3, "n_ctx": 512,
+                               "threads": 1, "n_gpu_layers": 0})
+    capsys.readouterr()
+    assert max(lengths) == 2 and all(len(chain) <= 2 for chain in report["prompts"][0]["chains"])

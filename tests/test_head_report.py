@@ -17,7 +17,8 @@ from gguf_mtp.format.header import encode_kv
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.head_type import low_bit_warning
 from gguf_mtp.model.head_types import WEAK_HEAD_TYPES, weak_head_types
-from gguf_mtp.testing.tiny_models import write_draft, write_target
+from gguf_mtp.testing.server_models import with_test_tokenizer
+from gguf_mtp.testing.tiny_models import GLM4MOE, write_draft, write_target
 
 
 def test_the_table_holds_the_iq1_iq2_iq3_families_and_the_types_below_q4_k() -> None:
@@ -59,12 +60,22 @@ def test_a_low_type_head_is_reported_with_the_table_and_a_replace_head_suggestio
     assert lines[first + 2] == f"  suggestion: {head.suggestion}"
 
 
-def test_a_good_head_gets_the_acceptance_measurement_suggested(nemotron_split: Path, nemotron_draft0: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_good_head_gets_the_acceptance_measurement_suggested_on_its_own_file(tmp_path: Path) -> None:
+    raw = write_target(tmp_path / "raw", family=GLM4MOE, with_nextn=True, quant="F16", name="good")
+    model = with_test_tokenizer(raw, tmp_path / "good head.gguf")
+    head = inspect(model).head
+    assert head is not None and head.weak_types == ()
+    assert head.suggestion.startswith(f"measure what the head is worth: gguf-mtp verify --acceptance '{model}'; ")
+
+
+def test_a_head_without_a_tokenizer_gets_no_acceptance_measurement_suggested(nemotron_split: Path,
+                                                                              nemotron_draft0: Path,
+                                                                              tmp_path: Path) -> None:
     model = compose(nemotron_split, nemotron_draft0, tmp_path, progress=False).output_paths[0]
     head = inspect(model).head
     assert head is not None and head.weak_types == () and head.main_type == "BF16"
-    assert "verify --acceptance" in head.suggestion
+    assert head.suggestion.startswith("this file has no tokenizer, so its head cannot be measured from it; ")
+    assert "verify --acceptance" not in head.suggestion
 
 
 def test_json_carries_the_same_head_report(low_head: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,13 +16,15 @@ positions where the batched trunk pass disagrees with the one-token greedy decod
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +32,21 @@ from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
 from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model
-from gguf_mtp.server.bench_rules import MAX_N_MAX
+from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model, check_prompts
+from gguf_mtp.server.bench_rules import check_count_options, check_n_max
+from gguf_mtp.server.options import Threads, pool_share, shared_threads
+from gguf_mtp.server.process import die_with_parent
 
-from .accept_schedule import Limits, Replay, first_draft_agreement, replay, total
+from .accept_schedule import Limits, Replay, draft_length, first_draft_agreement, replay, total
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
 
 __all__ = ["AcceptReport", "PromptScore", "accept", "draft_cost", "slot_context"]
 
-#: The most tokens generated per prompt.
-MAX_TOKENS = 1 << 14
 #: Lines of llama.cpp's log shown when the child fails.
 LOG_TAIL_LINES = 12
+#: The most bytes of llama.cpp's log read back for them.
+LOG_TAIL_BYTES = 64 * 1024
 _STAGES = {"load": "loading the model", "score": "scoring", None: "starting"}
 
 
@@ -58,6 +62,7 @@ class PromptScore:
     batched_disagreements: int = 0  #: positions where the batched trunk pass and the greedy decode differ
     greedy: tuple[int, ...] = ()  #: greedy mode: the trunk's greedy continuation (token ids)
     seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, passes, chains)
+    cut_from: int | None = None  #: the prompt's tokens before it was cut to fit the context (``fit_context``)
 
     def to_dict(self) -> dict[str, Any]:
         runs = [{"n_max": r.n_max, "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted} for r in self.runs]
@@ -109,6 +114,21 @@ class AcceptReport:
     def batched_disagreements(self) -> int:
         return sum(p.batched_disagreements for p in self.prompts)
 
+    def drafted_n_max(self, run: Replay) -> int:
+        """The draft length llama.cpp uses for ``run``'s n-max (clipped to the blocks of a chain of heads)."""
+        return draft_length(run.n_max, self.heads)
+
+    def notes(self) -> list[str]:
+        """What the prediction changed from what was asked: n-max clipped, prompts cut to fit the context."""
+        lines = [f"n-max {r.n_max} drafts at most {self.drafted_n_max(r)} token(s), as llama-server does: a chain of "
+                 f"{self.heads} NextN blocks drafts one token per block" for r in self.runs
+                 if self.drafted_n_max(r) != r.n_max]
+        cut = [p for p in self.prompts if p.cut_from is not None]
+        if cut:
+            lines.append(f"prompts cut to fit the context of {self.n_ctx} with room to generate: "
+                         + ", ".join(f"{p.name} {p.cut_from} -> {p.prompt_tokens} tokens" for p in cut))
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` report."""
         runs = []
@@ -117,8 +137,9 @@ class AcceptReport:
                 {"position": i + 1, "drafted": d, "accepted": a, "acceptance": a / d if d else None}
                 for i, (d, a) in enumerate(zip(r.drafted_per_pos, r.accepted_per_pos, strict=True))
             ]
-            runs.append({"n_max": r.n_max, "draft_n": r.draft_n, "draft_n_accepted": r.draft_n_accepted,
-                         "acceptance": r.acceptance, "by_position": by_position, "steps": r.steps,
+            runs.append({"n_max": r.n_max, "drafted_n_max": self.drafted_n_max(r), "draft_n": r.draft_n,
+                         "draft_n_accepted": r.draft_n_accepted, "acceptance": r.acceptance,
+                         "by_position": by_position, "steps": r.steps,
                          "generated": r.generated, "tokens_per_step": r.tokens_per_step,
                          "speedup_estimate": self.speedup(r)})
         return {
@@ -134,6 +155,7 @@ class AcceptReport:
             "batched_disagreements": self.batched_disagreements,
             "seconds": self.seconds,
             "phase_seconds": self.phase_seconds(),
+            "notes": self.notes(),
         }
 
     def describe(self) -> list[str]:
@@ -150,7 +172,7 @@ class AcceptReport:
             lines.append(f"teacher forcing on the given text: the head's first draft agrees with the trunk's own "
                          f"next token on {a} of {n} positions ({a / n:.2f}) — an estimate of acceptance at n-max 1, "
                          "not a server prediction" if n else "nothing scored")
-            return lines
+            return lines + [f"note: {line}" for line in self.notes()]
         lines.append(f"predicted llama-server counts (greedy, {self.tokens} tokens per prompt, context {self.n_ctx}):")
         for p in self.prompts:
             parts = [f"n-max {r.n_max}: {r.draft_n_accepted}/{r.draft_n}"
@@ -168,6 +190,7 @@ class AcceptReport:
         lines.append(f"speed-up estimate = tokens per trunk step / (1 + n-max x c), c = {self.draft_cost:.3f} (the "
                      "head's weights read per draft step over the trunk's per token); it assumes a verify batch costs "
                      "one trunk step: an estimate, measure tokens/s with gguf-mtp bench")
+        lines += [f"note: {line}" for line in self.notes()]
         if self.batched_disagreements:
             lines.append(f"note: at {self.batched_disagreements} positions the batched trunk pass chose another token "
                          "than the one-token greedy decode (near ties): the server's counts may differ there")
@@ -218,42 +241,79 @@ def _child_command() -> list[str]:
     return [sys.executable, "-m", "gguf_mtp.check.accept_child"]
 
 
-def _run_child(request: dict[str, Any], model: str) -> dict[str, Any]:
-    """Run the child on ``request``; its report, or :class:`LlamaCppError` with llama.cpp's last log lines."""
+def _run_child(request: dict[str, Any], model: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run the child on ``request``, saying each stage it reaches; its report, or :class:`LlamaCppError` with
+    llama.cpp's last log lines. The child dies with us, even when we are killed outright (as bench's server)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(request["threads"]))
-    proc = subprocess.run(_child_command(), input=json.dumps(request), capture_output=True, text=True, env=env,
-                          errors="replace")
-    report = last_report(proc.stdout)
-    tail = tuple(line for line in proc.stderr.splitlines() if line.strip())[-LOG_TAIL_LINES:]
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: llama.cpp's log cannot block the child
+        proc = subprocess.Popen(_child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                                text=True, errors="replace", preexec_fn=die_with_parent())
+        try:
+            stdout = _talk(proc, json.dumps(request), len(request["prompts"]), say)
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            proc.wait()
+        log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+        stderr = log.read().decode("utf-8", "replace")
+    return _child_report(proc.returncode, stdout, stderr, model)
+
+
+def _talk(proc: subprocess.Popen[str], request: str, prompts: int, say: Callable[[str], None]) -> str:
+    """Send ``request``, read the child's report lines as they come (a progress line per stage); all of them."""
+    assert proc.stdin is not None and proc.stdout is not None
+    with contextlib.suppress(BrokenPipeError):  # a child that died at once: its exit status says why
+        proc.stdin.write(request)
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+    say(f"llama.cpp: pid {proc.pid}, loading the model")
+    lines = []
+    scored = 0
+    for line in proc.stdout:
+        lines.append(line)
+        stage = last_report(line)
+        if stage is not None and stage.get("stage") == "score":
+            scored += 1
+            say(f"prompt {scored}/{prompts} ({stage.get('prompt')}): predicting")
+    return "".join(lines)
+
+
+def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict[str, Any]:
+    """The child's report, or the error its exit status and log say."""
+    report = last_report(stdout)
+    tail = tuple(line for line in stderr.splitlines() if line.strip())[-LOG_TAIL_LINES:]
     stage = (report or {}).get("stage")
-    if proc.returncode == 0 and report is not None and stage == "done":
+    if returncode == 0 and report is not None and stage == "done":
         if report.get("refused"):
             refused = str(report["refused"])
-            reason = llama_reason(proc.stderr) if refused.startswith("llama.cpp") else None
+            reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
             raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
         return report
     where = _STAGES.get(stage, str(stage))
     if stage == "score" and report is not None:
         where = f"scoring {report.get('prompt')}"
-    if proc.returncode < 0:
-        how = f"llama.cpp died ({signal_name(-proc.returncode)}) while {where}"
+    if returncode < 0:
+        how = f"llama.cpp died ({signal_name(-returncode)}) while {where}"
     else:
-        how = f"llama.cpp failed (exit status {proc.returncode}) while {where}"
-    reason = llama_reason(proc.stderr)
+        how = f"llama.cpp failed (exit status {returncode}) while {where}"
+    reason = llama_reason(stderr)
     raise LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=tail)
 
 
-def _check_sizes(tokens: int, n_max: Sequence[int], threads: int, n_gpu_layers: int, n_ctx: int | None) -> None:
-    if not 1 <= tokens <= MAX_TOKENS:
-        raise ParameterError(f"tokens {tokens}: generate from 1 to {MAX_TOKENS} tokens per prompt", parameter="tokens")
-    if not n_max or any(not 1 <= n <= MAX_N_MAX for n in n_max):
-        raise ParameterError(f"n_max: draft lengths from 1 to {MAX_N_MAX}", parameter="n_max")
-    if threads < 1:
-        raise ParameterError(f"threads {threads}: give 1 or more", parameter="threads")
-    if n_gpu_layers < 0:
-        raise ParameterError(f"n_gpu_layers {n_gpu_layers}: give 0 or more", parameter="n_gpu_layers")
-    if n_ctx is not None and n_ctx < 8:
-        raise ParameterError(f"ctx_size {n_ctx}: give 8 or more", parameter="ctx_size")
+def _check_sizes(tokens: int, n_max: Sequence[int], threads: int | None, n_gpu_layers: int, n_ctx: int | None) -> None:
+    check_count_options(tokens=tokens, threads=threads, n_gpu_layers=n_gpu_layers, ctx_size=n_ctx)
+    check_n_max(n_max)
+
+
+def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
+    """The child's thread count by bench's rule (:func:`gguf_mtp.server.options.shared_threads`), warned of when
+    its two pools (the trunk's and the head's contexts) oversubscribe the free cores."""
+    threads = shared_threads(given, free_cores(), "--threads")
+    warning = threads.warning(f"give --threads {pool_share(threads.free)}, or leave it out")
+    if warning is not None and warn is not None:
+        warn(warning)
+    return threads
 
 
 def accept(
@@ -267,6 +327,9 @@ def accept(
     ctx_size: int | None = None,
     threads: int | None = None,
     n_gpu_layers: int = 0,
+    fit_context: bool = False,
+    progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> AcceptReport:
     """Predict llama-server's draft-mtp counts for ``model`` (see the module docstring).
 
@@ -278,46 +341,54 @@ def accept(
         n_max: the draft lengths to predict (``--spec-draft-n-max``).
         text: score the prompts themselves as text (teacher forcing: an estimate, not a server prediction).
         ctx_size: llama-server's ``-c`` (default: the model's training context); see :func:`slot_context`.
-        threads: CPU threads for llama.cpp (default: the free cores, :func:`~gguf_mtp.constants.free_cores`:
-            more on a busy machine only slow llama.cpp's pool down).
+        threads: CPU threads of each of llama.cpp's two pools, the trunk's and the head's (default: half the free
+            cores each, at least 1, as bench gives llama-server: :func:`gguf_mtp.server.options.shared_threads`).
         n_gpu_layers: layers to offload (``-ngl``), with a GPU build of llama-cpp-python.
+        fit_context: cut a prompt to what fits the context with room to generate, rather than refuse it (a
+            measure of the head, not a prediction for those prompts); the report says so.
+        progress: called with one line per stage (the threads, the child started, each prompt).
+        warn: called with a warning (``threads`` oversubscribe the free cores).
 
     Raises:
         BadGGUFError, ShardSetError: a file is not a readable GGUF model.
         NoNextNBlockError: no NextN block and no ``draft``, or a ``draft`` without one.
-        ParameterError: no tokenizer, a draft that does not fit, bad sizes, a prompt longer than the context.
+        ParameterError: no tokenizer, an MTP-only sidecar as ``model``, a draft that does not fit, bad sizes, a
+            prompt that is not UTF-8 text or is longer than the context.
         LlamaCppError: llama.cpp failed in the child (its last log lines attached).
         RuntimeError: llama-cpp-python is not installed.
     """
     began = time.monotonic()
-    threads = threads if threads is not None else free_cores()
+    say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))
     _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
     info, target, mtp = _check_inputs(model, draft)
     n_ctx = slot_context(ctx_size, info.context_length)
-    prompts = tuple(prompts) if prompts is not None else builtin_prompts()
+    prompts = check_prompts(prompts, "prompts") if prompts is not None else builtin_prompts()
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
+    pools = _threads(threads, warn)
+    say(pools.describe("--threads"))
     request = {
         "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
         "mode": "text" if text else "greedy", "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx,
-        "threads": threads, "n_gpu_layers": n_gpu_layers,
+        "threads": pools.trunk, "n_gpu_layers": n_gpu_layers, "fit": fit_context,
     }
-    report = _run_child(request, info.path)
+    report = _run_child(request, info.path, say)
     heads, chained = int(report["heads"]), bool(report["chained"])
     scores = []
     for item in report["prompts"]:
         if text:
             agreement = first_draft_agreement(item["reference"], item["firsts"])
-            scores.append(PromptScore(item["name"], 0, item["tokens"], (), agreement))
+            scores.append(PromptScore(item["name"], 0, item["tokens"], (), agreement, cut_from=item.get("cut_from")))
             continue
         limits = Limits(item["prompt_tokens"], tokens, n_ctx, item["eog_at"])
-        # chained heads draft at most one token per head (draft-mtp clips n_max); the run keeps the asked n-max
-        runs = tuple(dataclasses.replace(replay(item["greedy"], item["chains"], min(k, heads) if chained else k,
-                                                limits), n_max=k) for k in n_max)
+        # the run keeps the asked n-max; the report says where llama.cpp drafts fewer (AcceptReport.notes)
+        runs = tuple(dataclasses.replace(replay(item["greedy"], item["chains"], draft_length(k, heads), limits),
+                                         n_max=k) for k in n_max)
         scores.append(PromptScore(item["name"], item["prompt_tokens"], len(item["greedy"]), runs,
                                   batched_disagreements=int(item["batched_disagreements"]),
-                                  greedy=tuple(item["greedy"]), seconds=dict(item.get("seconds", {}))))
+                                  greedy=tuple(item["greedy"]), seconds=dict(item.get("seconds", {})),
+                                  cut_from=item.get("cut_from")))
     return AcceptReport(
         model=info.path, draft=info.draft, mode="text" if text else "greedy", tokens=tokens, n_ctx=n_ctx,
         heads=heads, chained=chained, draft_cost=draft_cost(target, mtp), prompts=tuple(scores),

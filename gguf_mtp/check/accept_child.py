@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .accept_schedule import draft_length, fitted_prompt_length
 from .llama_check import CONTEXT_PARAMS, MODEL_PARAMS, emit_report, set_params
 
 __all__ = ["CHUNK", "main"]
@@ -327,9 +328,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return report | {"refused": str(e)}
     report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab}
     text_mode = request["mode"] == "text"
+    k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
     tokenized = []
+    cut_from: list[int | None] = []  # per prompt: its length before it was cut to fit, if it was
     for name, text in request["prompts"]:
         tokens = runner.tokenize(text)
+        keep = fitted_prompt_length(len(tokens), runner.n_ctx, request["tokens"], k_max) if request.get("fit") \
+            else len(tokens)
+        cut_from.append(len(tokens) if keep < len(tokens) else None)
+        tokens = tokens[:keep]
         if len(tokens) < (3 if text_mode else 1):
             return report | {"refused": f"{name}: too few tokens ({len(tokens)}) to score"}
         if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
@@ -339,19 +346,20 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
         tokenized.append((name, tokens, generate))
     runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized))
-    for name, tokens, generate in tokenized:
+    for (name, tokens, generate), cut in zip(tokenized, cut_from, strict=True):
         emit_report({"prompt": name}, "score")
         if text_mode:
             report["prompts"].append(_score_text(runner, name, tokens))
         else:
-            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"],
-                                                   request["k_max"]))
+            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], k_max))
+        report["prompts"][-1]["cut_from"] = cut
     return report
 
 
 def main() -> int:
     """The child: a JSON request on stdin (``model``, ``draft``, ``prompts`` as ``[name, text]`` pairs, ``mode``
-    ``greedy`` or ``text``, ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``); JSON lines out."""
+    ``greedy`` or ``text``, ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt
+    to what fits the context); JSON lines out."""
     request = json.loads(sys.stdin.read())
     report = run(request)
     sys.stdout.write(json.dumps(report | {"stage": "done"}) + "\n")

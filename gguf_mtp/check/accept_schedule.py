@@ -24,7 +24,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Limits", "Replay", "first_draft_agreement", "replay", "total"]
+__all__ = ["Limits", "Replay", "draft_length", "first_draft_agreement", "fitted_prompt_length", "replay", "total"]
+
+
+def draft_length(n_max: int, heads: int) -> int:
+    """The most tokens llama.cpp's draft-mtp drafts per step for ``--spec-draft-n-max n_max`` with ``heads`` NextN
+    blocks: a chain of heads (more than one block, as Step-3.5, MiMo-V2 and Hy3 ship) drafts token k with block k,
+    so its n-max is clipped to the block count; a single head drafts ``n_max``. Source: ``common/speculative.cpp``,
+    ``common_speculative_impl_draft_mtp``'s constructor (``chain_heads = n_mtp_layers > 1 && !is_mem_shared``, then
+    ``n_max = std::min(n_max, n_mtp_layers)``; no family here shares the trunk's memory)."""
+    return min(n_max, heads) if heads > 1 else n_max
+
+
+def fitted_prompt_length(prompt_tokens: int, n_ctx: int, tokens: int, n_max: int) -> int:
+    """How many of a prompt's first tokens to keep so that ``tokens`` more and a draft of ``n_max`` fit a slot of
+    ``n_ctx`` (at least half the context stays the prompt's): for a check that needs a measure, not a given
+    request (``verify --acceptance`` on a model with a small context)."""
+    room = tokens + n_max + 2  # the server refuses a prompt that fills the slot and drafts less near its end
+    return max(1, min(prompt_tokens, max(n_ctx - room, n_ctx // 2)))
 
 
 @dataclass(frozen=True)

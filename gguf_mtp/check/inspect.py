@@ -8,6 +8,7 @@ still summarised, with the problems listed; only a file whose header cannot be r
 from __future__ import annotations
 
 import os
+import shlex
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -34,6 +35,7 @@ from gguf_mtp.model.blocks import (
 )
 from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
+from gguf_mtp.server.bench import tokenizer_refusal
 from gguf_mtp.text import human_bytes
 
 __all__ = ["HeadReport", "ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]
@@ -400,12 +402,28 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         graph_note=nextn_graph_note(arch, blocks.nextn),
         nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
-        head=_head_report(names, blocks, _by_bytes(tally.nextn_usage) if nextn_blocks else ()),
+        head=_head_report(names, blocks, _by_bytes(tally.nextn_usage) if nextn_blocks else (),
+                          _acceptance_command(model, blocks)),
     )
 
 
-def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, ...]) -> HeadReport | None:
-    """The head report of a file with declared NextN blocks or ``nextn.*`` tensors (``None`` for neither)."""
+def _acceptance_command(model: ScannedModel, blocks: _BlockFacts) -> str:
+    """How to measure the head of ``model``: the command, or why it cannot be measured from this file. A draft is
+    measured beside the model it drafts for, which only the user knows."""
+    if model.remote:
+        return "measure what the head is worth on a local copy: gguf-mtp verify --acceptance"
+    command = f"measure what the head is worth: gguf-mtp verify --acceptance {shlex.quote(model.source)}"
+    if blocks.mtp_only:
+        return command + " --target MODEL"
+    if model.first is not None and tokenizer_refusal(model.first) is not None:
+        return "this file has no tokenizer, so its head cannot be measured from it"
+    return command
+
+
+def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, ...], measure: str
+                 ) -> HeadReport | None:
+    """The head report of a file with declared NextN blocks or ``nextn.*`` tensors (``None`` for neither);
+    ``measure`` says how to measure the head (:func:`_acceptance_command`)."""
     declared = blocks.nextn_blocks
     holding = set(declared) & set(block_indices(names))
     holding |= {b for name in names if ".nextn." in name and (b := block_index(name)) is not None}
@@ -424,7 +442,7 @@ def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, 
     elif with_tensors != declared:
         suggestion = f"nextn_predict_layers does not match the NextN tensors: {fix}"
     else:
-        suggestion = "measure what the head is worth: gguf-mtp verify --acceptance FILE; if it is low, " + fix
+        suggestion = f"{measure}; if it is low, {fix}"
     return HeadReport(declared, types, weak, blocks.nextn, with_tensors, suggestion)
 
 

@@ -67,7 +67,7 @@ from gguf_mtp.model.shard_scan import (
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short, short_change
 
-from .acceptance_floor import DEFAULT_FLOOR, acceptance_verdict
+from .acceptance_floor import DEFAULT_FLOOR, acceptance_verdict, refuse_unmeasurable
 from .draft_checks import draft_globals_check, target_fit_check
 from .llama_check import INSTALL_HINT, LlamaCheck, check_with_llama, llama_cpp_available
 
@@ -703,7 +703,7 @@ def verify(
     Raises:
         BadGGUFError: ``composite`` does not exist or a file of it is not a readable GGUF (no check runs, nor
             llama.cpp), or ``target``/``draft`` is unreadable.
-        ParameterError: ``draft`` is given for an MTP-only file.
+        ParameterError: ``draft`` is given for an MTP-only file; ``acceptance`` for a model without a tokenizer.
         ShardSetError: ``target``/``draft`` is an inconsistent split set.
         HubError: a remote composite could not be reached.
     """
@@ -720,6 +720,9 @@ def verify(
         draft=os.fspath(draft) if draft is not None else None,
     )
     layout, layout_error = _layout(model)
+    measured = target if _is_draft(model, layout) else composite  # a draft's head runs beside its target
+    if acceptance and measured is not None and not model.remote:
+        refuse_unmeasurable(measured)
     journal = pending_journal(shard.name for shard in model.shards) if not model.remote else None
     if journal is not None:  # listed only when it fails: a set on disk is committed unless a journal says not
         report.checks.append(Check("committed", False, uncommitted_line(str(journal))))

@@ -6,14 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_prompt_flags, print_json, print_report
+from .common import add_prompt_flags, print_json, print_report, say, warn
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "accept",
         usage="gguf-mtp accept MODEL [--draft SIDECAR] [--prompts FILE] [--tokens N] [--n-max K,K...] [--text] "
-        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--outtypes T,T...] [--json]",
+        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--outtypes T,T...] [--json] [-q]",
         help="predict llama-server's MTP acceptance (draft_n, draft_n_accepted) in seconds, without a server",
         description="Run the trunk and the MTP head with llama.cpp (llama-cpp-python, in a child process): the "
         "trunk's greedy continuation of each prompt, one batched trunk pass and one batched MTP pass over it, the "
@@ -29,14 +29,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "the head's first draft equals the trunk's own next token; an estimate)")
     p.add_argument("--ctx-size", dest="ctx_size", type=int, metavar="N", help="the server slot's context, "
                    "llama-server's -c (default: the model's training context)")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for llama.cpp (default: the free cores: "
-                   "the CPUs less the one-minute load average, at least 1)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads of each of llama.cpp's two pools, the "
+                   "trunk's and the head's (default: half the free cores each, at least 1, as bench gives "
+                   "llama-server; more are warned of: on a busy machine they run many times slower)")
     p.add_argument("--n-gpu-layers", dest="n_gpu_layers", type=int, default=0, metavar="N",
                    help="layers to offload to a GPU (a GPU build of llama-cpp-python; default: 0)")
     p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "
                    "into a temporary sidecar) and report its bytes and predicted acceptance, recommending the "
                    "smallest type within 0.01 of the best (e.g. q8_0,q6_k,q4_k,q3_k)")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run)
 
 
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     n_max = parse_n_max_list(args.n_max)
     prompts = load_prompts(args.prompts) if args.prompts else None
     options = {"prompts": prompts, "tokens": args.tokens, "n_max": n_max, "ctx_size": args.ctx_size,
-               "threads": args.threads, "n_gpu_layers": args.n_gpu_layers}
+               "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
+               "progress": None if args.quiet else say, "warn": warn}
     if args.outtypes is not None and args.text:
         raise ParameterError("outtypes: the type sweep predicts server counts; it does not take --text",
                              parameter="outtypes")

@@ -7,7 +7,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from .common import add_prompt_flags, print_json, print_report
+from .common import add_prompt_flags, print_json, print_report, say, warn
 
 if TYPE_CHECKING:
     from gguf_mtp.check.accept import AcceptReport
@@ -66,12 +66,6 @@ def run(args: argparse.Namespace) -> int:
         from gguf_mtp.server.bench_plot import check_plot_target
 
         check_plot_target(args.plot, force=args.force)
-
-    def say(line: str) -> None:
-        print(printable(line), file=sys.stderr, flush=True)
-
-    def warn(line: str) -> None:
-        print(f"gguf-mtp: warning: {printable(line)}", file=sys.stderr, flush=True)
 
     predicted = None
     if args.with_accept:  # first: seconds, and a missing llama-cpp-python is said before any server runs

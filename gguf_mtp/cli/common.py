@@ -145,6 +145,16 @@ def print_report(lines: Iterable[str]) -> None:
     print("\n".join(printable(line) for line in lines))
 
 
+def say(line: str) -> None:
+    """One progress line on stderr, at once (a long run shows where it is)."""
+    print(printable(line), file=sys.stderr, flush=True)
+
+
+def warn(line: str) -> None:
+    """One warning line on stderr (``-q`` silences progress, never this)."""
+    print(f"gguf-mtp: warning: {printable(line)}", file=sys.stderr, flush=True)
+
+
 def error_object(message: str, path: str | None, exit_status: int) -> dict[str, Any]:
     """The ``--json`` answer of a failed command: ``{"error": ..., "path": ..., "exit_status": ...}``."""
     return {"error": message, "path": path, "exit_status": exit_status}

@@ -19,32 +19,34 @@ from gguf_mtp.constants import free_cores
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.json_io import load_json_file
 from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
+from gguf_mtp.format.header import GGUFHeader
+from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.shards import ShardSet, open_model
 
 from .bench_rules import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_N_MAX,
     DEFAULT_TOKENS,
-    MAX_N_MAX,
     BenchReport,
     BenchRun,
     Completion,
     PositionCounts,
+    check_count_options,
     check_float_options,
+    check_n_max,
     completion_request,
     first_difference,
     parse_completion,
     parse_metrics,
     server_arguments,
 )
-from .options import ServerOptions, Threads, check_extra_arguments, choose_threads
+from .options import ServerOptions, check_extra_arguments, choose_threads
 from .process import ServerHandle, free_port, probe_server, running_server
 
-__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "load_prompts",
-           "tokenizer_refusal"]
+__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "check_prompts",
+           "load_prompts", "tokenizer_refusal"]
 
-#: The most tokens one request may ask for, and the most prompts a run sends.
-MAX_TOKENS = 1 << 16
+#: The most prompts a run sends.
 MAX_PROMPTS = 64
 #: The largest ``--prompts`` file read.
 MAX_PROMPTS_BYTES = 4 * 1024 * 1024
@@ -83,15 +85,27 @@ def _prompts_from_json(document: Any, where: str) -> tuple[Prompt, ...]:
         if not isinstance(text, str) or not text.strip() or not isinstance(name, str):
             raise ParameterError(f"prompts: prompt {i + 1} is not a non-empty string", where, "prompts")
         prompts.append(Prompt(name, text))
-    return _checked(prompts, where)
+    return check_prompts(prompts, where)
 
 
-def _checked(prompts: list[Prompt], where: str) -> tuple[Prompt, ...]:
+def check_prompts(prompts: Sequence[Prompt], where: str) -> tuple[Prompt, ...]:
+    """``prompts``, if llama.cpp can be given them: one at least, at most :data:`MAX_PROMPTS`, each UTF-8 text
+    (a JSON string may hold a lone surrogate, which no UTF-8 encoder takes).
+
+    Raises:
+        ParameterError: one line naming ``where`` (the file) and, for a bad text, the prompt and the character.
+    """
     if not prompts:
         raise ParameterError("prompts: no prompt in the file", where, "prompts")
     if len(prompts) > MAX_PROMPTS:
         raise ParameterError(f"prompts: {len(prompts)} prompts, more than the {MAX_PROMPTS} bench sends", where,
                              "prompts")
+    for prompt in prompts:
+        try:
+            prompt.text.encode("utf-8")  # as the server's client and accept's child encode it
+        except UnicodeEncodeError as e:
+            raise ParameterError(f"prompts: {prompt.name}: character {e.start + 1} (U+{ord(prompt.text[e.start]):04X}) "
+                                 f"cannot be encoded as UTF-8 ({e.reason})", where, "prompts") from None
     return tuple(prompts)
 
 
@@ -131,7 +145,7 @@ def load_prompts(path: str | os.PathLike[str]) -> tuple[Prompt, ...]:
             current.append(line)
     chunks.append("".join(current))
     parts = [c.strip("\n") for c in chunks if c.strip()]
-    return _checked([Prompt(f"prompt {i + 1}", t) for i, t in enumerate(parts)], where)
+    return check_prompts([Prompt(f"prompt {i + 1}", t) for i, t in enumerate(parts)], where)
 
 
 @dataclass(frozen=True)
@@ -144,8 +158,9 @@ class BenchModel:
     context_length: int | None  # the training context ({arch}.context_length)
 
 
-def tokenizer_refusal(model: ShardSet) -> str | None:
-    """Why bench cannot measure ``model`` (llama-server cannot tokenize its prompts), or None when it can."""
+def tokenizer_refusal(model: ShardSet | GGUFHeader) -> str | None:
+    """Why bench cannot measure ``model`` (llama-server cannot tokenize its prompts), or None when it can; a
+    header is enough (its first shard's)."""
     tokenizer = model.get("tokenizer.ggml.model")
     if tokenizer is None or tokenizer in _NO_TOKENIZER:
         return f"model has no tokenizer (tokenizer.ggml.model = {tokenizer!r}): llama-server cannot tokenize prompts"
@@ -159,9 +174,12 @@ def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | N
     Raises:
         BadGGUFError, ShardSetError: a file is not a readable GGUF model.
         NoNextNBlockError: no NextN block in the model and no ``draft``, or a ``draft`` without one.
-        ParameterError: the model has no tokenizer.
+        ParameterError: the model has no tokenizer, or is an MTP-only sidecar (to give as ``draft``).
     """
     target = open_model(model)
+    if is_mtp_only(read_block_layout(target.first), target.block_indices()):
+        raise ParameterError("an MTP-only sidecar, not a model: give the model it drafts for, and this file as draft",
+                             target.name, "draft")
     refusal = tokenizer_refusal(target)
     if refusal is not None:
         raise ParameterError(refusal, target.name)
@@ -186,13 +204,6 @@ def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | N
         nextn=nextn,
         context_length=context if isinstance(context, int) and context > 0 else None,
     )
-
-
-def _check_request_sizes(tokens: int, n_max: Sequence[int]) -> None:
-    if not 1 <= tokens <= MAX_TOKENS:
-        raise ParameterError(f"tokens {tokens}: generate from 1 to {MAX_TOKENS} tokens per prompt", parameter="tokens")
-    if not n_max or any(not 1 <= n <= MAX_N_MAX for n in n_max):
-        raise ParameterError(f"n_max: draft lengths from 1 to {MAX_N_MAX}", parameter="n_max")
 
 
 def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int, n_max: int, model: str) -> None:
@@ -248,15 +259,6 @@ def _positions(handle: ServerHandle) -> PositionCounts | None:
         raise handle.failure(e.message) from None
 
 
-def _threads_line(threads: Threads, draft: bool) -> str:
-    if threads.arguments:
-        flags = " ".join((*threads.arguments, *threads.draft_arguments))
-        return (f"threads: {flags} in every run (an MTP run's two thread pools, the trunk's and the head's, get "
-                f"half of the {threads.free} free core(s) each, at least 1; give -t{' and -td' if draft else ''} "
-                "after -- to choose)")
-    return f"threads: as given ({threads.free} free core(s))"
-
-
 def bench(
     model: str | os.PathLike[str],
     server: str,
@@ -293,7 +295,8 @@ def bench(
     head's) gets half the free cores, in every run (:func:`gguf_mtp.server.options.choose_threads`).
     """
     began = time.monotonic()
-    _check_request_sizes(tokens, n_max)
+    check_count_options(tokens=tokens)
+    check_n_max(n_max)
     check_float_options(health_timeout=health_timeout)
     info = check_model(model, draft)
     if info.context_length is not None and tokens + max(n_max) + 1 > info.context_length:
@@ -307,11 +310,10 @@ def bench(
     environment = options.server_environment(os.environ)
     say = progress or (lambda line: None)
     threads = choose_threads(server_args, options, free_cores(), draft=info.draft is not None)
-    say(_threads_line(threads, info.draft is not None))
-    if threads.oversubscribed and warn is not None:
-        warn(f"threads: an MTP run's two thread pools hold {threads.trunk} + {threads.head} threads for "
-             f"{threads.free} free core(s): it may run many times slower than it would with fewer "
-             "(give -t, and -td for a sidecar, after --)")
+    say(threads.describe(f"-t{' and -td' if info.draft is not None else ''} after --"))
+    warning = threads.warning("give -t, and -td for a sidecar, after --")
+    if warning is not None and warn is not None:
+        warn(warning)
     configurations = (0, *n_max)
     runs: list[BenchRun] = []
     for i, k in enumerate(configurations, 1):

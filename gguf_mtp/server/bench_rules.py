@@ -29,6 +29,7 @@ from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TO
 from gguf_mtp.errors import LlamaServerError, ParameterError
 
 __all__ = [
+    "COUNT_OPTIONS",
     "DEFAULT_HEALTH_TIMEOUT",
     "DEFAULT_N_MAX",
     "DEFAULT_TOKENS",
@@ -45,7 +46,9 @@ __all__ = [
     "Difference",
     "PositionCounts",
     "acceptance_rate",
+    "check_count_options",
     "check_float_options",
+    "check_n_max",
     "completion_request",
     "first_difference",
     "parse_bench_json",
@@ -66,6 +69,24 @@ MAX_N_MAX = 16
 #: MTP is recommended only when its best run is at least this much faster than the run without it
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
 WORTHWHILE_SPEEDUP = 1.03
+
+#: The most tokens one request may ask for (bench's and accept's --tokens).
+MAX_TOKENS = 1 << 16
+#: The most threads llama.cpp runs: ggml.h's GGML_MAX_N_THREADS (more crash it; thousands only crawl).
+MAX_THREADS = 512
+#: The most layers offloaded: far above any model's (llama.cpp offloads every layer for any larger value).
+MAX_GPU_LAYERS = 1 << 16
+#: The largest slot context asked for: far above any model's training context (which caps it anyway).
+MAX_CONTEXT = 1 << 24
+
+#: Every count option of bench and accept, with its range (lowest, highest); checked by
+#: :func:`check_count_options` and nowhere else.
+COUNT_OPTIONS: dict[str, tuple[int, int]] = {
+    "tokens": (1, MAX_TOKENS),
+    "threads": (1, MAX_THREADS),
+    "n_gpu_layers": (0, MAX_GPU_LAYERS),
+    "ctx_size": (8, MAX_CONTEXT),
+}
 
 #: The most any count read from llama-server may be (tokens, drafts): far above any run, and exact as a float.
 MAX_COUNT = 2**48
@@ -96,6 +117,28 @@ def check_float_options(**values: float) -> None:
             bound = "at least" if low_included else "more than"
             raise ParameterError(f"{name} {value!r}: give a finite number {bound} {low:g} and at most {high:g}",
                                  parameter=name)
+
+
+def check_count_options(**values: int | None) -> None:
+    """Refuse a count option outside its :data:`COUNT_OPTIONS` range (``None``: not given, nothing to check).
+
+    Raises:
+        ParameterError: one line naming the option and its range.
+    """
+    for name, value in values.items():
+        low, high = COUNT_OPTIONS[name]
+        if value is not None and not low <= value <= high:
+            raise ParameterError(f"{name} {value}: give {low} to {high}", parameter=name)
+
+
+def check_n_max(n_max: Sequence[int]) -> None:
+    """Refuse an empty list of draft lengths, or one outside 1 to :data:`MAX_N_MAX`.
+
+    Raises:
+        ParameterError: one line.
+    """
+    if not n_max or any(not 1 <= n <= MAX_N_MAX for n in n_max):
+        raise ParameterError(f"n_max: draft lengths from 1 to {MAX_N_MAX}", parameter="n_max")
 
 
 def parse_n_max_list(text: str) -> tuple[int, ...]:

@@ -29,6 +29,8 @@ __all__ = [
     "choose_threads",
     "option_name",
     "parse_help",
+    "pool_share",
+    "shared_threads",
 ]
 
 #: The options bench sets itself, each by one of its spellings (every alias the server prints is refused too):
@@ -188,6 +190,28 @@ class Threads:
         return not self.arguments and self.trunk is not None and self.head is not None \
             and self.trunk + self.head > max(2, self.free)
 
+    def warning(self, remedy: str) -> str | None:
+        """The warning for :attr:`oversubscribed` counts (``None`` when they fit); ``remedy`` says how to give
+        fewer."""
+        if not self.oversubscribed:
+            return None
+        return (f"threads: an MTP run's two thread pools hold {self.trunk} + {self.head} threads for {self.free} "
+                f"free core(s): it may run many times slower than it would with fewer ({remedy})")
+
+    def describe(self, flags: str) -> str:
+        """The progress line saying the counts: chosen (``flags`` is how the user gives their own) or given."""
+        if not self.arguments:
+            return f"threads: as given ({self.free} free core(s))"
+        return (f"threads: {' '.join((*self.arguments, *self.draft_arguments))} in every run (an MTP run's two "
+                f"thread pools, the trunk's and the head's, get half of the {self.free} free core(s) each, at least "
+                f"1; give {flags} to choose)")
+
+
+def pool_share(free: int) -> int:
+    """The threads each of an MTP run's two pools gets of ``free`` cores when the user chose none: half, at
+    least 1 (with every core in both, each pool waits on the other)."""
+    return max(1, free // 2)
+
 
 def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> int | None:
     """The thread count the last of ``flags`` in ``extra`` sets (``default`` when absent; llama.cpp's
@@ -218,8 +242,17 @@ def choose_threads(extra: Sequence[str], options: ServerOptions, free: int, *, d
     if not user_set:
         if any(name in environ for name in options.thread_env):  # set by the environment: the user's choice
             return Threads((), (), None, None, free)
-        each = max(1, free // 2)
+        each = pool_share(free)
         return Threads(("-t", str(each)), ("-td", str(each)) if draft else (), each, each, free)
     trunk = _given(extra, options.trunk_threads, os.cpu_count() or 1)
     head = _given(extra, options.draft_threads, trunk) if draft else trunk
     return Threads((), (), trunk, head, free)
+
+
+def shared_threads(given: int | None, free: int, flag: str) -> Threads:
+    """The threads of a process whose trunk and MTP head pools take one count (``gguf-mtp accept``'s llama.cpp
+    child, ``flag`` its option): ``given`` as the user chose it, else :func:`pool_share` of ``free``."""
+    if given is not None:
+        return Threads((), (), given, given, free)
+    each = pool_share(free)
+    return Threads((flag, str(each)), (), each, each, free)

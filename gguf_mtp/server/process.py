@@ -34,7 +34,7 @@ from typing import Any
 from gguf_mtp.errors import GGUFMTPError, LlamaServerError
 from gguf_mtp.files.json_io import parse_json
 
-__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "probe_server", "running_server"]
+__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "die_with_parent", "probe_server", "running_server"]
 
 #: Lines of the server's log shown with an error.
 LOG_TAIL_LINES = 12
@@ -264,7 +264,7 @@ def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     return tuple(line for line in text.splitlines() if line.strip())[-lines:]
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` asking Linux to SIGKILL the child when we die (no orphan even after SIGKILL)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -322,7 +322,7 @@ def running_server(
         with os.fdopen(fd, "wb") as log_file:
             process = subprocess.Popen(
                 [binary, *args], stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent(), env=env,
+                start_new_session=True, preexec_fn=die_with_parent(), env=env,
             )
     except OSError as e:
         raise LlamaServerError(f"cannot start: {e.strerror}", binary, "server") from None
