@@ -225,3 +225,20 @@ def test_bad_config_or_layers_are_one_line(checkpoints: dict[str, Path], tmp_pat
     with pytest.raises(CheckpointError, match=layers):
         convert(folder, tmp_path / "d.gguf", block=N_LAYER, progress=False)
     assert not (tmp_path / "d.gguf").exists()
+
+
+@pytest.mark.upstream
+@pytest.mark.llama
+@pytest.mark.parity("mimo2-tp4")
+def test_accept_clips_n_max_to_a_chain_of_three_heads_as_llama_server_does(parity: ParitySet) -> None:
+    """Issue 37 item 9: a chain of heads drafts one token per block (common/speculative.cpp clips n-max to the
+    blocks), so n-max 4 on MiMo-V2's three blocks is n-max 3; a chain built 4 long aborted llama.cpp
+    (``GGML_ASSERT nextn_layer_offset out of range``)."""
+    from gguf_mtp.check.accept import accept
+
+    report = accept(parity.composite, tokens=8, n_max=(1, 2, 3, 4), threads=1)
+    assert report.heads == 3
+    assert [report.drafted_n_max(run) for run in report.runs] == [1, 2, 3, 3]
+    three, four = report.runs[2], report.runs[3]
+    assert (four.draft_n, four.draft_n_accepted) == (three.draft_n, three.draft_n_accepted)
+    assert any("n-max 4 drafts at most 3 token(s)" in line for line in report.notes())
