@@ -211,6 +211,12 @@ def test_accept_beside_bench_reads_the_servers_context_and_threads_under_undersc
     assert _server_value(["--ctx_size=512"], ("-c", "--ctx-size")) == 512
 
 
+def test_accept_beside_bench_reads_the_last_of_a_server_value_given_twice_as_llama_cpp_does() -> None:
+    from gguf_mtp.cli.bench import _server_value
+
+    assert _server_value(["-c", "1024", "--ctx-size", "2048"], ("-c", "--ctx-size")) == 2048
+
+
 def test_completion_request_is_greedy_and_uncached() -> None:
     body = completion_request("Hello", 32)
     assert body == {"prompt": "Hello", "n_predict": 32, "temperature": 0.0, "seed": SEED, "cache_prompt": False,

@@ -377,3 +377,11 @@ def test_the_publish_command_builds_its_options_once_from_every_flag(tmp_path: P
         "me/T-MTP", True, "b", "resumable", True, "Q4", True, False, True, None)
     assert options.provenance == Provenance(target_repo="u/T-GGUF", target_files=("Q4/T-00001-of-00002.gguf",),
                                             head_source="n/H")
+
+
+def test_a_parameter_is_shown_as_its_flag_but_not_inside_a_file_name_or_path() -> None:
+    from gguf_mtp.cli import _in_cli_terms
+
+    flags = {"prompts": "--prompts"}
+    assert _in_cli_terms("/tmp/prompts.json: prompts: bad", ("prompts",), flags) == "/tmp/prompts.json: --prompts: bad"
+    assert _in_cli_terms("prompts.json: give prompts.", ("prompts",), flags) == "prompts.json: give --prompts."

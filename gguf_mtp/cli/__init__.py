@@ -60,7 +60,8 @@ def _in_cli_terms(text: str, parameters: tuple[str, ...], flag_of_parameter: dic
     for parameter in parameters:
         flag = flag_of_parameter.get(parameter)
         if flag is not None:
-            text = re.sub(rf"(?<![\w-]){re.escape(parameter)}(?![\w-])", flag, text, count=1)
+            # A word of its own: not part of a name, a path or a file name (``/tmp/prompts.json``).
+            text = re.sub(rf"(?<![\w./-]){re.escape(parameter)}(?![\w/-]|\.\w)", flag, text, count=1)
     return text
 
 

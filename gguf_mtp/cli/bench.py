@@ -107,15 +107,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _server_value(server_args: list[str], flags: tuple[str, ...]) -> int | None:
     """The positive number given to llama-server with one of ``flags`` (``-c 1024``, ``-t=4``), if any: accept
-    then predicts for the same slot context and runs on as many threads."""
+    then predicts for the same slot context and runs on as many threads. Given twice, the last one counts, as
+    llama.cpp's parser keeps the last value."""
     from gguf_mtp.server.options import option_name
 
+    found: int | None = None
     for i, arg in enumerate(server_args):
         _, _, value = arg.partition("=")
         if option_name(arg) in flags:
             value = value or (server_args[i + 1] if i + 1 < len(server_args) else "")
-            return int(value) if value.isdigit() and int(value) > 0 else None
-    return None
+            found = int(value) if value.isdigit() and int(value) > 0 else None
+    return found
 
 
 def _beside(report: BenchReport, predicted: AcceptReport) -> list[str]:
