@@ -517,7 +517,8 @@ def test_publish_reports_the_upload_and_the_bytes_that_differ_from_the_target(
     assert bytes_beyond_target(open_model(report.composite[0])) == plan.bytes_to_write - copied
     upload = published.to_dict()["upload"]
     assert upload == {
-        "total_bytes": total + card, "new_bytes": None, "new_bytes_measured": False,
+        "total_bytes": total + card, "copied_bytes": 0, "unchanged_bytes": 0, "new_bytes": None,
+        "new_bytes_measured": False,
         "why_not_measured": f"huggingface_hub {huggingface_hub.__version__} does not return Xet's deduplication "
                             "metrics for an upload",
         "expected_new_bytes": plan.bytes_to_write - copied + card,
