@@ -501,6 +501,20 @@ def test_the_cache_and_the_work_folder_on_two_filesystems_are_checked_apart(
 # ------------------------------------------------------------------------------------------- item 3: the upload
 
 
+def test_pipeline_publish_compares_with_the_target_at_its_commit_and_says_why_each_shard_is_uploaded(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = JobsHub(source=target_repo, commit=COMMIT)
+    published = _run(hub, tmp_path, head_checkpoint, out_repo="me/Tiny-MTP").published
+    assert published.copy_source == (TARGET_REPO, COMMIT) and hub.copies == []
+    # compose rewrites every shard's header: no shard of a composite is one of the target's files
+    assert [t.how for t in published.transfers] == ["uploaded"] * len(published.files)
+    for t in published.transfers:
+        assert t.why.startswith("a new file: its header changed (")
+        assert t.why.endswith(f"; not in {TARGET_REPO}@{COMMIT}")
+    assert "holds the NextN block" in published.transfers[-1].why
+
+
 def test_publish_reports_the_upload_and_the_bytes_that_differ_from_the_target(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -517,7 +531,8 @@ def test_publish_reports_the_upload_and_the_bytes_that_differ_from_the_target(
     assert bytes_beyond_target(open_model(report.composite[0])) == plan.bytes_to_write - copied
     upload = published.to_dict()["upload"]
     assert upload == {
-        "total_bytes": total + card, "new_bytes": None, "new_bytes_measured": False,
+        "total_bytes": total + card, "copied_bytes": 0, "unchanged_bytes": 0, "new_bytes": None,
+        "new_bytes_measured": False,
         "why_not_measured": f"huggingface_hub {huggingface_hub.__version__} does not return Xet's deduplication "
                             "metrics for an upload",
         "expected_new_bytes": plan.bytes_to_write - copied + card,

@@ -111,8 +111,10 @@ def test_small_set_goes_up_as_one_commit_with_every_shard_and_the_card(composite
 def test_checks_token_and_write_access_before_uploading(composite: Path, token: str) -> None:
     hub = RecordingHub()
     publish(composite, REPO, api=hub, progress=False)
-    # get_paths_info: is there a README.md gguf-mtp did not write?
-    assert hub.methods[:5] == ["whoami", "create_repo", "auth_check", "get_paths_info", "upload_folder"]
+    # get_paths_info: is there a README.md gguf-mtp did not write? then: which files does the repo already hold?
+    assert hub.methods[:6] == [
+        "whoami", "create_repo", "auth_check", "get_paths_info", "get_paths_info", "upload_folder"
+    ]
     assert hub.calls[1][2]["exist_ok"] is True
     assert hub.calls[2][2]["write"] is True
     assert all(kwargs.get("token", token) == token for _, _, kwargs in hub.calls)

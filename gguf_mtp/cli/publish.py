@@ -74,6 +74,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--force", dest="replace_readme", action="store_true",
                    help="replace the repo's README.md even when gguf-mtp did not write it (without --force such a "
                         "README.md is refused before anything is uploaded; a card gguf-mtp wrote is always replaced)")
+    p.add_argument("--copy-from", metavar="REPO[@REV]",
+                   help="copy each file byte-identical to a .gguf file of REPO (same sha256 and size, at the commit "
+                        "REV names now) on the Hub's side instead of uploading it (huggingface_hub 1.17+); the plan "
+                        "says per file: copied from REPO@COMMIT, uploaded, or unchanged")
     add_provenance_flags(p)
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -83,13 +87,14 @@ def publish_options(args: argparse.Namespace) -> PublishOptions:
     """The run's options from the parsed flags; the repo ids and the ``--bench-json`` report are checked first.
 
     Raises:
-        HubError: ``--repo``, ``--target-repo`` or ``--base-model`` is not an ``OWNER/NAME`` repo id.
+        HubError: ``--repo``, ``--target-repo``, ``--base-model`` or ``--copy-from`` is not an ``OWNER/NAME`` repo id.
         ParameterError: ``--bench-json`` is not a bench report.
     """
     from gguf_mtp.hub.client import check_repo_id
-    from gguf_mtp.release.publish import PublishOptions
+    from gguf_mtp.release.publish import CopySource, PublishOptions
 
     check_repo_id(args.repo, "--repo")
+    copy_from = CopySource.parse(args.copy_from) if args.copy_from is not None else None
     bench = None
     if args.bench:
         from gguf_mtp.errors import ParameterError
@@ -101,6 +106,7 @@ def publish_options(args: argparse.Namespace) -> PublishOptions:
         repo=args.repo, private=args.private, revision=args.revision, dry_run=args.dry_run,
         provenance=provenance_from_args(args), upload_mode=args.upload_mode, progress=not (args.quiet or args.json),
         standalone=args.standalone, path_in_repo=args.path_in_repo, bench=bench, replace_readme=args.replace_readme,
+        copy_from=copy_from,
     )
 
 

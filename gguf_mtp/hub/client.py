@@ -11,6 +11,7 @@ offline switch and the token are read in :mod:`gguf_mtp.hub.access`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import tempfile
@@ -27,12 +28,14 @@ from .errors import hub_errors
 from .hub_api import HubApi
 
 __all__ = [
+    "SERVER_COPY_SINCE",
     "RemoteFile",
     "cached_file",
     "cached_repo_files",
     "check_path_in_repo",
     "check_repo_id",
     "check_write_access",
+    "commit_with_copies",
     "delete_remote_file",
     "download_files",
     "is_repo_id",
@@ -40,6 +43,8 @@ __all__ = [
     "make_api",
     "read_remote_text",
     "remote_files",
+    "repo_commit",
+    "server_copy_supported",
     "upload_one_commit",
     "upload_resumable",
 ]
@@ -256,6 +261,7 @@ class RemoteFile:
     size: int
     sha256: str | None
     blob_id: str | None
+    xet_hash: str | None = None  # stored in Xet (what a copy between repos needs); None: unknown or not Xet
 
 
 def remote_files(
@@ -283,7 +289,9 @@ def remote_files(
             continue
         lfs = getattr(info, "lfs", None)
         sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
-        found[info.path] = RemoteFile(info.path, int(size), sha256, getattr(info, "blob_id", None))
+        found[info.path] = RemoteFile(
+            info.path, int(size), sha256, getattr(info, "blob_id", None), getattr(info, "xet_hash", None)
+        )
     return found
 
 
@@ -423,3 +431,73 @@ def download_files(
         force_download=force,
     )
     return Path(folder)
+
+
+#: The first huggingface_hub release whose ``CommitOperationCopy`` copies a file from another repo
+#: (``src_repo_id``, ``src_repo_type``; huggingface_hub#4203): the Hub duplicates the Xet-stored file, nothing
+#: is downloaded or uploaded. Only Xet files (``RepoFile.xet_hash``) in the same storage region can be copied.
+SERVER_COPY_SINCE = "1.17.0"
+
+
+def server_copy_supported() -> bool:
+    """Whether the installed huggingface_hub copies files between repos on the Hub's side (1.17.0 and later)."""
+    from huggingface_hub import CommitOperationCopy
+
+    return "src_repo_id" in {f.name for f in dataclasses.fields(CommitOperationCopy)}
+
+
+def repo_commit(api: HubApi, repo: str, *, revision: str | None, token: str | None) -> str:
+    """The commit ``revision`` (default the main branch) of ``repo`` points at now.
+
+    Raises:
+        HubError: offline, or the Hub cannot be asked, or ``revision`` does not exist.
+    """
+    require_online(f"read the commit of {repo}")
+    info = _call(f"read the commit of {repo}", repo, api.model_info, repo, revision=revision, token=token)
+    sha = getattr(info, "sha", None)
+    if not isinstance(sha, str) or not sha:
+        raise HubError(f"cannot read the commit of {repo}: the Hub named none for revision {revision or 'main'}")
+    return sha
+
+
+def commit_with_copies(
+    api: HubApi,
+    repo: str,
+    *,
+    source: str,
+    source_commit: str,
+    copies: Sequence[tuple[str, str]],
+    uploads: Sequence[tuple[str, Path]] = (),
+    token: str | None,
+    revision: str | None,
+    message: str,
+) -> str | None:
+    """One commit to ``repo``: each ``(source path, path in repo)`` of ``copies`` copied on the Hub's side from
+    ``source`` at ``source_commit`` (pinned: never the branch's later state), and each ``(path in repo, local file)``
+    of ``uploads`` uploaded. Needs :func:`server_copy_supported`. Returns the commit URL when the Hub gives one.
+
+    Raises:
+        HubError: the Hub refused the copy or the upload (nothing is committed then).
+    """
+    from huggingface_hub import CommitOperationAdd, CommitOperationCopy
+
+    operations: list[Any] = [
+        CommitOperationCopy(  # type: ignore[call-arg,unused-ignore]  # src_repo_* only in huggingface_hub 1.17+
+            src_path_in_repo=src, path_in_repo=dest, src_revision=source_commit, src_repo_id=source,
+            src_repo_type="model",
+        )
+        for src, dest in copies
+    ]
+    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(local)) for name, local in uploads]
+    info = _write(
+        f"copy files from {source}@{source_commit[:12]} to {repo}",
+        repo,
+        api.create_commit,
+        repo,
+        operations,
+        commit_message=message,
+        token=token,
+        repo_type="model",
+        revision=revision,
+    )
+    return getattr(info, "commit_url", None) or (str(info) if info is not None else None)

@@ -26,6 +26,7 @@ from gguf_mtp.text import printable
 from .access import LOGIN_HINT, is_offline, resolve_token
 
 __all__ = [
+    "EGRESS_LIMIT_CODE",
     "RemoteNotFoundError",
     "answer_error",
     "fails_at_once",
@@ -39,6 +40,11 @@ __all__ = [
 
 class RemoteNotFoundError(HubError):
     """The repository exists, but not this file (at this revision)."""
+
+
+#: The Hub's ``X-Error-Code`` when the account's download (egress) allowance is spent; huggingface_hub 2.5 raises
+#: it as ``EgressLimitError`` (HTTP 402).
+EGRESS_LIMIT_CODE = "EgressLimitReached"
 
 
 def _first_line(error: object) -> str:
@@ -76,6 +82,12 @@ def answer_error(
         text = (
             f"{repo} is gated: accept its terms on https://huggingface.co/{repo}, then set HF_TOKEN "
             "(or run `hf auth login`) with that account"
+        )
+    elif code == EGRESS_LIMIT_CODE:
+        text = (
+            f"the account's download allowance on the Hub is spent (402 {EGRESS_LIMIT_CODE}); the run is "
+            "resumable: run the same command again once the allowance is renewed or raised (pipeline resumes "
+            "from its finished stages, publish keeps the files already on the Hub)"
         )
     elif code == "RevisionNotFound":
         text = f"revision {revision!r} not found in {repo}"
@@ -324,6 +336,9 @@ def hub_error(
     for kind, code in codes:
         if isinstance(error, kind):
             return answer_error(404, code, what, repo, revision=revision, file=file, write=write, path=path)
+    egress_limit = getattr(e, "EgressLimitError", None)  # huggingface_hub 2.5 and later
+    if egress_limit is not None and isinstance(error, egress_limit):
+        return answer_error(402, EGRESS_LIMIT_CODE, what, repo, revision=revision, write=write, path=path)
     if isinstance(error, e.HfHubHTTPError):
         status = _status(error)
         return answer_error(

@@ -39,6 +39,15 @@ class HubApi(Protocol):
     ) -> Any:
         """Upload the files of ``folder_path`` that match ``allow_patterns``; returns the commit (``commit_url``)."""
 
+    def create_commit(
+        self, repo_id: str, operations: Iterable[Any], /, *, commit_message: str, token: str | None = ...,
+        repo_type: str | None = ..., revision: str | None = ...,
+    ) -> Any:
+        """One commit of ``operations`` (``CommitOperationAdd`` / ``CommitOperationCopy``); returns the commit."""
+
+    def model_info(self, repo_id: str, /, *, revision: str | None = ..., token: str | None = ...) -> Any:
+        """The repo at ``revision``: its commit is ``sha``."""
+
     def delete_file(
         self, path_in_repo: str, repo_id: str, /, *, token: str | None = ..., repo_type: str | None = ...,
         revision: str | None = ..., commit_message: str | None = ...,

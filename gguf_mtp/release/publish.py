@@ -12,6 +12,9 @@ looks complete before it is:
 4. **upload** from a staging folder recreated on every run (links to the shards + ``README.md``):
    a set that fits goes up as ONE commit; a large set goes up resumably, with any earlier card removed
    first and the new card committed last, only after the shards on the Hub were checked;
+   Files byte-identical to a file of the source repo (``copy_from``: same sha256 and size in the Hub's listing
+   at the pinned commit, never by name) are copied on the Hub's side (:func:`plan_transfers`); files the repo
+   already holds unchanged are left alone; only the rest is uploaded;
 5. **compare** what the Hub reports (size; sha256 for LFS/Xet files; the git blob id of the card)
    with the local files;
 6. **say what was sent** (:class:`UploadSize`): the bytes of every file, and the bytes that differ from the
@@ -34,7 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gguf_mtp.constants import BLOCK_TENSOR, SPLIT_NAME
+from gguf_mtp.constants import (
+    BLOCK_TENSOR,
+    KEY_BLOCK_COUNT,
+    KEY_NEXTN_PREDICT_LAYERS,
+    KEY_SPLIT_TENSORS_COUNT,
+    SPLIT_NAME,
+)
 from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
@@ -43,6 +52,7 @@ from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
+from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes
 
@@ -55,6 +65,8 @@ __all__ = [
     "CARD_NAME",
     "ONE_COMMIT_MAX_BYTES",
     "ONE_COMMIT_MAX_FILES",
+    "CopySource",
+    "FileTransfer",
     "PublishOptions",
     "PublishPlan",
     "PublishReport",
@@ -65,9 +77,11 @@ __all__ = [
     "compare_remote",
     "find_model",
     "plan_publish",
+    "plan_transfers",
     "publish",
     "run",
     "sidecar_name",
+    "why_new_files",
 ]
 
 #: A set up to this size goes up as one commit; a larger one resumably (a failed one-commit upload of
@@ -88,10 +102,59 @@ _UPLOAD_MODES = ("auto", "one-commit", "resumable")
 SIDECAR_MARK = "mtp-"
 
 
+@dataclass(frozen=True)
+class CopySource:
+    """A Hub repo whose files, where byte-identical to a published one, are copied on the Hub's side.
+
+    ``revision`` is resolved to a commit once, before the listing is read; the copy names that commit.
+    """
+
+    repo: str
+    revision: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CopySource:
+        """``REPO[@REV]`` as a :class:`CopySource`.
+
+        Raises:
+            HubError: ``REPO`` is not an ``OWNER/NAME`` repo id, or ``@`` is followed by nothing.
+        """
+        repo, at, revision = text.partition("@")
+        hub.check_repo_id(repo, "copy_from")
+        if at and not revision:
+            raise HubError(f"copy_from {text!r}: name a revision after '@', or leave '@' out", parameter="copy_from")
+        return cls(repo, revision or None)
+
+
+@dataclass(frozen=True)
+class FileTransfer:
+    """How one published file reaches the repo: ``copied`` (from ``source``, on the Hub's side), ``uploaded`` or
+    ``unchanged`` (the repo already holds these bytes), and why."""
+
+    name: str  # the path in the repo
+    size: int
+    how: str  # "copied", "uploaded" or "unchanged"
+    why: str
+    source: str | None = None  # copied: "REPO@COMMIT"
+    source_path: str | None = None  # copied: the file's path in the source repo
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transfer": self.how, "copied_from": self.source, "source_path": self.source_path, "why": self.why}
+
+    def describe(self) -> str:
+        if self.how == "copied":
+            return f"copied from {self.source} ({self.source_path}; on the Hub's side, 0 bytes uploaded)"
+        return f"{self.how} ({self.why})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class PublishOptions:
     """What a publish run was asked to do, as one object (see :func:`publish` for each field): built once by the
-    command line or by :func:`publish` from its keyword arguments, and read by the plan, the checks and the card."""
+    command line or by :func:`publish` from its keyword arguments, and read by the plan, the checks and the card.
+
+    ``copy_from`` (``--copy-from REPO[@REV]``; the pipeline passes its target repo at the commit it read): files
+    byte-identical to one of that repo's ``.gguf`` files at the pinned commit are copied on the Hub's side
+    instead of uploaded (:func:`plan_transfers`); the report says per file copied, uploaded or unchanged."""
 
     repo: str
     revision: str | None = None
@@ -106,6 +169,7 @@ class PublishOptions:
     path_in_repo: str | None = None
     bench: BenchSummary | None = None
     replace_readme: bool = False
+    copy_from: CopySource | None = None
 
 
 @dataclass(frozen=True)
@@ -172,16 +236,82 @@ def bytes_beyond_target(model: ShardSet) -> int:
     """The bytes of a composite that are not its target's: every shard's header (KV and tensor table, up to its
     data section) and the NextN block's tensors; all the rest is the target's tensor data, copied verbatim by
     compose (the same bytes :func:`gguf_mtp.jobs.compose.compose` plans as copies of the target)."""
+    return sum(_bytes_beyond_target_per_shard(model))
+
+
+def _bytes_beyond_target_per_shard(model: ShardSet) -> list[int]:
+    """:func:`bytes_beyond_target`, one figure per shard."""
     trunk_blocks = model.trunk_block_count
-    total = 0
+    figures = []
     for header in model.headers:
         trunk = 0
         for tensor in header.tensors:
             match = BLOCK_TENSOR.match(tensor.name)
             if match is None or int(match["block"]) < trunk_blocks:
                 trunk += align_up(tensor.nbytes, header.alignment)
-        total += header.file_size - min(trunk, header.data_size)
-    return total
+        figures.append(header.file_size - min(trunk, header.data_size))
+    return figures
+
+
+#: The KVs compose edits, as far as a shard carries them: a shard holding one has a new header, so is a new file.
+_COMPOSE_EDITED_KEYS = (KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT, SET_ID_KEY)
+
+
+def why_new_files(model: ShardSet, standalone: bool) -> list[str]:
+    """Why each file of ``model`` is a new file, not one of its target's: a composite shard's header changed (the
+    KVs compose edits that it carries) and, for the shard that holds it, the NextN block was appended; a
+    standalone draft is the head itself."""
+    if standalone:
+        return ["the MTP head: a new file"] * len(model.headers)
+    trunk_blocks = model.trunk_block_count
+    reasons = []
+    for header in model.headers:
+        keys = [model.arch_key(k) for k in _COMPOSE_EDITED_KEYS]
+        edited = [k for k in keys if k in header.kvs]
+        blocks = sorted({int(m["block"]) for t in header.tensors if (m := BLOCK_TENSOR.match(t.name))
+                         and int(m["block"]) >= trunk_blocks})
+        why = f"its header changed ({', '.join(edited)})" if edited else "its header changed"
+        if blocks:
+            why += f" and it holds the NextN block ({', '.join(f'blk.{b}' for b in blocks)})"
+        reasons.append(f"a new file: {why}")
+    return reasons
+
+
+def plan_transfers(
+    files: Sequence[FileDigest],
+    names: Sequence[str],
+    why_new: Sequence[str],
+    *,
+    source: str | None,
+    source_files: Mapping[str, hub.RemoteFile],
+    held: Mapping[str, hub.RemoteFile],
+    can_copy: bool,
+) -> list[FileTransfer]:
+    """How each file reaches the repo (pure): ``unchanged`` where the repo already holds a file of that name,
+    size and sha256 (``held``); ``copied`` from ``source`` (``REPO@COMMIT``) where a file of ``source_files`` has
+    the same sha256 and size (never by name alone) and is stored in Xet (what a copy between repos needs), and
+    ``can_copy`` (the installed huggingface_hub copies between repos); else ``uploaded``, ``why_new`` saying why.
+    """
+    identical = {(r.sha256, r.size): r for r in source_files.values() if r.sha256 is not None}
+    transfers = []
+    for f, name, why in zip(files, names, why_new):
+        here, twin = held.get(name), identical.get((f.sha256, f.size))
+        if here is not None and here.sha256 == f.sha256 and here.size == f.size:
+            transfers.append(FileTransfer(name, f.size, "unchanged", "the repo already holds these bytes"))
+        elif twin is None:
+            elsewhere = why if source is None else f"{why}; not in {source}"
+            transfers.append(FileTransfer(name, f.size, "uploaded", elsewhere))
+        elif not can_copy:
+            transfers.append(FileTransfer(
+                name, f.size, "uploaded", f"identical to {twin.path} of {source}, but this huggingface_hub cannot "
+                f"copy between repos ({hub.SERVER_COPY_SINCE} and later can)"))
+        elif twin.xet_hash is None:
+            transfers.append(FileTransfer(
+                name, f.size, "uploaded", f"identical to {twin.path} of {source}, which is not stored in Xet (only "
+                "Xet files are copied between repos)"))
+        else:
+            transfers.append(FileTransfer(name, f.size, "copied", f"identical to {twin.path}", source, twin.path))
+    return transfers
 
 
 @dataclass(frozen=True)
@@ -190,15 +320,20 @@ class UploadSize:
 
     The measurement would be the new bytes Xet stored after deduplication; no huggingface_hub release returns
     it from an upload (hf_xet reports it to huggingface_hub, whose ``upload_folder`` returns only the commit), so
-    ``new_bytes`` stays unknown and ``differing_bytes`` is the expected upload.
+    ``new_bytes`` stays unknown and ``differing_bytes`` is the expected upload. Copied and unchanged files are
+    not uploaded: they count in ``copied_bytes`` and ``unchanged_bytes`` only.
     """
 
     total_bytes: int  # every uploaded file, the card included
     differing_bytes: int  # of those, bytes not in the target set (headers + the NextN block + card; a draft: all)
+    copied_bytes: int = 0  # files copied on the Hub's side from the source repo (0 bytes uploaded)
+    unchanged_bytes: int = 0  # files the repo already held
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "total_bytes": self.total_bytes,
+            "copied_bytes": self.copied_bytes,
+            "unchanged_bytes": self.unchanged_bytes,
             "new_bytes": None,
             "new_bytes_measured": False,
             "why_not_measured": self.why_not_measured,
@@ -212,6 +347,12 @@ class UploadSize:
     def describe(self, dry_run: bool) -> list[str]:
         verb = "would upload" if dry_run else "uploaded"
         lines = [f"upload size: {verb} {human_bytes(self.total_bytes)} ({self.total_bytes:,} bytes)"]
+        if self.copied_bytes:
+            copied = "would copy" if dry_run else "copied"
+            lines.append(f"{copied} on the Hub's side: {human_bytes(self.copied_bytes)} ({self.copied_bytes:,} bytes), "
+                         "none of them uploaded")
+        if self.unchanged_bytes:
+            lines.append(f"unchanged on the Hub: {human_bytes(self.unchanged_bytes)} ({self.unchanged_bytes:,} bytes)")
         if not dry_run:
             lines.append(f"new bytes: not measured ({self.why_not_measured})")
         lines.append(f"expected upload: {human_bytes(self.differing_bytes)} ({self.differing_bytes:,} bytes), the "
@@ -241,6 +382,8 @@ class PublishReport:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     upload: UploadSize | None = None
+    transfers: list[FileTransfer] = field(default_factory=list)  # one per file, in the order of ``files``
+    copy_source: tuple[str, str] | None = None  # (repo, commit) the copies are made from
 
     @property
     def ok(self) -> bool:
@@ -264,7 +407,8 @@ class PublishReport:
             "path_in_repo": plan.path_in_repo,
             "card_path": plan.card_path,
             "files": [
-                f.to_dict() | {"name": f.name, "path_in_repo": n} for f, n in zip(self.files, plan.names_in_repo)
+                f.to_dict() | {"name": f.name, "path_in_repo": n} | t.to_dict()
+                for f, n, t in zip(self.files, plan.names_in_repo, self.transfers)
             ],
             "total_bytes": plan.total_bytes,
             "card": self.card,
@@ -285,7 +429,10 @@ class PublishReport:
         where = plan.repo + (f"@{plan.revision}" if plan.revision else "")
         verb = "would upload" if self.dry_run else "uploaded"
         lines = [f"{verb} {len(self.files)} file(s) + {plan.card_path} to {where} {how}:"]
-        lines += [f"    {n}  {f.size:,} bytes  sha256 {f.sha256}" for f, n in zip(self.files, plan.names_in_repo)]
+        lines += [
+            f"    {n}  {f.size:,} bytes  sha256 {f.sha256}  {t.describe()}"
+            for f, n, t in zip(self.files, plan.names_in_repo, self.transfers)
+        ]
         lines.append(f"    {plan.card_path}  {len(self.card.encode()):,} bytes (model card)")
         if self.dry_run:
             lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
@@ -530,23 +677,29 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
 def _upload(
     report: PublishReport, hub_api: HubApi, token: str | None, staging: Path, card_bytes: bytes, message: str
 ) -> None:
-    """Upload the staged files and card (one commit, or resumably with the card last); record the checks."""
+    """Copy what the source repo holds, upload the rest (one commit, or resumably with the card last); record the
+    checks of every file against the Hub's record."""
     from gguf_mtp._version import __version__
 
     plan = report.plan
     repo, files, names, card_path = plan.repo, report.files, plan.names_in_repo, plan.card_path
-    private = plan.private
+    copies = [(t.source_path, t.name) for t in report.transfers if t.how == "copied" and t.source_path]
+    uploads = [t.name for t in report.transfers if t.how == "uploaded"]
     if plan.mode == "one-commit":
-        report.commit_url = hub.upload_one_commit(
-            hub_api,
-            repo,
-            staging,
-            [_exact(n) for n in [*names, card_path]],
-            token=token,
-            revision=plan.revision,
-            message=message,
-        )
-        report.upload_method = "upload_folder"
+        if copies:
+            report.commit_url = _commit_copies(report, hub_api, token, copies, [*uploads, card_path], staging, message)
+            report.upload_method = "create_commit"
+        else:
+            report.commit_url = hub.upload_one_commit(
+                hub_api,
+                repo,
+                staging,
+                [_exact(n) for n in [*uploads, card_path]],
+                token=token,
+                revision=plan.revision,
+                message=message,
+            )
+            report.upload_method = "upload_folder"
         remote = hub.remote_files(hub_api, repo, [*names, card_path], token=token, revision=plan.revision)
         report.checks = compare_remote(files, card_bytes, remote, names=names, card_path=card_path)
     else:
@@ -562,16 +715,21 @@ def _upload(
                 message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
             )
             report.notes.append(f"removed the earlier {card_path} before uploading; the new one was added last")
-        report.upload_method = hub.upload_resumable(
-            hub_api,
-            repo,
-            staging,
-            [_exact(n) for n in names],
-            token=token,
-            revision=plan.revision,
-            private=private,
-            message=message,
-        )
+        if copies:
+            _commit_copies(report, hub_api, token, copies, [], staging, message)
+        if uploads:
+            report.upload_method = hub.upload_resumable(
+                hub_api,
+                repo,
+                staging,
+                [_exact(n) for n in uploads],
+                token=token,
+                revision=plan.revision,
+                private=plan.private,
+                message=message,
+            )
+        else:
+            report.upload_method = "create_commit" if copies else None
         remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
         report.checks = compare_remote(files, None, remote, names=names)
         if all(c.ok for c in report.checks):
@@ -588,6 +746,55 @@ def _upload(
             report.checks += compare_remote([], card_bytes, remote, card_path=card_path)
         else:
             report.notes.append(f"{card_path} was not uploaded because the files on the Hub do not match")
+
+
+def _commit_copies(
+    report: PublishReport,
+    hub_api: HubApi,
+    token: str | None,
+    copies: Sequence[tuple[str, str]],
+    uploads: Sequence[str],
+    staging: Path,
+    message: str,
+) -> str | None:
+    """One commit: ``copies`` made on the Hub's side from the pinned source commit, ``uploads`` from staging."""
+    assert report.copy_source is not None  # a transfer is "copied" only with a source
+    source, commit = report.copy_source
+    return hub.commit_with_copies(
+        hub_api,
+        report.plan.repo,
+        source=source,
+        source_commit=commit,
+        copies=copies,
+        uploads=[(n, staging / n) for n in uploads],
+        token=token,
+        revision=report.plan.revision,
+        message=message,
+    )
+
+
+#: At most this many ``.gguf`` files of a copy source are compared (one listing call for all of them).
+MAX_SOURCE_FILES = 4096
+
+
+def _source_listing(
+    api: HubApi, source: CopySource, token: str | None
+) -> tuple[tuple[str, str], dict[str, hub.RemoteFile]]:
+    """``(repo, commit)`` of ``source`` pinned now, and the Hub's record of its ``.gguf`` files at that commit.
+
+    Raises:
+        HubError: the Hub cannot be asked, or the source holds more than :data:`MAX_SOURCE_FILES` ``.gguf`` files.
+    """
+    commit = hub.repo_commit(api, source.repo, revision=source.revision, token=token)
+    names = [n for n in hub.list_repo_files(api, source.repo, token=token, revision=commit) if n.endswith(".gguf")]
+    if len(names) > MAX_SOURCE_FILES:
+        raise HubError(
+            f"holds {len(names):,} .gguf files, more than the {MAX_SOURCE_FILES:,} a copy source may hold "
+            "(publish without copy_from to upload every file)",
+            f"{source.repo}@{commit}",
+            parameter="copy_from",
+        )
+    return (source.repo, commit), hub.remote_files(api, source.repo, names, token=token, revision=commit)
 
 
 def check_card_replaceable(
@@ -621,6 +828,44 @@ def check_card_replaceable(
     return f"the {CARD_NAME} on the Hub was not written by gguf-mtp; it is replaced, as asked"
 
 
+def _transfers(
+    plan: PublishPlan, files: Sequence[FileDigest], options: PublishOptions, api: HubApi | None, token: str | None
+) -> tuple[tuple[str, str] | None, list[FileTransfer]]:
+    """The pinned copy source (when ``copy_from`` is given) and how each file reaches the repo
+    (:func:`plan_transfers`); a dry run reads the source's listing but not the destination's."""
+    copy_source: tuple[str, str] | None = None
+    source_files: dict[str, hub.RemoteFile] = {}
+    held: dict[str, hub.RemoteFile] = {}
+    if api is not None and options.copy_from is not None:
+        copy_source, source_files = _source_listing(api, options.copy_from, token)
+    if api is not None and not options.dry_run:
+        held = hub.remote_files(api, plan.repo, plan.names_in_repo, token=token, revision=plan.revision)
+    transfers = plan_transfers(
+        files,
+        plan.names_in_repo,
+        why_new_files(plan.model, plan.standalone),
+        source=f"{copy_source[0]}@{copy_source[1]}" if copy_source else None,
+        source_files=source_files,
+        held=held,
+        can_copy=hub.server_copy_supported(),
+    )
+    return copy_source, transfers
+
+
+def _upload_size(
+    plan: PublishPlan, files: Sequence[FileDigest], transfers: Sequence[FileTransfer], card_size: int
+) -> UploadSize:
+    """The bytes each way reaches the repo; only uploaded files (and the card) count as uploaded."""
+    beyond = [f.size for f in files] if plan.standalone else _bytes_beyond_target_per_shard(plan.model)
+    uploaded = [i for i, t in enumerate(transfers) if t.how == "uploaded"]
+    return UploadSize(
+        sum(files[i].size for i in uploaded) + card_size,
+        sum(beyond[i] for i in uploaded) + card_size,
+        copied_bytes=sum(t.size for t in transfers if t.how == "copied"),
+        unchanged_bytes=sum(t.size for t in transfers if t.how == "unchanged"),
+    )
+
+
 def _check_bench_is_of(bench: BenchSummary, first_file: str) -> None:
     """A bench report shown in the card must have measured these files (the model or its sidecar, by name)."""
     measured = {os.path.basename(bench.model)} | ({os.path.basename(bench.draft)} if bench.draft else set())
@@ -649,6 +894,7 @@ def publish(
     path_in_repo: str | None = None,
     bench: BenchSummary | None = None,
     replace_readme: bool = False,
+    copy_from: CopySource | str | None = None,
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
@@ -678,6 +924,10 @@ def publish(
             for the card's "Measured speed" table.
         replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
             such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
+        copy_from: a source repo, ``REPO[@REV]`` (:class:`CopySource`; pinned to the commit ``REV`` names when the
+            run starts): a file whose sha256 and size equal a ``.gguf`` file of it is copied on the Hub's side, 0
+            bytes uploaded (huggingface_hub 1.17.0 and later, Xet-stored files; elsewhere uploaded, said once in
+            ``notes``); a dry run reads the source's listing (read-only) to say so per file.
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
@@ -701,6 +951,7 @@ def publish(
         upload_mode=upload_mode, one_commit_max_bytes=one_commit_max_bytes, one_commit_max_files=one_commit_max_files,
         progress=progress, standalone=standalone, path_in_repo=path_in_repo, bench=bench,
         replace_readme=replace_readme,
+        copy_from=CopySource.parse(copy_from) if isinstance(copy_from, str) else copy_from,
     )
     return run(outdir, options, api=api, token=token, digests=digests)
 
@@ -748,10 +999,17 @@ def run(
         path_in_repo=plan.path_in_repo,
         bench=bench,
     )
-    card_size = len(card.encode())
-    beyond = sum(f.size for f in files) if standalone else bytes_beyond_target(plan.model)
-    upload = UploadSize(sum(f.size for f in files) + card_size, beyond + card_size)
-    report = PublishReport(plan, dry_run, files, card, user=user, upload=upload)
+    if hub_api is None and options.copy_from is not None:  # a dry run reads the source's listing, nothing else
+        token = token or hub_access.resolve_token()
+        hub_api = hub.make_api(api, token=token)
+    copy_source, transfers = _transfers(plan, files, options, hub_api, token)
+    report = PublishReport(plan, dry_run, files, card, user=user, transfers=transfers, copy_source=copy_source)
+    report.upload = _upload_size(plan, files, transfers, len(card.encode()))
+    if copy_source is not None and not hub.server_copy_supported():
+        report.notes.append(
+            f"huggingface_hub {_hub_version()} cannot copy files between repos on the Hub's side "
+            f"({hub.SERVER_COPY_SINCE} and later can): files identical to {copy_source[0]}'s are uploaded"
+        )
     if dry_run:
         report.seconds = time.perf_counter() - started
         return report

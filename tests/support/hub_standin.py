@@ -3,7 +3,10 @@
 It answers like the Hub where publish and the pipeline look at the answers: ``get_paths_info`` reports
 the size of each stored file, an LFS sha256 for ``.gguf`` files and a git blob id for the others;
 ``hf_hub_download`` returns the bytes a stored text file holds (:meth:`RecordingHub.put` stores one);
-``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder.
+``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder;
+``create_commit`` uploads ``CommitOperationAdd`` files and copies ``CommitOperationCopy`` files from another repo
+held in ``repos`` (:meth:`RecordingHub.put_source`). ``uploaded_bytes`` counts the bytes every upload sent;
+a copy sends none, and ``copies`` records each with the source revision it named.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class RecordingHub:
     """Records ``(method, args, kwargs)`` in ``calls``; stored files live in ``files``."""
 
     def __init__(self, *, user: str = "me", role: str = "write", fail: dict[str, BaseException] | None = None,
-                 tamper: dict[str, dict[str, Any]] | None = None, source: Path | None = None) -> None:
+                 tamper: dict[str, dict[str, Any]] | None = None, source: Path | None = None,
+                 commit: str = "c0ffee" + "0" * 34) -> None:
         self.user = user
         self.role = role
         self.fail = fail or {}
@@ -41,6 +45,10 @@ class RecordingHub:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.files: dict[str, dict[str, Any]] = {}
         self.commits: list[list[str]] = []
+        self.commit = commit  # what model_info reports as the head of every repo
+        self.repos: dict[str, dict[str, dict[str, Any]]] = {}  # other repos (copy sources): path -> entry
+        self.copies: list[dict[str, Any]] = []  # every CommitOperationCopy received, as its fields
+        self.uploaded_bytes = 0
 
     # ------------------------------------------------------------------ bookkeeping
     def _record(self, method: str, *args: Any, **kwargs: Any) -> None:
@@ -60,19 +68,34 @@ class RecordingHub:
                 continue
             if not any(fnmatch.fnmatch(rel, p) for p in patterns):
                 continue
-            data_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            entry: dict[str, Any] = {"size": path.stat().st_size}
-            if rel.endswith(".gguf"):
-                entry["sha256"] = data_sha
-                entry["blob_id"] = hashlib.sha1(rel.encode()).hexdigest()  # an LFS pointer's id: unrelated
-            else:
-                entry["sha256"] = None
-                entry["blob_id"] = git_blob_sha1(path.read_bytes())
-                entry["data"] = path.read_bytes()
-            entry.update(self.tamper.get(rel, {}))
-            self.files[rel] = entry
+            self._store_file(rel, path.read_bytes())
             names.append(rel)
         return names
+
+    def _store_file(self, rel: str, data: bytes) -> None:
+        """Store ``data`` uploaded at ``rel`` (an LFS file when it is a ``.gguf``), counting its bytes."""
+        self.uploaded_bytes += len(data)
+        self.files[rel] = self._entry(rel, data) | self.tamper.get(rel, {})
+
+    @staticmethod
+    def _entry(rel: str, data: bytes) -> dict[str, Any]:
+        entry: dict[str, Any] = {"size": len(data)}
+        if rel.endswith(".gguf"):
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            entry["blob_id"] = hashlib.sha1(rel.encode()).hexdigest()  # an LFS pointer's id: unrelated
+            entry["xet_hash"] = hashlib.sha256(b"xet" + data).hexdigest()
+        else:
+            entry["sha256"] = None
+            entry["blob_id"] = git_blob_sha1(data)
+            entry["data"] = data
+        return entry
+
+    def put_source(self, repo_id: str, name: str, data: bytes, *, xet: bool = True) -> None:
+        """Store a file in another repo (a copy source); ``xet=False``: an LFS file not stored in Xet."""
+        entry = self._entry(name, data)
+        if not xet:
+            entry.pop("xet_hash", None)
+        self.repos.setdefault(repo_id, {})[name] = entry
 
     def put(self, name: str, data: bytes) -> None:
         """Store a (non-LFS) file as if someone had committed it to the repo."""
@@ -98,6 +121,28 @@ class RecordingHub:
         self.commits.append(self._store(Path(folder_path), allow_patterns))
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/{len(self.commits):040x}")
 
+    def create_commit(self, repo_id: str, operations: Any, **kwargs: Any) -> Any:
+        operations = list(operations)
+        self._record("create_commit", repo_id, operations, **kwargs)
+        names = []
+        for op in operations:
+            if hasattr(op, "src_path_in_repo"):  # CommitOperationCopy
+                fields = {k: getattr(op, k, None) for k in
+                          ("src_repo_id", "src_repo_type", "src_revision", "src_path_in_repo", "path_in_repo")}
+                self.copies.append(fields)
+                source = self.repos[op.src_repo_id][op.src_path_in_repo]
+                assert "xet_hash" in source, "the Hub copies only Xet files between repos"
+                self.files[op.path_in_repo] = dict(source) | self.tamper.get(op.path_in_repo, {})
+            else:  # CommitOperationAdd
+                self._store_file(op.path_in_repo, Path(op.path_or_fileobj).read_bytes())
+            names.append(op.path_in_repo)
+        self.commits.append(names)
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/{len(self.commits):040x}")
+
+    def model_info(self, repo_id: str, *, revision: str | None = None, token: Any = None) -> Any:
+        self._record("model_info", repo_id, revision=revision, token=token)
+        return SimpleNamespace(id=repo_id, sha=self.commit)
+
     def delete_file(self, path_in_repo: str, repo_id: str, **kwargs: Any) -> None:
         self._record("delete_file", path_in_repo, repo_id, **kwargs)
         self.files.pop(path_in_repo, None)
@@ -105,12 +150,14 @@ class RecordingHub:
 
     def get_paths_info(self, repo_id: str, paths: list[str], **kwargs: Any) -> list[Any]:
         self._record("get_paths_info", repo_id, list(paths), **kwargs)
+        files = self.repos.get(repo_id, self.files)
         out = []
         for p in paths:
-            if p in self.files:
-                f = self.files[p]
+            if p in files:
+                f = files[p]
                 lfs = SimpleNamespace(sha256=f["sha256"], size=f["size"]) if f["sha256"] else None
-                out.append(SimpleNamespace(path=p, size=f["size"], lfs=lfs, blob_id=f["blob_id"]))
+                out.append(SimpleNamespace(path=p, size=f["size"], lfs=lfs, blob_id=f["blob_id"],
+                                           xet_hash=f.get("xet_hash")))
         return out
 
     def hf_hub_download(self, repo_id: str, filename: str, *, cache_dir: str | None = None, **kwargs: Any) -> str:
@@ -123,6 +170,8 @@ class RecordingHub:
 
     def list_repo_files(self, repo_id: str, **kwargs: Any) -> list[str]:
         self._record("list_repo_files", repo_id, **kwargs)
+        if repo_id in self.repos:
+            return sorted(self.repos[repo_id])
         assert self.source is not None
         return sorted(p.relative_to(self.source).as_posix() for p in self.source.rglob("*") if p.is_file())
 
@@ -157,15 +206,11 @@ class JobsHub(RecordingHub):
     target repo in ``source`` (its ``.gguf`` files stored, so ``get_paths_info`` reports their sizes and sha256; the
     one repo a stand-in keeps also receives the upload, so the target's README.md is left out)."""
 
-    def __init__(self, *, commit: str = "c0ffee" + "0" * 34, **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.commit = commit
         if self.source is not None:
             self._store(self.source, ["*.gguf"])
-
-    def model_info(self, repo_id: str, *, revision: str | None = None, token: Any = None) -> Any:
-        self._record("model_info", repo_id, revision=revision, token=token)
-        return SimpleNamespace(id=repo_id, sha=self.commit)
+            self.uploaded_bytes = 0  # the target was there before: not an upload
 
     def run_uv_job(self, script: str, **kwargs: Any) -> Any:
         self._record("run_uv_job", script, **kwargs)

@@ -658,11 +658,13 @@ def _stage_publish(
         why = "the composite or the destination changed"
     started = time.perf_counter()
     runner.say(f"[5/5] publish: {len(composite)} file(s) + model card to {repo}" + (f" ({why})" if why else ""))
-    from ..publish import PublishOptions
+    from ..publish import CopySource, PublishOptions
     from ..publish import run as publish
 
+    # Files identical to the target's at the commit it was read at are copied on the Hub's side, not uploaded.
+    source = CopySource(options.target_repo, provenance.target_revision)
     asked = PublishOptions(repo=repo, private=private, revision=revision, provenance=provenance,
-                           progress=runner.progress, replace_readme=options.replace_readme)
+                           progress=runner.progress, replace_readme=options.replace_readme, copy_from=source)
     result = publish(composite[0].path, asked, api=api, token=token, digests={str(d.path): d for d in composite})
     report.published = result
     runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
