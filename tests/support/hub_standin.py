@@ -3,7 +3,8 @@
 It answers like the Hub where publish and the pipeline look at the answers: ``get_paths_info`` reports
 the size of each stored file, an LFS sha256 for ``.gguf`` files and a git blob id for the others;
 ``hf_hub_download`` returns the bytes a stored text file holds (:meth:`RecordingHub.put` stores one);
-``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder.
+``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder named by
+the commit ``model_info`` reports for the repo (:attr:`RecordingHub.repo_commits`, :data:`FIRST_COMMIT` unless set).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from gguf_mtp.files.digests import git_blob_sha1
 from gguf_mtp.hub.hub_api import HubApi
+
+#: The commit every repo of a :class:`RecordingHub` is at until a test moves it (``repo_commits``).
+FIRST_COMMIT = "0" * 40
 
 
 def http_error(status: int, message: str = "") -> HfHubHTTPError:
@@ -41,6 +45,7 @@ class RecordingHub:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.files: dict[str, dict[str, Any]] = {}
         self.commits: list[list[str]] = []
+        self.repo_commits: dict[str, str] = {}  # repo id -> the commit its main branch is at (moved by tests)
 
     # ------------------------------------------------------------------ bookkeeping
     def _record(self, method: str, *args: Any, **kwargs: Any) -> None:
@@ -121,6 +126,10 @@ class RecordingHub:
         local.write_bytes(self.files[filename]["data"])
         return str(local)
 
+    def model_info(self, repo_id: str, *, revision: str | None = None, token: Any = None) -> Any:
+        self._record("model_info", repo_id, revision=revision, token=token)
+        return SimpleNamespace(id=repo_id, sha=self.repo_commits.get(repo_id, FIRST_COMMIT))
+
     def list_repo_files(self, repo_id: str, **kwargs: Any) -> list[str]:
         self._record("list_repo_files", repo_id, **kwargs)
         assert self.source is not None
@@ -130,7 +139,8 @@ class RecordingHub:
                           **kwargs: Any) -> str:
         self._record("snapshot_download", repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir, **kwargs)
         assert self.source is not None and cache_dir is not None
-        snapshot = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        commit = self.repo_commits.get(repo_id, FIRST_COMMIT)
+        snapshot = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
         for p in sorted(self.source.rglob("*")):
             rel = p.relative_to(self.source).as_posix()
             if p.is_file() and any(fnmatch.fnmatch(rel, pat) for pat in allow_patterns):
