@@ -61,7 +61,7 @@ from .disk import HeadNeed, check_disk
 from .options import PipelineOptions
 from .plan import plan_pipeline, run_disk_need
 from .report import PipelineReport, StageResult
-from .sources import check_sources, chosen_llama_cpp, pin_sources
+from .sources import check_sources, chosen_llama_cpp, pin_sources, require_comparable
 from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
 from .target import (
     basename_of,
@@ -296,7 +296,8 @@ def run(
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
     check = None
     if options.if_changed:
-        # A work folder the run would refuse is refused before the Hub is asked anything, as without the flag.
+        # Options or a work folder the run would refuse are refused before the Hub is asked anything.
+        require_comparable(options)
         claim_work_dir(work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME),
                        dry_run=True)
         options = pin_sources(hub_api, token, options)

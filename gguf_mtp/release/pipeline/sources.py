@@ -27,7 +27,10 @@ from ..card import published_sources
 from .options import PipelineOptions
 from .state import STAGES
 
-__all__ = ["AFFECTS", "Move", "SourceCheck", "check_sources", "chosen_llama_cpp", "moved_sources", "pin_sources"]
+__all__ = [
+    "AFFECTS", "Move", "SourceCheck", "check_sources", "chosen_llama_cpp", "moved_sources", "pin_sources",
+    "require_comparable",
+]
 
 #: The stages a moved source makes again. The draft is converted for the target (laid out in step with it), so a
 #: moved target makes every stage again; a moved head the draft and what follows; another llama.cpp only the
@@ -146,6 +149,20 @@ def chosen_llama_cpp(llama: bool | None) -> str | None:
     return llama_cpp_build() if use else None
 
 
+def require_comparable(options: PipelineOptions) -> str:
+    """The out repo whose card ``--if-changed`` compares with, once the options allow a comparison at all.
+
+    Raises:
+        ParameterError: no ``out_repo`` (nothing to compare with), or a local head folder (it has no commit).
+    """
+    if not options.out_repo:
+        raise ParameterError("--if-changed compares with what was published: give --out-repo", parameter="if_changed")
+    if not _hub_head(options):
+        raise ParameterError(f"--if-changed compares commits on the Hub; the head {options.head_repo} is a local "
+                             "folder, which has none", parameter="if_changed")
+    return options.out_repo
+
+
 def check_sources(api: HubApi, token: str | None, pinned: PipelineOptions) -> SourceCheck:
     """Compare the sources of a run with ``pinned`` options (:func:`pin_sources`) with what ``out_repo``'s card
     records. Reads the card and nothing else from the Hub.
@@ -159,12 +176,7 @@ def check_sources(api: HubApi, token: str | None, pinned: PipelineOptions) -> So
     from ..card import Provenance
     from ..publish import CARD_MAX_BYTES, CARD_NAME
 
-    repo = pinned.out_repo
-    if not repo:
-        raise ParameterError("--if-changed compares with what was published: give --out-repo", parameter="if_changed")
-    if not _hub_head(pinned):
-        raise ParameterError(f"--if-changed compares commits on the Hub; the head {pinned.head_repo} is a local "
-                             "folder, which has none", parameter="if_changed")
+    repo = require_comparable(pinned)
     current = Provenance(target_repo=pinned.target_repo, target_revision=pinned.target_revision,
                          head_source=pinned.head_repo, head_revision=pinned.head_revision,
                          llama_cpp_build=chosen_llama_cpp(pinned.llama)).sources(__version__)
