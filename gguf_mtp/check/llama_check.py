@@ -216,11 +216,11 @@ def llama_cpp_build(timeout: float = 300.0) -> str | None:
 
 def build_of(llama: Any) -> str | None:
     """``llama.cpp <commit> (ggml <version>)`` of the libraries the imported ``llama_cpp`` module loaded, or
-    ``None`` where its ggml is older than ``ggml_commit``."""
+    ``None`` where it cannot say (its ggml is older than ``ggml_commit``, or it has no ctypes library handle)."""
     import ctypes
 
     # dlsym on libllama's handle also searches the libraries it links: the ggml that libllama really uses.
-    library = llama.llama_cpp._lib
+    library = getattr(getattr(llama, "llama_cpp", None), "_lib", None)
     try:
         commit, version = library.ggml_commit, library.ggml_version
     except AttributeError:
