@@ -220,7 +220,7 @@ def build_of(llama: Any) -> str | None:
     import ctypes
 
     # dlsym on libllama's handle also searches the libraries it links: the ggml that libllama really uses.
-    library = getattr(getattr(llama, "llama_cpp", None), "_lib", None)
+    library: Any = getattr(getattr(llama, "llama_cpp", None), "_lib", None)
     try:
         commit, version = library.ggml_commit, library.ggml_version
     except AttributeError:
