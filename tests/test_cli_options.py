@@ -349,13 +349,14 @@ def test_the_pipeline_command_builds_its_options_once_from_every_flag(tmp_path: 
             "--out-repo", "me/T-MTP", "--work-dir", str(tmp_path / "w"), "--keep", "--force", "--target-revision", "r1",
             "--target-dir", str(tmp_path / "mnt"), "--head-revision", "r2", "--out-revision", "b", "--private",
             "--replace-readme", "--basename", "T-MTP", "--outtype", "Q8_0", "--cache-dir", "c", "--no-llama", "-q",
-            "--dry-run"]
+            "--dry-run", "--if-changed"]
     options = pipeline_options(build_parser().parse_args(argv))
     assert dataclasses.asdict(options) == {
         "target_repo": "u/T-GGUF", "target_files": "Q4/T-*-of-*.gguf", "head_repo": "n/H", "work_dir": tmp_path / "w",
         "out_repo": "me/T-MTP", "keep": True, "force": True, "target_revision": "r1", "target_dir": tmp_path / "mnt",
         "head_revision": "r2", "out_revision": "b", "private": True, "replace_readme": True, "basename": "T-MTP",
         "outtype": "q8_0", "cache_dir": "c", "llama": False, "progress": False, "dry_run": True,
+        "if_changed": True,
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.force = False  # type: ignore[misc]

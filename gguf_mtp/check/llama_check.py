@@ -17,7 +17,11 @@ otherwise. If llama.cpp still dies by a signal, that is reported as llama.cpp cr
 code (:attr:`LlamaCheck.crashed`), which is not a verdict on the file.
 
 Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [--no-mtp] [--no-trunk]``
-prints one JSON line.
+prints one JSON line; ``--build`` (no PATH) prints only the build it would check with.
+
+Every report names that build (:func:`build_of`): ggml's own ``ggml_commit()`` and ``ggml_version()``, looked up
+through the ``libllama`` llama-cpp-python loaded (its own, or the one ``LLAMA_CPP_LIB_PATH`` names), so the
+record is the library that ran, not the commit a llama-cpp-python release is documented to vendor.
 """
 
 from __future__ import annotations
@@ -45,10 +49,12 @@ __all__ = [
     "INSTALL_HINT",
     "MODEL_PARAMS",
     "LlamaCheck",
+    "build_of",
     "check_with_llama",
     "emit_report",
     "last_report",
     "llama_cpp_available",
+    "llama_cpp_build",
     "llama_reason",
     "set_params",
     "signal_name",
@@ -103,6 +109,7 @@ class LlamaCheck:
     #: equal digests of two files mean llama.cpp computes bit-identical logits from them (same build, inputs).
     trunk_logits_sha256: str | None = None
     mtp_logits_sha256: str | None = None
+    llama_cpp_build: str | None = None  # the llama.cpp that ran the check (:func:`build_of`)
 
     @property
     def ok(self) -> bool:
@@ -193,6 +200,35 @@ def _wrapped_cause(before: list[str], wrapper: str) -> str:
         return wrapper
     split = _SPLIT_WRAPPER.search(wrapper)
     return _FUNCTION_PREFIX.sub("", cause) + (f" (in {split['path']})" if split else "")
+
+
+def llama_cpp_build(timeout: float = 300.0) -> str | None:
+    """The llama.cpp build a check would run against here (:func:`build_of`, read in a child as every check is),
+    or ``None`` without llama-cpp-python or when the child says nothing."""
+    if not llama_cpp_available():
+        return None
+    result = LlamaCheck("")
+    proc = _spawn(result, [sys.executable, "-m", "gguf_mtp.check.llama_check", "--build"], timeout)
+    report = last_report(proc.stdout) if proc is not None and proc.returncode == 0 else None
+    build = (report or {}).get("llama_cpp_build")
+    return build if isinstance(build, str) else None
+
+
+def build_of(llama: Any) -> str | None:
+    """``llama.cpp <commit> (ggml <version>)`` of the libraries the imported ``llama_cpp`` module loaded, or
+    ``None`` where it cannot say (its ggml is older than ``ggml_commit``, or it has no ctypes library handle)."""
+    import ctypes
+
+    # dlsym on libllama's handle also searches the libraries it links: the ggml that libllama really uses.
+    library: Any = getattr(getattr(llama, "llama_cpp", None), "_lib", None)
+    try:
+        commit, version = library.ggml_commit, library.ggml_version
+    except AttributeError:
+        return None
+    commit.restype = version.restype = ctypes.c_char_p
+    commit.argtypes = version.argtypes = []
+    text = f"llama.cpp {commit().decode(errors='replace')} (ggml {version().decode(errors='replace')})"
+    return printable(text)[:200]
 
 
 def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
@@ -388,13 +424,15 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
     import llama_cpp as llama
 
     llama.llama_backend_init()
+    build = build_of(llama)
     params = llama.llama_model_default_params()
     set_params(llama, params, MODEL_PARAMS)
     params.load_mtp = mtp
     model = llama.llama_model_load_from_file(path.encode(), params)
     if not model:
-        return {"loaded": False}
+        return {"loaded": False, "llama_cpp_build": build}
     out: dict[str, Any] = {
+        "llama_cpp_build": build,
         "loaded": True,
         "n_layer": llama.llama_model_n_layer(model),
         "n_layer_nextn": llama.llama_model_n_layer_nextn(model),
@@ -457,10 +495,16 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gguf_mtp.check.llama_check")
-    parser.add_argument("path")
+    parser.add_argument("path", nargs="?")
     parser.add_argument("--no-mtp", action="store_true")
     parser.add_argument("--no-trunk", action="store_true")
+    parser.add_argument("--build", action="store_true", help="print only the llama.cpp build")
     args = parser.parse_args(argv)
+    if args.build or args.path is None:
+        import llama_cpp
+
+        emit_report({"llama_cpp_build": build_of(llama_cpp)}, "done")
+        return 0
     emit_report(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
     return 0
 

@@ -47,6 +47,9 @@ def add_pipeline_arguments(p: argparse.ArgumentParser) -> None:
     add_outtype_flag(p, "the head's matrices", CONVERT_HOW, "as convert's")
     p.add_argument("--cache-dir", metavar="DIR", help="Hub cache for the target (default: huggingface_hub's)")
     p.add_argument("--no-llama", action="store_true", help="verify without loading the composite in llama.cpp")
+    p.add_argument("--if-changed", action="store_true",
+                   help="first compare the head's and target's commits, the llama.cpp build and the gguf-mtp version "
+                   "with what --out-repo's card records: do nothing when none moved, else make again what moved")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,6 +97,7 @@ def pipeline_options(args: argparse.Namespace) -> PipelineOptions:
         head_revision=args.head_revision, out_revision=args.out_revision, private=args.private,
         replace_readme=args.replace_readme, basename=args.basename, outtype=args.outtype, cache_dir=args.cache_dir,
         llama=False if args.no_llama else None, progress=not (args.quiet or args.json), dry_run=args.dry_run,
+        if_changed=args.if_changed,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,12 +39,13 @@ __all__ = [
     "commit_with_copies",
     "delete_remote_file",
     "download_files",
+    "is_commit",
     "is_repo_id",
     "list_repo_files",
     "make_api",
     "read_remote_text",
     "remote_files",
-    "repo_commit",
+    "resolve_commit",
     "server_copy_supported",
     "upload_one_commit",
     "upload_resumable",
@@ -51,6 +53,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: A full git commit id: what a revision is pinned to.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def make_api(api: HubApi | None = None, *, token: str | None = None) -> HubApi:
@@ -338,6 +342,28 @@ def read_remote_text(api: HubApi, repo: str, path: str, *, token: str | None, re
         return Path(local).read_bytes().decode("utf-8", errors="replace")
 
 
+def is_commit(revision: str | None) -> bool:
+    """Whether ``revision`` is a full commit id (a pinned revision, not a branch or tag that can move)."""
+    return revision is not None and _COMMIT.fullmatch(revision) is not None
+
+
+def resolve_commit(api: HubApi, repo: str, *, token: str | None, revision: str | None) -> str:
+    """The commit ``revision`` (default: the main branch) of ``repo`` points at now; a commit id is its own answer.
+
+    Raises:
+        HubError: offline, or the Hub cannot be asked (no such repo or revision, no access, network down).
+    """
+    if is_commit(revision):
+        assert revision is not None
+        return revision
+    require_online(f"look up the commit of {repo}")
+    info = _call(f"look up the commit of {repo}", repo, api.model_info, repo, revision=revision, token=token)
+    sha = getattr(info, "sha", None)
+    if not is_commit(sha):
+        raise HubError(f"the Hub named no commit for revision {revision or 'main'}", repo)
+    return str(sha)
+
+
 def list_repo_files(api: HubApi, repo: str, *, token: str | None, revision: str | None) -> list[str]:
     """Every file path in ``repo`` at ``revision``.
 
@@ -444,20 +470,6 @@ def server_copy_supported() -> bool:
     from huggingface_hub import CommitOperationCopy
 
     return "src_repo_id" in {f.name for f in dataclasses.fields(CommitOperationCopy)}
-
-
-def repo_commit(api: HubApi, repo: str, *, revision: str | None, token: str | None) -> str:
-    """The commit ``revision`` (default the main branch) of ``repo`` points at now.
-
-    Raises:
-        HubError: offline, or the Hub cannot be asked, or ``revision`` does not exist.
-    """
-    require_online(f"read the commit of {repo}")
-    info = _call(f"read the commit of {repo}", repo, api.model_info, repo, revision=revision, token=token)
-    sha = getattr(info, "sha", None)
-    if not isinstance(sha, str) or not sha:
-        raise HubError(f"cannot read the commit of {repo}: the Hub named none for revision {revision or 'main'}")
-    return sha
 
 
 def commit_with_copies(

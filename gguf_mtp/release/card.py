@@ -15,6 +15,7 @@ argument). Links go only to Hub repos whose ids pass the Hub's own validation.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,12 +34,14 @@ if TYPE_CHECKING:
 __all__ = [
     "CARD_MARKER",
     "LLAMA_CPP_MIN_RELEASE",
+    "SOURCES_LINE",
     "ModelFacts",
     "Provenance",
     "bench_section",
     "draft_command",
     "is_gguf_mtp_card",
     "llama_cpp_requirement",
+    "published_sources",
     "render_model_card",
     "serve_command",
 ]
@@ -54,6 +57,10 @@ _HF_URL = "https://huggingface.co/"
 
 #: The line after the front matter of every card gguf-mtp renders (an HTML comment: the Hub does not show it).
 CARD_MARKER = "<!-- gguf-mtp model card: `gguf-mtp publish` replaces this file; delete this line to keep yours -->"
+#: The start of the card's machine-readable record of its sources (:meth:`Provenance.sources`), an HTML comment
+#: after :data:`CARD_MARKER`; ``pipeline --if-changed`` reads it back (:func:`published_sources`).
+SOURCES_LINE = "<!-- gguf-mtp sources: "
+_SOURCES_END = " -->"
 #: The provenance row of the cards gguf-mtp rendered before :data:`CARD_MARKER` existed.
 _LEGACY_CARD_ROW = "| written by | gguf-mtp "
 
@@ -74,6 +81,7 @@ class Provenance:
     head_source: str | None = None  # Hub repo id or local checkpoint folder of the MTP head
     head_revision: str | None = None
     base_model: str | None = None  # the original model's Hub repo (front matter ``base_model``)
+    llama_cpp_build: str | None = None  # the llama.cpp the published files were proved with (None: not loaded)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,7 +91,43 @@ class Provenance:
             "head_source": self.head_source,
             "head_revision": self.head_revision,
             "base_model": self.base_model,
+            "llama_cpp_build": self.llama_cpp_build,
         }
+
+    def sources(self, version: str) -> dict[str, str | None]:
+        """What a refresh compares with the Hub (``pipeline --if-changed``): each source and its commit, the
+        llama.cpp of the proof, and the gguf-mtp ``version`` that wrote the files."""
+        return {
+            "head_repo": self.head_source,
+            "head_commit": self.head_revision,
+            "target_repo": self.target_repo,
+            "target_commit": self.target_revision,
+            "llama_cpp": self.llama_cpp_build,
+            "gguf_mtp": version,
+        }
+
+
+def sources_line(sources: dict[str, str | None]) -> str:
+    """``sources`` as the card's one-line record: JSON in an HTML comment that no value can close (every ``>`` is
+    written as its JSON escape) and no value can break onto another line (JSON escapes newlines)."""
+    text = json.dumps(sources, sort_keys=True, ensure_ascii=True).replace(">", "\\u003e")
+    return f"{SOURCES_LINE}{text}{_SOURCES_END}"
+
+
+def published_sources(card: str) -> dict[str, str | None] | None:
+    """The sources a card records (:func:`sources_line`), or ``None`` when it records none (a card of an older
+    gguf-mtp, someone else's ``README.md``, a line that is not the JSON object of strings gguf-mtp writes)."""
+    for line in card.splitlines():
+        if not (line.startswith(SOURCES_LINE) and line.endswith(_SOURCES_END)):
+            continue
+        try:
+            record = json.loads(line[len(SOURCES_LINE) : -len(_SOURCES_END)])
+        except ValueError:  # JSONDecodeError, or a number too long to convert
+            return None
+        if not isinstance(record, dict) or not all(v is None or isinstance(v, str) for v in record.values()):
+            return None
+        return record
+    return None
 
 
 @dataclass(frozen=True)
@@ -197,6 +241,13 @@ def _repo_link(repo: str, revision: str | None = None) -> str:
     return f"{link} at {markdown_code(revision)}" if revision else link
 
 
+def _proof(llama_cpp_build: str | None) -> str:
+    """The card's "proved with" cell: the llama.cpp build that loaded the files and ran their NextN block."""
+    if llama_cpp_build is None:
+        return "not recorded (not loaded by llama.cpp before publishing)"
+    return f"{markdown_code(llama_cpp_build)}: `gguf-mtp verify` loaded the files and ran the NextN block"
+
+
 def _human(n: int) -> str:
     value = float(n)
     for unit in ("B", "KB", "MB", "GB"):
@@ -265,6 +316,7 @@ def render_model_card(
     lines = [
         _front_matter(facts, provenance),
         CARD_MARKER,
+        sources_line(provenance.sources(version)),
         "",
         f"# {markdown_text(title)}",
         "",
@@ -291,6 +343,7 @@ def render_model_card(
     lines += [
         f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}), {_human(facts.nextn_bytes)} |",
         f"| written by | gguf-mtp {markdown_text(version)} (the `gguf-mtp` command of the Python package `gguf-mtp`) |",
+        f"| proved with | {_proof(provenance.llama_cpp_build)} |",
         "",
         "## Files",
         "",

@@ -785,7 +785,7 @@ def _source_listing(
     Raises:
         HubError: the Hub cannot be asked, or the source holds more than :data:`MAX_SOURCE_FILES` ``.gguf`` files.
     """
-    commit = hub.repo_commit(api, source.repo, revision=source.revision, token=token)
+    commit = hub.resolve_commit(api, source.repo, token=token, revision=source.revision)
     names = [n for n in hub.list_repo_files(api, source.repo, token=token, revision=commit) if n.endswith(".gguf")]
     if len(names) > MAX_SOURCE_FILES:
         raise HubError(

@@ -3,7 +3,8 @@
 It answers like the Hub where publish and the pipeline look at the answers: ``get_paths_info`` reports
 the size of each stored file, an LFS sha256 for ``.gguf`` files and a git blob id for the others;
 ``hf_hub_download`` returns the bytes a stored text file holds (:meth:`RecordingHub.put` stores one);
-``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder;
+``snapshot_download`` copies from a local folder laid out like the repo into a Hub-cache-shaped folder named by
+the commit ``model_info`` reports for the repo (:attr:`RecordingHub.repo_commits`, else ``commit``);
 ``create_commit`` uploads ``CommitOperationAdd`` files and copies ``CommitOperationCopy`` files from another repo
 held in ``repos`` (:meth:`RecordingHub.put_source`). ``uploaded_bytes`` counts the bytes every upload sent;
 a copy sends none, and ``copies`` records each with the source revision it named.
@@ -23,6 +24,9 @@ from huggingface_hub.errors import HfHubHTTPError
 from gguf_mtp.files.digests import git_blob_sha1
 from gguf_mtp.hub.hub_api import HubApi
 
+#: The commit every repo of a :class:`RecordingHub` is at until a test moves it (``repo_commits``).
+FIRST_COMMIT = "c0ffee" + "0" * 34
+
 
 def http_error(status: int, message: str = "") -> HfHubHTTPError:
     """An HfHubHTTPError as huggingface_hub raises it for an HTTP ``status``."""
@@ -36,7 +40,7 @@ class RecordingHub:
 
     def __init__(self, *, user: str = "me", role: str = "write", fail: dict[str, BaseException] | None = None,
                  tamper: dict[str, dict[str, Any]] | None = None, source: Path | None = None,
-                 commit: str = "c0ffee" + "0" * 34) -> None:
+                 commit: str = FIRST_COMMIT) -> None:
         self.user = user
         self.role = role
         self.fail = fail or {}
@@ -49,6 +53,7 @@ class RecordingHub:
         self.repos: dict[str, dict[str, dict[str, Any]]] = {}  # other repos (copy sources): path -> entry
         self.copies: list[dict[str, Any]] = []  # every CommitOperationCopy received, as its fields
         self.uploaded_bytes = 0
+        self.repo_commits: dict[str, str] = {}  # repo id -> the commit its main branch is at (moved by tests)
 
     # ------------------------------------------------------------------ bookkeeping
     def _record(self, method: str, *args: Any, **kwargs: Any) -> None:
@@ -141,7 +146,7 @@ class RecordingHub:
 
     def model_info(self, repo_id: str, *, revision: str | None = None, token: Any = None) -> Any:
         self._record("model_info", repo_id, revision=revision, token=token)
-        return SimpleNamespace(id=repo_id, sha=self.commit)
+        return SimpleNamespace(id=repo_id, sha=self.repo_commits.get(repo_id, self.commit))
 
     def delete_file(self, path_in_repo: str, repo_id: str, **kwargs: Any) -> None:
         self._record("delete_file", path_in_repo, repo_id, **kwargs)
@@ -179,7 +184,8 @@ class RecordingHub:
                           **kwargs: Any) -> str:
         self._record("snapshot_download", repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir, **kwargs)
         assert self.source is not None and cache_dir is not None
-        snapshot = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        commit = self.repo_commits.get(repo_id, self.commit)
+        snapshot = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
         for p in sorted(self.source.rglob("*")):
             rel = p.relative_to(self.source).as_posix()
             if p.is_file() and any(fnmatch.fnmatch(rel, pat) for pat in allow_patterns):

@@ -37,3 +37,4 @@ class PipelineOptions:
     llama: bool | None = None
     progress: bool = True
     dry_run: bool = False
+    if_changed: bool = False

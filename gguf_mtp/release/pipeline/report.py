@@ -49,6 +49,8 @@ class PipelineReport:
     dry_run: bool = False
     disk_needed: int | None = None  # with dry_run: the bytes a real run would add to the disks, at least
     planned: dict[str, Any] | None = None  # with dry_run: the files it would download, write and upload
+    sources: dict[str, Any] | None = None  # with if_changed: the sources now, as published, and what moved
+    nothing_moved: str | None = None  # with if_changed: the one line saying nothing moved (and nothing was done)
 
     def stage(self, name: str) -> StageResult:
         return next(s for s in self.stages if s.name == name)
@@ -68,9 +70,12 @@ class PipelineReport:
             "dry_run": self.dry_run,
             "disk_needed": self.disk_needed,
             "planned": self.planned,
+            "if_changed": self.sources,
         }
 
     def describe(self) -> list[str]:
+        if self.nothing_moved is not None:
+            return [self.nothing_moved]
         lines = [f"{s.name:8s} {s.status:8s} {s.summary}" for s in self.stages]
         if self.composite:
             lines.append(

@@ -20,6 +20,11 @@ stage only when the key is the same *and* every recorded output still has its si
 are checked, not trusted); anything else is redone, and the stages after it follow by their keys.
 Output folders of a redone stage are recreated, never reused.
 
+Online, each source is first pinned to the commit it points at (:func:`.sources.pin_sources`), and the card and
+the state record those commits, the llama.cpp build verify ran against and the gguf-mtp version. With
+``if_changed`` the run compares them with what ``out_repo``'s card records and stops when nothing moved
+(:func:`.sources.check_sources`).
+
 Before the first byte, the disk the run needs (downloads + composite, or the composite alone for a target
 folder) is compared with the free space (:mod:`gguf_mtp.release.pipeline.disk`).
 """
@@ -31,7 +36,6 @@ import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +61,7 @@ from .disk import HeadNeed, check_disk
 from .options import PipelineOptions
 from .plan import plan_pipeline, run_disk_need
 from .report import PipelineReport, StageResult
+from .sources import check_sources, chosen_llama_cpp, pin_sources, require_comparable
 from .state import LOCK_NAME, STATE_FORMAT, STATE_NAME, load_stages
 from .target import (
     basename_of,
@@ -68,9 +73,6 @@ from .target import (
 )
 
 __all__ = ["run", "run_pipeline"]  # the other public names of the pipeline: gguf_mtp.release.pipeline
-
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
 
 # ----------------------------------------------------------------------------------- the state file
 
@@ -213,6 +215,7 @@ def run_pipeline(
     progress: bool = True,
     say: Callable[[str], None] | None = None,
     dry_run: bool = False,
+    if_changed: bool = False,
 ) -> PipelineReport:
     """Download, convert, compose, verify and (with ``out_repo``) publish; resume from finished stages.
 
@@ -248,6 +251,10 @@ def run_pipeline(
         dry_run: only say what a run would download (the files and sizes the Hub lists), convert, write
             and upload, and the disk it needs; nothing is written, not even the work folder (see
             :func:`plan_pipeline`).
+        if_changed: first compare the head's and the target's commits, the llama.cpp build verify would run
+            against and the gguf-mtp version with what ``out_repo``'s card records; when none moved, stop there
+            (nothing downloaded or written: the report says so in one line), else make again what the moves
+            affect (:mod:`gguf_mtp.release.pipeline.sources`). Needs ``out_repo`` and a Hub head.
 
     Returns:
         A :class:`PipelineReport`.
@@ -263,7 +270,7 @@ def run_pipeline(
         out_repo=out_repo, keep=keep, force=force, target_revision=target_revision,
         target_dir=Path(target_dir) if target_dir is not None else None, head_revision=head_revision,
         out_revision=out_revision, private=private, replace_readme=replace_readme, basename=basename,
-        outtype=outtype, cache_dir=cache_dir, llama=llama, progress=progress, dry_run=dry_run,
+        outtype=outtype, cache_dir=cache_dir, llama=llama, progress=progress, dry_run=dry_run, if_changed=if_changed,
     )
     return run(options, api=api, say=say)
 
@@ -287,8 +294,25 @@ def run(
     work = options.work_dir
     token = hub_access.resolve_token()
     hub_api = hub.make_api(api, token=token)  # constructing it touches no network
+    check = None
+    if options.if_changed:
+        # Options or a work folder the run would refuse are refused before the Hub is asked anything.
+        require_comparable(options)
+        claim_work_dir(work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME),
+                       dry_run=True)
+        options = pin_sources(hub_api, token, options)
+        check = check_sources(hub_api, token, options)
+        if check.nothing_moved:
+            return PipelineReport(work, dry_run=options.dry_run, sources=check.to_dict(),
+                                  nothing_moved=check.line(str(options.out_repo)))
     if options.dry_run:
-        return plan_pipeline(hub_api, token, options)
+        report = plan_pipeline(hub_api, token, options)
+        if check is not None:
+            report.sources = check.to_dict()
+            report.notes.insert(0, check.line(str(options.out_repo)))
+        return report
+    if check is not None:
+        say(check.line(str(options.out_repo)))
     # Only a folder a pipeline made (its marker or state file) is one whose draft/ and composite/ it replaces.
     top = work.absolute()  # the outermost folder this run creates (claim_work_dir makes missing parents)
     while not top.parent.exists() and top.parent != top:
@@ -297,11 +321,17 @@ def run(
         work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME)
     )
     try:
-        return _run(options, hub_api, token, say, started)
+        if check is None and not hub_access.is_offline():
+            options = pin_sources(hub_api, token, options)  # one commit per source for the whole run
+        report = _run(options, hub_api, token, say, started)
     except BaseException:
         if created:
             _remove_unused_work_dir(work.absolute(), top)
         raise
+    if check is not None:
+        report.sources = check.to_dict()
+        report.notes.insert(0, check.line(str(options.out_repo)))
+    return report
 
 
 def _remove_unused_work_dir(work: Path, top: Path) -> None:
@@ -369,6 +399,7 @@ def _run(
             target_files=tuple(runner.state.stages["target"]["detail"]["files"]),
             head_source=options.head_repo,
             head_revision=options.head_revision,
+            llama_cpp_build=runner.state.stages["verify"]["detail"].get("llama_cpp"),
         )
         published = _stage_publish(runner, report, composite, provenance)
         if published and not options.keep:
@@ -434,7 +465,7 @@ def _stage_target(runner: _Runner, report: PipelineReport) -> tuple[list[FileDig
         raise HubError(f"{repo}: downloaded snapshot lacks {', '.join(missing)}")
     model = open_model(paths[0])  # the set is complete and consistent, as llama.cpp will see it
     outputs = runner.digest(model.paths, stage)
-    commit = snapshot.name if _COMMIT.match(snapshot.name) else None
+    commit = snapshot.name if hub.is_commit(snapshot.name) else None
     runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo})
     return _target_done(report, outputs, commit, f"{len(names)} file(s) of {repo}", why, started)
 
@@ -466,7 +497,7 @@ def _stage_target_folder(
     outputs = runner.digest(model.paths, stage)
     if remote is not None:
         check_folder_digests(folder, [(n, d.sha256) for n, d in zip(names, outputs)], remote, repo, revision)
-    commit = revision if revision is not None and _COMMIT.match(revision) else None
+    commit = revision if hub.is_commit(revision) else None
     runner.state.record(stage, key, outputs, {"files": names, "commit": commit, "repo": repo, "dir": str(source)})
     detail = f"{len(names)} file(s) of {repo} read from the mounted repo {folder}, not downloaded"
     return _target_done(report, outputs, commit, detail, why, started)
@@ -594,7 +625,8 @@ def _stage_verify(
 
     llama = runner.options.llama
     use_llama = llama_cpp_available() if llama is None else llama
-    key = _key(stage, {"llama": use_llama}, [*target, draft, *composite])
+    build = chosen_llama_cpp(use_llama)  # another llama.cpp proves nothing about these files yet: verify again
+    key = _key(stage, {"llama": use_llama, "llama_cpp": build}, [*target, draft, *composite])
     started = time.perf_counter()
     record, why = runner.recorded(stage, key)
     if record is not None:
@@ -624,7 +656,9 @@ def _stage_verify(
         )
     passed = sum(1 for c in checks if c.ok)
     summary = f"{passed} checks passed" + (" (llama.cpp loaded it and ran the NextN block)" if use_llama else "")
-    runner.state.record(stage, key, [], {"summary": summary, "checks": [c.name for c in checks]})
+    if result.llama is not None:
+        build = result.llama.llama_cpp_build  # what ran the proof, as the child reported it
+    runner.state.record(stage, key, [], {"summary": summary, "checks": [c.name for c in checks], "llama_cpp": build})
     report.stages.append(StageResult(stage, _status(why), summary, time.perf_counter() - started))
 
 
@@ -667,7 +701,9 @@ def _stage_publish(
                            progress=runner.progress, replace_readme=options.replace_readme, copy_from=source)
     result = publish(composite[0].path, asked, api=api, token=token, digests={str(d.path): d for d in composite})
     report.published = result
-    runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url})
+    from gguf_mtp._version import __version__
+
+    runner.state.record(stage, key, [], {"repo": repo, "commit_url": result.commit_url, "gguf_mtp": __version__})
     sent = result.upload
     size = "" if sent is None else (f" ({human_bytes(sent.total_bytes)} uploaded, {human_bytes(sent.differing_bytes)} "
                                     "of it differing from the target set: the expected upload)")

@@ -67,8 +67,8 @@ DETAILS: dict[str, dict[str, tuple[str, bool]]] = {
     "target": {"files": ("names", True), "commit": ("text?", False), "repo": ("text?", False)},
     "draft": {"head": ("text", False), "revision": ("text?", False)},
     "compose": {"block": ("count", False), "added": ("count", False)},
-    "verify": {"summary": ("text", False), "checks": ("names", False)},
-    "publish": {"repo": ("text", False), "commit_url": ("text?", False)},
+    "verify": {"summary": ("text", False), "checks": ("names", False), "llama_cpp": ("text?", False)},
+    "publish": {"repo": ("text", False), "commit_url": ("text?", False), "gguf_mtp": ("text", False)},
 }
 
 #: How many outputs each stage records: (fewest, most).
