@@ -124,7 +124,7 @@ def test_a_completed_shared_sidecar_carries_the_trunks_tensors_byte_for_byte_and
     header, source = read_header(out), read_header(shared)
     assert header.get(SHARED_KEY) is None and source.get(SHARED_KEY) is True
     assert header.get("tokenizer.ggml.model") == read_header(trunk).get("tokenizer.ggml.model")
-    assert [t.name for t in header.tensors][0] == "token_embd.weight"  # as llama.cpp's --mtp export orders them
+    assert header.tensors[0].name == "token_embd.weight"  # as llama.cpp's --mtp export orders them
 
 
 def test_the_plan_says_what_comes_from_the_trunk(
@@ -136,7 +136,8 @@ def test_the_plan_says_what_comes_from_the_trunk(
     plan = json.loads(capsys.readouterr().out)
     assert plan["from_trunk"] == list(GLOBALS)
     # the tokenizer is the trunk's, in place of the source's
-    assert plan["left_out_kvs"] == ["tokenizer.ggml.model", SHARED_KEY] and plan["added_kvs"] == ["tokenizer.ggml.model"]
+    assert plan["left_out_kvs"] == ["tokenizer.ggml.model", SHARED_KEY]
+    assert plan["added_kvs"] == ["tokenizer.ggml.model"]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "with the trunk's token_embd.weight (Q4_K, " in text

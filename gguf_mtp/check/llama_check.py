@@ -200,9 +200,9 @@ def _wrapped_cause(before: list[str], wrapper: str) -> str:
     return _FUNCTION_PREFIX.sub("", cause) + (f" (in {split['path']})" if split else "")
 
 
-def _child_command(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> list[str]:
+def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
     """The child's command line (a seam for tests)."""
-    flags = ["--no-mtp"] * (not mtp) + ["--no-trunk"] * (not trunk) + (["--beside", beside] if beside else [])
+    flags = ["--no-mtp"] * (not mtp) + ["--no-trunk"] * (not trunk)
     return [sys.executable, "-m", "gguf_mtp.check.llama_check", path, *flags]
 
 
@@ -231,8 +231,8 @@ def check_with_llama(
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
     result = LlamaCheck(os.fspath(path))
-    target = os.fspath(beside) if beside is not None else None
-    proc = _spawn(result, _child_command(result.path, mtp, trunk, target), timeout)
+    pairing = ["--beside", os.fspath(beside)] if beside is not None else []
+    proc = _spawn(result, _child_command(result.path, mtp, trunk) + pairing, timeout)
     if proc is None:
         return result
     report = last_report(proc.stdout)
