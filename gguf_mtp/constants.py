@@ -49,6 +49,10 @@ NOT_PER_LAYER_ARRAYS = frozenset(
 #: them out (the composite reuses the trunk's), anything else outside a block is refused.
 DRAFT_GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight")
 
+#: unsloth's "shared" sidecars (``mtp-…-shared-Q8_0.gguf``) state this bool, ``true``, and leave out the
+#: global tensors they borrow from their target; only unsloth's llama.cpp fork reads it (not b11434).
+KEY_NEXTN_SHARED_TARGET_TENSORS = "{arch}.nextn_shared_target_tensors"
+
 #: ``<prefix>-NNNNN-of-NNNNN.gguf``: llama.cpp's split naming (``llama_split_path``), 1-based.
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
 

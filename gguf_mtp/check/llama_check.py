@@ -5,7 +5,8 @@ A load alone proves little: llama.cpp quietly treats a file whose NextN block la
 loads with ``load_mtp`` and ``check_tensors``, runs one trunk decode and one decode step of an
 MTP-type context through each NextN block (``llama_set_nextn_layer_offset`` selects the block when there
 are several), and checks the logits are finite. An MTP-only file (a draft) gets no trunk decode: it has
-no trunk graph, and llama.cpp crashes trying one. It runs in a subprocess
+no trunk graph, and llama.cpp crashes trying one; given the target it serves (``beside``), a sidecar's MTP
+steps take the hidden rows of that target's trunk decode, as llama-server pairs them. It runs in a subprocess
 because a failed GGML assert aborts the whole process; llama.cpp's own messages (stderr) are kept.
 
 The check is about the file, not about fast kernels, so its result must not depend on the CPU the build
@@ -16,8 +17,8 @@ A default (native) build of llama-cpp-python on a CPU with AMX segfaults in ``gg
 otherwise. If llama.cpp still dies by a signal, that is reported as llama.cpp crashing in its own compute
 code (:attr:`LlamaCheck.crashed`), which is not a verdict on the file.
 
-Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [--no-mtp] [--no-trunk]``
-prints one JSON line; ``--build`` (no PATH) prints only the build it would check with.
+Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [--no-mtp] [--no-trunk]
+[--beside TARGET]`` prints one JSON line; ``--build`` (no PATH) prints only the build it would check with.
 
 Every report names that build (:func:`build_of`): ggml's own ``ggml_commit()`` and ``ggml_version()``, looked up
 through the ``libllama`` llama-cpp-python loaded (its own, or the one ``LLAMA_CPP_LIB_PATH`` names), so the
@@ -110,6 +111,8 @@ class LlamaCheck:
     trunk_logits_sha256: str | None = None
     mtp_logits_sha256: str | None = None
     llama_cpp_build: str | None = None  # the llama.cpp that ran the check (:func:`build_of`)
+    #: the target a sidecar ran beside: its trunk decode gave the hidden rows the sidecar's MTP decode took
+    beside: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,7 +135,8 @@ class LlamaCheck:
         if self.mtp_decode_ok is not None:
             finite = "" if self.mtp_logits_finite in (None, True) else " (non-finite logits)"
             blocks = f" through {self.mtp_blocks_decoded} NextN blocks" if (self.mtp_blocks_decoded or 0) > 1 else ""
-            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + blocks + finite)
+            rows = " on the target's hidden rows" if self.beside else ""
+            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + blocks + rows + finite)
         if self.error:
             parts.append(self.error)
         return "llama.cpp loaded it: " + ", ".join(parts)
@@ -238,7 +242,12 @@ def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
 
 
 def check_with_llama(
-    path: str | os.PathLike[str], *, mtp: bool = True, trunk: bool = True, timeout: float = 300.0
+    path: str | os.PathLike[str],
+    *,
+    mtp: bool = True,
+    trunk: bool = True,
+    beside: str | os.PathLike[str] | None = None,
+    timeout: float = 300.0,
 ) -> LlamaCheck:
     """Load ``path`` with llama.cpp in a subprocess and run a decode step (see the module docstring).
 
@@ -246,6 +255,9 @@ def check_with_llama(
         path: the GGUF (first shard of a split set).
         mtp: load the NextN block (``load_mtp``) and run one MTP decode step.
         trunk: run one ordinary decode step (leave off for an MTP-only file).
+        beside: the target a sidecar serves: loaded too, its trunk decode gives the hidden rows the MTP decode
+            steps take (as ``llama-server --spec-draft-model`` pairs them); its width and vocabulary must be the
+            sidecar's, else the MTP step fails.
         timeout: seconds before the child is killed.
 
     Raises:
@@ -254,7 +266,8 @@ def check_with_llama(
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
     result = LlamaCheck(os.fspath(path))
-    proc = _spawn(result, _child_command(result.path, mtp, trunk), timeout)
+    pairing = ["--beside", os.fspath(beside)] if beside is not None else []
+    proc = _spawn(result, _child_command(result.path, mtp, trunk) + pairing, timeout)
     if proc is None:
         return result
     report = last_report(proc.stdout)
@@ -323,7 +336,7 @@ def _fail_step(result: LlamaCheck, stage: str | None) -> None:
     """The child reports before every step: a crash during a step is that step's failure."""
     if stage == "trunk" and result.trunk_decode_ok is None:
         result.trunk_decode_ok = False
-    if stage == "mtp" and result.mtp_decode_ok is None:
+    if stage in ("target", "mtp") and result.mtp_decode_ok is None:
         result.mtp_decode_ok = False
 
 
@@ -336,7 +349,7 @@ def signal_name(signum: int) -> str:
 
 
 _STAGES = {None: "while loading the file", "trunk": "during the trunk decode step", "mtp": "during the MTP decode step",
-           "done": "after the check had finished"}
+           "target": "during the target's decode step", "done": "after the check had finished"}
 
 
 def _signal_message(signum: int, stage: str | None, stderr: str) -> tuple[str | None, str]:
@@ -420,7 +433,54 @@ def emit_report(report: dict[str, Any], stage: str) -> None:
     sys.stdout.flush()
 
 
-def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
+def _context(llama: Any, model: Any, ctx_type: int) -> Any:
+    """A small context of ``ctx_type`` on ``model`` (its sizes fit the check's three tokens)."""
+    cparams = llama.llama_context_default_params()
+    cparams.n_ctx = 64
+    cparams.n_batch = 8
+    cparams.n_ubatch = 8
+    cparams.n_seq_max = 1
+    cparams.n_threads = cparams.n_threads_batch = 2
+    cparams.ctx_type = ctx_type
+    set_params(llama, cparams, CONTEXT_PARAMS)
+    return llama.llama_init_from_model(model, cparams)
+
+
+def _target_rows(llama: Any, target: str, tokens: list[int], n_embd: int, n_vocab: int) -> tuple[Any, str | None]:
+    """(rows, error): the hidden rows ``target``'s trunk decode of ``tokens`` hands an MTP head, what
+    llama-server's draft-mtp feeds a sidecar (``llama_set_embeddings_nextn``). A target of another width or
+    vocabulary cannot feed this sidecar: the error says which, and no rows."""
+    from llama_cpp import llama_cpp_ext  # the MTP helpers (llama-ext.h)
+
+    params = llama.llama_model_default_params()
+    set_params(llama, params, MODEL_PARAMS)
+    params.load_mtp = False
+    model = llama.llama_model_load_from_file(target.encode(), params)
+    if not model:
+        return None, f"llama.cpp could not load the target {target}"
+    try:
+        width = llama.llama_model_n_embd_out(model)
+        vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
+        if (width, vocab) != (n_embd, n_vocab):
+            return None, (f"the target's rows are {width} wide over {vocab} tokens, the sidecar takes {n_embd} over "
+                          f"{n_vocab}: it is not a sidecar of this target")
+        ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        if not ctx:
+            return None, "could not create a context on the target"
+        try:
+            llama_cpp_ext.llama_set_embeddings_nextn(ctx, True, False)
+            rc, _, _ = _decode(llama, ctx, tokens, None, vocab)
+            if rc != 0:
+                return None, f"the target's trunk decode failed (llama_decode: {rc})"
+            flat = llama_cpp_ext.llama_get_embeddings_nextn(ctx)
+            return [[flat[i * width + j] for j in range(width)] for i in range(len(tokens))], None
+        finally:
+            llama.llama_free(ctx)
+    finally:
+        llama.llama_model_free(model)
+
+
+def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
     import llama_cpp as llama
 
     llama.llama_backend_init()
@@ -441,20 +501,9 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
     n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
     tokens = [t % max(n_vocab, 1) for t in (1, 2, 3)]
 
-    def context(ctx_type: int) -> Any:
-        cparams = llama.llama_context_default_params()
-        cparams.n_ctx = 64
-        cparams.n_batch = 8
-        cparams.n_ubatch = 8
-        cparams.n_seq_max = 1
-        cparams.n_threads = cparams.n_threads_batch = 2
-        cparams.ctx_type = ctx_type
-        set_params(llama, cparams, CONTEXT_PARAMS)
-        return llama.llama_init_from_model(model, cparams)
-
     if trunk:
         emit_report(out, "trunk")
-        ctx = context(llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+        ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
         if not ctx:
             out["trunk_decode_ok"] = False
             out["error"] = "could not create a context"
@@ -462,12 +511,22 @@ def _child(path: str, mtp: bool, trunk: bool) -> dict[str, Any]:
             rc, finite, out["trunk_logits_sha256"] = _decode(llama, ctx, tokens, None, n_vocab)
             out["trunk_decode_ok"] = rc == 0 and finite
             llama.llama_free(ctx)
+    hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
+    if mtp and beside is not None and out["n_layer_nextn"] > 0:
+        out["beside"] = beside
+        emit_report(out, "target")
+        rows, error = _target_rows(llama, beside, tokens, llama.llama_model_n_embd_out(model), n_vocab)
+        if rows is None:
+            out["mtp_decode_ok"] = False
+            out["error"] = error
+            llama.llama_model_free(model)
+            return out
+        hidden = rows
     if mtp and out["n_layer_nextn"] > 0:
         out["mtp_blocks_decoded"] = 0
-        hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
         for offset in range(out["n_layer_nextn"]):  # one MTP decode step through each NextN block
             emit_report(out, "mtp")
-            ctx = context(llama.LLAMA_CONTEXT_TYPE_MTP)
+            ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_MTP)
             if not ctx:
                 out["mtp_decode_ok"] = False
                 out["error"] = "could not create an MTP context"
@@ -498,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?")
     parser.add_argument("--no-mtp", action="store_true")
     parser.add_argument("--no-trunk", action="store_true")
+    parser.add_argument("--beside", metavar="TARGET")
     parser.add_argument("--build", action="store_true", help="print only the llama.cpp build")
     args = parser.parse_args(argv)
     if args.build or args.path is None:
@@ -505,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
         emit_report({"llama_cpp_build": build_of(llama_cpp)}, "done")
         return 0
-    emit_report(_child(args.path, not args.no_mtp, not args.no_trunk), "done")
+    emit_report(_child(args.path, not args.no_mtp, not args.no_trunk, args.beside), "done")
     return 0
 
 

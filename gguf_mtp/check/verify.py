@@ -613,8 +613,9 @@ def _llama_check(
     target: ShardSet | None = None,
 ) -> tuple[Check, LlamaCheck | None]:
     """Load the file with llama.cpp and run its decode steps: a model's trunk step and the MTP step through each
-    NextN block; a draft (``draft``) only the MTP steps, and only a ``sidecar`` (a bare draft cannot load). A
-    composite llama.cpp refuses is compared with its ``target`` (see :func:`_target_refusal`)."""
+    NextN block; a draft (``draft``) only the MTP steps, and only a ``sidecar`` (a bare draft cannot load), on the
+    hidden rows of its ``target``'s trunk decode where one is given. A composite llama.cpp refuses is compared
+    with its ``target`` (see :func:`_target_refusal`)."""
     name = "llama.cpp"
     if llama is False:
         return Check(name, None, "skipped (--no-llama)"), None
@@ -630,7 +631,9 @@ def _llama_check(
     if not llama_cpp_available():
         return _not_run(llama, f"llama-cpp-python is not installed; to load {what} with llama.cpp: {INSTALL_HINT}")
     # An MTP-only file has no trunk graph to run (llama.cpp crashes trying), nor has a model without trunk blocks.
-    result = check_with_llama(model.shards[0].name, trunk=not draft and (layout is None or layout.trunk > 0))
+    beside = target.name if draft and target is not None else None
+    result = check_with_llama(model.shards[0].name, trunk=not draft and (layout is None or layout.trunk > 0),
+                              beside=beside)
     detail = result.summary()
     ok = result.ok
     declared = layout.nextn if layout else 0
@@ -645,7 +648,7 @@ def _llama_check(
         detail += f"; the MTP decode step ran through {result.mtp_blocks_decoded} of {declared} NextN blocks"
     if not ok and result.error and result.error not in detail:
         detail += f" ({result.error})"
-    if target is not None and not result.loaded and result.crashed is None:
+    if target is not None and not draft and not result.loaded and result.crashed is None:
         detail += _target_refusal(target)
     return Check(name, ok, detail), result
 
@@ -739,7 +742,8 @@ def verify(
         report.checks += _structural_checks(model, layout, layout_error)
         report.checks.append(_nextn_check(model, layout, layout_error))
         report.sidecar = _draft_checks(report, model, target_set)
-        llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=report.sidecar)
+        llama_check, report.llama = _llama_check(model, layout, llama, draft=True, sidecar=report.sidecar,
+                                                 target=target_set)
         report.checks.append(llama_check)
         if acceptance:
             report.checks.append(_acceptance_check(report, llama_check, floor))

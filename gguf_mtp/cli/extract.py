@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--standalone, in the current folder)",
     )
     p.add_argument("--standalone", action="store_true", help="write an MTP-only model llama.cpp loads on its own")
+    p.add_argument(
+        "--target", metavar="TRUNK.gguf",
+        help="with --standalone: the model the sidecar serves, refused unless of SOURCE's model; a shared sidecar "
+        "(nextn_shared_target_tensors) gets its token_embd/output_norm/output and tokenizer, so upstream "
+        "llama.cpp loads it",
+    )
     add_outtype_flag(p)
     add_embd_type_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
@@ -47,6 +53,6 @@ def run(args: argparse.Namespace) -> int:
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
     report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype,
-                     embd_type=args.embd_type, **write_options(args))
+                     embd_type=args.embd_type, target=args.target, **write_options(args))
     print_outcome(args, report)
     return 0

@@ -66,9 +66,6 @@ class HubApi(Protocol):
     ) -> str:
         """Download one file into ``cache_dir``; returns its local path."""
 
-    def model_info(self, repo_id: str, /, *, revision: str | None = ..., token: str | None = ...) -> Any:
-        """The repo's record at ``revision``: ``sha`` is the commit it points at."""
-
     def list_repo_files(
         self, repo_id: str, /, *, revision: str | None = ..., repo_type: str | None = ..., token: str | None = ...
     ) -> Iterable[str]:

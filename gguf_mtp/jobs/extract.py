@@ -15,6 +15,13 @@ Two kinds of output:
   absent, so it serves as ``llama-server --spec-draft-model``. With ``embd_type`` its ``token_embd`` and
   ``output`` are written in that type (llama.cpp's maintainers recommend low-bit ones, e.g. Q4_0) as
   ``llama-quantize --token-embedding-type --output-tensor-type`` writes them.
+
+A standalone file can also be completed from a *trunk* (``target``): a "shared" sidecar (unsloth's form: it
+states ``{arch}.nextn_shared_target_tensors = true`` and leaves out the global tensors it borrows from its
+target, which only unsloth's llama.cpp fork can lend) gets the trunk's ``token_embd``/``output_norm``/``output``
+in their place, and the trunk's tokenizer; the key is left out, as upstream llama.cpp does not know it. The trunk
+must be of the sidecar's model (architecture, width, vocabulary and token list, and as many trunk blocks as the
+sidecar's first NextN block index), else it is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,15 +34,17 @@ from typing import Any
 
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
+from gguf_mtp.check.draft_checks import target_fit_check
 from gguf_mtp.constants import (
     BLOCK_TENSOR,
     DRAFT_GLOBAL_TENSORS,
     KEY_BLOCK_COUNT,
     KEY_NEXTN_PREDICT_LAYERS,
+    KEY_NEXTN_SHARED_TARGET_TENSORS,
     KEY_TOKENS,
     KEY_VOCAB_SIZE,
 )
-from gguf_mtp.errors import BadGGUFError, NoNextNBlockError, ParameterError
+from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
 from gguf_mtp.format.layout import congruent_header, pack_tensors
@@ -59,6 +68,7 @@ __all__ = [
     "NextNBlocks",
     "extract",
     "find_nextn_blocks",
+    "is_shared_sidecar",
     "plan_extraction",
 ]
 
@@ -66,6 +76,9 @@ __all__ = [
 #: the split keys (a draft is one file).
 _DRAFT_SKIPPED_PREFIXES = ("tokenizer.", "split.")
 _STANDALONE_SKIPPED_PREFIXES = ("split.",)
+#: Model KVs a completed sidecar takes from its trunk rather than from the shared sidecar.
+_TRUNK_PREFIXES = ("tokenizer.",)
+_TOKEN_EMBD = DRAFT_GLOBAL_TENSORS[0]
 
 
 @dataclass(frozen=True)
@@ -199,6 +212,8 @@ class ExtractionPlan:
     output: OutputFile
     left_out_kvs: tuple[str, ...]  # source KVs not carried
     added_kvs: tuple[str, ...]  # KVs the draft states that the source did not
+    trunk: ShardSet | None = None  # the model a shared sidecar is completed from
+    borrowed: tuple[str, ...] = ()  # global tensors taken from the trunk
 
     @property
     def path(self) -> Path:
@@ -225,22 +240,34 @@ class ExtractionPlan:
             "kvs": len(self.header.kvs),
             "left_out_kvs": list(self.left_out_kvs),
             "added_kvs": list(self.added_kvs),
+            "trunk": [str(p) for p in self.trunk.paths] if self.trunk is not None else None,
+            "from_trunk": list(self.borrowed),
             "bytes": self.output.size,
             "head": self.head.to_dict(),
         }
 
 
-def _draft_kvs(source: ShardSet, standalone: bool) -> tuple[list[KeyValue], list[str], list[str]]:
-    """(KVs of the output, source keys left out, keys added)."""
-    skipped = _STANDALONE_SKIPPED_PREFIXES if standalone else _DRAFT_SKIPPED_PREFIXES
+def _draft_kvs(
+    source: ShardSet, standalone: bool, trunk: ShardSet | None = None
+) -> tuple[list[KeyValue], list[str], list[str]]:
+    """(KVs of the output, source keys left out, keys added). With a ``trunk``, the tokenizer is the trunk's."""
+    skipped: tuple[str, ...] = _STANDALONE_SKIPPED_PREFIXES if standalone else _DRAFT_SKIPPED_PREFIXES
+    if trunk is not None:
+        skipped += _TRUNK_PREFIXES
+    unknown_upstream = source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)  # the output borrows nothing
     kvs, left_out, added = [], [], []
     for key, kv in source.first.kvs.items():
         if key == SET_ID_KEY:  # the composite's set id (gguf_mtp.set_id): the draft is no shard of it
             continue
-        if key.startswith(skipped):
+        if key.startswith(skipped) or key == unknown_upstream:
             left_out.append(key)
         else:
             kvs.append(kv)
+    if trunk is not None:
+        for key, kv in trunk.first.kvs.items():
+            if key.startswith(_TRUNK_PREFIXES):
+                kvs.append(kv)
+                added.append(key)
     vocab_key = source.arch_key(KEY_VOCAB_SIZE)
     tokens = source.kv(KEY_TOKENS)
     if not standalone and source.kv(vocab_key) is None and tokens is not None:
@@ -274,6 +301,51 @@ def _layout(
     return infos, segments
 
 
+def is_shared_sidecar(model: ShardSet) -> bool:
+    """Whether ``model`` says it borrows its target's global tensors (``{arch}.nextn_shared_target_tensors``)."""
+    return model.get(model.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)) is True
+
+
+def _refuse_another_models_trunk(source: ShardSet, nextn: NextNBlocks, trunk: ShardSet) -> None:
+    """A trunk must be of the source's model: the same architecture, width, vocabulary and token list
+    (:func:`target_fit_check`), and as many trunk blocks as the index of the first NextN block.
+
+    Raises:
+        IncompatibleDraftError: one line naming the trunk and every difference.
+    """
+    problems, _ = target_fit_check(trunk, source.first, source.headers)
+    trunk_blocks = trunk.block_count - trunk.nextn_predict_layers
+    if not problems and trunk_blocks != nextn.first:
+        problems.append(f"the trunk has {trunk_blocks} blocks, the head is {nextn.describe()} "
+                        f"(the head of a {nextn.first}-block trunk)")
+    if problems:
+        raise IncompatibleDraftError(f"not a trunk of {source.name}'s model: {'; '.join(problems)}", trunk.name)
+
+
+def _standalone_globals(source: ShardSet, trunk: ShardSet | None) -> tuple[list[str], list[str]]:
+    """(the source's own global tensors, those the ``trunk`` supplies): a global tensor the source lacks is the
+    trunk's, where it has one.
+
+    Raises:
+        BadGGUFError: neither has ``token_embd`` / ``output_norm`` (llama.cpp cannot load a sidecar without them).
+    """
+    own = [name for name in DRAFT_GLOBAL_TENSORS if name in source.tensor_locations]
+    lent = [] if trunk is None else [
+        name for name in DRAFT_GLOBAL_TENSORS if name not in own and name in trunk.tensor_locations]
+    for needed in (_TOKEN_EMBD, "output_norm.weight"):
+        if needed in own or needed in lent:
+            continue
+        if trunk is None and is_shared_sidecar(source):
+            raise BadGGUFError(
+                f"no {needed}: a shared sidecar ({source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)} = true) "
+                "borrows it from the model it serves: give that model as target to copy it in",
+                source.name,
+                parameter="target",
+            )
+        raise BadGGUFError(f"no {needed}: cannot write a standalone MTP model without it", source.name)
+    return own, lent
+
+
 def plan_extraction(
     source: ShardSet,
     output: str | os.PathLike[str],
@@ -281,6 +353,7 @@ def plan_extraction(
     standalone: bool = False,
     outtype: str | GGMLQuantizationType | None = None,
     embd_type: str | GGMLQuantizationType | None = None,
+    trunk: ShardSet | None = None,
 ) -> ExtractionPlan:
     """Plan the extraction of ``source``'s NextN block(s) into ``output`` (pure: reads no tensor data).
 
@@ -292,6 +365,8 @@ def plan_extraction(
         outtype: the NextN tensors' type (see :mod:`gguf_mtp.jobs.head_type`); ``None`` copies them as they are.
         embd_type: with ``standalone``, the type of ``token_embd`` and ``output``, as ``llama-quantize
             --token-embedding-type --output-tensor-type`` writes them; ``None`` copies them.
+        trunk: with ``standalone``, the model the sidecar serves: it must be of the source's model, and it lends
+            the global tensors the source lacks (a shared sidecar's) and its tokenizer.
 
     Returns:
         The :class:`ExtractionPlan`.
@@ -300,29 +375,38 @@ def plan_extraction(
         NoNextNBlockError: the source has no NextN block.
         BadGGUFError: its metadata and tensors disagree (see :func:`find_nextn_blocks`), or a
             standalone file is asked for and the source has no ``token_embd`` / ``output_norm``.
-        ParameterError: ``outtype`` or ``embd_type`` is not a head type, or ``embd_type`` without ``standalone``.
+        ParameterError: ``outtype`` or ``embd_type`` is not a head type, or ``embd_type`` or ``trunk`` without
+            ``standalone``.
+        IncompatibleDraftError: ``trunk`` is of another model.
     """
     head_type = parse_outtype(outtype)
     embedding_type = parse_outtype(embd_type, "embd_type")
     if embedding_type is not None and not standalone:
         raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
                              parameter=("embd_type", "standalone"))
+    if trunk is not None and not standalone:
+        raise ParameterError("target needs standalone: a draft takes its target's tensors inside the composite",
+                             parameter=("target", "standalone"))
     nextn = find_nextn_blocks(source)
+    if trunk is not None:
+        _refuse_another_models_trunk(source, nextn, trunk)
     wanted = set(nextn.names)
-    if standalone:
-        globals_ = [name for name in DRAFT_GLOBAL_TENSORS if name in source.tensor_locations]
-        for needed in ("token_embd.weight", "output_norm.weight"):
-            if needed not in globals_:
-                raise BadGGUFError(f"no {needed}: cannot write a standalone MTP model without it", source.name)
-        wanted.update(globals_)
+    own, lent = _standalone_globals(source, trunk) if standalone else ([], [])
+    wanted.update(own)
     picked = [
         (source.paths[shard], source.headers[shard].data_offset, tensor)
         for shard, tensor in source.iter_tensors()
         if tensor.name in wanted
     ]
+    if trunk is not None:
+        from_trunk = [(trunk.paths[shard], trunk.headers[shard].data_offset, tensor)
+                      for shard, tensor in (trunk.tensor_locations[name] for name in lent)]
+        # token_embd first and the output tensors last, in the order llama.cpp's --mtp export writes them
+        picked = ([t for t in from_trunk if t[2].name == _TOKEN_EMBD] + picked
+                  + [t for t in from_trunk if t[2].name != _TOKEN_EMBD])
     alignment = source.first.alignment
     infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch, embedding_type)
-    kvs, left_out, added = _draft_kvs(source, standalone)
+    kvs, left_out, added = _draft_kvs(source, standalone, trunk)
     # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.format.layout).
     head = congruent_header(source.first.version, kvs, infos, alignment, segments)
     path = Path(output)
@@ -338,6 +422,8 @@ def plan_extraction(
         output=OutputFile(path, (Bytes(head), *segments)),
         left_out_kvs=tuple(left_out),
         added_kvs=tuple(added),
+        trunk=trunk,
+        borrowed=tuple(lent),
     )
 
 
@@ -381,32 +467,45 @@ class ExtractReport(WriteReport):
 
 
 def _global_tensor_lines(plan: ExtractionPlan) -> list[str]:
-    """A standalone file's tensors outside the NextN block(s): the source's own, copied, then those ``embd_type``
-    re-typed on the way (new bytes, not the source's: each says the type it was re-typed from)."""
+    """A standalone file's tensors outside the NextN block(s), the source's own then the trunk's: copied, then those
+    ``embd_type`` re-typed on the way (new bytes, not the original's: each says the type it was re-typed from)."""
     written = plan.header.tensor_by_name
-    source_type = {name: plan.source.tensor_locations[name][1].type_name for name in plan.global_tensors}
+    lines: list[str] = []
+    for whose, model in (("source", plan.source), ("trunk", plan.trunk)):
+        names = [name for name in plan.global_tensors if (name in plan.borrowed) == (whose == "trunk")]
+        if model is None or not names:
+            continue
+        original = {name: model.tensor_locations[name][1].type_name for name in names}
 
-    def shown(name: str, note: str = "") -> str:
-        return f"{name} ({written[name].type_name}, {human_bytes(written[name].nbytes)}{note})"
+        def shown(name: str, note: str = "") -> str:
+            return f"{name} ({written[name].type_name}, {human_bytes(written[name].nbytes)}{note})"
 
-    copied = [name for name in plan.global_tensors if written[name].type_name == source_type[name]]
-    retyped = [name for name in plan.global_tensors if name not in copied]
-    lines = [f"the source's {', '.join(shown(name) for name in copied)}"] if copied else []
-    if retyped:
-        lines.append(", ".join(shown(name, f", re-typed from the source's {source_type[name]}") for name in retyped))
+        copied = [name for name in names if written[name].type_name == original[name]]
+        retyped = [name for name in names if name not in copied]
+        if copied:
+            lines.append(f"the {whose}'s {', '.join(shown(name) for name in copied)}")
+        if retyped:
+            lines.append(", ".join(shown(name, f", re-typed from the {whose}'s {original[name]}") for name in retyped))
     return lines
 
 
 def _notes(plan: ExtractionPlan) -> Iterator[str]:
     skipped_tokenizer = [k for k in plan.left_out_kvs if k.startswith("tokenizer.")]
-    if skipped_tokenizer:
+    if skipped_tokenizer and not plan.standalone:
         yield (
             f"left out the tokenizer ({len(skipped_tokenizer)} KV{'s' * (len(skipped_tokenizer) != 1)}): "
             "a composite keeps its target's; "
             "use --standalone for a file llama.cpp loads on its own"
         )
+    shared_key = plan.source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)
+    if shared_key in plan.left_out_kvs:
+        yield f"left out {shared_key}: upstream llama.cpp does not know it, and the file now carries what it borrowed"
+    if plan.trunk is not None:
+        taken = [key for key in plan.added_kvs if key.startswith(_TRUNK_PREFIXES)]
+        yield f"the tokenizer is the trunk's ({len(taken)} KV{'s' * (len(taken) != 1)}, from {plan.trunk.name})"
     for key in plan.added_kvs:
-        yield f"added {key} = {plan.header.get(key)} (the size of the source's token list)"
+        if not key.startswith(_TRUNK_PREFIXES):
+            yield f"added {key} = {plan.header.get(key)} (the size of the source's token list)"
 
 
 def extract(
@@ -416,6 +515,7 @@ def extract(
     standalone: bool = False,
     outtype: str | None = None,
     embd_type: str | None = None,
+    target: str | os.PathLike[str] | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
@@ -433,6 +533,9 @@ def extract(
         embd_type: with ``standalone``, write ``token_embd`` and ``output`` in this type (``q4_0``: what
             llama.cpp's maintainers recommend for a sidecar) exactly as ``llama-quantize --token-embedding-type
             --output-tensor-type`` would; ``None`` copies them.
+        target: with ``standalone``, the trunk the sidecar serves (one file or any shard of a set): it must be of
+            the source's model; a shared sidecar (``{arch}.nextn_shared_target_tensors``) gets its
+            ``token_embd`` / ``output_norm`` / ``output`` and tokenizer, so upstream llama.cpp loads the result.
         force: replace an existing output (never an input).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
@@ -444,7 +547,8 @@ def extract(
 
     Raises:
         NoNextNBlockError: the source has no NextN block.
-        BadGGUFError, ShardSetError: the source is malformed or incomplete.
+        IncompatibleDraftError: ``target`` is a trunk of another model.
+        BadGGUFError, ShardSetError: the source or the target is malformed or incomplete.
         UnsafeOutputError: the output is an input, exists (without ``force``) or cannot be written.
         OutputWriteError: writing failed; nothing was left behind.
 
@@ -454,9 +558,11 @@ def extract(
 
     def prepare() -> tuple[ExtractReport, list[OutputFile], list[Path]]:
         model = open_model(source)
-        plan = plan_extraction(model, output, standalone=standalone, outtype=outtype, embd_type=embd_type)
+        trunk = open_model(target) if target is not None else None
+        plan = plan_extraction(model, output, standalone=standalone, outtype=outtype, embd_type=embd_type,
+                               trunk=trunk)
         warning = low_bit_warning(parse_outtype(outtype))
         report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
-        return report, [plan.output], model.paths
+        return report, [plan.output], [*model.paths, *(trunk.paths if trunk is not None else ())]
 
     return run_write(prepare, desc="extract", force=force, progress=progress, on_plan=on_plan)

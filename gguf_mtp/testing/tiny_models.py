@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, MODEL_ARCH, MODEL_ARCH_NAMES, ExpertGatingFuncType, GGMLQuantizationType, GGUFWriter
+from gguf import (
+    GGML_QUANT_SIZES,
+    MODEL_ARCH,
+    MODEL_ARCH_NAMES,
+    ExpertGatingFuncType,
+    GGMLQuantizationType,
+    GGUFValueType,
+    GGUFWriter,
+)
 
 from gguf_mtp.format.header import KeyValue, encode_kv, read_header, serialize_header
 
@@ -32,6 +40,7 @@ __all__ = [
     "relabel_arch",
     "tensor_role",
     "write_draft",
+    "write_shared_sidecar",
     "write_target",
 ]
 
@@ -501,6 +510,37 @@ def write_draft(
         per_layer_from=layers,
     )
     return path
+
+
+def write_shared_sidecar(
+    path: str | os.PathLike[str],
+    *,
+    family: TinyFamily = NEMOTRON_H_MOE,
+    trunk_pattern: str | None = None,
+    quant: str | GGMLQuantizationType = "Q8_0",
+    hparams: TinyHparams = TinyHparams(),
+    seed: int = 7,
+) -> Path:
+    """Write a "shared" sidecar as unsloth publishes them (``mtp-…-shared-Q8_0.gguf``), in the tiny family's terms.
+
+    What the published files hold, as far as could be established without them (their headers as read by
+    others: a header read of unsloth's ``mtp-Qwen3.8-Flash-Next-shared-Q8_0.gguf`` (32 tensors, against 34 in the
+    non-shared ``mtp-…-Q8_0.gguf``), and unsloth's llama.cpp fork, PR #142 "let an MTP draft borrow the target's
+    embeddings and lm head"):
+
+    * ``{arch}.nextn_shared_target_tensors``, a GGUF bool, ``true`` (the key is arch-prefixed).
+    * the NextN block(s) at their trunk index ``blk.N`` (N = the trunk's block count), ``{arch}.block_count``
+      N + 1 and ``{arch}.nextn_predict_layers`` 1, as llama.cpp's ``--mtp`` export writes them.
+    * no ``token_embd``, no ``output`` and no ``output_norm``: the fork's converter flag ``--mtp-shared-embd``
+      leaves out the three and its loader borrows exactly these names from the target (the qwen4exp file lacks
+      two, as qwen4exp has no ``output_norm``). Assumed: an architecture with ``output_norm`` leaves it out too.
+    * Assumed: the model KVs of an ``--mtp`` export otherwise, tokenizer included (the converter writes the
+      vocabulary for every export); here the tiny models' ``no_vocab`` tokenizer and ``{arch}.vocab_size``.
+    """
+    draft = write_draft(path, family=family, trunk_pattern=trunk_pattern, block="N", with_globals=False,
+                        quant=quant, hparams=hparams, seed=seed)
+    add_raw_kvs(draft, [encode_kv(f"{family.arch}.nextn_shared_target_tensors", GGUFValueType.BOOL, True)])
+    return draft
 
 
 def add_raw_kvs(path: str | os.PathLike[str], kvs: Sequence[KeyValue]) -> None:
