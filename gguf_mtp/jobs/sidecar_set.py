@@ -77,15 +77,18 @@ def type_label(qtype: GGMLQuantizationType) -> str:
 
 
 def default_set_types(source: ShardSet) -> tuple[list[GGMLQuantizationType], list[str]]:
-    """(ggml-org's set for this head, notes): the head's own float type if it has one, then :data:`SET_TYPES`.
+    """(ggml-org's set for this head, notes): the head's own float type when every tensor of it is a float (a
+    converted head: BF16, F16 or F32), then :data:`SET_TYPES`.
 
-    A quantized head gets no 16-bit member: re-typed to BF16 it would be twice the size of a Q8_0 member and no
-    more exact than its source."""
+    A quantized (or mixed) head gets no 16-bit member: re-typed to BF16 it would be about twice the size of the Q8_0
+    member and no more exact than its source."""
     head = summarize_head(t for _, t in find_nextn_blocks(source).tensors)
-    own = GGMLQuantizationType[head.main_type]
-    if own in _FLOAT_TYPES:
-        return [own, *SET_TYPES], []
-    return list(SET_TYPES), [f"the head is {own.name}: no 16-bit member (--types bf16,q8_0,q4_0 writes one)"]
+    floats = {t.name for t in _FLOAT_TYPES}
+    if set(head.types) <= floats:
+        return [GGMLQuantizationType[head.main_type], *SET_TYPES], []
+    quantized = ", ".join(t for t in head.types if t not in floats)
+    return list(SET_TYPES), [f"the head holds {quantized} tensors: no 16-bit member (--types bf16,q8_0,q4_0 "
+                             "writes one)"]
 
 
 def parse_set_types(types: str | Sequence[str]) -> list[GGMLQuantizationType]:
