@@ -266,10 +266,16 @@ def test_the_cli_writes_the_set_and_pairs_it(model: Path, tmp_path: Path, capsys
     assert [(t["trunk"], t["sidecar"]) for t in answer["trunks"]] == [("Model-Q6_K.gguf", "mtp-tiny-glm4moe-Q4_0.gguf")]
 
 
-def test_the_cli_wants_a_model_or_pair(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("argv", "said"), [
+    ([], "either MODEL"),
+    (["--pair", ".", "--types", "q8_0"], "--pair writes nothing"),
+    (["model.gguf", "--revision", "main"], "--revision goes with --pair"),
+])
+def test_the_cli_refuses_options_of_the_other_mode(argv: list[str], said: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["sidecars"])
-    assert exited.value.code == 2 and "either MODEL" in capsys.readouterr().err
+        main(["sidecars", *argv])
+    assert exited.value.code == 2 and said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])

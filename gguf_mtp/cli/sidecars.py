@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("source", nargs="?", metavar="MODEL",
                    help="a GGUF carrying NextN block(s) (a composite, a quant with a head, a sidecar), any shard")
-    p.add_argument("-o", "--output", metavar="DIR", default=".", help="the folder to write into (default: here)")
+    p.add_argument("-o", "--output", metavar="DIR", help="the folder to write into (default: here)")
     p.add_argument("--types", metavar="T,T...",
                    help="the members' types, comma-separated (e.g. bf16,q8_0,q4_0; any --outtype type). "
                    "Default: the head's own float type (if it has one), q8_0 and q4_0")
@@ -37,10 +37,15 @@ def run(args: argparse.Namespace) -> int:
     if (args.source is None) == (args.pair is None):
         args.parser.error("give either MODEL (write a set) or --pair FOLDER_OR_REPO (show the pairing)")
     if args.pair is not None:
+        if args.output or args.types or args.name or args.force or args.dry_run:
+            args.parser.error("--pair writes nothing: -o, --types, --name, --force and --dry-run go with MODEL")
         return _pair(args)
+    if args.revision:
+        args.parser.error("--revision goes with --pair (a Hub repo's revision)")
     from gguf_mtp.jobs.sidecar_set import write_sidecar_set
 
-    report = write_sidecar_set(args.source, args.output, types=args.types, name=args.name, **write_options(args))
+    report = write_sidecar_set(args.source, args.output or ".", types=args.types, name=args.name,
+                               **write_options(args))
     print_outcome(args, report)
     return 0
 
