@@ -291,3 +291,15 @@ def test_each_member_is_what_llama_quantize_pure_writes_from_the_16_bit_member(
                           text=True, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert reader_tensors(ours) == reader_tensors(oracle)
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_every_member_of_the_set_drafts_for_its_trunk_in_llama_cpp(model: Path, tmp_path: Path) -> None:
+    from gguf_mtp.check.verify import verify
+
+    report = write_sidecar_set(model, tmp_path, progress=False)
+    for member in report.plan.members:
+        checked = verify(member.plan.path, target=model, llama=True, progress=False)
+        assert checked.ok and checked.sidecar, checked.describe()
+        assert checked.llama is not None and checked.llama.mtp_decode_ok, checked.describe()
