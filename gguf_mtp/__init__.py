@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from .jobs.convert import ConvertReport, convert
     from .jobs.extract import extract
     from .jobs.graft import graft
+    from .jobs.sidecar_pairing import sidecar_pairing
+    from .jobs.sidecar_set import write_sidecar_set
     from .jobs.strip import strip
     from .model.shards import ShardSet, open_model
     from .release.pipeline import run_pipeline
@@ -73,6 +75,8 @@ _LAZY: dict[str, str] = {
     "convert": "jobs.convert",
     "extract": "jobs.extract",
     "graft": "jobs.graft",
+    "sidecar_pairing": "jobs.sidecar_pairing",
+    "write_sidecar_set": "jobs.sidecar_set",
     "strip": "jobs.strip",
     "ModelSummary": "check.inspect",
     "inspect": "check.inspect",
@@ -141,6 +145,8 @@ __all__ = [
     "plan_compose",
     "publish",
     "run_pipeline",
+    "sidecar_pairing",
     "strip",
     "verify",
+    "write_sidecar_set",
 ]

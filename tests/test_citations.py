@@ -17,6 +17,7 @@ from types import ModuleType
 
 import pytest
 
+from gguf_mtp.model import sidecar_names
 from gguf_mtp.model.arch_rules import ARCH_RULES, COMMON_RULES, HEADS_REFUSED, MTP_GRAPH_BLOCKS
 
 #: ``path:12``, ``path:12-20`` and ``path:12-20, 30-33`` (path relative to llama.cpp's root, or a model file's name).
@@ -37,17 +38,29 @@ def _tools() -> ModuleType:
 @cache
 def _sources() -> dict[str, list[str]]:
     """Every .cpp/.h/.py file of the vendored llama.cpp: path relative to its root -> its lines."""
+    return _tree("find_sdist", "/vendor/llama.cpp/")
+
+
+@cache
+def _upstream_sources() -> dict[str, list[str]]:
+    """Every .cpp/.h/.py file of llama.cpp build b11434 (the sidecar rules' source): path -> its lines."""
+    return _tree("find_upstream_sdist", "/llama.cpp/")
+
+
+def _tree(finder: str, root: str) -> dict[str, list[str]]:
+    """The .cpp/.h/.py files under ``root`` in the sdist the tools script's ``finder`` gives (downloaded under
+    ``CI=true``, else skipped when not in the tools cache)."""
     tools = _tools()
     try:
-        sdist = tools.find_sdist(tools.cache_dir(), download=os.environ.get("CI") == "true")
+        sdist = getattr(tools, finder)(tools.cache_dir(), download=os.environ.get("CI") == "true")
     except tools.BuildError as e:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: the llama-cpp-python sdist is not available: {e}")
-        pytest.skip(f"the llama-cpp-python sdist is not in the tools cache: {e}")
+            pytest.fail(f"CI=true: the sdist is not available: {e}")
+        pytest.skip(f"the sdist is not in the tools cache: {e}")
     files: dict[str, list[str]] = {}
     with tarfile.open(sdist, "r:gz") as tar:
         for member in tar.getmembers():
-            _, sep, rel = member.name.partition("/vendor/llama.cpp/")
+            _, sep, rel = member.name.partition(root)
             if sep and member.isfile() and rel.endswith((".cpp", ".h", ".py")):
                 data = tar.extractfile(member)
                 assert data is not None
@@ -66,10 +79,12 @@ def _resolve(path: str) -> str:
     return matches[0]
 
 
-def _cited_lines(citation: re.Match[str]) -> tuple[str, str]:
-    """(the file, the text of every cited span with SLACK lines around it)."""
-    rel = _resolve(citation["path"])
-    lines = _sources()[rel]
+def _cited_lines(
+    citation: re.Match[str], sources: dict[str, list[str]] | None = None
+) -> tuple[str, str]:
+    """(the file, the text of every cited span with SLACK lines around it); ``sources``: b11434's, not the vendored."""
+    rel = _resolve(citation["path"]) if sources is None else citation["path"]
+    lines = (_sources() if sources is None else sources)[rel]
     text = []
     for span in citation["spans"].split(", "):
         first, _, last = span.partition("-")
@@ -139,3 +154,47 @@ def test_llama_cpp_reads_underscores_as_dashes_in_long_options_as_bench_does() -
     assert "if (arg.compare(0, arg_prefix.size(), arg_prefix) == 0) {" in body
     assert "std::replace(arg.begin(), arg.end(), '_', '-');" in body
     assert "'='" not in body
+
+
+SIDECAR_CITED = [(rule, CITATION.match(text), _terms(text[text.index("(") + 1:]))
+                 for rule, text in sidecar_names.SOURCES.items()]
+
+
+def test_the_sidecar_rules_name_the_build_they_were_read_from() -> None:
+    assert sidecar_names.LLAMA_CPP_BUILD == "b11434"
+    assert set(sidecar_names.SOURCES) >= {"split_info", "quant_bits", "find_best_sibling", "keyword", "is_model_file",
+                                           "sidecar_file_name"}
+    assert all(match is not None and terms for _, match, terms in SIDECAR_CITED)
+
+
+@pytest.mark.parametrize(("rule", "citation", "terms"), SIDECAR_CITED, ids=[c[0] for c in SIDECAR_CITED])
+def test_every_sidecar_rule_cites_the_lines_of_llama_cpp_b11434_that_hold_it(
+    rule: str, citation: re.Match[str], terms: list[str]
+) -> None:
+    """gguf_mtp.model.sidecar_names (issue 39 item 1): each rule's cited lines of b11434 hold what it names."""
+    rel, text = _cited_lines(citation, _upstream_sources())
+    missing = [t for t in terms if t not in text]
+    assert not missing, f"{rule}: {rel} lines {citation['spans']} do not hold {missing}"
+
+
+def test_the_sidecar_name_is_gguf_py_s_naming_convention_as_b11434_s_converter_calls_it() -> None:
+    """The MTP-only file name: ``mtp-`` + naming_convention(name, basename, finetune, version, no size label, the
+    type); gguf-mtp calls the installed gguf-py's function, which must be b11434's."""
+    import inspect
+
+    from gguf.utility import naming_convention
+
+    source = "\n".join(_upstream_sources()["gguf-py/gguf/utility.py"])
+    ours = inspect.getsource(naming_convention)
+    body = ours[ours.index("    if base_name is not None:"):]
+    assert body.strip() in source
+    glm = "\n".join(_upstream_sources()["conversion/glm.py"])
+    assert 'self.fname_out = self.fname_out.parent / f"mtp-{fname_default}.gguf"' in glm
+    assert "self.metadata.version, size_label=None, output_type=output_type, model_type=None)" in glm
+
+
+def test_a_wrong_line_of_b11434_is_caught() -> None:
+    match = CITATION.fullmatch("common/download.cpp:1")
+    assert match is not None
+    _, text = _cited_lines(match, _upstream_sources())
+    assert "find_best_sibling" not in text

@@ -25,7 +25,7 @@ from .common import error_object, print_json
 #: Subcommands, each a module of this package with ``register(subparsers)``.
 COMMANDS = (
     "convert", "compose", "demo", "extract", "strip", "graft", "publish", "inspect", "verify", "pipeline", "bench",
-    "accept",
+    "accept", "sidecars",
 )
 
 
