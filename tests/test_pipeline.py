@@ -18,7 +18,7 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 from support.helpers import flip_byte
-from support.hub_standin import RecordingHub
+from support.hub_standin import FIRST_COMMIT, RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
@@ -303,7 +303,7 @@ def test_publishes_with_provenance_when_out_repo_is_given(
     names = sorted(p.name for p in report.composite)
     assert hub.commits == [sorted([*names, "README.md"])]
     card = report.published.card
-    assert f"[{TARGET_REPO}](https://huggingface.co/{TARGET_REPO}) at `{'0' * 40}`" in card
+    assert f"[{TARGET_REPO}](https://huggingface.co/{TARGET_REPO}) at `{FIRST_COMMIT}`" in card
     assert f"`{SHARDS[0]}`" in card
     for path in report.composite:
         assert _sha256(path) in card
