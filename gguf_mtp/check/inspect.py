@@ -410,14 +410,12 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
 def _acceptance_command(model: ScannedModel, blocks: _BlockFacts) -> str:
     """How to measure the head of ``model``: the command, or why it cannot be measured from this file. A draft is
     measured beside the model it drafts for, which only the user knows."""
+    if not blocks.mtp_only and model.first is not None and tokenizer_refusal(model.first) is not None:
+        return "this file has no tokenizer, so its head cannot be measured from it"
     if model.remote:
         return "measure what the head is worth on a local copy: gguf-mtp verify --acceptance"
     command = f"measure what the head is worth: gguf-mtp verify --acceptance {shlex.quote(model.source)}"
-    if blocks.mtp_only:
-        return command + " --target MODEL"
-    if model.first is not None and tokenizer_refusal(model.first) is not None:
-        return "this file has no tokenizer, so its head cannot be measured from it"
-    return command
+    return command + " --target MODEL" if blocks.mtp_only else command
 
 
 def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, ...], measure: str
