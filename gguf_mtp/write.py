@@ -15,6 +15,7 @@ included); an existing output is only replaced with ``force``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -40,9 +41,8 @@ from gguf_mtp.files.commit import (
 from gguf_mtp.files.create import create_exclusive, temporary_name, write_all
 from gguf_mtp.files.kernel_copy import ENV_COPY_METHOD, CopyTally, copy_method, shareable_bytes
 from gguf_mtp.files.kernel_copy import copy_range as _copy  # a module global: the fault tests wrap it
-from gguf_mtp.files.plan import Bytes, CopyRange, Generated, OutputFile, Zeros
+from gguf_mtp.files.plan import Bytes, Generated, OutputFile, Zeros
 from gguf_mtp.files.progress import ProgressBar, progress_bar
-from gguf_mtp.files.writeback import EarlyWriteback
 
 from .errors import GGUFMTPError, OutputWriteError, UnsafeOutputError
 from .text import human_bytes
@@ -60,14 +60,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _write_generated(fd: int, segment: Generated, bar: ProgressBar, writeback: EarlyWriteback) -> None:
+def _write_generated(fd: int, segment: Generated, bar: ProgressBar) -> None:
     written = 0
     for chunk in segment.chunks():
         data = memoryview(chunk).cast("B")
         write_all(fd, data)
         written += len(data)
         bar.update(len(data))
-        writeback.advance()
     if written != segment.nbytes:
         raise OutputWriteError(f"a generated segment gave {written:,} bytes, planned {segment.nbytes:,}")
 
@@ -369,8 +368,8 @@ def _write_locked(
             # 1. every new file's bytes and size: one fsync per file, here, before the journal (without it a
             #    crash after the renames could leave final names over empty or partial data: delayed
             #    allocation). Once all are written, not after each: that would stall reading the next file
-            #    (+20 % for 3 shards, issue 6); and mostly a wait, since write-back started as they were written
-            #    (EarlyWriteback: the copy and the flush overlap, issue 41).
+            #    (+20 % for 3 shards, issue 6). Starting each file's write-back early (sync_file_range) was
+            #    measured slower on a cold cache (issue 41): the disk then reads and writes at once.
             # 2. the journal: its file fsynced, renamed, the folder fsynced, before the first final name
             #    changes (commit._write_journal): a crash during the renames finds it and rolls back or forward.
             # 3. the renames and the journal's removal: one folder fsync after the unlink (commit.remove_journal)
@@ -432,9 +431,7 @@ def _write_partial(
     before = (tally.shared, tally.copied)
     used: set[str] = set()
     try:
-        writeback = EarlyWriteback(fd)
-        _write_segments(fd, planned, bar, tally, method, used, writeback)
-        writeback.finish()
+        _write_segments(fd, planned, bar, tally, method, used)
     finally:
         os.close(fd)
     _log_written(planned, used, tally.shared - before[0], tally.copied - before[1])
@@ -484,13 +481,7 @@ def _left_behind(replacing: bool) -> str:
 
 
 def _write_segments(
-    fd: int,
-    planned: OutputFile,
-    bar: ProgressBar,
-    tally: CopyTally,
-    method: str,
-    methods: set[str],
-    writeback: EarlyWriteback,
+    fd: int, planned: OutputFile, bar: ProgressBar, tally: CopyTally, method: str, methods: set[str]
 ) -> None:
     sources: dict[Path, int] = {}
     try:
@@ -502,30 +493,28 @@ def _write_segments(
                 write_all(fd, b"\0" * segment.nbytes)
                 bar.update(segment.nbytes)
             elif isinstance(segment, Generated):
-                _write_generated(fd, segment, bar, writeback)
+                _write_generated(fd, segment, bar)
             else:
                 if segment.source not in sources:
-                    sources[segment.source] = os.open(segment.source, os.O_RDONLY)
+                    sources[segment.source] = _open_source(segment.source)
                 try:
-                    methods |= _copy_pieces(sources[segment.source], fd, segment, tally, method, writeback)
+                    source_fd = sources[segment.source]
+                    methods.add(_copy(source_fd, fd, segment.offset, segment.nbytes, tally, method))
                 except OutputWriteError as e:  # the input shrank while we copied it
                     raise OutputWriteError(f"{e.message} in {segment.source}", planned.path) from None
-            writeback.advance()
     finally:
         for source_fd in sources.values():
             os.close(source_fd)
 
 
-def _copy_pieces(
-    source_fd: int, fd: int, segment: CopyRange, tally: CopyTally, method: str, writeback: EarlyWriteback
-) -> set[str]:
-    """Copy one range of an input in :meth:`EarlyWriteback.pieces`, so the disk starts on a long copy's
-    first bytes while its last are still being copied; the copy methods used."""
-    used = set()
-    for offset, nbytes in writeback.pieces(segment.offset, segment.nbytes):
-        used.add(_copy(source_fd, fd, offset, nbytes, tally, method))
-        writeback.advance()
-    return used
+def _open_source(path: Path) -> int:
+    """Open an input to copy from, telling the kernel it is read front to back (as ``cp`` does): a larger
+    readahead, so a cold input streams at the disk's speed rather than in small reads."""
+    fd = os.open(path, os.O_RDONLY)
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):  # advice only: a filesystem may not take it
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return fd
 
 
 def _discard(partials: dict[Path, os.stat_result]) -> None:

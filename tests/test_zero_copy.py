@@ -292,3 +292,22 @@ def test_write_outputs_reports_bytes_shared_and_copied(tmp_path: Path) -> None:
     # On ext4 or tmpfs nothing is shared; on XFS/btrfs three whole blocks are (test_reflink proves it).
     assert stats.bytes_shared in (0, 3 * SHARE_BLOCK)
     assert ("reflink" in stats.copy_methods) == bool(stats.bytes_shared)
+
+
+def test_every_input_is_read_front_to_back_as_cp_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: each input a copy reads is opened with POSIX_FADV_SEQUENTIAL (coreutils cp does the same): a cold
+    input streams with the larger readahead instead of in small reads."""
+    source = tmp_path / "in.bin"
+    source.write_bytes(os.urandom(1 << 20))
+    advised: list[tuple[str, int]] = []
+    real = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    out = OutputFile(tmp_path / "out" / "o.bin", (Bytes(b"GGUF"), CopyRange(source, 0, 1 << 20)))
+    write_outputs([out], progress=False)
+    assert (tmp_path / "out" / "o.bin").read_bytes() == b"GGUF" + source.read_bytes()
+    assert advised == [(str(source), os.POSIX_FADV_SEQUENTIAL)]
