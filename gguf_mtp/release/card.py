@@ -29,6 +29,7 @@ from gguf_mtp.model.shards import ShardSet
 from gguf_mtp.text import markdown_code, markdown_text, printable
 
 if TYPE_CHECKING:
+    from gguf_mtp.jobs.sidecar_pairing import TrunkPairing
     from gguf_mtp.server.bench_rules import BenchSummary
 
 __all__ = [
@@ -268,8 +269,10 @@ def render_model_card(
     names: Sequence[str] | None = None,
     path_in_repo: str | None = None,
     bench: BenchSummary | None = None,
+    pairings: Sequence[TrunkPairing] = (),
 ) -> str:
-    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft).
+    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft; with ``pairings``, an
+    untouched trunk and its ``mtp-`` sidecars).
 
     Args:
         repo: the Hub repo it is published to (``OWNER/NAME``).
@@ -282,6 +285,8 @@ def render_model_card(
         names: the files' paths in the repo (default: their names).
         path_in_repo: the repo folder the files are in (default: the root).
         bench: the publisher's ``gguf-mtp bench --json`` report, shown as a table (:func:`bench_section`).
+        pairings: the files are a trunk (first) and sidecars (``facts`` are a sidecar's): which sidecar
+            ``llama-server -hf`` pairs with the trunk (:func:`~gguf_mtp.jobs.sidecar_pairing.pair_listing`).
 
     Returns:
         The card's text: YAML front matter, then Markdown.
@@ -298,7 +303,13 @@ def render_model_card(
     if len(files) > 1:
         changed_keys.append("`split.tensors.count`")
     changed = ", ".join(changed_keys)
-    if standalone:
+    if pairings:
+        intro = (
+            f"{what} in GGUF as llama.cpp's own pipeline ships a head: the trunk, its target quant's files unchanged "
+            f"(no NextN block), and its multi-token-prediction (MTP / NextN) head, block {blocks}, as `mtp-` "
+            "sidecar(s) beside it, which llama.cpp loads as the drafter (`--spec-type draft-mtp`)."
+        )
+    elif standalone:
         intro = (
             f"{what} as an MTP-only draft in GGUF: its multi-token-prediction (MTP / NextN) head, block {blocks}, "
             f"without the {facts.trunk_blocks} trunk blocks. It is not a model by itself: llama.cpp loads it beside "
@@ -347,14 +358,17 @@ def render_model_card(
         "",
         "## Files",
         "",
-        f"{len(files)} file(s), {facts.tensor_count} tensors, {_human(total)} in all.",
+        f"{len(files)} file(s), {'' if pairings else f'{facts.tensor_count} tensors, '}{_human(total)} in all.",
         "",
         "| file | size | sha256 |",
         "|---|---:|---|",
     ]
     lines += [f"| {markdown_code(n)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |"
               for f, n in zip(files, paths)]
-    lines += _run_section_standalone(repo, title, first, facts, provenance, path_in_repo) if standalone else [
+    if pairings:
+        lines += _run_section_sidecars(repo, facts, pairings)
+    lines += [] if pairings else _run_section_standalone(
+        repo, title, first, facts, provenance, path_in_repo) if standalone else [
         "",
         "## Run it",
         "",
@@ -371,13 +385,19 @@ def render_model_card(
         lines += bench_section(bench)
     measure = (f"gguf-mtp bench {shell_word(TARGET_PLACEHOLDER)} --draft {shell_word(first)}" if standalone
                else f"gguf-mtp bench {shell_word(first)}") + " --server PATH/TO/llama-server"
+    check = f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}"
+    paired = next((p for p in pairings if p.sidecar), None)
+    if paired is not None and paired.sidecar is not None:
+        trunk, sidecar = shell_word(paired.trunk), shell_word(paired.sidecar)
+        measure = f"gguf-mtp bench {trunk} --draft {sidecar} --server PATH/TO/llama-server"
+        check = f"gguf-mtp verify {sidecar} --target {trunk}"
     lines += [
         "",
         "## Check it",
         "",
         "```sh",
         "sha256sum " + " ".join(shell_word(n) for n in paths),
-        f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}",
+        check,
         f"{measure}   # acceptance, tokens/s and the best n-max on your machine",
         "```",
         "",
@@ -420,6 +440,27 @@ def hf_command(repo: str, tag: str | None = None, draft_repo: str | None = None)
     model = f"{repo}:{tag}" if tag else repo
     draft = f" -hfd {shell_word(draft_repo)}" if draft_repo else ""
     return f"llama-server -hf {shell_word(model)}{draft} --spec-type draft-mtp --spec-draft-n-max {DRAFT_N_MAX}"
+
+
+def _run_section_sidecars(repo: str, facts: ModelFacts, pairings: Sequence[TrunkPairing]) -> list[str]:
+    """"Run it" for a trunk and its sidecars: the sidecar llama.cpp's ``-hf`` pairs with each trunk, and the command."""
+    from gguf_mtp.model.sidecar_names import LLAMA_CPP_BUILD
+
+    lines = [
+        "",
+        "## Run it",
+        "",
+        f"Needs {llama_cpp_requirement(facts.architecture)}. `llama-server -hf` downloads the trunk and the `mtp-` "
+        "sidecar it pairs with it: the one in the trunk's folder or a parent whose quantization bits are closest to "
+        f"the trunk's (llama.cpp {LLAMA_CPP_BUILD}, `common/download.cpp`, `find_best_sibling`):",
+        "",
+        "| trunk | tag | sidecar llama.cpp picks |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {markdown_code(p.trunk)} | {markdown_code(p.tag) if p.tag else '-'} | "
+              f"{markdown_code(p.sidecar) if p.sidecar else p.failure or 'none'} |" for p in pairings]
+    lines += ["", "```sh", *(hf_command(repo, p.tag or None) for p in pairings), "```"]
+    return lines
 
 
 def _run_section_standalone(

@@ -23,6 +23,11 @@ looks complete before it is:
    bytes Xet actually stored would be the measurement; huggingface_hub's ``upload_folder`` returns a commit
    without them (hf_xet computes them, huggingface_hub up to 2.4 drops them), so the report says so and
    labels the differing bytes as the expected upload.
+
+A folder holding one model and ``mtp-*.gguf`` sidecars beside it is published as llama.cpp's own pipeline ships a
+head: the trunk untouched (no NextN block; with ``copy_from`` its files are copied on the Hub's side) and the
+sidecars, each checked to fit the trunk (:func:`~gguf_mtp.check.draft_checks.target_fit_check`); the card says which
+sidecar ``llama-server -hf`` pairs with the trunk (:func:`~gguf_mtp.jobs.sidecar_pairing.pair_listing`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gguf_mtp.check.draft_checks import draft_globals_check, target_fit_check
 from gguf_mtp.constants import (
     BLOCK_TENSOR,
     KEY_BLOCK_COUNT,
@@ -44,16 +50,25 @@ from gguf_mtp.constants import (
     KEY_SPLIT_TENSORS_COUNT,
     SPLIT_NAME,
 )
-from gguf_mtp.errors import BadGGUFError, HubError, NoNextNBlockError, ParameterError, ShardSetError
+from gguf_mtp.errors import (
+    BadGGUFError,
+    HubError,
+    IncompatibleDraftError,
+    NoNextNBlockError,
+    ParameterError,
+    ShardSetError,
+)
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
 from gguf_mtp.format.header import align_up
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
+from gguf_mtp.jobs.sidecar_pairing import TrunkPairing, pair_listing
 from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.model.sidecar_names import SIDECAR_KEYWORD
 from gguf_mtp.text import human_bytes
 
 from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
@@ -76,6 +91,7 @@ __all__ = [
     "check_card_replaceable",
     "compare_remote",
     "find_model",
+    "find_models",
     "plan_publish",
     "plan_transfers",
     "publish",
@@ -98,8 +114,6 @@ STAGING_NAME = ".gguf-mtp-publish"
 #: What huggingface_hub's resumable upload keeps in the staging folder; kept so a re-run resumes.
 _RESUME_CACHE = ".cache"
 _UPLOAD_MODES = ("auto", "one-commit", "resumable")
-#: What llama.cpp's ``-hf`` download looks for in a sidecar's path (common/download.cpp).
-SIDECAR_MARK = "mtp-"
 
 
 @dataclass(frozen=True)
@@ -183,15 +197,22 @@ class PublishPlan:
     mode: str  # "one-commit" or "resumable"
     standalone: bool = False  # an MTP-only draft published as such (for llama-server --spec-draft-model)
     path_in_repo: str | None = None  # the repo folder the files go to (the card: the root); None: the root
+    sidecars: tuple[ShardSet, ...] = ()  # mtp- sidecars published beside ``model``, then an untouched trunk
 
     @property
     def files(self) -> list[Path]:
-        return self.model.paths
+        """The model's files, then each sidecar's."""
+        return self.model.paths + [p for s in self.sidecars for p in s.paths]
 
     @property
     def names_in_repo(self) -> list[str]:
         """Each file's path in the repo: in :attr:`path_in_repo`, a draft named as a sidecar (``mtp-*``)."""
         return [self.repo_path(sidecar_name(p.name) if self.standalone else p.name) for p in self.files]
+
+    @property
+    def pairings(self) -> list[TrunkPairing]:
+        """With sidecars: the sidecar ``llama-server -hf REPO:TAG`` pairs with the trunk (llama.cpp's rule)."""
+        return pair_listing(self.names_in_repo) if self.sidecars else []
 
     @property
     def card_path(self) -> str:
@@ -205,7 +226,7 @@ class PublishPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(h.file_size for h in self.model.headers)
+        return sum(h.file_size for m in (self.model, *self.sidecars) for h in m.headers)
 
 
 @dataclass(frozen=True)
@@ -257,10 +278,13 @@ def _bytes_beyond_target_per_shard(model: ShardSet) -> list[int]:
 _COMPOSE_EDITED_KEYS = (KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS, KEY_SPLIT_TENSORS_COUNT, SET_ID_KEY)
 
 
-def why_new_files(model: ShardSet, standalone: bool) -> list[str]:
+def why_new_files(model: ShardSet, standalone: bool, trunk: bool = False) -> list[str]:
     """Why each file of ``model`` is a new file, not one of its target's: a composite shard's header changed (the
     KVs compose edits that it carries) and, for the shard that holds it, the NextN block was appended; a
-    standalone draft is the head itself."""
+    standalone draft is the head itself; a ``trunk`` published beside its sidecars is the target's files as they
+    are (new only to a repo that does not hold them)."""
+    if trunk:
+        return ["the trunk, unchanged"] * len(model.headers)
     if standalone:
         return ["the MTP head: a new file"] * len(model.headers)
     trunk_blocks = model.trunk_block_count
@@ -420,6 +444,7 @@ class PublishReport:
             "notes": list(self.notes),
             "seconds": round(self.seconds, 3),
             "upload": self.upload.to_dict() if self.upload is not None else None,
+            "pairings": [p.to_dict() for p in plan.pairings],
         }
 
     def describe(self) -> list[str]:
@@ -434,6 +459,8 @@ class PublishReport:
             for f, n, t in zip(self.files, plan.names_in_repo, self.transfers)
         ]
         lines.append(f"    {plan.card_path}  {len(self.card.encode()):,} bytes (model card)")
+        lines += [f"llama-server -hf {plan.repo}:{p.tag} pairs the trunk {p.trunk} with "
+                  f"{p.sidecar or f'no {SIDECAR_KEYWORD} file'}" for p in plan.pairings]
         if self.dry_run:
             lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
         else:
@@ -453,7 +480,7 @@ def sidecar_name(name: str) -> str:
     """The name an MTP-only draft is published under so that ``llama-server -hf REPO --spec-type draft-mtp``
     downloads it: llama.cpp takes a ``.gguf`` whose path contains ``mtp-`` (``name`` itself when it does).
     """
-    return name if SIDECAR_MARK in name else f"{SIDECAR_MARK}{name}"
+    return name if SIDECAR_KEYWORD in name else f"{SIDECAR_KEYWORD}{name}"
 
 
 def _exact(name: str) -> str:
@@ -466,11 +493,27 @@ def find_model(path: str | os.PathLike[str]) -> ShardSet:
 
     Raises:
         BadGGUFError: no such folder, or no GGUF in it.
+        ShardSetError: several models in the folder (sidecars beside a trunk: :func:`find_models`), or an
+            incomplete / inconsistent split set.
+    """
+    model, sidecars = find_models(path)
+    if sidecars:
+        raise ShardSetError(f"holds {model.name} and {len(sidecars)} {SIDECAR_KEYWORD} sidecar(s); pass the first "
+                            "file of the one to publish", Path(path))
+    return model
+
+
+def find_models(path: str | os.PathLike[str]) -> tuple[ShardSet, tuple[ShardSet, ...]]:
+    """The one model in a folder (or the model a given file belongs to), and the ``mtp-`` sidecars beside it when the
+    folder holds one other model and those (a trunk and its sidecar set); each checked as a complete set.
+
+    Raises:
+        BadGGUFError: no such folder, or no GGUF in it.
         ShardSetError: several models in the folder, or an incomplete / inconsistent split set.
     """
     p = Path(path)
     if p.is_file():
-        return open_model(p)
+        return open_model(p), ()
     if not p.is_dir():
         raise BadGGUFError("no such file or folder", p)
     models: dict[str, Path] = {}
@@ -482,15 +525,23 @@ def find_model(path: str | os.PathLike[str]) -> ShardSet:
         models.setdefault(key, f)
     if not models:
         raise BadGGUFError("no .gguf file in this folder", p)
-    if len(models) > 1:
+    sidecars = [key for key in models if SIDECAR_KEYWORD in key]
+    trunks = [key for key in models if key not in sidecars]
+    if len(models) > 1 and len(trunks) != 1:
         raise ShardSetError(
-            f"holds {len(models)} models ({', '.join(sorted(models))}); pass the first file of the one to publish", p
+            f"holds {len(models)} models ({', '.join(sorted(models))}); pass the first file of the one to publish, "
+            f"or keep one trunk and its {SIDECAR_KEYWORD}*.gguf sidecars in the folder", p
         )
-    return open_model(next(iter(models.values())))
+    if len(models) == 1:
+        return open_model(next(iter(models.values()))), ()
+    return open_model(models[trunks[0]]), tuple(open_model(models[key]) for key in sorted(sidecars))
 
 
-def plan_publish(model: ShardSet, options: PublishOptions) -> PublishPlan:
+def plan_publish(model: ShardSet, options: PublishOptions, sidecars: Sequence[ShardSet] = ()) -> PublishPlan:
     """Decide what to upload and how (pure: headers only).
+
+    With ``sidecars`` (:func:`find_models`), ``model`` is an untouched trunk published beside them: it must carry
+    no NextN block, and each sidecar must be one llama.cpp loads beside it (:func:`_check_sidecars`).
 
     The options read: ``repo``, ``revision``, ``private``, ``upload_mode`` and its two limits; ``standalone``
     (publish an MTP-only draft, NextN block tensors only, as a draft for ``llama-server --spec-draft-model``,
@@ -502,8 +553,10 @@ def plan_publish(model: ShardSet, options: PublishOptions) -> PublishPlan:
     Raises:
         HubError: ``repo`` is not ``OWNER/NAME``, ``upload_mode`` is unknown, ``path_in_repo`` is not a
             folder path inside the repo, or a sidecar would lie where llama.cpp's ``-hf`` does not look.
-        NoNextNBlockError: the model has no NextN block (nothing MTP to publish).
-        ParameterError: an MTP-only draft is given without ``standalone``, or a whole model with it.
+        NoNextNBlockError: the model has no NextN block (nothing MTP to publish), and no sidecar beside it.
+        ParameterError: an MTP-only draft is given without ``standalone``, or a whole model with it; or a model with
+            a NextN block (a composite) beside sidecars.
+        IncompatibleDraftError: a sidecar that llama.cpp cannot load beside the trunk.
     """
     repo, upload_mode, standalone = options.repo, options.upload_mode, options.standalone
     provenance = options.provenance
@@ -511,7 +564,9 @@ def plan_publish(model: ShardSet, options: PublishOptions) -> PublishPlan:
     hub.check_repo_id(repo)
     if upload_mode not in _UPLOAD_MODES:
         raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
-    if model.nextn_predict_layers == 0:
+    if sidecars:
+        _check_sidecars(model, sidecars, standalone)
+    elif model.nextn_predict_layers == 0:
         raise NoNextNBlockError(
             f"{model.arch_key('{arch}.nextn_predict_layers')} is 0 or missing: not an MTP composite (compose it first)",
             model.name,
@@ -531,16 +586,47 @@ def plan_publish(model: ShardSet, options: PublishOptions) -> PublishPlan:
         )
     mode = upload_mode
     if mode == "auto":
-        small = sum(h.file_size for h in model.headers) <= options.one_commit_max_bytes
-        few = len(model.headers) + 1 <= options.one_commit_max_files
+        headers = [h for m in (model, *sidecars) for h in m.headers]
+        small = sum(h.file_size for h in headers) <= options.one_commit_max_bytes
+        few = len(headers) + 1 <= options.one_commit_max_files
         mode = "one-commit" if small and few else "resumable"
     path_in_repo, revision = options.path_in_repo, options.revision
     folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
     if standalone and target_files:
         _check_sidecar_folder(folder, target_files[0])
     return PublishPlan(
-        repo, revision if revision not in ("", None) else None, options.private, model, mode, standalone, folder
+        repo, revision if revision not in ("", None) else None, options.private, model, mode, standalone, folder,
+        tuple(sidecars),
     )
+
+
+def _check_sidecars(trunk: ShardSet, sidecars: Sequence[ShardSet], standalone: bool) -> None:
+    """A trunk published beside sidecars: no NextN block of its own, each sidecar MTP-only, loadable by itself
+    (``token_embd``/``output_norm``: :func:`draft_globals_check`) and of the trunk's model (:func:`target_fit_check`).
+
+    Raises:
+        ParameterError: ``standalone``, or the trunk carries a NextN block (a composite).
+        IncompatibleDraftError: a sidecar that is not MTP-only, not loadable alone, or of another model.
+    """
+    if standalone:
+        raise ParameterError("standalone publishes one MTP-only draft, but this folder holds a trunk and its "
+                             f"{SIDECAR_KEYWORD} sidecars (publish them without standalone)", trunk.name, "standalone")
+    if trunk.nextn_predict_layers:
+        raise ParameterError(
+            f"carries a NextN block ({trunk.arch_key('{arch}.nextn_predict_layers')} {trunk.nextn_predict_layers}): "
+            f"a composite, not a trunk for {SIDECAR_KEYWORD} sidecars; publish it alone, or the trunk it was made from "
+            "beside the sidecars", trunk.name)
+    for sidecar in sidecars:
+        problems, _ = target_fit_check(trunk, sidecar.first, sidecar.headers)
+        if not problems and sidecar.trunk_block_count != trunk.block_count:
+            problems.append(f"its head follows {sidecar.trunk_block_count} trunk blocks, the trunk has "
+                            f"{trunk.block_count}")
+        if not is_mtp_only(read_block_layout(sidecar.first), sidecar.block_indices()):
+            problems.insert(0, "not an MTP-only sidecar (it holds trunk blocks)")
+        elif not draft_globals_check(sidecar.first, sidecar.headers).sidecar:
+            problems.insert(0, "no token_embd/output_norm of its own: llama.cpp cannot load it as a sidecar")
+        if problems:
+            raise IncompatibleDraftError(f"does not fit the trunk {trunk.name}: {'; '.join(problems)}", sidecar.name)
 
 
 def _check_sidecar_folder(folder: str | None, target_first: str) -> None:
@@ -843,7 +929,7 @@ def _transfers(
     transfers = plan_transfers(
         files,
         plan.names_in_repo,
-        why_new_files(plan.model, plan.standalone),
+        _why_new(plan),
         source=f"{copy_source[0]}@{copy_source[1]}" if copy_source else None,
         source_files=source_files,
         held=held,
@@ -852,11 +938,20 @@ def _transfers(
     return copy_source, transfers
 
 
+def _why_new(plan: PublishPlan) -> list[str]:
+    """:func:`why_new_files` for every file of ``plan``: the model's, then each sidecar's (the head itself)."""
+    model = why_new_files(plan.model, plan.standalone, trunk=bool(plan.sidecars))
+    return model + [why for s in plan.sidecars for why in why_new_files(s, standalone=True)]
+
+
 def _upload_size(
     plan: PublishPlan, files: Sequence[FileDigest], transfers: Sequence[FileTransfer], card_size: int
 ) -> UploadSize:
     """The bytes each way reaches the repo; only uploaded files (and the card) count as uploaded."""
-    beyond = [f.size for f in files] if plan.standalone else _bytes_beyond_target_per_shard(plan.model)
+    if plan.sidecars:  # the trunk is the target's files as they are; the sidecars are new
+        beyond = [0] * len(plan.model.headers) + [f.size for f in files[len(plan.model.headers):]]
+    else:
+        beyond = [f.size for f in files] if plan.standalone else _bytes_beyond_target_per_shard(plan.model)
     uploaded = [i for i, t in enumerate(transfers) if t.how == "uploaded"]
     return UploadSize(
         sum(files[i].size for i in uploaded) + card_size,
@@ -916,7 +1011,8 @@ def publish(
         progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
         token: the Hub token (default: ``HF_TOKEN``, else the stored login).
         standalone: publish an MTP-only draft as a sidecar (named ``mtp-*``; its card shows both
-            ``--spec-draft-model`` and ``llama-server -hf``).
+            ``--spec-draft-model`` and ``llama-server -hf``). Without it, a folder holding one model and
+            ``mtp-*.gguf`` sidecars is published as an untouched trunk beside its sidecars (:func:`find_models`).
         path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
             found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
             (the one the Hub shows).
@@ -938,9 +1034,10 @@ def publish(
             hashing or uploading), an upload failed, or the Hub's record of an uploaded file
             disagrees with the local file.
         BadGGUFError, ShardSetError: ``outdir`` does not hold exactly one complete model.
-        NoNextNBlockError: the model has no NextN block.
+        NoNextNBlockError: the model has no NextN block (and no sidecar beside it).
         ParameterError: the model is an MTP-only draft without ``standalone``, or a whole model with it; or
-            ``bench`` measured other files.
+            ``bench`` measured other files; or a composite lies beside sidecars.
+        IncompatibleDraftError: a sidecar beside the trunk is not one llama.cpp loads beside it.
 
     Example:
         >>> report = publish("out/", "me/Model-GGUF-MTP", dry_run=True)  # doctest: +SKIP
@@ -972,7 +1069,8 @@ def run(
 
     started = time.perf_counter()
     repo, dry_run, standalone, bench = options.repo, options.dry_run, options.standalone, options.bench
-    plan = plan_publish(find_model(outdir), options)
+    model, sidecars = find_models(outdir)
+    plan = plan_publish(model, options, sidecars)
     if bench is not None:
         _check_bench_is_of(bench, plan.files[0].name)
     user = replaced = None
@@ -991,13 +1089,14 @@ def run(
     card = render_model_card(
         repo=repo,
         files=files,
-        facts=ModelFacts.from_model(plan.model),
+        facts=ModelFacts.from_model(plan.sidecars[0] if plan.sidecars else plan.model),
         provenance=options.provenance,
         version=__version__,
         standalone=standalone,
         names=plan.names_in_repo,
         path_in_repo=plan.path_in_repo,
         bench=bench,
+        pairings=plan.pairings,
     )
     if hub_api is None and options.copy_from is not None:  # a dry run reads the source's listing, nothing else
         token = token or hub_access.resolve_token()
@@ -1019,7 +1118,7 @@ def run(
     names = plan.names_in_repo
     card_path = plan.card_path
     staging = _stage(plan.files, card_bytes, names, card_path)
-    what = "MTP draft" if standalone else "GGUF with MTP head"
+    what = "MTP draft" if standalone else "trunk and MTP sidecars" if plan.sidecars else "GGUF with MTP head"
     message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
     assert hub_api is not None  # made above unless dry_run
     _upload(report, hub_api, token, staging, card_bytes, message)
