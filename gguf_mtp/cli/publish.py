@@ -52,9 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Upload every shard of the composite in OUTDIR plus a generated README.md to a Hub repo: "
         "one commit for a set that fits, resumably (card last) for a large one. The token and write access are "
         "checked before anything is hashed or uploaded; afterwards the Hub's sizes and sha256 are compared with "
-        "the local files. --dry-run needs no token and no network.",
+        "the local files. --dry-run needs no token and no network. A folder holding one trunk (no NextN block) "
+        "and mtp-*.gguf sidecars is published as ggml-org ships a head: the trunk untouched (with --copy-from, "
+        "copied on the Hub's side), the sidecars uploaded, each checked to fit the trunk.",
     )
-    p.add_argument("outdir", metavar="OUTDIR", help="folder holding the composite (or any of its files)")
+    p.add_argument("outdir", metavar="OUTDIR",
+                   help="folder holding the composite (or any of its files), or a trunk and its mtp-*.gguf sidecars")
     p.add_argument("--repo", required=True, metavar="OWNER/NAME",
                    help="the Hub repo to publish to (created if missing)")
     p.add_argument("--private", action="store_true", help="create the repo private")
