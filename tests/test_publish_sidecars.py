@@ -16,7 +16,7 @@ from gguf_mtp.errors import IncompatibleDraftError, ParameterError
 from gguf_mtp.hub import client as hub_client
 from gguf_mtp.jobs.sidecar_set import write_sidecar_set
 from gguf_mtp.release.publish import publish
-from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, write_target
+from gguf_mtp.testing.tiny_models import GLM4MOE, TinyHparams, write_draft, write_target
 
 REPO = "me/Tiny-GLM-MTP"
 SOURCE = "unsloth/Tiny-GLM-GGUF"
@@ -125,4 +125,19 @@ def test_a_composite_beside_sidecars_is_refused_it_is_no_trunk(release: Path, he
         (release / name).unlink()
     (release / head_model.name).write_bytes(head_model.read_bytes())
     with pytest.raises(ParameterError, match="carries a NextN block .*a composite, not a trunk"):
+        publish(release, REPO, dry_run=True, progress=False)
+
+
+def test_a_sidecar_made_for_a_trunk_of_another_depth_is_refused(release: Path) -> None:
+    deeper = GLM4MOE.default_pattern + "E"
+    write_draft(release / "mtp-deeper-BF16.gguf", family=GLM4MOE, trunk_pattern=deeper, block="N",
+                with_globals=True)
+    with pytest.raises(IncompatibleDraftError, match=f"its head follows {len(deeper)} trunk blocks, the trunk has "
+                                                     f"{len(GLM4MOE.default_pattern)}"):
+        publish(release, REPO, dry_run=True, progress=False)
+
+
+def test_a_bare_draft_beside_the_trunk_is_refused_llama_cpp_cannot_load_it_alone(release: Path) -> None:
+    write_draft(release / "mtp-bare-BF16.gguf", family=GLM4MOE, block="N")
+    with pytest.raises(IncompatibleDraftError, match="no token_embd/output_norm of its own"):
         publish(release, REPO, dry_run=True, progress=False)
