@@ -107,15 +107,16 @@ def test_pipeline_with_out_repo_leaves_no_work_folder(unreachable: tuple[str, st
     assert not (tmp_path / "new").exists()  # issue 21 item 14: a failed start leaves nothing behind
 
 
-def test_pipeline_listing_the_target(tmp_path: Path) -> None:
-    """No --out-repo: the first call lists the target repo (huggingface_hub 2.x retries it with back-off)."""
+def test_pipeline_pinning_the_target(tmp_path: Path) -> None:
+    """No --out-repo: the first call pins the target repo's revision to its commit (issue 39's provenance), before
+    any listing or byte (huggingface_hub 2.x retries it with back-off)."""
     port = closed_port()
     work = tmp_path / "work"
     proc = run(f"http://127.0.0.1:{port}", tmp_path, "pipeline", "--target-repo", "o/t", "--target-files",
                "t.gguf", "--head-repo", "o/h", "--work-dir", str(work))
     line = error_line(proc)
     assert_names(line, f"127.0.0.1:{port}", f"connection refused by 127.0.0.1:{port}")
-    assert line.startswith("gguf-mtp: error: cannot list the files of o/t: ")
+    assert line.startswith("gguf-mtp: error: cannot look up the commit of o/t: ")
     assert not work.exists()
 
 

@@ -205,6 +205,7 @@ def test_the_default_set_is_ggml_orgs_named_by_the_convention_each_file_in_its_t
             "token_embd.weight": qtype, "output.weight": qtype}, name
 
 
+@pytest.mark.llama  # Q4_K is written by llama.cpp's quantizer (gguf-py has none)
 def test_types_choose_the_members_and_name_replaces_the_models_name(model: Path, tmp_path: Path) -> None:
     write_sidecar_set(model, tmp_path, types="q8_0,q4_k", name="Qwen3.6-27B", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mtp-Qwen3.6-27B-Q4_K_M.gguf", "mtp-Qwen3.6-27B-Q8_0.gguf"]
