@@ -201,3 +201,12 @@ def llama_server_tool(request: pytest.FixtureRequest) -> Path:
     return llama_tool(request, "llama-server")
 
 
+@pytest.fixture
+def server_copy() -> None:
+    """The installed huggingface_hub copies between repos (``CommitOperationCopy(src_repo_id=...)``, 1.17+); the
+    floor's 0.25 does not, and publish then uploads every file, said once
+    (tests/test_publish_copy.py::test_without_server_copy_every_file_is_uploaded_and_that_is_said_once)."""
+    from gguf_mtp.hub import client
+
+    if not client.server_copy_supported():
+        pytest.skip("huggingface_hub before 1.17 has no CommitOperationCopy(src_repo_id=...)")

@@ -43,14 +43,6 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
     return "hf_test_token"
 
 
-@pytest.fixture
-def server_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The installed huggingface_hub copies between repos (1.17+): the floor's 0.25 does not."""
-    if not hub_client.server_copy_supported():
-        pytest.skip("huggingface_hub before 1.17 has no CommitOperationCopy(src_repo_id=...): "
-                    "test_without_server_copy_every_file_is_uploaded_and_that_is_said_once covers that line")
-
-
 def _shards(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.gguf"))
 

@@ -68,8 +68,9 @@ def _size(release: Path, names: list[str]) -> int:
     return sum((release / n).stat().st_size for n in names)
 
 
-def test_the_trunk_is_copied_on_the_hubs_side_and_only_the_sidecars_are_uploaded(release: Path, token: str) -> None:
-    assert hub_client.server_copy_supported(), "the venv's huggingface_hub copies between repos (1.17+)"
+def test_the_trunk_is_copied_on_the_hubs_side_and_only_the_sidecars_are_uploaded(
+    release: Path, token: str, server_copy: None
+) -> None:
     hub = _hub(release)
     report = publish(release, REPO, api=hub, progress=False, copy_from=f"{SOURCE}@main")
     assert hub.uploaded_bytes == _size(release, SIDECARS) + len(report.card.encode())
@@ -83,7 +84,7 @@ def test_the_trunk_is_copied_on_the_hubs_side_and_only_the_sidecars_are_uploaded
 
 
 def test_the_dry_run_and_json_say_per_file_copied_or_uploaded_and_the_pairing(
-    release: Path, token: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    release: Path, token: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, server_copy: None
 ) -> None:
     hub = _hub(release)
     monkeypatch.setattr(hub_client, "make_api", lambda api=None, token=None: hub)
