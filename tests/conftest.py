@@ -210,3 +210,35 @@ def server_copy() -> None:
 
     if not client.server_copy_supported():
         pytest.skip("huggingface_hub before 1.17 has no CommitOperationCopy(src_repo_id=...)")
+
+
+# The publish tests' fixtures (test_publish, test_publish_copy, test_publish_sidecars).
+
+
+@pytest.fixture(scope="module")
+def built_composite(nemotron_split: Path, nemotron_draft0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gguf_mtp import compose
+
+    out = tmp_path_factory.mktemp("published") / "composite"
+    compose(nemotron_split, nemotron_draft0, out, progress=False)
+    return out
+
+
+@pytest.fixture
+def composite(built_composite: Path, tmp_path: Path) -> Path:
+    """A private copy of the 3-shard composite folder (publish stages inside it)."""
+    from support.helpers import copy_model
+
+    first = sorted(built_composite.glob("*-00001-of-*.gguf"))[0]
+    return copy_model(first, tmp_path / "composite").parent
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``HF_TOKEN`` set and the Hub online (the environment variable and huggingface_hub's constant both)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    return "hf_test_token"

@@ -369,6 +369,13 @@ def _before_the_head_data(hub: Any, act: Any) -> None:
     hub.before_get = hook
 
 
+def _assert_one_free_space_line(error: BaseException, disk: Path) -> None:
+    """One line naming the folder, the head, and the bytes needed and free."""
+    message = str(error)
+    assert "\n" not in message and message.startswith(f"{disk}: not enough free space for the head of {RANGES_REPO}")
+    assert "needed (" in message and "free (" in message
+
+
 def test_a_head_larger_than_the_free_space_is_refused_before_its_bytes_are_fetched(
     on_hub: Any, shared_last_shard: Path, tmp_path: Path
 ) -> None:
@@ -380,9 +387,7 @@ def test_a_head_larger_than_the_free_space_is_refused_before_its_bytes_are_fetch
         with pytest.raises(UnsafeOutputError) as refused:
             convert(RANGES_REPO, disk / "draft.gguf", block=N_LAYERS, progress=False)
         left = os.listdir(disk)
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith(f"{disk}: not enough free space for the head of {RANGES_REPO}")
-    assert "needed (" in message and "free (" in message
+    _assert_one_free_space_line(refused.value, disk)
     assert on_hub.sent(LAST) <= max(header, 64 * 1024)  # its header, not its tensors
     assert left == []  # the scratch folder is gone
 
@@ -399,9 +404,7 @@ def test_a_disk_that_fills_during_the_fetch_is_one_line_and_leaves_no_scratch(
         with pytest.raises(OutputWriteError) as failed:
             convert(RANGES_REPO, disk / "draft.gguf", block=N_LAYERS, progress=False)
         left = os.listdir(disk)
-    message = str(failed.value)
-    assert "\n" not in message and message.startswith(f"{disk}: not enough free space for the head of {RANGES_REPO}")
-    assert "needed (" in message and "free (" in message
+    _assert_one_free_space_line(failed.value, disk)
     assert left == ["someone-elses-file"]
 
 

@@ -18,7 +18,7 @@ import pytest
 from support.helpers import copy_model, shard_files
 from support.hub_standin import LargeFolderHub, RecordingHub, http_error
 
-from gguf_mtp import HubError, NoNextNBlockError, ShardSetError, compose
+from gguf_mtp import HubError, NoNextNBlockError, ShardSetError
 from gguf_mtp._version import __version__
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
@@ -39,28 +39,6 @@ PROVENANCE = Provenance(
     head_revision="main",
     base_model="nvidia/Tiny-Nemotron",
 )
-
-
-@pytest.fixture(scope="module")
-def built_composite(nemotron_split: Path, nemotron_draft0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("published") / "composite"
-    compose(nemotron_split, nemotron_draft0, out, progress=False)
-    return out
-
-
-@pytest.fixture
-def composite(built_composite: Path, tmp_path: Path) -> Path:
-    """A private copy of the 3-shard composite folder (publish stages inside it)."""
-    first = sorted(built_composite.glob("*-00001-of-*.gguf"))[0]
-    return copy_model(first, tmp_path / "composite").parent
-
-
-@pytest.fixture
-def token(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    return "hf_test_token"
 
 
 @pytest.fixture

@@ -10,10 +10,8 @@ from typing import Any
 
 import pytest
 from huggingface_hub import errors as hub_errors_module
-from support.helpers import copy_model
 from support.hub_standin import RecordingHub
 
-from gguf_mtp import compose
 from gguf_mtp.hub import client as hub_client
 from gguf_mtp.hub.errors import EGRESS_LIMIT_CODE, answer_error, hub_error
 from gguf_mtp.release.publish import CARD_NAME, publish
@@ -21,26 +19,6 @@ from gguf_mtp.release.publish import CARD_NAME, publish
 REPO = "me/Tiny-Nemotron-MTP"
 SOURCE = "unsloth/Tiny-Nemotron-GGUF"
 COMMIT = "5eed" + "0" * 36
-
-
-@pytest.fixture(scope="module")
-def built_composite(nemotron_split: Path, nemotron_draft0: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("published") / "composite"
-    compose(nemotron_split, nemotron_draft0, out, progress=False)
-    return out
-
-
-@pytest.fixture
-def composite(built_composite: Path, tmp_path: Path) -> Path:
-    first = sorted(built_composite.glob("*-00001-of-*.gguf"))[0]
-    return copy_model(first, tmp_path / "composite").parent
-
-
-@pytest.fixture
-def token(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return "hf_test_token"
 
 
 def _shards(folder: Path) -> list[Path]:

@@ -49,13 +49,6 @@ def release(built: Path, tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def token(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return "hf_test_token"
-
-
 def _hub(release: Path) -> RecordingHub:
     """A Hub whose source repo holds the trunk's shards in a quant folder, as unsloth's repos do."""
     hub = RecordingHub(commit=COMMIT)
