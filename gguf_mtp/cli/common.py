@@ -21,6 +21,7 @@ __all__ = [
     "CONVERT_HOW",
     "QUANTIZE_HOW",
     "add_embd_type_flag",
+    "add_imatrix_flag",
     "add_output_flags",
     "add_outtype_flag",
     "add_replace_head_flag",
@@ -43,8 +44,9 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
         parser.add_argument("--dry-run", action="store_true", help="show the plan, write nothing")
 
 
-def _outtype_name(value: str) -> str:
-    """An ``--outtype`` value in lower case, or argparse's one-line refusal saying why (an importance-matrix type)."""
+def _outtype_name(value: str, imatrix: bool = False) -> str:
+    """An ``--outtype`` value in lower case, or argparse's one-line refusal saying why (an importance-matrix type
+    where the command takes no ``--imatrix``: where it does, the command says whether one was given)."""
     from gguf_mtp.constants import OUTTYPE_NAMES
 
     name = value.strip().lower()
@@ -53,10 +55,14 @@ def _outtype_name(value: str) -> str:
     from gguf_mtp.format.quant_rules import head_type
 
     try:
-        head_type(name)
+        head_type(name, imatrix=imatrix)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return name
+
+
+def _outtype_name_with_imatrix(value: str) -> str:
+    return _outtype_name(value, imatrix=True)
 
 
 #: How ``--outtype`` writes a GGUF's tensors (compose, graft, extract).
@@ -79,6 +85,20 @@ def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN blo
         "--outtype", type=_outtype_name, metavar="TYPE",
         help=f"write {what} in TYPE, {how}; one of {', '.join(OUTTYPE_NAMES)}. Below q4_k a head drafts worse. "
         f"Default: {default}",
+    )
+
+
+def add_imatrix_flag(parser: argparse.ArgumentParser) -> None:
+    """``--imatrix FILE``: the importance matrix ``--outtype`` quantizes the head with (after
+    :func:`add_outtype_flag`, whose TYPE may then be one that needs it)."""
+    from gguf_mtp.format.quant_rules import IMATRIX_TYPES
+
+    parser._option_string_actions["--outtype"].type = _outtype_name_with_imatrix
+    parser.add_argument(
+        "--imatrix", metavar="FILE",
+        help="quantize the head with this importance matrix, as llama-quantize --imatrix FILE does: a GGUF imatrix "
+        "with NextN statistics (llama-imatrix --nextn, or --model-draft DRAFT.gguf; llama.cpp b11434 or later). "
+        f"It also lets --outtype be {', '.join(sorted(IMATRIX_TYPES))}",
     )
 
 

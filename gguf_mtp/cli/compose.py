@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, add_outtype_flag, add_replace_head_flag, print_outcome, write_options
+from .common import (
+    add_imatrix_flag,
+    add_output_flags,
+    add_outtype_flag,
+    add_replace_head_flag,
+    print_outcome,
+    write_options,
+)
 from .verifying import add_verify_flags, verification_status, verify_requested
 
 
@@ -29,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)")
+    add_imatrix_flag(p)
     add_replace_head_flag(p, "DRAFT's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")
@@ -46,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         args.output_dir,
         block=args.block,
         outtype=args.outtype,
+        imatrix=args.imatrix,
         set_kv=args.set_kv,
         basename=args.basename,
         replace_head=args.replace_head,

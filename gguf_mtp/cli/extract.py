@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import (
+    add_embd_type_flag,
+    add_imatrix_flag,
+    add_output_flags,
+    add_outtype_flag,
+    print_outcome,
+    write_options,
+)
 
 
 def default_output(source: str, standalone: bool) -> Path:
@@ -40,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "llama.cpp loads it",
     )
     add_outtype_flag(p)
+    add_imatrix_flag(p)
     add_embd_type_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_output_flags(p)
@@ -53,6 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if output.is_dir():
         output = output / default_output(args.source, args.standalone)
     report = extract(args.source, output, standalone=args.standalone, outtype=args.outtype,
-                     embd_type=args.embd_type, target=args.target, **write_options(args))
+                     embd_type=args.embd_type, target=args.target, imatrix=args.imatrix, **write_options(args))
     print_outcome(args, report)
     return 0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, add_outtype_flag, add_replace_head_flag, print_outcome, write_options
+from .common import (
+    add_imatrix_flag,
+    add_output_flags,
+    add_outtype_flag,
+    add_replace_head_flag,
+    print_outcome,
+    write_options,
+)
 from .verifying import add_verify_flags, verification_status, verify_requested
 
 
@@ -22,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (a quantized source is dequantized first, as llama-quantize "
                      "--allow-requantize does; the target's bytes are copied as they are)")
+    add_imatrix_flag(p)
     add_replace_head_flag(p, "SOURCE's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")
@@ -34,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = graft(
         args.source, args.target, args.output_dir, basename=args.basename, outtype=args.outtype,
-        replace_head=args.replace_head,
+        replace_head=args.replace_head, imatrix=args.imatrix,
         verify=verify_requested(args), llama=False if args.no_llama else None, **write_options(args),
     )
     print_outcome(args, report)

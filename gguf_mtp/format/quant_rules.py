@@ -11,8 +11,8 @@ llama-cpp-python 0.3.36) it comes from, so a llama.cpp update is checked line by
   blocks: then ``tensor_type_fallback``'s type, and F16 where even that does not fit;
 - a tensor already in the resulting type is copied unchanged (llama-quantize's ``cur_type != new_type``).
 
-The ``--outtype`` names are llama-quantize's uniform types; the types that need an importance matrix are
-refused by name (:data:`IMATRIX_TYPES`).
+The ``--outtype`` names are llama-quantize's uniform types; the types that need an importance matrix
+(:data:`IMATRIX_TYPES`) are taken only with one (``--imatrix``), and refused by name without.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ __all__ = [
     "is_quantized",
     "kept_by",
     "n_dims",
+    "needs_imatrix",
 ]
 
 Q = GGMLQuantizationType
@@ -46,7 +47,7 @@ Q = GGMLQuantizationType
 HEAD_TYPES: dict[str, GGMLQuantizationType] = {name: GGMLQuantizationType[name.upper()] for name in OUTTYPE_NAMES}
 
 #: Types llama-quantize will not write without an importance matrix (``tensor_requires_imatrix``,
-#: llama-quant.cpp lines 861-867; ``ggml_quantize_requires_imatrix`` in ggml.c), refused by name.
+#: llama-quant.cpp lines 861-867; ``ggml_quantize_requires_imatrix`` in ggml.c): head types only with one.
 IMATRIX_TYPES: frozenset[str] = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs"})
 
 #: ``general.file_type`` llama-quantize writes for each head type (``tools/quantize/quantize.cpp``'s names:
@@ -67,6 +68,12 @@ HEAD_TYPE_FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     Q.Q4_0: LlamaFileType.MOSTLY_Q4_0,
     Q.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS,
     Q.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL,
+    Q.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
+    Q.IQ2_S: LlamaFileType.MOSTLY_IQ2_S,
+    Q.IQ2_XS: LlamaFileType.MOSTLY_IQ2_XS,
+    Q.IQ2_XXS: LlamaFileType.MOSTLY_IQ2_XXS,
+    Q.IQ1_M: LlamaFileType.MOSTLY_IQ1_M,
+    Q.IQ1_S: LlamaFileType.MOSTLY_IQ1_S,
 }
 
 
@@ -126,6 +133,7 @@ NEVER_QUANTIZED: tuple[KeepRule, ...] = (
 #: and the F16 check below takes them); every type here falls back to F16 where the fallback's blocks do
 #: not fit either (line 438).
 FALLBACKS: dict[GGMLQuantizationType, GGMLQuantizationType] = {
+    **{GGMLQuantizationType[name.upper()]: Q.IQ4_NL for name in IMATRIX_TYPES},  # lines 403-408
     Q.IQ4_XS: Q.IQ4_NL,  # line 410
     Q.Q2_K: Q.Q4_0,  # line 415
     Q.Q3_K: Q.Q4_0,  # line 415
@@ -145,6 +153,12 @@ def is_quantized(qtype: int) -> bool:
     return GGMLQuantizationType(qtype) not in _UNQUANTIZED
 
 
+def needs_imatrix(qtype: int) -> bool:
+    """Whether llama-quantize writes a head tensor in ``qtype`` only with an importance matrix
+    (:data:`IMATRIX_TYPES`)."""
+    return GGMLQuantizationType(qtype).name.lower() in IMATRIX_TYPES
+
+
 def n_dims(shape: Sequence[int]) -> int:
     """ggml's ``ggml_n_dims``: dimensions up to the last one above 1 (at least 1); llama-quant.cpp line 292
     quantizes only tensors with 2 or more."""
@@ -155,19 +169,24 @@ def n_dims(shape: Sequence[int]) -> int:
     return dims
 
 
-def head_type(name: str) -> GGMLQuantizationType:
-    """The ggml type of an ``--outtype`` name (any case).
+def head_type(name: str, *, imatrix: bool = False) -> GGMLQuantizationType:
+    """The ggml type of an ``--outtype`` name (any case); with ``imatrix`` (an importance matrix is given) the
+    :data:`IMATRIX_TYPES` too.
 
     Raises:
-        ValueError: one line: an importance-matrix type with its reason, or an unknown name with the choices.
+        ValueError: one line: an importance-matrix type without one, with its reason, or an unknown name with
+            the choices.
     """
     key = name.strip().lower()
     if key in HEAD_TYPES:
         return HEAD_TYPES[key]
     if key in IMATRIX_TYPES:
+        if imatrix:
+            return GGMLQuantizationType[key.upper()]
         raise ValueError(
-            f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix), which a head "
-            "conversion does not have; choose iq4_xs, q4_k or above"
+            f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
+            "(compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose iq4_xs, "
+            "q4_k or above"
         )
     raise ValueError(f"{name!r}: choose one of {', '.join(HEAD_TYPES)}")
 

@@ -242,12 +242,17 @@ def _first_overflow(values: np.ndarray, written: np.ndarray, qtype: GGMLQuantiza
                             "quantized data validation failed")
 
 
-def from_f32(values: np.ndarray, qtype: int, *, checked: bool = False) -> np.ndarray:
+def from_f32(
+    values: np.ndarray, qtype: int, *, checked: bool = False, importance: np.ndarray | None = None
+) -> np.ndarray:
     """Rows of float32 (shape ``(rows, n_per_row)``) as ``qtype`` bytes, as llama-quantize writes them.
 
     Args:
         checked: refuse what llama-quantize refuses: a NaN or an infinity among ``values`` (before anything is
             quantized), and a row whose blocks come out non-finite (finite values beyond what ``qtype`` holds).
+        importance: the columns' importance (``n_per_row`` float32, one expert's row of an imatrix), handed to
+            ``ggml_quantize_chunk`` for every row as llama-quantize ``--imatrix`` hands it; needs llama.cpp's
+            quantizer. Without it the types that need one (``ggml_quantize_requires_imatrix``) are refused.
 
     Raises:
         QuantizerUnavailableError: ``qtype`` needs llama.cpp's quantizer and llama-cpp-python is missing.
@@ -259,7 +264,7 @@ def from_f32(values: np.ndarray, qtype: int, *, checked: bool = False) -> np.nda
     values = np.ascontiguousarray(values, dtype=np.float32)
     if checked and (invalid := _first_non_finite(values)) is not None:
         raise invalid
-    written = _quantized(values, qtype)
+    written = _quantized(values, qtype, importance)
     if checked and (invalid := _first_overflow(values, written, qtype)) is not None:
         raise invalid
     return written
@@ -282,11 +287,16 @@ def converter_rows(values: np.ndarray, qtype: int) -> np.ndarray:
         return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
 
 
-def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+def _quantized(values: np.ndarray, qtype: GGMLQuantizationType, importance: np.ndarray | None = None) -> np.ndarray:
     import numpy as np
 
     rows, n_per_row = values.shape
     ggml = _ggml()
+    if importance is not None:  # gguf-py's quantizers take no imatrix
+        ggml = _need_ggml(qtype, "quantizing with an importance matrix to")
+        importance = np.ascontiguousarray(importance, dtype=np.float32)
+        if importance.shape != (n_per_row,):
+            raise ValueError(f"an importance of {importance.size} columns for rows of {n_per_row}")
     if ggml is None:
         if qtype not in NUMPY_TYPES:
             _need_ggml(qtype, "quantizing to")
@@ -295,13 +305,14 @@ def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         from gguf import quants as gguf_quants
 
         return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
-    if ggml.requires_imatrix(qtype):
+    if importance is None and ggml.requires_imatrix(qtype):
         raise ValueError(f"{qtype.name} needs an importance matrix")
+    weights = None if importance is None else importance.ctypes.data
     row_size = tensor_nbytes((n_per_row,), qtype)
     out = np.empty(rows * row_size, dtype=np.uint8)
     src, dst = values.ctypes.data, out.ctypes.data
     jobs = [ggml.pool.submit(ggml.quantize_chunk, qtype, src + start * n_per_row * 4, dst + start * row_size,
-                             0, n, n_per_row, None)
+                             0, n, n_per_row, weights)
             for start, n in _spans(rows, ggml.threads)]
     written = sum(job.result() for job in jobs)
     if written != out.nbytes:
@@ -309,8 +320,19 @@ def _quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     return out
 
 
+def _row_runs(rows: int, step: int, n_experts: int) -> Iterator[tuple[int, int, int]]:
+    """``(expert, first row, count)`` runs of at most ``step`` rows, none crossing an expert's boundary (each
+    expert's rows take its own importance, as llama-quantize's chunks do)."""
+    per_expert = rows // n_experts
+    for expert in range(n_experts):
+        end = (expert + 1) * per_expert
+        for first in range(expert * per_expert, end, step):
+            yield expert, first, min(step, end - first)
+
+
 def _retyped_chunks(
-    name: str, path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int
+    name: str, path: Path, offset: int, shape: tuple[int, ...], source: int, wanted: int, chunk_bytes: int,
+    importance: np.ndarray | None = None,
 ) -> Iterator[np.ndarray]:
     import numpy as np
 
@@ -318,17 +340,18 @@ def _retyped_chunks(
     rows = tensor_nbytes(shape, Q.F32) // 4 // n_per_row if n_per_row else 0
     row_bytes = tensor_nbytes((n_per_row,), source)
     step = max(1, chunk_bytes // max(1, n_per_row * 4))
+    n_experts = 1 if importance is None else importance.shape[0]
     fd, _ = open_regular(path)
     try:
-        for first in range(0, rows, step):
-            count = min(step, rows - first)
+        for expert, first, count in _row_runs(rows, step, n_experts):
             raw = os.pread(fd, count * row_bytes, offset + first * row_bytes)
             if len(raw) != count * row_bytes:
                 raise OSError(f"{path}: ends inside a tensor (wanted {count * row_bytes:,} bytes at "
                               f"{offset + first * row_bytes:,})")
             values = to_f32(np.frombuffer(raw, dtype=np.uint8), source, count * n_per_row)
             try:
-                yield from_f32(values.reshape(count, n_per_row), wanted, checked=True)
+                yield from_f32(values.reshape(count, n_per_row), wanted, checked=True,
+                               importance=None if importance is None else importance[expert])
             except InvalidRowsError as e:
                 raise BadGGUFError(e.describe(name, first), path) from None
     finally:
@@ -336,12 +359,15 @@ def _retyped_chunks(
 
 
 def retyped_tensor(
-    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, *, chunk_bytes: int = CHUNK_BYTES
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, *, chunk_bytes: int = CHUNK_BYTES,
+    importance: np.ndarray | None = None,
 ) -> tuple[TensorInfo, tuple[Segment, ...]]:
     """``tensor`` (its bytes at absolute ``offset`` of ``path``) as ``wanted``: its new table entry (offset
     unchanged) and the segments that make its bytes: one kernel copy when the type stays (llama-quantize
     copies such a tensor too), else one generated segment, dequantized and quantized by ggml and checked as
-    llama-quantize checks it (``from_f32(..., checked=True)``).
+    llama-quantize checks it (``from_f32(..., checked=True)``). ``importance``: the tensor's imatrix rows, one
+    per expert (``(ne2, ne0)``, :meth:`gguf_mtp.format.imatrix.ImportanceMatrix.importance`), each expert's
+    rows quantized with its own as llama-quantize does.
 
     Raises:
         QuantizerUnavailableError: at planning time, when the conversion needs llama.cpp's quantizer and it
@@ -356,9 +382,9 @@ def retyped_tensor(
     if source not in FLOAT_SOURCES and GGML_QUANT_SIZES[source][0] == 1:  # I8..I64, F64: as llama-quantize
         raise ValueError(f"{tensor.name}: cannot convert a {source.name} tensor (llama-quantize cannot either)")
     wanted_type = GGMLQuantizationType(wanted)
-    if wanted_type not in NUMPY_TYPES:
+    if wanted_type not in NUMPY_TYPES or importance is not None:
         _need_ggml(wanted_type, "quantizing to")
     nbytes = tensor_nbytes(tensor.shape, wanted_type)
     chunks = functools.partial(_retyped_chunks, tensor.name, Path(path), offset, tensor.shape, tensor.ggml_type,
-                               wanted_type, chunk_bytes)
+                               wanted_type, chunk_bytes, importance)
     return replace(tensor, ggml_type=int(wanted_type), nbytes=nbytes), (Generated(nbytes, chunks),)

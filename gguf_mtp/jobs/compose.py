@@ -107,6 +107,7 @@ def plan_compose(
     basename: str | None = None,
     outtype: str | None = None,
     replace_head: bool = False,
+    imatrix: str | os.PathLike[str] | None = None,
 ) -> CompositionPlan:
     """Read the headers of ``target`` and ``draft`` and plan their composition (nothing is written); with
     ``replace_head``, of the target without its NextN block(s) (:mod:`gguf_mtp.jobs.replace_head`)."""
@@ -120,6 +121,7 @@ def plan_compose(
         set_kv=_overrides(set_kv),
         basename=basename,
         outtype=outtype,
+        imatrix=imatrix,
     )
     return removal.apply(plan) if removal is not None else plan
 
@@ -138,6 +140,7 @@ def compose(
     basename: str | None = None,
     outtype: str | None = None,
     replace_head: bool = False,
+    imatrix: str | os.PathLike[str] | None = None,
     dry_run: bool = False,
     force: bool = False,
     progress: bool = True,
@@ -167,6 +170,8 @@ def compose(
         replace_head: the target has NextN block(s): drop them and splice the draft's in their place, in one
             pass, byte for byte what :func:`gguf_mtp.jobs.strip.strip` then compose write (the block count may
             change; the new one must be one llama.cpp's MTP graph of the architecture runs).
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one (``iq2_xxs``...).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         force: replace existing outputs (never inputs).
         progress: show a progress bar on stderr when it is a terminal.
@@ -191,11 +196,12 @@ def compose(
 
     def prepare() -> tuple[ComposeReport, list[OutputFile], list[Path]]:
         composition = plan_compose(target, draft, output_dir, block=block, set_kv=set_kv, basename=basename,
-                                   outtype=outtype, replace_head=replace_head)
+                                   outtype=outtype, replace_head=replace_head, imatrix=imatrix)
         report = ComposeReport(plan=composition, dry_run=dry_run)
         placed = {name for name, _ in composition.renamed}
         head = [t for t in composition.draft.first.tensors if t.name in placed]
-        report.head_advice = head_notes(head, parse_outtype(outtype), composition.target, composition.target.arch)
+        head_type = parse_outtype(outtype, imatrix=imatrix is not None)
+        report.head_advice = head_notes(head, head_type, composition.target, composition.target.arch)
         report.notes.extend(report.head_advice)
         if composition.dropped:
             dropped = ", ".join(composition.dropped)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, KVEditError, ParameterError
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment, Zeros
 from gguf_mtp.format.header import GGUFArray, GGUFHeader, KeyValue, TensorInfo, encode_kv
+from gguf_mtp.format.imatrix import ImportanceMatrix
 from gguf_mtp.format.kv_edit import (
     INT_RANGES,
     KVChange,
@@ -42,7 +44,7 @@ from gguf_mtp.format.kv_edit import (
     with_int_value,
 )
 from gguf_mtp.format.layout import congruent_header, pack_tensors
-from gguf_mtp.jobs.head_type import HeadSummary, parse_outtype, retype_head_tensor, summarize_head
+from gguf_mtp.jobs.head_type import HeadSummary, parse_imatrix, parse_outtype, retype_head_tensor, summarize_head
 from gguf_mtp.model.arch_rules import LayerKeyRule, NextNValue, extended_arrays, is_known_arch, splice_refusal
 from gguf_mtp.model.blocks import (
     block_layout_problem,
@@ -459,14 +461,17 @@ def _appended_layout(
     tensors: Iterable[tuple[TensorInfo, str]],
     draft: GGUFHeader,
     outtype: GGMLQuantizationType | None = None,
+    imatrix: ImportanceMatrix | None = None,
 ) -> tuple[list[TensorInfo], list[Segment], int]:
     """Place draft tensors after ``start`` (data-relative) at ``alignment``: (infos, segments, end). With
-    ``outtype`` they are re-typed as llama-quantize --pure would (:mod:`gguf_mtp.jobs.head_type`)."""
+    ``outtype`` they are re-typed as llama-quantize --pure would (:mod:`gguf_mtp.jobs.head_type`), with
+    ``imatrix`` under their new names."""
     arch = draft.get(KEY_ARCHITECTURE)
     path = Path(draft.path)
 
     def placed(tensor: TensorInfo, new_name: str) -> tuple[TensorInfo, tuple[Segment, ...]]:
-        info, data = retype_head_tensor(tensor, path, draft.data_offset + tensor.offset, outtype, arch)
+        info, data = retype_head_tensor(tensor, path, draft.data_offset + tensor.offset, outtype, arch, imatrix,
+                                        new_name)
         return replace(info, name=new_name), data
 
     return pack_tensors((placed(*item) for item in tensors), alignment, start=start, pad_end=False)
@@ -481,6 +486,7 @@ def plan_composition(
     set_kv: Sequence[KVOverride] = (),
     basename: str | None = None,
     outtype: str | GGMLQuantizationType | None = None,
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None,
 ) -> CompositionPlan:
     """Plan the splice of ``draft``'s NextN block(s) into ``target`` as its final block(s).
 
@@ -492,6 +498,8 @@ def plan_composition(
         set_kv: extra metadata overrides for the model KVs.
         basename: name the outputs ``NAME-0000k-of-0000n.gguf`` instead of the target's names.
         outtype: the NextN tensors' type, as llama-quantize --pure writes it (``None``: the draft's bytes).
+        imatrix: an importance matrix (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            llama-quantize --imatrix does; it lets ``outtype`` be a type that needs one.
 
     Raises:
         IncompatibleDraftError: the draft does not fit the target.
@@ -499,8 +507,9 @@ def plan_composition(
         BadGGUFError: the target's metadata is unusable.
         ParameterError: ``outtype`` is not a head type.
     """
-    head_type = parse_outtype(outtype)
+    head_type = parse_outtype(outtype, imatrix=imatrix is not None)
     _check_roles(target, draft)  # first: a swapped pair is named as such, whatever else is wrong
+    matrix = parse_imatrix(imatrix, head_type)
     if draft.is_split:
         raise IncompatibleDraftError("a draft must be a single GGUF file, not a split set", draft.name)
     _check_compatible(target, draft)
@@ -509,7 +518,8 @@ def plan_composition(
     renamed = _renamed_draft_tensors(target, draft, draft_tensors, draft_first - trunk)
     edits = _model_kv_edits(target, draft, draft_first, n_blocks, set_kv)
     _check_block_tensors(target, draft)  # after the type checks of the edits: those name the smaller fault
-    files = _planned_files(target, draft, renamed, edits, _output_names(target, output_dir, basename), head_type)
+    files = _planned_files(target, draft, renamed, edits, _output_names(target, output_dir, basename), head_type,
+                           matrix)
     return CompositionPlan(
         target=target,
         draft=draft,
@@ -584,6 +594,7 @@ def _planned_files(
     edits: dict[str, KeyValue | None],
     finals: Sequence[Path],
     outtype: GGMLQuantizationType | None = None,
+    imatrix: ImportanceMatrix | None = None,
 ) -> list[PlannedFile]:
     """One output per target file: its header edited, its data copied, the draft's tensors after the last one's."""
     draft_header = draft.first
@@ -602,7 +613,7 @@ def _planned_files(
         if index == last:
             # Offsets and padding of appended tensors use the alignment of the file they are written to.
             infos, segments, _ = _appended_layout(
-                header.packed_data_size, header.alignment, renamed, draft_header, outtype
+                header.packed_data_size, header.alignment, renamed, draft_header, outtype, imatrix
             )
             tensors += infos
             data += segments

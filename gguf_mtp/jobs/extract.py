@@ -47,10 +47,12 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError, NoNextNBlockError, ParameterError
 from gguf_mtp.files.plan import Bytes, CopyRange, OutputFile, Segment
 from gguf_mtp.format.header import GGUFHeader, KeyValue, TensorInfo, encode_kv, parse_header
+from gguf_mtp.format.imatrix import ImportanceMatrix
 from gguf_mtp.format.layout import congruent_header, pack_tensors
 from gguf_mtp.jobs.head_type import (
     HeadSummary,
     low_bit_warning,
+    parse_imatrix,
     parse_outtype,
     retype_embedding_tensor,
     retype_head_tensor,
@@ -284,14 +286,15 @@ def _layout(
     outtype: GGMLQuantizationType | None = None,
     arch: str | None = None,
     embd_type: GGMLQuantizationType | None = None,
+    imatrix: ImportanceMatrix | None = None,
 ) -> tuple[list[TensorInfo], list[Segment]]:
     """Place tensors densely in order, each at ``alignment`` (as llama.cpp reads them): (infos, data segments).
     Tensors named in ``retyped`` take ``outtype`` as llama-quantize --pure gives it, ``token_embd``/``output``
-    take ``embd_type``; the rest are copied."""
+    take ``embd_type``; the rest are copied. ``imatrix``: the statistics ``outtype`` quantizes with."""
 
     def placed(path: Path, offset: int, tensor: TensorInfo) -> tuple[TensorInfo, tuple[Segment, ...]]:
         if tensor.name in retyped and outtype is not None:
-            return retype_head_tensor(tensor, path, offset + tensor.offset, outtype, arch)
+            return retype_head_tensor(tensor, path, offset + tensor.offset, outtype, arch, imatrix)
         embedding = retype_embedding_tensor(tensor, path, offset + tensor.offset, embd_type)
         if embedding is not None:
             return embedding
@@ -354,6 +357,7 @@ def plan_extraction(
     outtype: str | GGMLQuantizationType | None = None,
     embd_type: str | GGMLQuantizationType | None = None,
     trunk: ShardSet | None = None,
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None,
 ) -> ExtractionPlan:
     """Plan the extraction of ``source``'s NextN block(s) into ``output`` (pure: reads no tensor data).
 
@@ -367,6 +371,8 @@ def plan_extraction(
             --token-embedding-type --output-tensor-type`` writes them; ``None`` copies them.
         trunk: with ``standalone``, the model the sidecar serves: it must be of the source's model, and it lends
             the global tensors the source lacks (a shared sidecar's) and its tokenizer.
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one (``iq2_xxs``...).
 
     Returns:
         The :class:`ExtractionPlan`.
@@ -379,7 +385,7 @@ def plan_extraction(
             ``standalone``.
         IncompatibleDraftError: ``trunk`` is of another model.
     """
-    head_type = parse_outtype(outtype)
+    head_type = parse_outtype(outtype, imatrix=imatrix is not None)
     embedding_type = parse_outtype(embd_type, "embd_type")
     if embedding_type is not None and not standalone:
         raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
@@ -388,6 +394,7 @@ def plan_extraction(
         raise ParameterError("target needs standalone: a draft takes its target's tensors inside the composite",
                              parameter=("target", "standalone"))
     nextn = find_nextn_blocks(source)
+    matrix = parse_imatrix(imatrix, head_type)
     if trunk is not None:
         _refuse_another_models_trunk(source, nextn, trunk)
     wanted = set(nextn.names)
@@ -405,7 +412,7 @@ def plan_extraction(
         picked = ([t for t in from_trunk if t[2].name == _TOKEN_EMBD] + picked
                   + [t for t in from_trunk if t[2].name != _TOKEN_EMBD])
     alignment = source.first.alignment
-    infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch, embedding_type)
+    infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch, embedding_type, matrix)
     kvs, left_out, added = _draft_kvs(source, standalone, trunk)
     # The NextN data keeps its offset mod 4 KiB, so a reflink filesystem can share it (gguf_mtp.format.layout).
     head = congruent_header(source.first.version, kvs, infos, alignment, segments)
@@ -516,6 +523,7 @@ def extract(
     outtype: str | None = None,
     embd_type: str | None = None,
     target: str | os.PathLike[str] | None = None,
+    imatrix: str | os.PathLike[str] | None = None,
     force: bool = False,
     dry_run: bool = False,
     progress: bool = True,
@@ -536,6 +544,8 @@ def extract(
         target: with ``standalone``, the trunk the sidecar serves (one file or any shard of a set): it must be of
             the source's model; a shared sidecar (``{arch}.nextn_shared_target_tensors``) gets its
             ``token_embd`` / ``output_norm`` / ``output`` and tokenizer, so upstream llama.cpp loads the result.
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one (``iq2_xxs``...).
         force: replace an existing output (never an input).
         dry_run: plan and check only (every refusal a real run would make is made); write nothing.
         progress: show a progress bar on stderr when it is a terminal.
@@ -560,8 +570,8 @@ def extract(
         model = open_model(source)
         trunk = open_model(target) if target is not None else None
         plan = plan_extraction(model, output, standalone=standalone, outtype=outtype, embd_type=embd_type,
-                               trunk=trunk)
-        warning = low_bit_warning(parse_outtype(outtype))
+                               trunk=trunk, imatrix=imatrix)
+        warning = low_bit_warning(parse_outtype(outtype, imatrix=imatrix is not None))
         report = ExtractReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *_notes(plan)])
         return report, [plan.output], [*model.paths, *(trunk.paths if trunk is not None else ())]
 

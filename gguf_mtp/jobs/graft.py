@@ -35,6 +35,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, IncompatibleDraftError
 from gguf_mtp.files.plan import OutputFile, rebind
 from gguf_mtp.format.header import KeyValue
+from gguf_mtp.format.imatrix import ImportanceMatrix
 from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.shards import ShardSet, open_model, vocab_size
 from gguf_mtp.text import change_line, human_bytes, short
@@ -200,6 +201,7 @@ def plan_graft(
     basename: str | None = None,
     outtype: str | GGMLQuantizationType | None = None,
     replace_head: bool = False,
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None,
 ) -> GraftPlan:
     """Plan the graft of ``source``'s NextN block(s) onto ``target`` (pure: reads headers only).
 
@@ -212,6 +214,8 @@ def plan_graft(
             source's (a quantized source is dequantized first); ``None`` copies them.
         replace_head: the target has NextN block(s): they are dropped and the source's take their place, in
             one pass (:mod:`gguf_mtp.jobs.replace_head`).
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one (``iq2_xxs``...).
 
     Raises:
         NoNextNBlockError, IncompatibleDraftError: see :func:`check_graft_compatible`.
@@ -221,7 +225,7 @@ def plan_graft(
     trunk = removal.trunk if removal is not None else target
     notes = check_graft_compatible(source, trunk)
     # The draft is never written: its name only appears in messages, and no output may refer to it.
-    extraction = plan_extraction(source, f"{source.name} (NextN block)", outtype=outtype)
+    extraction = plan_extraction(source, f"{source.name} (NextN block)", outtype=outtype, imatrix=imatrix)
     draft = ShardSet((extraction.header,), None)
     composition = plan_composition(trunk, draft, Path(output_dir), basename=basename)
     if removal is not None:
@@ -316,6 +320,7 @@ def graft(
     basename: str | None = None,
     outtype: str | None = None,
     replace_head: bool = False,
+    imatrix: str | os.PathLike[str] | None = None,
     force: bool = False,
     verify: bool = False,
     llama: bool | None = None,
@@ -337,6 +342,8 @@ def graft(
             ``llama-quantize --pure --allow-requantize`` would; ``None`` copies them byte for byte.
         replace_head: the target has NextN block(s): drop them and graft the source's in their place, in one
             pass, byte for byte what :func:`gguf_mtp.jobs.strip.strip` then graft write.
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the NextN tensors are quantized with, as
+            ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one (``iq2_xxs``...).
         force: replace existing outputs (never inputs).
         verify: verify the written composite (:func:`gguf_mtp.check.verify.verify`, which loads it with
             llama.cpp and runs an MTP decode step), as :func:`gguf_mtp.jobs.compose.compose` does when asked
@@ -364,8 +371,9 @@ def graft(
 
     def prepare() -> tuple[GraftReport, list[OutputFile], list[Path]]:
         donor, receiver = open_model(source), open_model(target)
-        plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype, replace_head=replace_head)
-        warning = low_bit_warning(parse_outtype(outtype))
+        plan = plan_graft(donor, receiver, output_dir, basename=basename, outtype=outtype, replace_head=replace_head,
+                          imatrix=imatrix)
+        warning = low_bit_warning(parse_outtype(outtype, imatrix=imatrix is not None))
         report = GraftReport(plan=plan, dry_run=dry_run, notes=[*([warning] if warning else []), *plan.notes])
         return report, plan.outputs, [*donor.paths, *receiver.paths]
 

@@ -2,9 +2,10 @@
 
 The NextN block's tensors are re-typed as ``llama-quantize --pure`` (``--allow-requantize``) would write
 them (:mod:`gguf_mtp.format.quant_rules` picks each type, :mod:`gguf_mtp.format.quantize` makes the bytes);
-every other tensor is untouched. Here: the parameter's parsing and its one-line refusals, the per-tensor
-plan step, the head's size summary, and the two advisory lines (a low-bit head, a BF16 head in a
-quantized target).
+every other tensor is untouched. With an importance matrix (``imatrix``, :mod:`gguf_mtp.format.imatrix`)
+each tensor is quantized with its statistics as ``llama-quantize --imatrix`` does, and the types that need one
+are taken. Here: the parameters' parsing and their one-line refusals, the per-tensor plan step, the head's
+size summary, and the two advisory lines (a low-bit head, a BF16 head in a quantized target).
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gguf.constants import GGMLQuantizationType
 
 from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.files.plan import Segment
 from gguf_mtp.format.header import TensorInfo, tensor_nbytes
+from gguf_mtp.format.imatrix import KEY_N_LAYER_NEXTN, NEXTN_HINT, ImportanceMatrix, read_imatrix
 from gguf_mtp.format.quant_rules import (
     embedding_tensor_type,
     head_tensor_type,
     head_type,
     is_quantized,
+    needs_imatrix,
 )
 from gguf_mtp.format.quantize import (
     INSTALL_HINT,
@@ -36,12 +39,16 @@ from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shards import ShardSet
 from gguf_mtp.text import human_bytes
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = [
     "HeadSummary",
     "HeadTensor",
     "bf16_head_hint",
     "head_notes",
     "low_bit_warning",
+    "parse_imatrix",
     "parse_outtype",
     "retype_embedding_tensor",
     "retype_head_tensor",
@@ -50,26 +57,65 @@ __all__ = [
 
 
 def parse_outtype(
-    outtype: str | GGMLQuantizationType | None, parameter: str = "outtype"
+    outtype: str | GGMLQuantizationType | None, parameter: str = "outtype", *, imatrix: bool = False
 ) -> GGMLQuantizationType | None:
     """The head type ``outtype`` names (``None``: keep the source's types); ``parameter``: the parameter it was
-    given as, for the refusals (``outtype``, ``embd_type``).
+    given as, for the refusals (``outtype``, ``embd_type``); ``imatrix``: an importance matrix is given, so the
+    types that need one are taken too.
 
     Raises:
-        ParameterError: an unknown or importance-matrix type, or a type only llama.cpp's quantizer writes
-            when llama-cpp-python is not installed (one line saying what to install).
+        ParameterError: an unknown type, an importance-matrix type without ``imatrix``, or a type only
+            llama.cpp's quantizer writes when llama-cpp-python is not installed (one line saying what to install).
     """
-    if outtype is None or isinstance(outtype, GGMLQuantizationType):
-        wanted = outtype
+    if isinstance(outtype, GGMLQuantizationType):
+        outtype = outtype.name
+    if outtype is None:
+        wanted = None
     else:
         try:
-            wanted = head_type(outtype)
+            wanted = head_type(outtype, imatrix=imatrix)
         except ValueError as e:
             raise ParameterError(f"{parameter} {e}", parameter=parameter) from None
     if wanted is not None and wanted not in NUMPY_TYPES and not ggml_available():
         raise ParameterError(f"{parameter} {wanted.name.lower()} needs llama.cpp's quantizer: {INSTALL_HINT}",
                              parameter=parameter)
     return wanted
+
+
+def parse_imatrix(
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None, outtype: GGMLQuantizationType | None
+) -> ImportanceMatrix | None:
+    """The importance matrix file ``imatrix`` names, for a head written in ``outtype``.
+
+    Raises:
+        BadGGUFError: the file is not a GGUF imatrix, or ``outtype`` needs one and it has no NextN statistics
+            (no ``imatrix.n_layer_nextn``: llama-imatrix ran without ``--nextn`` / ``--model-draft``).
+        ParameterError: llama.cpp's quantizer (llama-cpp-python) is not installed.
+    """
+    if imatrix is None:
+        return None
+    if not ggml_available():
+        raise ParameterError(f"imatrix needs llama.cpp's quantizer: {INSTALL_HINT}", parameter="imatrix")
+    matrix = imatrix if isinstance(imatrix, ImportanceMatrix) else read_imatrix(imatrix)
+    if outtype is not None and needs_imatrix(outtype) and matrix.n_layer_nextn < 1:
+        raise BadGGUFError(f"has no NextN statistics (no {KEY_N_LAYER_NEXTN}), which a {outtype.name} head needs: "
+                           f"{NEXTN_HINT}", matrix.path)
+    return matrix
+
+
+def _importance(
+    imatrix: ImportanceMatrix | None, name: str, tensor: TensorInfo, wanted: int
+) -> np.ndarray | None:
+    """The imatrix rows tensor ``name`` is quantized with, as llama-quantize looks them up (by the name the tensor
+    has in the file written); ``None`` without an imatrix, for a copied tensor, or one the imatrix does not cover
+    (llama-quantize quantizes it without, unless its type needs one: refused)."""
+    if imatrix is None or wanted == tensor.ggml_type:
+        return None
+    importance = imatrix.importance(name, tensor.shape)
+    if importance is None and needs_imatrix(wanted):
+        raise BadGGUFError(f"has no statistics for {name!r}, which {GGMLQuantizationType(wanted).name} needs "
+                           f"(llama-quantize refuses it too): {NEXTN_HINT}", imatrix.path)
+    return importance
 
 
 def retype_embedding_tensor(
@@ -96,22 +142,25 @@ def retype_embedding_tensor(
 
 def retype_head_tensor(
     tensor: TensorInfo, path: str | os.PathLike[str], offset: int, outtype: GGMLQuantizationType | None,
-    arch: str | None,
+    arch: str | None, imatrix: ImportanceMatrix | None = None, written_as: str | None = None,
 ) -> tuple[TensorInfo, tuple[Segment, ...]]:
     """One NextN tensor (its bytes at absolute ``offset`` of ``path``) in the type llama-quantize --pure
-    gives it for ``outtype``: its table entry and segments (a kernel copy when the type stays)."""
+    gives it for ``outtype``: its table entry and segments (a kernel copy when the type stays). With
+    ``imatrix``, quantized with the statistics of the name it is ``written_as`` (default: its own)."""
     wanted = tensor.ggml_type if outtype is None else head_tensor_type(
         tensor.name, tensor.shape, tensor.ggml_type, outtype, arch)
-    return _retyped(tensor, path, offset, wanted, "outtype")
+    importance = _importance(imatrix, written_as or tensor.name, tensor, wanted)
+    return _retyped(tensor, path, offset, wanted, "outtype", importance)
 
 
 def _retyped(
-    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, parameter: str
+    tensor: TensorInfo, path: str | os.PathLike[str], offset: int, wanted: int, parameter: str,
+    importance: np.ndarray | None = None,
 ) -> tuple[TensorInfo, tuple[Segment, ...]]:
     """:func:`retyped_tensor`, its refusals in one line: a tensor that cannot be converted is the file's
     (:class:`BadGGUFError`), a missing quantizer the option's (:class:`ParameterError` naming ``parameter``)."""
     try:
-        return retyped_tensor(tensor, path, offset, wanted)
+        return retyped_tensor(tensor, path, offset, wanted, importance=importance)
     except ValueError as e:
         raise BadGGUFError(str(e), path) from None
     except QuantizerUnavailableError as e:
