@@ -96,18 +96,30 @@ def test_an_unknown_outtype_is_still_refused(capsys: pytest.CaptureFixture[str])
         capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("command", [["convert", "src", "-o", "d.gguf"], ["compose", "t", "d", "-o", "o"],
-                                     ["graft", "--from", "s", "--into", "t", "-o", "o"], ["extract", "s"]])
-def test_an_importance_matrix_outtype_is_refused_with_the_reason(
-    command: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_importance_matrix_outtype_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args([*command, "--outtype", "IQ2_XS"])
+        build_parser().parse_args(["convert", "src", "-o", "d.gguf", "--outtype", "IQ2_XS"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.endswith("argument --outtype: iq2_xs: llama.cpp only writes it with an importance matrix "
-                        "(llama-quantize --imatrix), which a head conversion does not have; "
-                        "choose iq4_xs, q4_k or above")
+                        "(llama-quantize --imatrix); give one (compose, extract and graft take --imatrix FILE; "
+                        "llama-imatrix --nextn makes one), or choose iq4_xs, q4_k or above")
+
+
+@pytest.mark.parametrize("command", [["compose", "{target}", "{draft}", "-o", "{out}"],
+                                     ["graft", "--from", "{full}", "--into", "{target}", "-o", "{out}"],
+                                     ["extract", "{full}", "-o", "{out}/d.gguf"]])
+def test_an_importance_matrix_outtype_without_imatrix_is_refused_by_the_command(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = {"target": write_target(tmp_path / "target"), "draft": write_draft(tmp_path / "d.gguf", block="N"),
+             "full": write_target(tmp_path / "full", with_nextn=True), "out": tmp_path / "out"}
+    assert main([word.format(**files) for word in command] + ["--outtype", "IQ2_XS"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--outtype iq2_xs: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
+        "(compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose iq4_xs, q4_k "
+        "or above")
+    assert not (tmp_path / "out").exists()
 
 
 def test_other_word_choices_take_any_case_too() -> None:

@@ -14,6 +14,11 @@ it loads every tensor with ``check_tensors`` (a NaN or an infinity: "tensor ... 
 validates every chunk it writes with ``ggml_validate_row_data`` (a block scale that overflows: "quantized
 data validation failed"). llama.cpp's converter refuses neither: :func:`converter_rows` writes what it writes.
 
+With an importance matrix (``importance``: one row of column weights per expert, what llama-quantize
+``--imatrix`` reads, :mod:`gguf_mtp.format.imatrix`) each expert's rows go to ``ggml_quantize_chunk`` with its
+own row, in runs that never cross an expert, as ``llama_tensor_quantize_impl`` does; the types that need one
+(``ggml_quantize_requires_imatrix``) are written only then.
+
 Memory stays flat: a tensor (or an expert stack, whose slices are rows like any other) is read, converted
 and handed on :data:`CHUNK_BYTES` of float32 at a time. :func:`retyped_tensor` gives the plan's view of
 one tensor: a kernel copy where the type does not change, a generated segment where it does.
