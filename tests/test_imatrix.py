@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
 from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
 from test_citations import _upstream_sources
 
 from gguf_mtp.cli import build_parser
