@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from test_citations import _upstream_sources
 
-from gguf_mtp.cli import build_parser
+from gguf_mtp.cli import build_parser, main
 from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.format.imatrix import COUNTS_SUFFIX, IMATRIX_KEYS, KEY_N_LAYER_NEXTN, SUMS_SUFFIX, read_imatrix
@@ -181,6 +181,12 @@ def test_without_an_imatrix_the_imatrix_types_stay_refused(full: Path, tmp_path:
     assert not (tmp_path / "d.gguf").exists()
 
 
+def test_an_imatrix_without_an_outtype_is_refused(full: Path, imatrix: Path, tmp_path: Path) -> None:
+    with pytest.raises(ParameterError, match=r"^imatrix needs outtype: without it the head's bytes are copied"):
+        extract(full, tmp_path / "d.gguf", imatrix=imatrix, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
+
+
 @needs_ggml
 def test_an_imatrix_without_nextn_statistics_is_refused_for_an_imatrix_type(full: Path, tmp_path: Path) -> None:
     trunk_only = write_imatrix(tmp_path / "trunk.gguf", realistic_entries(full), n_layer_nextn=None)
@@ -204,6 +210,17 @@ def test_compose_extract_and_graft_take_an_imatrix_type_with_imatrix() -> None:
                     ["extract", "s"]):
         args = build_parser().parse_args([*command, "--outtype", "IQ2_XXS", "--imatrix", "m.gguf"])
         assert (args.outtype, args.imatrix) == ("iq2_xxs", "m.gguf")
+
+
+@needs_ggml
+def test_the_cli_refuses_a_model_given_as_imatrix_in_one_line(full: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["extract", str(full), "-o", str(tmp_path / "d.gguf"), "--outtype", "q4_k", "--imatrix", str(full)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].endswith("full.gguf: is not an imatrix (no imatrix.datasets, imatrix.chunk_count, "
+                           "imatrix.chunk_size; llama-imatrix writes them)")
+    assert not (tmp_path / "d.gguf").exists()
 
 
 @needs_ggml

@@ -90,10 +90,14 @@ def parse_imatrix(
     Raises:
         BadGGUFError: the file is not a GGUF imatrix, or ``outtype`` needs one and it has no NextN statistics
             (no ``imatrix.n_layer_nextn``: llama-imatrix ran without ``--nextn`` / ``--model-draft``).
-        ParameterError: llama.cpp's quantizer (llama-cpp-python) is not installed.
+        ParameterError: no ``outtype`` (the head's bytes are copied: nothing is quantized), or llama.cpp's
+            quantizer (llama-cpp-python) is not installed.
     """
     if imatrix is None:
         return None
+    if outtype is None:
+        raise ParameterError("imatrix needs outtype: without it the head's bytes are copied, not quantized",
+                             parameter=("imatrix", "outtype"))
     if not ggml_available():
         raise ParameterError(f"imatrix needs llama.cpp's quantizer: {INSTALL_HINT}", parameter="imatrix")
     matrix = imatrix if isinstance(imatrix, ImportanceMatrix) else read_imatrix(imatrix)
