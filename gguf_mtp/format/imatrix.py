@@ -35,6 +35,7 @@ __all__ = [
     "KEY_N_LAYER_NEXTN",
     "NEXTN_HINT",
     "SUMS_SUFFIX",
+    "ImportanceEntry",
     "ImportanceMatrix",
     "read_imatrix",
 ]
@@ -59,7 +60,9 @@ F32 = GGMLQuantizationType.F32
 
 
 @dataclass(frozen=True)
-class _Entry:
+class ImportanceEntry:
+    """One matrix's statistics: its ``.in_sum2`` (sums of squared activations) and ``.counts`` (tokens seen)."""
+
     sums: TensorInfo
     counts: TensorInfo
 
@@ -69,7 +72,7 @@ class ImportanceMatrix:
     """A GGUF imatrix's header and its entries (tensor name -> its ``.in_sum2`` and ``.counts``)."""
 
     header: GGUFHeader
-    entries: Mapping[str, _Entry]
+    entries: Mapping[str, ImportanceEntry]
 
     @property
     def path(self) -> str:
@@ -80,10 +83,6 @@ class ImportanceMatrix:
         """``imatrix.n_layer_nextn``: 0 when llama-imatrix saw no NextN block."""
         value = self.header.get(KEY_N_LAYER_NEXTN, 0)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    def has(self, name: str) -> bool:
-        """Whether the matrix holds statistics for tensor ``name``."""
-        return name in self.entries
 
     def importance(self, name: str, shape: Sequence[int]) -> np.ndarray | None:
         """Tensor ``name``'s per-column importance, one row per expert (``(ne2, ne0)`` float32), as llama-quantize
@@ -111,17 +110,20 @@ class ImportanceMatrix:
         import numpy as np
 
         start = self.header.data_offset + tensor.offset
-        if start + tensor.nbytes > self.header.file_size:
-            raise BadGGUFError(f"imatrix tensor {tensor.name!r} ends past the end of the file", self.path)
-        fd, _ = open_regular(self.path)
         try:
-            raw = os.pread(fd, tensor.nbytes, start)
-        finally:
-            os.close(fd)
+            fd, _ = open_regular(self.path)
+            try:
+                raw = os.pread(fd, tensor.nbytes, start)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise BadGGUFError(f"cannot read imatrix tensor {tensor.name!r}: {e.strerror or e}", self.path) from None
+        if len(raw) != tensor.nbytes:
+            raise BadGGUFError(f"imatrix tensor {tensor.name!r} ends past the end of the file", self.path)
         values = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-        if len(raw) != tensor.nbytes or not np.isfinite(values).all() or (values < 0).any():
+        if not np.isfinite(values).all() or (values < 0).any():
             raise BadGGUFError(f"imatrix entry {name!r} holds a negative or non-finite value (sums of squares "
-                               "and token counts are neither); llama-quantize refuses it too", self.path)
+                               "and token counts are neither: not what llama-imatrix writes)", self.path)
         return values
 
 
@@ -160,7 +162,7 @@ def _is_legacy(path: str) -> bool:
     return len(magic) == len(_GGUF_MAGIC) and magic != _GGUF_MAGIC
 
 
-def _entries(header: GGUFHeader) -> dict[str, _Entry]:
+def _entries(header: GGUFHeader) -> dict[str, ImportanceEntry]:
     sums = {t.name[: -len(SUMS_SUFFIX)]: t for t in header.tensors if t.name.endswith(SUMS_SUFFIX)}
     counts = {t.name[: -len(COUNTS_SUFFIX)]: t for t in header.tensors if t.name.endswith(COUNTS_SUFFIX)}
     if sums.keys() != counts.keys():
@@ -170,7 +172,7 @@ def _entries(header: GGUFHeader) -> dict[str, _Entry]:
         if tensor.ggml_type != F32:
             raise BadGGUFError(f"imatrix entry {name!r} is {tensor.type_name}, not F32 (as llama-imatrix writes it)",
                                header.path)
-    return {name: _Entry(sums[name], counts[name]) for name in sums}
+    return {name: ImportanceEntry(sums[name], counts[name]) for name in sums}
 
 
 def read_imatrix(path: str | os.PathLike[str]) -> ImportanceMatrix:
