@@ -98,12 +98,13 @@ def test_an_unknown_outtype_is_still_refused(capsys: pytest.CaptureFixture[str])
 
 def test_an_importance_matrix_outtype_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        build_parser().parse_args(["convert", "src", "-o", "d.gguf", "--outtype", "IQ2_XS"])
+        build_parser().parse_args(["pipeline", "--target-repo", "me/t", "--target-files", "*.gguf", "--head-repo",
+                                   "me/h", "--outtype", "IQ2_XS"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.endswith("argument --outtype: iq2_xs: llama.cpp only writes it with an importance matrix "
-                        "(llama-quantize --imatrix); give one (compose, extract and graft take --imatrix FILE; "
-                        "llama-imatrix --nextn makes one), or choose iq4_xs, q4_k or above")
+                        "(llama-quantize --imatrix); give one (convert, compose, extract and graft take --imatrix "
+                        "FILE; llama-imatrix --nextn makes one), or choose iq4_xs, q4_k or above")
 
 
 @pytest.mark.parametrize("command", [["compose", "{target}", "{draft}", "-o", "{out}"],
@@ -117,8 +118,8 @@ def test_an_importance_matrix_outtype_without_imatrix_is_refused_by_the_command(
     assert main([word.format(**files) for word in command] + ["--outtype", "IQ2_XS"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "--outtype iq2_xs: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
-        "(compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose iq4_xs, q4_k "
-        "or above")
+        "(convert, compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose "
+        "iq4_xs, q4_k or above")
     assert not (tmp_path / "out").exists()
 
 

@@ -23,7 +23,9 @@ from gguf_mtp.format.imatrix import COUNTS_SUFFIX, IMATRIX_KEYS, KEY_N_LAYER_NEX
 from gguf_mtp.format.quant_rules import kept_by
 from gguf_mtp.format.quantize import from_f32, ggml_available
 from gguf_mtp.jobs.compose import compose
+from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.extract import extract
+from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
 
 needs_ggml = pytest.mark.skipif(not ggml_available(), reason="the llama extra (llama-cpp-python) is not installed")
@@ -205,9 +207,9 @@ def test_an_imatrix_missing_a_head_tensor_is_refused_for_an_imatrix_type(full: P
         extract(full, tmp_path / "d.gguf", outtype="iq2_xxs", imatrix=partial, dry_run=True, progress=False)
 
 
-def test_compose_extract_and_graft_take_an_imatrix_type_with_imatrix() -> None:
-    for command in (["compose", "t", "d", "-o", "o"], ["graft", "--from", "s", "--into", "t", "-o", "o"],
-                    ["extract", "s"]):
+def test_convert_compose_extract_and_graft_take_an_imatrix_type_with_imatrix() -> None:
+    for command in (["convert", "src", "-o", "d.gguf"], ["compose", "t", "d", "-o", "o"],
+                    ["graft", "--from", "s", "--into", "t", "-o", "o"], ["extract", "s"]):
         args = build_parser().parse_args([*command, "--outtype", "IQ2_XXS", "--imatrix", "m.gguf"])
         assert (args.outtype, args.imatrix) == ("iq2_xxs", "m.gguf")
 
@@ -235,7 +237,7 @@ def test_the_importance_changes_the_bytes() -> None:
 
 
 def _quantized(tool: Path, full: Path, imatrix: Path, qtype: str) -> Path:
-    output = full.with_name(f"full-{qtype}-imatrix.gguf")
+    output = full.with_name(f"{full.stem}-{qtype}-imatrix.gguf")
     if not output.exists():
         done = subprocess.run([str(tool), "--pure", "--allow-requantize", "--imatrix", str(imatrix), str(full),
                                str(output), qtype.upper()], capture_output=True, text=True, check=False)
@@ -270,3 +272,23 @@ def test_outtype_with_imatrix_writes_what_llama_quantize_imatrix_writes(
     bf16_draft = extract(full, tmp_path / "bf16-draft.gguf", progress=False).output
     composite = compose(target, bf16_draft, tmp_path / "compose", outtype=qtype, imatrix=imatrix, progress=False)
     assert _head(composite.output_paths[0]) == oracle
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", ["iq2_xxs", "q4_k"])
+def test_convert_outtype_with_imatrix_writes_what_llama_quantize_imatrix_writes_of_the_bf16_conversion(
+    qtype: str, llama_quantize_tool: Path, tmp_path: Path
+) -> None:
+    """convert's llama-quantize half: the checkpoint's experts are separate tensors, each quantized with its own
+    expert's statistics."""
+    target = write_target(tmp_path / "target", quant="Q8_0", name="target")
+    checkpoint = write_mtpv2_checkpoint(tmp_path / "head")
+    bf16 = convert(checkpoint, tmp_path / "bf16.gguf", target=target, progress=False).output
+    composed = compose(target, bf16, tmp_path / "composite", progress=False).output_paths[0]
+    imatrix = write_imatrix(tmp_path / "imatrix.gguf", realistic_entries(composed, seed=2))
+    oracle = _head(_quantized(llama_quantize_tool, composed, imatrix, qtype))
+
+    ours = convert(checkpoint, tmp_path / f"{qtype}.gguf", target=target, outtype=qtype, imatrix=imatrix,
+                   progress=False).output
+    assert _head(ours) == oracle

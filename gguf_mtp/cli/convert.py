@@ -8,7 +8,15 @@ import re
 from gguf_mtp.conversion import supported_architectures
 from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 
-from .common import CONVERT_HOW, add_embd_type_flag, add_output_flags, add_outtype_flag, print_outcome, write_options
+from .common import (
+    CONVERT_HOW,
+    add_embd_type_flag,
+    add_imatrix_flag,
+    add_output_flags,
+    add_outtype_flag,
+    print_outcome,
+    write_options,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")
+    add_imatrix_flag(p)
     add_embd_type_flag(p)
     p.add_argument("--drop-nextn-copies", action="store_true",
                    help="GLM-4.5: leave out the NextN layer's own embed_tokens/shared_head.head copies (about 1.5 GB "
@@ -79,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         report = convert(
             args.source, args.output, target=args.target, block=args.block, outtype=args.outtype,
             standalone=args.standalone, embd_type=args.embd_type, drop_nextn_copies=args.drop_nextn_copies,
-            nextn_blocks=args.nextn_blocks, revision=args.revision, download=args.download, **write_options(args),
+            nextn_blocks=args.nextn_blocks, imatrix=args.imatrix, revision=args.revision, download=args.download,
+            **write_options(args),
         )
     except (ParameterError, IncompatibleDraftError) as e:
         raise _in_flags(e) from None

@@ -185,8 +185,8 @@ def head_type(name: str, *, imatrix: bool = False) -> GGMLQuantizationType:
             return GGMLQuantizationType[key.upper()]
         raise ValueError(
             f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
-            "(compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose iq4_xs, "
-            "q4_k or above"
+            "(convert, compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose "
+            "iq4_xs, q4_k or above"
         )
     raise ValueError(f"{name!r}: choose one of {', '.join(HEAD_TYPES)}")
 

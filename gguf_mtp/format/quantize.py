@@ -59,6 +59,7 @@ __all__ = [
     "from_f32",
     "ggml_available",
     "retyped_tensor",
+    "row_runs",
     "to_f32",
 ]
 
@@ -325,14 +326,16 @@ def _quantized(values: np.ndarray, qtype: GGMLQuantizationType, importance: np.n
     return out
 
 
-def _row_runs(rows: int, step: int, n_experts: int) -> Iterator[tuple[int, int, int]]:
-    """``(expert, first row, count)`` runs of at most ``step`` rows, none crossing an expert's boundary (each
-    expert's rows take its own importance, as llama-quantize's chunks do)."""
-    per_expert = rows // n_experts
-    for expert in range(n_experts):
-        end = (expert + 1) * per_expert
-        for first in range(expert * per_expert, end, step):
-            yield expert, first, min(step, end - first)
+def row_runs(first: int, rows: int, step: int, rows_per_expert: int) -> Iterator[tuple[int, int, int]]:
+    """``(expert, row, count)``: a tensor's rows ``first .. first + rows`` in runs of at most ``step``, none crossing
+    an expert's boundary (every ``rows_per_expert`` rows: each expert's rows take its own importance, as
+    llama-quantize's chunks do)."""
+    row, end = first, first + rows
+    while row < end:
+        expert = row // rows_per_expert
+        count = min(step, end - row, (expert + 1) * rows_per_expert - row)
+        yield expert, row, count
+        row += count
 
 
 def _retyped_chunks(
@@ -348,7 +351,7 @@ def _retyped_chunks(
     n_experts = 1 if importance is None else importance.shape[0]
     fd, _ = open_regular(path)
     try:
-        for expert, first, count in _row_runs(rows, step, n_experts):
+        for expert, first, count in row_runs(0, rows, step, max(1, rows // n_experts)):
             raw = os.pread(fd, count * row_bytes, offset + first * row_bytes)
             if len(raw) != count * row_bytes:
                 raise OSError(f"{path}: ends inside a tensor (wanted {count * row_bytes:,} bytes at "

@@ -54,11 +54,19 @@ from gguf_mtp.format.header import (
     encode_kv,
     parse_header,
 )
+from gguf_mtp.format.imatrix import ImportanceMatrix
 from gguf_mtp.format.kv_edit import INT_RANGES, check_int
 from gguf_mtp.format.layout import appended_data_residue, header_at_residue, pack_tensors
 from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoint, read_config
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
-from gguf_mtp.jobs.head_type import head_notes, parse_outtype, retype_embedding_tensor, summarize_head
+from gguf_mtp.jobs.head_type import (
+    head_importance,
+    head_notes,
+    parse_imatrix,
+    parse_outtype,
+    retype_embedding_tensor,
+    summarize_head,
+)
 from gguf_mtp.jobs.runner import WriteReport, run_write
 from gguf_mtp.model.arch_rules import nextn_graph_note
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -214,12 +222,12 @@ def _replacing_a_head(trunk: int, standalone: bool) -> str:
             "replace_head (gguf-mtp compose --replace-head)")
 
 
-def _outtype(outtype: str | GGMLQuantizationType | None) -> GGMLQuantizationType | None:
+def _outtype(outtype: str | GGMLQuantizationType | None, imatrix: bool = False) -> GGMLQuantizationType | None:
     if outtype is None or isinstance(outtype, GGMLQuantizationType):
         return outtype
     if outtype.lower() in ("source", "auto"):
         return None
-    return parse_outtype(outtype)
+    return parse_outtype(outtype, imatrix=imatrix)
 
 
 def _default_outtype(model: HeadModel, head: list[MappedTensor]) -> str:
@@ -285,9 +293,14 @@ class _OutputTensor:
     how: str
 
 
-def _head_item(tensor: MappedTensor) -> _OutputTensor:
+def _head_item(tensor: MappedTensor, imatrix: ImportanceMatrix | None = None) -> _OutputTensor:
+    # Only llama-quantize's half takes an imatrix, and only for a tensor it re-types (it copies the others).
+    requantized = tensor.via is not None and tensor.ggml_type != tensor.via
+    importance = head_importance(imatrix, tensor.name, tensor.source.ggml_shape, tensor.ggml_type) if requantized \
+        else None
     return _OutputTensor(tensor.name, tensor.source.ggml_shape, tensor.ggml_type, tensor.nbytes,
-                         tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
+                         tuple(tensor_segments(tensor, importance=importance)), tensor.source.names,
+                         tensor.source.dtype, _how(tensor))
 
 
 def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None) -> list[_OutputTensor]:
@@ -347,6 +360,7 @@ def plan_conversion(
     embd_type: str | GGMLQuantizationType | None = None,
     drop_nextn_copies: bool = False,
     nextn_blocks: int | None = None,
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None,
 ) -> ConversionPlan:
     """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
 
@@ -366,6 +380,8 @@ def plan_conversion(
         drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
             them in its NextN layer; llama.cpp falls back to the trunk's).
         nextn_blocks: plan only the first this many NextN blocks (default: every block the checkpoint has).
+        imatrix: an importance matrix file (llama-imatrix's GGUF) the matrices written by llama-quantize's rules
+            are quantized with, as ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one.
 
     Raises:
         CheckpointError: unsupported architecture or dtype, no MTP tensors, missing or misshapen tensors.
@@ -387,7 +403,7 @@ def plan_conversion(
     if index + model.n_nextn > LLAMA_MAX_LAYERS:
         raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
                              f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-    wanted_type = _outtype(outtype)
+    wanted_type = _outtype(outtype, imatrix is not None)
     embedding_type = parse_outtype(embd_type, "embd_type")
     if embedding_type is not None and not standalone:
         raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
@@ -395,6 +411,7 @@ def plan_conversion(
     if target is not None:
         model.check_target(target)
     head = model.mapped_tensors(index, wanted_type)
+    matrix = parse_imatrix(imatrix, wanted_type)
     matrix_types: set[GGMLQuantizationType] = {
         t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32
     }
@@ -409,7 +426,7 @@ def plan_conversion(
         residue = appended_data_residue(target.headers[-1])
     writer = HeadGGUFWriter(model.arch, alignment=alignment)
     label = source or checkpoint.folder.name
-    items = [_head_item(t) for t in head]
+    items = [_head_item(t, matrix) for t in head]
     if standalone:
         assert target is not None
         _standalone_kvs(model, writer, index, target)
@@ -626,6 +643,7 @@ def convert(
     embd_type: str | None = None,
     drop_nextn_copies: bool = False,
     nextn_blocks: int | None = None,
+    imatrix: str | os.PathLike[str] | None = None,
     revision: str | None = None,
     download: bool = False,
     dry_run: bool = False,
@@ -655,6 +673,8 @@ def convert(
         drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
         nextn_blocks: convert only the first this many NextN blocks of a head that has several (default: all;
             llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
+        imatrix: an importance matrix file (llama-imatrix's GGUF): an ``outtype`` llama-quantize writes is written
+            as ``llama-quantize --imatrix`` writes it, and may be a type that needs one.
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
         download: for a repo-id ``source``, download the whole shards that hold the head into the Hub cache
             (reused by later runs) instead of their headers and the head's byte ranges (which go to a
@@ -690,7 +710,7 @@ def convert(
         plan = plan_conversion(
             checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
             standalone=standalone, embd_type=embd_type, drop_nextn_copies=drop_nextn_copies,
-            nextn_blocks=nextn_blocks,
+            nextn_blocks=nextn_blocks, imatrix=imatrix,
         )
         report = ConvertReport(plan=plan, dry_run=dry_run, download=fetched)
         return report, [plan.output], list(plan.inputs)

@@ -46,6 +46,7 @@ __all__ = [
     "HeadSummary",
     "HeadTensor",
     "bf16_head_hint",
+    "head_importance",
     "head_notes",
     "low_bit_warning",
     "parse_imatrix",
@@ -107,15 +108,19 @@ def parse_imatrix(
     return matrix
 
 
-def _importance(
-    imatrix: ImportanceMatrix | None, name: str, tensor: TensorInfo, wanted: int
+def head_importance(
+    imatrix: ImportanceMatrix | None, name: str, shape: tuple[int, ...], wanted: int
 ) -> np.ndarray | None:
-    """The imatrix rows tensor ``name`` is quantized with, as llama-quantize looks them up (by the name the tensor
-    has in the file written); ``None`` without an imatrix, for a copied tensor, or one the imatrix does not cover
-    (llama-quantize quantizes it without, unless its type needs one: refused)."""
-    if imatrix is None or wanted == tensor.ggml_type:
+    """The imatrix rows (one per expert) tensor ``name`` (its ``shape`` in ggml order) is quantized to ``wanted``
+    with, as llama-quantize looks them up: by the name the tensor has in the file written. ``None`` without an
+    imatrix, or for a tensor it does not cover (llama-quantize quantizes it without, unless its type needs one).
+
+    Raises:
+        BadGGUFError: ``wanted`` needs an imatrix and it has no entry for ``name``, or the entry is unusable.
+    """
+    if imatrix is None:
         return None
-    importance = imatrix.importance(name, tensor.shape)
+    importance = imatrix.importance(name, shape)
     if importance is None and needs_imatrix(wanted):
         raise BadGGUFError(f"has no statistics for {name!r}, which {GGMLQuantizationType(wanted).name} needs "
                            f"(llama-quantize refuses it too): {NEXTN_HINT}", imatrix.path)
@@ -153,7 +158,8 @@ def retype_head_tensor(
     ``imatrix``, quantized with the statistics of the name it is ``written_as`` (default: its own)."""
     wanted = tensor.ggml_type if outtype is None else head_tensor_type(
         tensor.name, tensor.shape, tensor.ggml_type, outtype, arch)
-    importance = _importance(imatrix, written_as or tensor.name, tensor, wanted)
+    copied = wanted == tensor.ggml_type  # llama-quantize copies such a tensor: no imatrix look-up
+    importance = None if copied else head_importance(imatrix, written_as or tensor.name, tensor.shape, wanted)
     return _retyped(tensor, path, offset, wanted, "outtype", importance)
 
 
