@@ -20,7 +20,7 @@ from gguf_mtp.cli import build_parser, main
 from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.format.imatrix import COUNTS_SUFFIX, IMATRIX_KEYS, KEY_N_LAYER_NEXTN, SUMS_SUFFIX, read_imatrix
-from gguf_mtp.format.quant_rules import kept_by
+from gguf_mtp.format.quant_rules import head_tensor_type, kept_by, needs_imatrix
 from gguf_mtp.format.quantize import from_f32, ggml_available
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
@@ -233,6 +233,12 @@ def test_the_importance_changes_the_bytes() -> None:
     assert from_f32(rows, Q.Q4_K, importance=loud_first).tobytes() != from_f32(rows, Q.Q4_K).tobytes()
 
 
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ1_S, Q.IQ1_M])
+def test_rows_that_do_not_fit_an_imatrix_type_fall_back_to_iq4_nl_which_needs_none(qtype: Q) -> None:
+    assert head_tensor_type("blk.3.attn_q.weight", (320, 320), Q.BF16, qtype) == Q.IQ4_NL
+    assert needs_imatrix(qtype) and not needs_imatrix(Q.IQ4_NL)
+
+
 # ------------------------------------------------------------------------------------------ llama-quantize
 
 
@@ -287,8 +293,9 @@ def test_convert_outtype_with_imatrix_writes_what_llama_quantize_imatrix_writes_
     bf16 = convert(checkpoint, tmp_path / "bf16.gguf", target=target, progress=False).output
     composed = compose(target, bf16, tmp_path / "composite", progress=False).output_paths[0]
     imatrix = write_imatrix(tmp_path / "imatrix.gguf", realistic_entries(composed, seed=2))
-    oracle = _head(_quantized(llama_quantize_tool, composed, imatrix, qtype))
+    quantized = _quantized(llama_quantize_tool, composed, imatrix, qtype)
 
     ours = convert(checkpoint, tmp_path / f"{qtype}.gguf", target=target, outtype=qtype, imatrix=imatrix,
                    progress=False).output
-    assert _head(ours) == oracle
+    assert _head(ours) == _head(quantized)
+    assert read_header(ours).get("general.file_type") == read_header(quantized).get("general.file_type")
