@@ -102,7 +102,7 @@ def parse_imatrix(
     if not ggml_available():
         raise ParameterError(f"imatrix needs llama.cpp's quantizer: {INSTALL_HINT}", parameter="imatrix")
     matrix = imatrix if isinstance(imatrix, ImportanceMatrix) else read_imatrix(imatrix)
-    if outtype is not None and needs_imatrix(outtype) and matrix.n_layer_nextn < 1:
+    if needs_imatrix(outtype) and matrix.n_layer_nextn < 1:
         raise BadGGUFError(f"has no NextN statistics (no {KEY_N_LAYER_NEXTN}), which a {outtype.name} head needs: "
                            f"{NEXTN_HINT}", matrix.path)
     return matrix
