@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -376,3 +378,17 @@ def ensure_head(work_dir: Path, spec: HeadSpec, *, log: Callable[[str], None] = 
     os.replace(written, checkpoint)
     _record(folder, params)
     return checkpoint
+
+
+def make_composite(folder: Path, target: SyntheticTarget, draft: Path, *, env: dict[str, str],
+                   log: Callable[[str], None] = print) -> Path:
+    """``target`` composed with ``draft`` into ``folder`` (emptied first) by this gguf-mtp, the input of the strip
+    and graft cases; made afresh on every run, since its bytes are this gguf-mtp's. Returns its first file."""
+    shutil.rmtree(folder, ignore_errors=True)
+    log(f"composing the {size_label(target.spec.size)} target once, as the input of strip and graft")
+    done = subprocess.run([sys.executable, "-m", "gguf_mtp", "compose", str(target.first), str(draft), "-o",
+                           str(folder), "--quiet", "--no-verify"],
+                          capture_output=True, text=True, check=False, env={**os.environ, **env})
+    if done.returncode:
+        raise RuntimeError(f"compose for the strip and graft inputs failed: {done.stderr.strip()}")
+    return folder / target.first.name

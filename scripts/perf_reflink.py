@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from perf_inputs import SyntheticTarget, TargetSpec, ensure_target, size_label
+from perf_inputs import SyntheticTarget, TargetSpec, ensure_target, make_composite, size_label
 from perf_lib import Command, Sample, case_conditions, load_average, measure_case
 from perf_report import goals_table, write_json_and_markdown
 
@@ -94,20 +94,6 @@ def xfs_mount(base: Path, image_bytes: int) -> Iterator[Path]:
 
 def _env() -> dict[str, str]:
     return {"GGUF_MTP_DISABLE_PROGRESS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _composite(inputs: Path, target: SyntheticTarget, draft: Path, log: Callable[[str], None]) -> Path:
-    """The target composed with the draft (the input of strip and graft), made afresh by this gguf-mtp (on
-    XFS that takes about a second); its first file."""
-    folder = inputs / f"composite-{size_label(target.spec.size)}"
-    shutil.rmtree(folder, ignore_errors=True)
-    log(f"composing the {size_label(target.spec.size)} target once, as the input of strip and graft")
-    done = subprocess.run([PYTHON, "-m", "gguf_mtp", "compose", str(target.first), str(draft), "-o", str(folder),
-                           "--quiet", "--no-verify"],
-                          capture_output=True, text=True, check=False, env={**os.environ, **_env()})
-    if done.returncode:
-        raise RuntimeError(f"compose for the reflink inputs failed: {done.stderr.strip()}")
-    return folder / target.first.name
 
 
 def _converted_draft(inputs: Path, target: SyntheticTarget, log: Callable[[str], None]) -> Path:
@@ -222,7 +208,8 @@ def run_reflink(
         for size in sizes:
             target = ensure_target(inputs, TargetSpec(size, shards, pattern), log=log)
             draft = _converted_draft(inputs, target, log)
-            composite = _composite(inputs, target, draft, log)
+            composite = make_composite(inputs / f"composite-{size_label(target.spec.size)}", target, draft,
+                                           env=_env(), log=log)
             inputs_info.append({"size": size, "shards": shards, "target_bytes": target.nbytes,
                                 "draft_bytes": draft.stat().st_size})
             group = reflink_group(mount, target, draft, composite)

@@ -16,6 +16,9 @@ LABELS = {
     ("gguf_new_metadata", "single"): "gguf_new_metadata.py, single file",
     ("convert", "head"): "gguf-mtp convert, MTP head",
     ("cp", "head"): "cp, head safetensors",
+    ("strip", "sharded"): "gguf-mtp strip, split composite",
+    ("cp", "target"): "cp, split target",
+    ("graft", "sharded"): "gguf-mtp graft, split composite into split target",
     ("startup", "none"): "python -m gguf_mtp --version",
 }
 _PLOTTED = [
@@ -61,6 +64,10 @@ def _headline_rows(results: dict[str, Any]) -> list[str]:
          f"compose a {results['config']['shards']}-file target vs `cp` of the same files (+ draft)"),
         ("compose_vs_gguf_new_metadata", ("compose", "single"), ("gguf_new_metadata", "single"), headline,
          "compose a single-file target vs `gguf_new_metadata.py` (one metadata change)"),
+        ("strip_vs_cp", ("strip", "sharded"), ("cp", "target"), headline,
+         "strip the composite vs `cp` of the target's files (the bytes strip writes)"),
+        ("graft_vs_cp", ("graft", "sharded"), ("cp", "sharded"), headline,
+         "graft the composite's head into the target vs `cp` of the target (+ draft)"),
     ]
     if "convert_vs_cp" in results["ratios"]:
         head_size = int(next(iter(results["ratios"]["convert_vs_cp"])))
@@ -82,9 +89,9 @@ def _run(row: dict[str, Any]) -> str:
 
 def _ratio_rows(results: dict[str, Any]) -> list[str]:
     by_size = results["ratios"]
+    names = ("compose_vs_cp", "strip_vs_cp", "graft_vs_cp", "compose_vs_gguf_new_metadata")
     return [
-        f"| {_size(size)} | {_ratio(by_size['compose_vs_cp'].get(str(size)))} "
-        f"| {_ratio(by_size['compose_vs_gguf_new_metadata'].get(str(size)))} |"
+        f"| {_size(size)} | " + " | ".join(_ratio(by_size.get(name, {}).get(str(size))) for name in names) + " |"
         for size in results["config"]["sizes"]
     ]
 
@@ -117,8 +124,8 @@ def render_markdown(results: dict[str, Any], plot: str | None = PLOT_NAME,
         "A time ratio is the median over rounds of gguf-mtp's time divided by the baseline's in the same round. "
         "By target size:",
         "",
-        "| target | compose / cp | compose / gguf_new_metadata.py |",
-        "|---|---|---|",
+        "| target | compose / cp | strip / cp | graft / cp | compose / gguf_new_metadata.py |",
+        "|---|---|---|---|---|",
         *_ratio_rows(results),
         "",
         *goals_table(results["targets"], "issue 6"),

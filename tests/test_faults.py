@@ -257,6 +257,28 @@ def test_disk_full_through_the_api_raises_output_write_error(
     assert entries(tmp_path / "out") == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to tell output files apart")
+def test_an_io_error_when_one_output_is_synced_names_it_and_leaves_no_file(
+    model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outputs are fsynced together (one thread each): the one whose write-back fails is the one named."""
+    real_fsync, synced = os.fsync, []
+
+    def failing_fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append(name)
+        if "00002-of-00003" in name and name.endswith(".partial"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+
+    with pytest.raises(OutputWriteError, match="Tiny-Q4-00002-of-00003.gguf: writing failed: Input/output error"):
+        compose(model.target, model.draft, tmp_path / "out", progress=False)
+    assert sum(name.endswith(".partial") for name in synced) == 3  # every output was synced, none renamed
+    assert entries(tmp_path / "out") == []
+
+
 @cache
 def mount_namespaces_work() -> bool:
     """Whether this user may mount a tmpfs in a private user + mount namespace (``unshare -Urm``)."""

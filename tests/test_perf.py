@@ -185,12 +185,13 @@ def test_time_ratio_is_the_median_of_same_round_pairs() -> None:
 def test_quick_run_measures_every_comparison_at_every_size(quick_run: tuple[Path, dict]) -> None:
     _, results, *_ = quick_run
     sizes = results["config"]["sizes"]
-    pairs = [("compose", "sharded"), ("cp", "sharded"), ("compose", "single"), ("gguf_new_metadata", "single")]
+    pairs = [("compose", "sharded"), ("cp", "sharded"), ("compose", "single"), ("gguf_new_metadata", "single"),
+             ("strip", "sharded"), ("cp", "target"), ("graft", "sharded")]
     for tool, case in pairs:
         rows = _summary(results, tool, case)
         assert sorted(r["size"] for r in rows) == sizes, (tool, case)
         assert all(r["median_seconds"] > 0 and r["max_rss"] > 0 for r in rows)
-    for name in ("compose_vs_cp", "compose_vs_gguf_new_metadata"):
+    for name in ("compose_vs_cp", "compose_vs_gguf_new_metadata", "strip_vs_cp", "graft_vs_cp"):
         assert all(results["ratios"][name][str(size)] > 0 for size in sizes)
 
 
@@ -396,12 +397,13 @@ def test_quick_run_measures_the_fp8_head_against_cp_and_llama_cpps_converter(
     assert any(t == 30 for t, _, _ in mine.values())  # BF16 matrices, dequantized from FP8
 
 
-def test_compose_goals_bound_cp_plus_fsync_at_1g_and_3g_from_same_round_ratios() -> None:
+def test_set_writer_goals_bound_cp_plus_fsync_at_1g_and_3g_from_same_round_ratios() -> None:
     import perf
 
     sizes = (2**30, 3 * 2**30)
     seconds = {("compose", "sharded"): 1.1, ("cp", "sharded"): 1.0, ("compose", "single"): 1.0,
-               ("gguf_new_metadata", "single"): 1.0}
+               ("gguf_new_metadata", "single"): 1.0, ("strip", "sharded"): 0.9, ("cp", "target"): 0.9,
+               ("graft", "sharded"): 1.2}
     samples = [Sample(tool, case, size, 0, seconds[(tool, case)] * size / 2**30, 0.0, MiB, MiB, size)
                for size in sizes for tool, case in seconds]
     config = perf.BenchConfig(Path(), Path(), sizes, 3 * 2**30, 1, 0, 3, "M", "cold", None)
@@ -410,3 +412,5 @@ def test_compose_goals_bound_cp_plus_fsync_at_1g_and_3g_from_same_round_ratios()
 
     assert goals["compose / (cp + fsync) <= 1.15 at 1G"] == (1.1, True)
     assert goals["compose / (cp + fsync) <= 1.05 at 3G"] == (1.1, False)
+    assert goals["strip / (cp + fsync) <= 1.05 at 3G"] == (1.0, True)  # strip writes the target's bytes: cp of those
+    assert goals["graft / (cp + fsync) <= 1.15 at 1G"] == (1.2, False)
