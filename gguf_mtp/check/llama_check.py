@@ -21,8 +21,9 @@ Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [-
 [--beside TARGET]`` prints one JSON line; ``--build`` (no PATH) prints only the build it would check with.
 
 Every report names that build (:func:`build_of`): ggml's own ``ggml_commit()`` and ``ggml_version()``, looked up
-through the ``libllama`` llama-cpp-python loaded (its own, or the one ``LLAMA_CPP_LIB_PATH`` names), so the
-record is the library that ran, not the commit a llama-cpp-python release is documented to vendor.
+through the ``libllama`` llama-cpp-python loaded (its own, or the chosen build's: the child's ``LLAMA_CPP_LIB_PATH``
+comes from :func:`gguf_mtp.llama_build.child_environment`), so the record is the library that ran, not the commit a
+llama-cpp-python release is documented to vendor.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gguf_mtp.constants import install_hint
+from gguf_mtp.llama_build import child_environment
 from gguf_mtp.text import printable
 
 __all__ = [
@@ -281,7 +283,7 @@ def check_with_llama(
 def _spawn(result: LlamaCheck, cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str] | None:
     """Run the child ``cmd`` and keep the tail of its stderr in ``result``; None when it ran past ``timeout``
     (killed; ``result.error`` says so)."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    env = child_environment(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     logger.info("llama.cpp check: OMP_NUM_THREADS=%s %s", env["OMP_NUM_THREADS"], shlex.join(cmd))
     started = time.perf_counter()
     try:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, add_outtype_flag, add_replace_head_flag, print_outcome, write_options
+from .common import (
+    add_llama_cpp_flag,
+    add_output_flags,
+    add_outtype_flag,
+    add_replace_head_flag,
+    print_outcome,
+    write_options,
+)
 from .verifying import add_verify_flags, verification_status, verify_requested
 
 
@@ -32,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_replace_head_flag(p, "DRAFT's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")
+    add_llama_cpp_flag(p, "--outtype's quantizer and the verification")
     add_output_flags(p)
     p.set_defaults(run=run)
 

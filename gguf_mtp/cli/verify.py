@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import print_json, print_report
+from .common import add_llama_cpp_flag, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--floor", type=float, default=None, metavar="F",
                    help="the lowest acceptance --acceptance passes, from 0 to 1 (default: 0.10)")
+    add_llama_cpp_flag(p, "the llama.cpp check (its load and MTP decode steps)")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)

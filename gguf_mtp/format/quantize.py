@@ -38,6 +38,7 @@ from gguf_mtp.constants import free_cores, install_hint
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.files.regular_file import open_regular
+from gguf_mtp.llama_build import chosen
 
 from .header import TensorInfo, tensor_nbytes
 
@@ -143,12 +144,19 @@ class _Ggml:
         return _TO_FLOAT(pointer) if pointer else None
 
 
-@functools.cache
 def _ggml() -> _Ggml | None:
+    """ggml-base of the chosen llama.cpp build (:mod:`gguf_mtp.llama_build`), else llama-cpp-python's own."""
+    build = chosen()
+    if build is not None:
+        return _ggml_in(build.lib_dir)
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return _ggml_in(Path(next(iter(spec.submodule_search_locations))) / "lib")
+
+
+@functools.cache
+def _ggml_in(folder: Path) -> _Ggml | None:
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
         if (folder / name).is_file():
             try:
