@@ -85,6 +85,7 @@ class AcceptReport:
     prompts: tuple[PromptScore, ...]
     seconds: float
     llama_cpp_build: str | None = None  #: the llama.cpp that predicted (the child's ``build_of``)
+    llama_cpp_library: str | None = None  #: the libllama file it ran from (the child's ``library_of``)
     runs: tuple[Replay, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +150,7 @@ class AcceptReport:
             "model": self.model,
             "draft": self.draft,
             "llama_cpp_build": self.llama_cpp_build,
+            "llama_cpp_library": self.llama_cpp_library,
             "mode": self.mode,
             "tokens": self.tokens,
             "prompts": [p.to_dict() for p in self.prompts],
@@ -397,5 +399,6 @@ def accept(
         model=info.path, draft=info.draft, mode="text" if text else "greedy", tokens=tokens, n_ctx=n_ctx,
         heads=heads, chained=chained, draft_cost=draft_cost(target, mtp), prompts=tuple(scores),
         seconds=time.monotonic() - began, llama_cpp_build=report.get("llama_cpp_build"),
+        llama_cpp_library=report.get("llama_cpp_library"),
     )
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .accept_schedule import draft_length, fitted_prompt_length
-from .llama_check import CONTEXT_PARAMS, MODEL_PARAMS, build_of, emit_report, set_params
+from .llama_check import CONTEXT_PARAMS, MODEL_PARAMS, build_of, emit_report, library_of, set_params
 
 __all__ = ["CHUNK", "main"]
 
@@ -327,7 +327,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     except Refusal as e:
         return report | {"refused": str(e)}
     report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
-               "llama_cpp_build": build_of(runner.llama)}
+               "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
     text_mode = request["mode"] == "text"
     k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
     tokenized = []

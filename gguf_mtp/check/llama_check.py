@@ -56,6 +56,7 @@ __all__ = [
     "check_with_llama",
     "emit_report",
     "last_report",
+    "library_of",
     "llama_cpp_available",
     "llama_cpp_build",
     "llama_reason",
@@ -113,6 +114,7 @@ class LlamaCheck:
     trunk_logits_sha256: str | None = None
     mtp_logits_sha256: str | None = None
     llama_cpp_build: str | None = None  # the llama.cpp that ran the check (:func:`build_of`)
+    llama_cpp_library: str | None = None  # the libllama file it ran from (:func:`library_of`)
     #: the target a sidecar ran beside: its trunk decode gave the hidden rows the sidecar's MTP decode took
     beside: str | None = None
 
@@ -235,6 +237,12 @@ def build_of(llama: Any) -> str | None:
     commit.argtypes = version.argtypes = []
     text = f"llama.cpp {commit().decode(errors='replace')} (ggml {version().decode(errors='replace')})"
     return printable(text)[:200]
+
+
+def library_of(llama: Any) -> str | None:
+    """The path of the ``libllama`` the imported ``llama_cpp`` module loaded (its own, or ``LLAMA_CPP_LIB_PATH``'s)."""
+    name = getattr(getattr(getattr(llama, "llama_cpp", None), "_lib", None), "_name", None)
+    return printable(name) if isinstance(name, str) else None
 
 
 def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
@@ -486,15 +494,15 @@ def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict
     import llama_cpp as llama
 
     llama.llama_backend_init()
-    build = build_of(llama)
+    ran = {"llama_cpp_build": build_of(llama), "llama_cpp_library": library_of(llama)}
     params = llama.llama_model_default_params()
     set_params(llama, params, MODEL_PARAMS)
     params.load_mtp = mtp
     model = llama.llama_model_load_from_file(path.encode(), params)
     if not model:
-        return {"loaded": False, "llama_cpp_build": build}
+        return {"loaded": False, **ran}
     out: dict[str, Any] = {
-        "llama_cpp_build": build,
+        **ran,
         "loaded": True,
         "n_layer": llama.llama_model_n_layer(model),
         "n_layer_nextn": llama.llama_model_n_layer_nextn(model),

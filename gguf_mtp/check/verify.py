@@ -151,6 +151,7 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "hints": list(self.hints),
             "llama_cpp_build": self.llama.llama_cpp_build if self.llama is not None else None,
+            "llama_cpp_library": self.llama.llama_cpp_library if self.llama is not None else None,
         }
         if self.llama is not None:
             result["llama"] = {k: v for k, v in asdict(self.llama).items() if k != "log_tail"} | {"ok": self.llama.ok}
