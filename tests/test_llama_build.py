@@ -331,8 +331,18 @@ def test_bench_reports_name_the_servers_build() -> None:
 
 
 @pytest.mark.slow
-def test_the_tools_llama_server_says_its_build(llama_server_tool: Path) -> None:
-    assert re.fullmatch(r"llama-server .*\(build \d+, commit [0-9a-f]+\)", server_build(str(llama_server_tool)) or "")
+def test_bench_measures_with_the_builds_llama_server_and_names_its_build(
+    llama_server_tool: Path, build: Path, cycle: CycleModel, tmp_path: Path
+) -> None:
+    folder = tmp_path / "b"
+    shutil.copytree(build, folder, symlinks=True)
+    (folder / "build" / "bin" / "llama-server").symlink_to(llama_server_tool)
+    proc = cli("bench", str(cycle.path), "--llama-cpp", str(folder), "--n-max", "1", "--tokens", "8", "--json",
+               "-q", "--", "-c", "1024", "-t", "1")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["server"] == str(folder / "build" / "bin" / "llama-server")
+    assert re.fullmatch(r"llama-server .*\(build \d+, commit [0-9a-f]+\)", report["llama_cpp_build"])
 
 
 # ------------------------------------------------------------------------------------------- the evidence
