@@ -196,6 +196,21 @@ def test_an_incompatible_build_is_one_line_and_exit_2_before_any_work(tmp_path: 
     assert proc.stdout == ""
 
 
+@pytest.mark.llama
+def test_a_library_the_bindings_cannot_bind_is_one_line_in_verify_and_accept(
+    tmp_path: Path, composite: Path, cycle: CycleModel, monkeypatch: pytest.MonkeyPatch, no_choice: None
+) -> None:
+    # the user's own LLAMA_CPP_LIB_PATH, which gguf-mtp leaves alone and does not check: the child says what it lacks
+    lib_dir = stand_in_build(tmp_path / "b", libllama_from="libggml-base.so") / "build" / "bin"
+    monkeypatch.setenv(LIB_PATH_VARIABLE, str(lib_dir))
+    why = f"llama-cpp-python cannot use the libllama in {lib_dir}: {lib_dir}/libllama.so: undefined symbol: llama_"
+    check = verify(composite, llama=True, progress=False).check("llama.cpp")
+    assert check.ok is False and check.detail.startswith(f"llama.cpp refused it: {why}")
+    with pytest.raises(ParameterError) as caught:
+        accept(cycle.path, prompts=PROMPTS, tokens=8, n_max=(1,), threads=1, ctx_size=256)
+    assert caught.value.message.startswith(why) and "\n" not in caught.value.message
+
+
 @pytest.mark.parametrize("content", [b"", b"not a library", b"\x7fELF\x02\x01" + bytes(58),
                                      b"\x7fELF\x02\x01" + bytes(34) + (1 << 40).to_bytes(8, "little") + bytes(16)])
 def test_a_libllama_that_is_no_readable_library_is_refused_in_one_line(tmp_path: Path, content: bytes) -> None:

@@ -51,10 +51,12 @@ __all__ = [
     "CONTEXT_PARAMS",
     "INSTALL_HINT",
     "MODEL_PARAMS",
+    "BindingError",
     "LlamaCheck",
     "build_of",
     "check_with_llama",
     "emit_report",
+    "import_bindings",
     "last_report",
     "library_of",
     "llama_cpp_available",
@@ -490,9 +492,28 @@ def _target_rows(llama: Any, target: str, tokens: list[int], n_embd: int, n_voca
         llama.llama_model_free(model)
 
 
-def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
-    import llama_cpp as llama
+class BindingError(Exception):
+    """llama-cpp-python cannot bind the library it loads (one line naming it, and the function it lacks)."""
 
+
+def import_bindings() -> Any:
+    """The ``llama_cpp`` module, its library bound (with the MTP helpers of ``llama_cpp_ext``).
+
+    Raises:
+        BindingError: the library is missing, or lacks a function llama-cpp-python binds at import (a
+            ``LLAMA_CPP_LIB_PATH`` naming another llama.cpp than :mod:`gguf_mtp.llama_build` checked).
+    """
+    try:
+        import llama_cpp
+        from llama_cpp import llama_cpp_ext  # noqa: F401  (binds the MTP helpers now, not mid-check)
+    except (AttributeError, OSError, RuntimeError) as e:  # ctypes' undefined symbol, a library it cannot load
+        folder = os.environ.get("LLAMA_CPP_LIB_PATH") or "its own lib folder"
+        raise BindingError(f"llama-cpp-python cannot use the libllama in {folder}: {printable(e)}") from None
+    return llama_cpp
+
+
+def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
+    llama = import_bindings()
     llama.llama_backend_init()
     ran = {"llama_cpp_build": build_of(llama), "llama_cpp_library": library_of(llama)}
     params = llama.llama_model_default_params()
@@ -570,12 +591,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beside", metavar="TARGET")
     parser.add_argument("--build", action="store_true", help="print only the llama.cpp build")
     args = parser.parse_args(argv)
-    if args.build or args.path is None:
-        import llama_cpp
-
-        emit_report({"llama_cpp_build": build_of(llama_cpp)}, "done")
-        return 0
-    emit_report(_child(args.path, not args.no_mtp, not args.no_trunk, args.beside), "done")
+    try:
+        if args.build or args.path is None:
+            emit_report({"llama_cpp_build": build_of(import_bindings())}, "done")
+            return 0
+        emit_report(_child(args.path, not args.no_mtp, not args.no_trunk, args.beside), "done")
+    except BindingError as e:
+        emit_report({"loaded": False, "error": str(e)}, "done")
     return 0
 
 
