@@ -175,6 +175,25 @@ def test_a_libllama_without_llamas_functions_is_named_with_every_missing_one(tmp
                                     "not a llama.cpp build it can run")
 
 
+#: Attributes named like C functions that are none: llama_cpp's modules and a ctypes type, a tensor's type field.
+NOT_FUNCTIONS = frozenset({"llama_cpp", "llama_cpp_ext", "llama_token", "ggml_type"})
+
+
+def functions_called(module: str) -> set[str]:
+    """The ``llama_*`` and ``ggml_*`` functions ``module``'s code reaches through llama-cpp-python or ctypes."""
+    import ast
+
+    tree = ast.parse((REPO / module).read_text())
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and node.attr.startswith(("llama_", "ggml_")) and node.attr not in NOT_FUNCTIONS}
+
+
+def test_the_functions_checked_are_the_functions_the_code_calls() -> None:
+    called = set().union(*(functions_called(f"gguf_mtp/{module}.py")
+                           for module in ("check/llama_check", "check/accept_child", "format/quantize")))
+    assert called == {*LLAMA_FUNCTIONS, *MTP_HELPERS, *GGML_FUNCTIONS}
+
+
 @pytest.mark.llama
 def test_the_mtp_helpers_count_under_their_mangled_names_and_ggmls_beside_libllama() -> None:
     own = own_lib_folder()
