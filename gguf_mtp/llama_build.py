@@ -62,7 +62,7 @@ LIBLLAMA = "libllama.so"
 #: What marks a llama.cpp source tree.
 SOURCE_MARKERS = ("CMakeLists.txt", "src/llama.cpp")
 BUILD_HINT = ("build it first (cmake -B build && cmake --build build --config Release -j, which puts libllama.so "
-              "and the tools in build/bin), then name it again")
+              "and the tools in build/bin), then name this folder or its build/bin")
 
 #: The llama.h functions gguf-mtp's llama.cpp children call (``check/llama_check.py``, ``check/accept_child.py``).
 LLAMA_FUNCTIONS = (
