@@ -153,6 +153,15 @@ def test_a_source_tree_is_refused_saying_how_to_build_it(tmp_path: Path) -> None
     assert caught.value.message.endswith("then name this folder or its build/bin")
 
 
+@pytest.mark.llama
+def test_a_source_tree_once_built_is_its_build(tmp_path: Path) -> None:
+    tree = stand_in_build(tmp_path / "llama.cpp")  # cmake's build/bin inside the checkout
+    (tree / "src").mkdir()
+    (tree / "CMakeLists.txt").write_text("project(llama.cpp)\n")
+    (tree / "src" / "llama.cpp").write_text("")
+    assert resolve(tree).lib_dir == resolve(tree / "build" / "bin").lib_dir == tree / "build" / "bin"
+
+
 def test_a_file_is_not_a_build_folder(tmp_path: Path) -> None:
     (tmp_path / "libllama.so").write_bytes(b"")
     with pytest.raises(ParameterError, match="not a folder"):
