@@ -348,6 +348,17 @@ def test_bench_runs_the_builds_llama_server_unless_server_is_given(tmp_path: Pat
     assert _server("/my/llama-server") == "/my/llama-server"
 
 
+@pytest.mark.slow
+@pytest.mark.llama
+def test_verify_suggests_bench_with_the_same_build(build: Path, cycle: CycleModel, tmp_path: Path) -> None:
+    folder = tmp_path / "b"
+    shutil.copytree(build, folder, symlinks=True)
+    executable(folder / "build" / "bin" / "llama-server", "exit 0")
+    proc = cli("verify", str(cycle.path), "--llama-cpp", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    assert f"measure what MTP gains on your machine: gguf-mtp bench {cycle.path} --llama-cpp {folder}\n" in proc.stdout
+
+
 def test_a_build_without_llama_server_is_one_line_for_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gguf_mtp.cli.bench import _server
     from gguf_mtp.llama_build import LlamaCppBuild

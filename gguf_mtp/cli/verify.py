@@ -56,6 +56,7 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
     import shlex
 
     from gguf_mtp.hub.remote import is_hub_path
+    from gguf_mtp.llama_build import chosen
     from gguf_mtp.model.shards import open_model
     from gguf_mtp.server.bench import tokenizer_refusal
 
@@ -66,7 +67,10 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
         model = f"{shlex.quote(args.target) if args.target else 'TARGET.gguf'} --draft {shlex.quote(args.composite)}"
     else:
         model = shlex.quote(args.composite)
-    return f"gguf-mtp bench {model} --server PATH/TO/llama-server"
+    build = chosen()
+    server = f"--llama-cpp {shlex.quote(str(build.folder))}" if build is not None and build.server is not None \
+        else "--server PATH/TO/llama-server"
+    return f"gguf-mtp bench {model} {server}"
 
 
 def run(args: argparse.Namespace) -> int:
