@@ -18,7 +18,7 @@ Layer = tuple[str, tuple[str, ...]]
 #: to exactly one layer.
 TIERS: tuple[tuple[Layer, ...], ...] = (
     (("base", ("gguf_mtp._gguf_tables", "gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants",
-               "gguf_mtp.errors", "gguf_mtp.text")),),
+               "gguf_mtp.errors", "gguf_mtp.llama_build", "gguf_mtp.text")),),
     (("files", ("gguf_mtp.files",)),),
     (("format", ("gguf_mtp.format",)), ("write", ("gguf_mtp.write",))),
     (("hub", ("gguf_mtp.hub",)), ("testing", ("gguf_mtp.testing",))),

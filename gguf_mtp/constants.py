@@ -13,6 +13,9 @@ from gguf.constants import Keys
 
 from .errors import ParameterError
 
+#: The llama.cpp build folder every check runs through (:mod:`gguf_mtp.llama_build`; ``--llama-cpp`` sets it).
+ENV_LLAMA_CPP = "GGUF_MTP_LLAMA_CPP"
+
 #: Set to any non-empty value to turn every progress bar off.
 ENV_DISABLE_PROGRESS = "GGUF_MTP_DISABLE_PROGRESS"
 

@@ -149,7 +149,7 @@ class _FakeLlama(types.SimpleNamespace):
         super().__init__(
             LLAMA_SPLIT_MODE_NONE=100, LLAMA_LOAD_MODE_MMAP=101, LLAMA_LAZY_MODE_OFF=102,
             LLAMA_FLASH_ATTN_TYPE_DISABLED=103, LLAMA_CONTEXT_TYPE_DEFAULT=0, LLAMA_CONTEXT_TYPE_MTP=1,
-            model_params=None, context_params=[],
+            model_params=None, context_params=[], llama_cpp_ext=types.SimpleNamespace(),  # bound at import
         )
         self.llama_backend_init = lambda: None
         self.llama_model_default_params = lambda: types.SimpleNamespace(use_extra_bufts=True, n_gpu_layers=-1)

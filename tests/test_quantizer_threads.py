@@ -29,7 +29,7 @@ def test_the_quantizer_runs_on_the_free_cores_only(monkeypatch: pytest.MonkeyPat
                                                    threads: int) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
-    quantize._ggml.cache_clear()
+    quantize._ggml_in.cache_clear()
     try:
         ggml = quantize._ggml()
         assert ggml is not None and ggml.threads == threads
@@ -45,4 +45,4 @@ def test_the_quantizer_runs_on_the_free_cores_only(monkeypatch: pytest.MonkeyPat
         quantize.from_f32(values, Q.Q4_K)
         assert len(seen) <= threads and ggml.pool._max_workers == threads
     finally:
-        quantize._ggml.cache_clear()
+        quantize._ggml_in.cache_clear()

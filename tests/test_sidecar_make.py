@@ -87,7 +87,8 @@ def test_a_sidecar_of_a_q8_0_composite_drafts_on_the_hidden_rows_of_a_q4_k_trunk
     assert report.ok and report.sidecar, report.describe()
     assert report.llama is not None and report.llama.beside == str(trunk)
     assert report.check("llama.cpp").detail == (
-        "llama.cpp loaded it: n_layer=3, n_layer_nextn=1, MTP decode ok on the target's hidden rows")
+        "llama.cpp loaded it: n_layer=3, n_layer_nextn=1, MTP decode ok on the target's hidden rows; checked with "
+        f"{report.llama.llama_cpp_build}")
     written = _tensor_bytes(sidecar)
     assert (written["token_embd.weight"][0], written["output.weight"][0]) == ("Q4_0", "Q4_0")
     assert {n: v for n, v in written.items() if n.startswith("blk.")} == {

@@ -249,11 +249,13 @@ def nested_array_target(folder: Path) -> Path:
 def test_llama_cpp_refusal_names_its_cause_and_the_target_refused_too(nemotron_draft0: Path, tmp_path: Path) -> None:
     target = nested_array_target(tmp_path / "target")
     composite = compose(target, nemotron_draft0, tmp_path / "composite", progress=False).output_paths[0]
-    llama = verify(composite, target=target, llama=True, progress=False).check("llama.cpp")
+    report = verify(composite, target=target, llama=True, progress=False)
+    llama, build = report.check("llama.cpp"), report.llama.llama_cpp_build if report.llama else None
     cause = f"key '{NESTED}' has invalid GGUF type 9"
     assert llama.status == "fail"
     assert llama.detail == (
-        f"llama.cpp refused it: {cause}; the target {target} is refused by this llama.cpp too: {cause}"
+        f"llama.cpp refused it: {cause}; the target {target} is refused by this llama.cpp too: {cause}; checked with "
+        f"{build}"
     )
 
 
@@ -262,10 +264,11 @@ def test_llama_cpp_refusal_of_a_composite_whose_target_loads_blames_the_composit
                                                                                   nemotron_split: Path) -> None:
     key = f"{ARCH}.feed_forward_length"
     rewrite(broken[0], kvs={key: encode_kv(key, GGUFValueType.ARRAY, [0, 0, 256], GGUFValueType.INT32)})
-    llama = verify(broken[0], target=nemotron_split, llama=True, progress=False).check("llama.cpp")
-    assert llama.detail == (
+    report = verify(broken[0], target=nemotron_split, llama=True, progress=False)
+    build = report.llama.llama_cpp_build if report.llama else None
+    assert report.check("llama.cpp").detail == (
         f"llama.cpp refused it: error loading model hyperparameters: key {key} has wrong array length; expected 4, "
-        "got 3"
+        f"got 3; checked with {build}"
     )
 
 

@@ -155,7 +155,8 @@ def test_llama_cpp_runs_a_sidecar_as_a_drafter_without_a_trunk_decode(sidecar: P
         1,
     )
     assert report.check("llama.cpp").detail == (
-        "llama.cpp loaded it: n_layer=3, n_layer_nextn=1, MTP decode ok on the target's hidden rows")
+        "llama.cpp loaded it: n_layer=3, n_layer_nextn=1, MTP decode ok on the target's hidden rows; checked with "
+        f"{report.llama.llama_cpp_build}")
 
 
 @pytest.mark.llama

@@ -30,6 +30,7 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
+from gguf_mtp.llama_build import child_environment
 from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model, check_prompts
@@ -83,6 +84,8 @@ class AcceptReport:
     draft_cost: float  #: c: one draft step's cost in trunk steps (see :func:`draft_cost`)
     prompts: tuple[PromptScore, ...]
     seconds: float
+    llama_cpp_build: str | None = None  #: the llama.cpp that predicted (the child's ``build_of``)
+    llama_cpp_library: str | None = None  #: the libllama file it ran from (the child's ``library_of``)
     runs: tuple[Replay, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +149,8 @@ class AcceptReport:
             "command": "accept",
             "model": self.model,
             "draft": self.draft,
+            "llama_cpp_build": self.llama_cpp_build,
+            "llama_cpp_library": self.llama_cpp_library,
             "mode": self.mode,
             "tokens": self.tokens,
             "prompts": [p.to_dict() for p in self.prompts],
@@ -162,7 +167,8 @@ class AcceptReport:
         """The human-readable report, one line per item."""
         what = self.model if self.draft is None else f"{self.model} with the sidecar {self.draft}"
         lines = [f"accept: {what}: {self.heads} NextN block{'s' * (self.heads > 1)}"
-                 + (" (chained: block k drafts token k)" if self.chained else "")]
+                 + (" (chained: block k drafts token k)" if self.chained else ""),
+                 f"predicted with {self.llama_cpp_build or 'a llama.cpp that does not say its build'}"]
         if self.mode == "text":
             agree = [p.agreement or (0, 0) for p in self.prompts]
             for p, (a, n) in zip(self.prompts, agree, strict=True):
@@ -244,7 +250,7 @@ def _child_command() -> list[str]:
 def _run_child(request: dict[str, Any], model: str, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the child on ``request``, saying each stage it reaches; its report, or :class:`LlamaCppError` with
     llama.cpp's last log lines. The child dies with us, even when we are killed outright (as bench's server)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(request["threads"]))
+    env = child_environment(OMP_NUM_THREADS=str(request["threads"]))
     with tempfile.TemporaryFile() as log:  # a file, not a pipe: llama.cpp's log cannot block the child
         proc = subprocess.Popen(_child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
                                 text=True, errors="replace", preexec_fn=die_with_parent())
@@ -392,6 +398,7 @@ def accept(
     return AcceptReport(
         model=info.path, draft=info.draft, mode="text" if text else "greedy", tokens=tokens, n_ctx=n_ctx,
         heads=heads, chained=chained, draft_cost=draft_cost(target, mtp), prompts=tuple(scores),
-        seconds=time.monotonic() - began,
+        seconds=time.monotonic() - began, llama_cpp_build=report.get("llama_cpp_build"),
+        llama_cpp_library=report.get("llama_cpp_library"),
     )
 

@@ -36,7 +36,16 @@ from typing import Any
 import numpy as np
 
 from .accept_schedule import draft_length, fitted_prompt_length
-from .llama_check import CONTEXT_PARAMS, MODEL_PARAMS, emit_report, set_params
+from .llama_check import (
+    CONTEXT_PARAMS,
+    MODEL_PARAMS,
+    BindingError,
+    build_of,
+    emit_report,
+    import_bindings,
+    library_of,
+    set_params,
+)
 
 __all__ = ["CHUNK", "main"]
 
@@ -86,10 +95,8 @@ class _Runner:
     """The loaded model(s), the trunk and MTP contexts, and the passes of the module docstring."""
 
     def __init__(self, request: dict[str, Any]) -> None:
-        import llama_cpp as llama
-        from llama_cpp import llama_cpp_ext
-
-        self.llama, self.ext = llama, llama_cpp_ext
+        llama = import_bindings()
+        self.llama, self.ext = llama, llama.llama_cpp_ext
         llama.llama_backend_init()
         self.model = self._load(request["model"], mtp=request.get("draft") is None, ngl=request["n_gpu_layers"])
         self.mtp_model = self.model if request.get("draft") is None else self._load(
@@ -324,9 +331,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     emit_report({}, "load")
     try:
         runner = _Runner(request)
-    except Refusal as e:
+    except (Refusal, BindingError) as e:
         return report | {"refused": str(e)}
-    report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab}
+    report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
+               "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
     text_mode = request["mode"] == "text"
     k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
     tokenized = []

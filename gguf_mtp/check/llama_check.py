@@ -21,8 +21,9 @@ Run as a program it is the child: ``python -m gguf_mtp.check.llama_check PATH [-
 [--beside TARGET]`` prints one JSON line; ``--build`` (no PATH) prints only the build it would check with.
 
 Every report names that build (:func:`build_of`): ggml's own ``ggml_commit()`` and ``ggml_version()``, looked up
-through the ``libllama`` llama-cpp-python loaded (its own, or the one ``LLAMA_CPP_LIB_PATH`` names), so the
-record is the library that ran, not the commit a llama-cpp-python release is documented to vendor.
+through the ``libllama`` llama-cpp-python loaded (its own, or the chosen build's: the child's ``LLAMA_CPP_LIB_PATH``
+comes from :func:`gguf_mtp.llama_build.child_environment`), so the record is the library that ran, not the commit a
+llama-cpp-python release is documented to vendor.
 """
 
 from __future__ import annotations
@@ -43,17 +44,21 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gguf_mtp.constants import install_hint
+from gguf_mtp.llama_build import child_environment
 from gguf_mtp.text import printable
 
 __all__ = [
     "CONTEXT_PARAMS",
     "INSTALL_HINT",
     "MODEL_PARAMS",
+    "BindingError",
     "LlamaCheck",
     "build_of",
     "check_with_llama",
     "emit_report",
+    "import_bindings",
     "last_report",
+    "library_of",
     "llama_cpp_available",
     "llama_cpp_build",
     "llama_reason",
@@ -111,6 +116,7 @@ class LlamaCheck:
     trunk_logits_sha256: str | None = None
     mtp_logits_sha256: str | None = None
     llama_cpp_build: str | None = None  # the llama.cpp that ran the check (:func:`build_of`)
+    llama_cpp_library: str | None = None  # the libllama file it ran from (:func:`library_of`)
     #: the target a sidecar ran beside: its trunk decode gave the hidden rows the sidecar's MTP decode took
     beside: str | None = None
 
@@ -235,6 +241,12 @@ def build_of(llama: Any) -> str | None:
     return printable(text)[:200]
 
 
+def library_of(llama: Any) -> str | None:
+    """The path of the ``libllama`` the imported ``llama_cpp`` module loaded (its own, or ``LLAMA_CPP_LIB_PATH``'s)."""
+    name = getattr(getattr(getattr(llama, "llama_cpp", None), "_lib", None), "_name", None)
+    return printable(name) if isinstance(name, str) else None
+
+
 def _child_command(path: str, mtp: bool, trunk: bool) -> list[str]:
     """The child's command line (a seam for tests)."""
     flags = ["--no-mtp"] * (not mtp) + ["--no-trunk"] * (not trunk)
@@ -281,7 +293,7 @@ def check_with_llama(
 def _spawn(result: LlamaCheck, cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str] | None:
     """Run the child ``cmd`` and keep the tail of its stderr in ``result``; None when it ran past ``timeout``
     (killed; ``result.error`` says so)."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    env = child_environment(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     logger.info("llama.cpp check: OMP_NUM_THREADS=%s %s", env["OMP_NUM_THREADS"], shlex.join(cmd))
     started = time.perf_counter()
     try:
@@ -480,19 +492,38 @@ def _target_rows(llama: Any, target: str, tokens: list[int], n_embd: int, n_voca
         llama.llama_model_free(model)
 
 
-def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
-    import llama_cpp as llama
+class BindingError(Exception):
+    """llama-cpp-python cannot bind the library it loads (one line naming it, and the function it lacks)."""
 
+
+def import_bindings() -> Any:
+    """The ``llama_cpp`` module, its library bound (with the MTP helpers of ``llama_cpp_ext``).
+
+    Raises:
+        BindingError: the library is missing, or lacks a function llama-cpp-python binds at import (a
+            ``LLAMA_CPP_LIB_PATH`` naming another llama.cpp than :mod:`gguf_mtp.llama_build` checked).
+    """
+    try:
+        import llama_cpp
+        from llama_cpp import llama_cpp_ext  # noqa: F401  (binds the MTP helpers now, not mid-check)
+    except (AttributeError, OSError, RuntimeError) as e:  # ctypes' undefined symbol, a library it cannot load
+        folder = os.environ.get("LLAMA_CPP_LIB_PATH") or "its own lib folder"
+        raise BindingError(f"llama-cpp-python cannot use the libllama in {folder}: {printable(e)}") from None
+    return llama_cpp
+
+
+def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
+    llama = import_bindings()
     llama.llama_backend_init()
-    build = build_of(llama)
+    ran = {"llama_cpp_build": build_of(llama), "llama_cpp_library": library_of(llama)}
     params = llama.llama_model_default_params()
     set_params(llama, params, MODEL_PARAMS)
     params.load_mtp = mtp
     model = llama.llama_model_load_from_file(path.encode(), params)
     if not model:
-        return {"loaded": False, "llama_cpp_build": build}
+        return {"loaded": False, **ran}
     out: dict[str, Any] = {
-        "llama_cpp_build": build,
+        **ran,
         "loaded": True,
         "n_layer": llama.llama_model_n_layer(model),
         "n_layer_nextn": llama.llama_model_n_layer_nextn(model),
@@ -560,12 +591,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beside", metavar="TARGET")
     parser.add_argument("--build", action="store_true", help="print only the llama.cpp build")
     args = parser.parse_args(argv)
-    if args.build or args.path is None:
-        import llama_cpp
-
-        emit_report({"llama_cpp_build": build_of(llama_cpp)}, "done")
-        return 0
-    emit_report(_child(args.path, not args.no_mtp, not args.no_trunk, args.beside), "done")
+    try:
+        if args.build or args.path is None:
+            emit_report({"llama_cpp_build": build_of(import_bindings())}, "done")
+            return 0
+        emit_report(_child(args.path, not args.no_mtp, not args.no_trunk, args.beside), "done")
+    except BindingError as e:
+        emit_report({"loaded": False, "error": str(e)}, "done")
     return 0
 
 

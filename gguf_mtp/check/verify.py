@@ -150,6 +150,8 @@ class VerifyReport:
             "bytes_shared": self.bytes_shared,
             "seconds": round(self.seconds, 3),
             "hints": list(self.hints),
+            "llama_cpp_build": self.llama.llama_cpp_build if self.llama is not None else None,
+            "llama_cpp_library": self.llama.llama_cpp_library if self.llama is not None else None,
         }
         if self.llama is not None:
             result["llama"] = {k: v for k, v in asdict(self.llama).items() if k != "log_tail"} | {"ok": self.llama.ok}
@@ -650,6 +652,8 @@ def _llama_check(
         detail += f" ({result.error})"
     if target is not None and not draft and not result.loaded and result.crashed is None:
         detail += _target_refusal(target)
+    if result.llama_cpp_build:
+        detail += f"; checked with {result.llama_cpp_build}"
     return Check(name, ok, detail), result
 
 

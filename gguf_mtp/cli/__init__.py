@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from gguf_mtp._version import __version__
 from gguf_mtp.errors import GGUFMTPError
@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         # SIGTERM and SIGHUP end any stage like Ctrl-C, the head's fetch before the writer's included: every
         # scratch and temporary file is removed on the way out.
-        with signals_as_interrupt():
+        with signals_as_interrupt(), _llama_cpp_chosen(args):
             return int(args.run(args) or 0)
     except GGUFMTPError as e:
         flags = getattr(args, "flag_of_parameter", {})
@@ -140,6 +140,29 @@ def _run(args: argparse.Namespace) -> int:
         if want_json:  # a bug: the traceback follows on stderr, but a script still gets an answer
             _print_json_quietly(error_object(f"internal error: {type(e).__name__}: {printable(e)}", None, 1))
         raise
+
+
+@contextlib.contextmanager
+def _llama_cpp_chosen(args: argparse.Namespace) -> Iterator[None]:
+    """For a command with ``--llama-cpp``: the option (it wins over the variable) set as the variable every
+    llama.cpp child inherits, and the build checked before any work; the variable restored afterwards."""
+    from gguf_mtp.constants import ENV_LLAMA_CPP
+    from gguf_mtp.llama_build import chosen
+
+    if not hasattr(args, "llama_cpp"):
+        yield
+        return
+    before = os.environ.get(ENV_LLAMA_CPP)
+    if args.llama_cpp is not None:
+        os.environ[ENV_LLAMA_CPP] = args.llama_cpp
+    try:
+        chosen()
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_LLAMA_CPP, None)
+        else:
+            os.environ[ENV_LLAMA_CPP] = before
 
 
 def _fail(want_json: bool, line: str, message: str, path: str | None, status: int) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_prompt_flags, print_json, print_report, say, warn
+from .common import add_llama_cpp_flag, add_prompt_flags, print_json, print_report, say, warn
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "
                    "into a temporary sidecar) and report its bytes and predicted acceptance, recommending the "
                    "smallest type within 0.01 of the best (e.g. q8_0,q6_k,q4_k,q3_k)")
+    add_llama_cpp_flag(p, "the prediction")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run)

@@ -7,7 +7,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from .common import add_prompt_flags, print_json, print_report, say, warn
+from .common import add_llama_cpp_flag, add_prompt_flags, print_json, print_report, say, warn
 
 if TYPE_CHECKING:
     from gguf_mtp.check.accept import AcceptReport
@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_prompt_flags(p, draft_help="given to llama-server as --spec-draft-model", tokens_help="",
                      n_max_help="measure")
-    p.add_argument("--server", metavar="PATH", default=shutil.which("llama-server"),
-                   help="your llama-server binary (default: llama-server on PATH)")
+    p.add_argument("--server", metavar="PATH",
+                   help="your llama-server binary (default: --llama-cpp's, else llama-server on PATH)")
     p.add_argument("--health-timeout", dest="health_timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT,
                    metavar="SECONDS",
                    help=f"how long one server may take to load the model and answer /health, in seconds "
@@ -43,23 +43,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--with-accept", dest="with_accept", action="store_true",
                    help="also predict the counts with gguf-mtp accept (llama-cpp-python, no server) and show the "
                    "prediction beside the measurement")
+    add_llama_cpp_flag(p, "llama-server (its bin/llama-server, unless --server names one) and --with-accept")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run, server_args=[])  # what follows -- (see gguf_mtp.cli._parse)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gguf_mtp.errors import LlamaServerError, ParameterError
+    from gguf_mtp.errors import LlamaServerError
     from gguf_mtp.server.bench import bench, load_prompts
     from gguf_mtp.server.bench_rules import parse_n_max_list
     from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt
 
-    if not args.server:
-        from gguf_mtp.server.process import BUILD_HINT
-
-        raise ParameterError(f"server: no llama-server on PATH; give your build's binary ({BUILD_HINT})",
-                             parameter="server")
+    server = _server(args.server)
     n_max = parse_n_max_list(args.n_max)
     prompts = load_prompts(args.prompts) if args.prompts else None
     if args.plot:
@@ -80,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with signals_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
             report = bench(
-                args.model, args.server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
+                args.model, server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
                 server_args=args.server_args, health_timeout=args.health_timeout,
                 progress=None if args.quiet else say, warn=warn,
             )
@@ -103,6 +100,31 @@ def run(args: argparse.Namespace) -> int:
               "output with MTP must equal the output without it", file=sys.stderr)
         return 2
     return 0
+
+
+def _server(given: str | None) -> str:
+    """The llama-server bench runs: ``--server``, else the chosen llama.cpp build's, else the one on PATH.
+
+    Raises:
+        ParameterError: none of them (one line saying how to get one).
+    """
+    from gguf_mtp.errors import ParameterError
+    from gguf_mtp.llama_build import chosen
+    from gguf_mtp.server.process import BUILD_HINT
+
+    if given:
+        return given
+    build = chosen()
+    if build is not None:
+        if build.server is None:
+            raise ParameterError(f"llama_cpp: no llama-server in its bin or build/bin; give --server ({BUILD_HINT})",
+                                 build.folder, "llama_cpp")
+        return str(build.server)
+    found = shutil.which("llama-server")
+    if found is None:
+        raise ParameterError(f"server: no llama-server on PATH; give your build's binary ({BUILD_HINT})",
+                             parameter="server")
+    return found
 
 
 def _server_value(server_args: list[str], flags: tuple[str, ...]) -> int | None:

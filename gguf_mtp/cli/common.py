@@ -22,6 +22,7 @@ __all__ = [
     "QUANTIZE_HOW",
     "add_embd_type_flag",
     "add_imatrix_flag",
+    "add_llama_cpp_flag",
     "add_output_flags",
     "add_outtype_flag",
     "add_replace_head_flag",
@@ -131,6 +132,18 @@ def add_replace_head_flag(parser: argparse.ArgumentParser, whose: str) -> None:
         "--replace-head", action="store_true",
         help=f"the target already has NextN block(s) (e.g. a low-type head a quantizer shipped): drop them and put "
         f"{whose} in their place, in one copy; the same files as gguf-mtp strip followed by this command",
+    )
+
+
+def add_llama_cpp_flag(parser: argparse.ArgumentParser, uses: str) -> None:
+    """``--llama-cpp PATH``: the llama.cpp build the command ``uses`` (:mod:`gguf_mtp.llama_build`)."""
+    from gguf_mtp.constants import ENV_LLAMA_CPP
+
+    parser.add_argument(
+        "--llama-cpp", dest="llama_cpp", metavar="PATH",
+        help=f"the llama.cpp build folder to use for {uses}: its libllama.so with the libggml*.so beside it (in "
+        f"PATH, PATH/lib, PATH/bin or PATH/build/bin) and its tools (default: ${ENV_LLAMA_CPP}, else the llama.cpp "
+        "llama-cpp-python ships)",
     )
 
 

@@ -12,6 +12,7 @@ from .common import (
     CONVERT_HOW,
     add_embd_type_flag,
     add_imatrix_flag,
+    add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
     print_outcome,
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="repo-id SOURCE: download the whole shards holding the head into the Hub cache (reused by "
                         "later runs) instead of fetching the head's byte ranges")
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
+    add_llama_cpp_flag(p, "--outtype's quantizer")
     add_output_flags(p)
     p.set_defaults(run=run)
 

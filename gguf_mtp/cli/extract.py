@@ -8,6 +8,7 @@ from pathlib import Path
 from .common import (
     add_embd_type_flag,
     add_imatrix_flag,
+    add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
     print_outcome,
@@ -50,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_imatrix_flag(p)
     add_embd_type_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
+    add_llama_cpp_flag(p, "--outtype's and --embd-type's quantizer")
     add_output_flags(p)
     p.set_defaults(run=run)
 

@@ -6,6 +6,7 @@ import argparse
 
 from .common import (
     add_imatrix_flag,
+    add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
     add_replace_head_flag,
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_replace_head_flag(p, "SOURCE's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")
+    add_llama_cpp_flag(p, "--outtype's quantizer and the verification")
     add_output_flags(p)
     p.set_defaults(run=run)
 

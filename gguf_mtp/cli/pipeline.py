@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from gguf_mtp.release.pipeline.options import PipelineOptions
 
 
-from .common import CONVERT_HOW, add_output_flags, add_outtype_flag, print_json, print_report
+from .common import CONVERT_HOW, add_llama_cpp_flag, add_output_flags, add_outtype_flag, print_json, print_report
 
 DEFAULT_WORK_DIR = "gguf-mtp-work"
 
@@ -62,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "whose recorded outputs still match their size and sha256.",
     )
     add_pipeline_arguments(p)
+    add_llama_cpp_flag(p, "--outtype's quantizer and the verification")
     add_output_flags(p)
     p.set_defaults(run=run)
 

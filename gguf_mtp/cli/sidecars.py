@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_output_flags, print_json, print_outcome, print_report, write_options
+from .common import add_llama_cpp_flag, add_output_flags, print_json, print_outcome, print_report, write_options
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="show, for each trunk quant of this folder or Hub repo, the sidecar llama.cpp pairs it with")
     p.add_argument("--revision", metavar="REV", help="with --pair: the repo's branch, tag or commit")
     p.add_argument("--force", action="store_true", help="replace existing files of those names (never an input)")
+    add_llama_cpp_flag(p, "the quantizer of the members' types")
     add_output_flags(p)
     p.set_defaults(run=run, parser=p)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import print_json, print_report
+from .common import add_llama_cpp_flag, print_json, print_report
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--floor", type=float, default=None, metavar="F",
                    help="the lowest acceptance --acceptance passes, from 0 to 1 (default: 0.10)")
+    add_llama_cpp_flag(p, "the llama.cpp check (its load and MTP decode steps)")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
@@ -55,6 +56,7 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
     import shlex
 
     from gguf_mtp.hub.remote import is_hub_path
+    from gguf_mtp.llama_build import chosen
     from gguf_mtp.model.shards import open_model
     from gguf_mtp.server.bench import tokenizer_refusal
 
@@ -65,7 +67,10 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
         model = f"{shlex.quote(args.target) if args.target else 'TARGET.gguf'} --draft {shlex.quote(args.composite)}"
     else:
         model = shlex.quote(args.composite)
-    return f"gguf-mtp bench {model} --server PATH/TO/llama-server"
+    build = chosen()
+    server = f"--llama-cpp {shlex.quote(str(build.folder))}" if build is not None and build.server is not None \
+        else "--server PATH/TO/llama-server"
+    return f"gguf-mtp bench {model} {server}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,13 +1,14 @@
 """Tensor bytes in another ggml type, through llama.cpp's own quantizer, a bounded run of rows at a time.
 
-The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama``
-extra) quantizes with ``ggml_quantize_chunk`` and dequantizes with the type's ``to_float``, as
-llama-quantize does (``llama_tensor_dequantize_impl`` / ``llama_tensor_quantize_impl``), rows split over
-a pool of threads sized once to the CPUs that are free (:func:`~gguf_mtp.constants.free_cores`: the CPUs
-this process may use less the load average, so a busy machine is not oversubscribed; ctypes releases the
-GIL, and ``ggml_quantize_chunk`` runs on the calling thread only). BF16 and F16 widen to F32 exactly
-(``ggml_bf16_to_fp32`` is a shift). Without the extra, gguf-py's numpy quantizers (written to match ggml's
-reference code) serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to install.
+The arithmetic is ggml's, never ours: the ``ggml-base`` library llama-cpp-python ships (the ``llama`` extra), or
+the chosen llama.cpp build's (:mod:`gguf_mtp.llama_build`: ``--llama-cpp``), quantizes with ``ggml_quantize_chunk``
+and dequantizes with the type's ``to_float``, as llama-quantize does (``llama_tensor_dequantize_impl`` /
+``llama_tensor_quantize_impl``), rows split over a pool of threads sized once to the CPUs that are free
+(:func:`~gguf_mtp.constants.free_cores`: the CPUs this process may use less the load average, so a busy machine is
+not oversubscribed; ctypes releases the GIL, and ``ggml_quantize_chunk`` runs on the calling thread only). BF16 and
+F16 widen to F32 exactly (``ggml_bf16_to_fp32`` is a shift). Without the extra, gguf-py's numpy quantizers (written
+to match ggml's reference code) serve F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 and Q4_0; any other type says what to
+install.
 
 What llama-quantize refuses is refused here too (``from_f32(..., checked=True)``, :class:`InvalidRowsError`):
 it loads every tensor with ``check_tensors`` (a NaN or an infinity: "tensor ... has invalid data") and
@@ -43,6 +44,7 @@ from gguf_mtp.constants import free_cores, install_hint
 from gguf_mtp.errors import BadGGUFError
 from gguf_mtp.files.plan import CopyRange, Generated, Segment
 from gguf_mtp.files.regular_file import open_regular
+from gguf_mtp.llama_build import chosen
 
 from .header import TensorInfo, tensor_nbytes
 
@@ -149,12 +151,19 @@ class _Ggml:
         return _TO_FLOAT(pointer) if pointer else None
 
 
-@functools.cache
 def _ggml() -> _Ggml | None:
+    """ggml-base of the chosen llama.cpp build (:mod:`gguf_mtp.llama_build`), else llama-cpp-python's own."""
+    build = chosen()
+    if build is not None:
+        return _ggml_in(build.lib_dir)
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return _ggml_in(Path(next(iter(spec.submodule_search_locations))) / "lib")
+
+
+@functools.cache
+def _ggml_in(folder: Path) -> _Ggml | None:
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
         if (folder / name).is_file():
             try:

@@ -67,14 +67,19 @@ class TypeSweep:
         good = [r for r in typed if r.acceptance is not None and r.acceptance >= best - TOLERANCE]
         return min(good, key=lambda r: r.head_bytes).outtype
 
+    @property
+    def llama_cpp_build(self) -> str | None:
+        """The llama.cpp that predicted (every row's child ran the same)."""
+        return self.rows[0].report.llama_cpp_build if self.rows else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"command": "accept", "model": self.model, "draft": self.draft,
+        return {"command": "accept", "model": self.model, "draft": self.draft, "llama_cpp_build": self.llama_cpp_build,
                 "outtypes": [r.to_dict() for r in self.rows], "recommended_outtype": self.recommended}
 
     def describe(self) -> list[str]:
         n_max = self.rows[0].report.runs[0].n_max if self.rows and self.rows[0].report.runs else 1
         lines = [f"head types for {self.model}" + (f" with {self.draft}" if self.draft else "")
-                 + f" (predicted acceptance at n-max {n_max}):"]
+                 + f" (predicted acceptance at n-max {n_max}, with {self.llama_cpp_build or 'an unnamed llama.cpp'}):"]
         for r in self.rows:
             acc = f"{r.acceptance:.3f}" if r.acceptance is not None else "-"
             lines.append(f"  {r.outtype:<10} {r.head_bytes:>14,} bytes  acceptance {acc}")

@@ -41,7 +41,7 @@ from .bench_rules import (
     server_arguments,
 )
 from .options import ServerOptions, check_extra_arguments, choose_threads
-from .process import ServerHandle, free_port, probe_server, running_server
+from .process import ServerHandle, free_port, probe_server, running_server, server_build
 
 __all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "check_prompts",
            "load_prompts", "tokenizer_refusal"]
@@ -342,5 +342,5 @@ def bench(
     return BenchReport(
         model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
         differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
-        threads=threads.arguments + threads.draft_arguments,
+        threads=threads.arguments + threads.draft_arguments, llama_cpp_build=server_build(server),
     )

@@ -452,6 +452,7 @@ class BenchReport:
     seconds: float
     server_args: tuple[str, ...] = ()
     threads: tuple[str, ...] = ()  # the thread flags bench chose (empty when the user gave them)
+    llama_cpp_build: str | None = None  # what the server's --version says it is
 
     @property
     def baseline(self) -> BenchRun:
@@ -498,6 +499,7 @@ class BenchReport:
             "model": self.model,
             "draft": self.draft,
             "server": self.server,
+            "llama_cpp_build": self.llama_cpp_build,
             "server_args": list(self.server_args),
             "threads": list(self.threads),
             "prompts": self.prompts,
@@ -529,7 +531,8 @@ class BenchReport:
 
     def describe(self) -> list[str]:
         """The table, the lossless verdict and the recommendation."""
-        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else ""), *self.table()]
+        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else "")
+                 + f", measured with {self.llama_cpp_build or self.server}", *self.table()]
         for r in self.runs:
             if r.positions is not None and r.positions.drafts:
                 rates = ", ".join(f"{rate:.2f}" for rate in r.positions.rates)

@@ -33,8 +33,10 @@ from typing import Any
 
 from gguf_mtp.errors import GGUFMTPError, LlamaServerError
 from gguf_mtp.files.json_io import parse_json
+from gguf_mtp.text import printable
 
-__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "die_with_parent", "probe_server", "running_server"]
+__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "die_with_parent", "probe_server", "running_server",
+           "server_build"]
 
 #: Lines of the server's log shown with an error.
 LOG_TAIL_LINES = 12
@@ -84,6 +86,19 @@ def probe_server(binary: str) -> str:
             "server",
         )
     return text
+
+
+def server_build(binary: str) -> str | None:
+    """The build ``binary`` (llama-server) says it is, from its ``--version`` (``version: 0.5.0-dev (build 1, commit
+    0c1e570)``): that line without its label, or ``None`` when it prints none."""
+    try:
+        proc = subprocess.run([binary, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=PROBE_TIMEOUT_SECONDS)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    text = (proc.stdout[:MAX_ANSWER_BYTES] + proc.stderr[:MAX_ANSWER_BYTES]).decode("utf-8", "replace")
+    line = next((line for line in text.splitlines() if line.startswith("version:")), None)
+    return None if line is None else printable(f"llama-server {line.removeprefix('version:').strip()}")[:200]
 
 
 def free_port() -> int:
