@@ -7,6 +7,7 @@ names inside (see :mod:`gguf_mtp.text`): a name read from a file can hold any by
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterable
@@ -21,7 +22,6 @@ __all__ = [
     "CONVERT_HOW",
     "QUANTIZE_HOW",
     "add_embd_type_flag",
-    "add_imatrix_flag",
     "add_llama_cpp_flag",
     "add_output_flags",
     "add_outtype_flag",
@@ -62,10 +62,6 @@ def _outtype_name(value: str, imatrix: bool = False) -> str:
     return name
 
 
-def _outtype_name_with_imatrix(value: str) -> str:
-    return _outtype_name(value, imatrix=True)
-
-
 #: How ``--outtype`` writes a GGUF's tensors (compose, graft, extract).
 QUANTIZE_HOW = ("exactly as llama-quantize --pure would (norms, routers and 1-D tensors keep their type; rows that "
                 "do not fit TYPE's blocks take its fallback)")
@@ -77,30 +73,26 @@ CONVERT_HOW = ("exactly as llama.cpp's converter writes f32, f16, bf16 and q8_0,
 
 
 def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN block's tensors", how: str = QUANTIZE_HOW,
-                     default: str = "unchanged, byte for byte") -> None:
+                     default: str = "unchanged, byte for byte", *, imatrix: bool = False) -> None:
     """``--outtype TYPE``: the head's type, any of llama-quantize's uniform types (any case); the help is one
-    sentence: write ``what`` in TYPE, ``how``."""
+    sentence: write ``what`` in TYPE, ``how``. With ``imatrix``, also ``--imatrix FILE`` (the importance matrix the
+    head is quantized with), and TYPE may be one that needs it: the command says whether one was given."""
     from gguf_mtp.constants import OUTTYPE_NAMES
 
     parser.add_argument(
-        "--outtype", type=_outtype_name, metavar="TYPE",
+        "--outtype", type=functools.partial(_outtype_name, imatrix=imatrix), metavar="TYPE",
         help=f"write {what} in TYPE, {how}; one of {', '.join(OUTTYPE_NAMES)}. Below q4_k a head drafts worse. "
         f"Default: {default}",
     )
+    if imatrix:
+        from gguf_mtp.format.quant_rules import IMATRIX_TYPES
 
-
-def add_imatrix_flag(parser: argparse.ArgumentParser) -> None:
-    """``--imatrix FILE``: the importance matrix ``--outtype`` quantizes the head with (after
-    :func:`add_outtype_flag`, whose TYPE may then be one that needs it)."""
-    from gguf_mtp.format.quant_rules import IMATRIX_TYPES
-
-    parser._option_string_actions["--outtype"].type = _outtype_name_with_imatrix
-    parser.add_argument(
-        "--imatrix", metavar="FILE",
-        help="quantize the head with this importance matrix, as llama-quantize --imatrix FILE does: a GGUF imatrix "
-        "with NextN statistics (llama-imatrix --nextn, or --model-draft DRAFT.gguf; llama.cpp b11434 or later). "
-        f"It also lets --outtype be {', '.join(sorted(IMATRIX_TYPES))}",
-    )
+        parser.add_argument(
+            "--imatrix", metavar="FILE",
+            help="quantize the head with this importance matrix, as llama-quantize --imatrix FILE does: a GGUF "
+            "imatrix with NextN statistics (llama-imatrix --nextn, or --model-draft DRAFT.gguf; llama.cpp b11434 or "
+            f"later). It also lets --outtype be {', '.join(sorted(IMATRIX_TYPES))}",
+        )
 
 
 def _embd_type_name(value: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from .common import (
-    add_imatrix_flag,
     add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
@@ -36,8 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "like split.* and gguf_mtp.*, are refused); repeatable",
     )
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
-    add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)")
-    add_imatrix_flag(p)
+    add_outtype_flag(p, "the NextN block's tensors (the target's bytes are copied as they are)", imatrix=True)
     add_replace_head_flag(p, "DRAFT's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")

@@ -11,7 +11,6 @@ from gguf_mtp.errors import GGUFMTPError, IncompatibleDraftError, ParameterError
 from .common import (
     CONVERT_HOW,
     add_embd_type_flag,
-    add_imatrix_flag,
     add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
@@ -38,11 +37,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "checked against the head")
     p.add_argument("--block", type=int, metavar="N", help="NextN block index when there is no --target")
     add_outtype_flag(p, "the head's matrices", CONVERT_HOW, "the source's type (FP8 as llama.cpp's --outtype auto: "
-                     "BF16 for the FP8 releases)")
+                     "BF16 for the FP8 releases)", imatrix=True)
     p.add_argument("--standalone", action="store_true",
                    help="write an MTP-only model (for llama-server --spec-draft-model): adds token_embd, output_norm, "
                         "output and the metadata of --target")
-    add_imatrix_flag(p)
     add_embd_type_flag(p)
     p.add_argument("--drop-nextn-copies", action="store_true",
                    help="GLM-4.5: leave out the NextN layer's own embed_tokens/shared_head.head copies (about 1.5 GB "

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from .common import (
     add_embd_type_flag,
-    add_imatrix_flag,
     add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
@@ -47,8 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(nextn_shared_target_tensors) gets its token_embd/output_norm/output and tokenizer, so upstream "
         "llama.cpp loads it",
     )
-    add_outtype_flag(p)
-    add_imatrix_flag(p)
+    add_outtype_flag(p, imatrix=True)
     add_embd_type_flag(p)
     p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     add_llama_cpp_flag(p, "--outtype's and --embd-type's quantizer")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from .common import (
-    add_imatrix_flag,
     add_llama_cpp_flag,
     add_output_flags,
     add_outtype_flag,
@@ -29,8 +28,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("-o", "--output-dir", required=True, metavar="OUTDIR", help="folder for the composite")
     p.add_argument("--basename", metavar="NAME", help="name outputs NAME-0000k-of-0000n.gguf")
     add_outtype_flag(p, "the NextN block's tensors (a quantized source is dequantized first, as llama-quantize "
-                     "--allow-requantize does; the target's bytes are copied as they are)")
-    add_imatrix_flag(p)
+                     "--allow-requantize does; the target's bytes are copied as they are)", imatrix=True)
     add_replace_head_flag(p, "SOURCE's")
     p.add_argument("--force", action="store_true", help="replace existing outputs (never inputs)")
     add_verify_flags(p, "the composite")
