@@ -124,8 +124,7 @@ def _cached(finder: str, what: str) -> Path:
     try:
         path: Path = getattr(TOOLS, finder)(TOOLS.cache_dir(), download=IN_CI)
     except TOOLS.BuildError as e:
-        pytest.fail(f"{what} is needed: {e} (python scripts/build_llama_tools.py downloads the sdists; "
-                    f"CI=true fetches it)")
+        pytest.fail(f"{what} is needed: {e} (or run with CI=true, which downloads it)")
     return path
 
 
