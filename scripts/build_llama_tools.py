@@ -56,7 +56,7 @@ from types import FrameType
 from typing import IO
 
 __all__ = ["BUILD_MARKER_ENV", "LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt",
-           "build_tool", "building_allowed", "cache_dir", "find_b11739_wheel", "find_sdist", "find_upstream_sdist"]
+           "build_tool", "building_allowed", "cache_dir", "find_sdist", "find_upstream_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
