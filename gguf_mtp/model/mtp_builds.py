@@ -37,7 +37,7 @@ EMBEDDED_BUILD = "0c1e570"
 SOURCE_BUILD = "b11434"
 #: The newest build read at all: a library without sources (PyPI ``llama-cpp-py-sync==0.11739``).
 LIBRARY_BUILD = "b11739"
-#: Every build the table names, oldest first (0c1e570 is dated 2026-10-01, between b11330's feature and b11434).
+#: Every build the table names, oldest first (0c1e570, 2026-10-01, lacks b11330's qwen4exp graph: it is the older).
 BUILDS: tuple[str, ...] = (EMBEDDED_BUILD, "b11330", SOURCE_BUILD, "b11474", LIBRARY_BUILD)
 
 
