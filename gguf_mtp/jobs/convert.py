@@ -250,8 +250,9 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     arrays = model.layer_arrays(block, target)
     writer.clear_kvs()
+    trunk_only = tuple(f"{arch}.{suffix}" for suffix in model.trunk_only_keys)
     for key, kv in target.first.kvs.items():
-        if key.startswith(_NOT_COPIED):
+        if key.startswith(_NOT_COPIED) or (trunk_only and key.startswith(trunk_only)):
             continue
         if key == count_key:
             if kv.vtype not in INT_RANGES:
@@ -290,11 +291,15 @@ def _head_item(tensor: MappedTensor) -> _OutputTensor:
                          tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
 
 
-def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None) -> list[_OutputTensor]:
-    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies (with ``embd_type``,
-    ``token_embd`` and ``output`` as llama-quantize --token-embedding-type --output-tensor-type writes them)."""
+def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None, *,
+                    output_norm: bool = True) -> list[_OutputTensor]:
+    """``token_embd``, ``output_norm`` (unless the architecture has none: ``output_norm`` false) and ``output`` of the
+    target, as byte-for-byte copies (with ``embd_type``, ``token_embd`` and ``output`` as llama-quantize
+    --token-embedding-type --output-tensor-type writes them)."""
     items = []
     for name in DRAFT_GLOBAL_TENSORS:
+        if name == "output_norm.weight" and not output_norm:
+            continue
         if name not in target.tensor_locations:
             if name == "output.weight":  # a tied output: llama.cpp falls back to token_embd
                 continue
@@ -413,7 +418,7 @@ def plan_conversion(
     if standalone:
         assert target is not None
         _standalone_kvs(model, writer, index, target)
-        token_embd, *head_of_model = _target_globals(target, embedding_type)
+        token_embd, *head_of_model = _target_globals(target, embedding_type, output_norm=model.has_output_norm)
         # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
         items = [token_embd, *items, *head_of_model]
     else:

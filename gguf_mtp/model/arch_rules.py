@@ -32,6 +32,7 @@ __all__ = [
     "COMMON_RULES",
     "HEADS_REFUSED",
     "MTP_GRAPH_BLOCKS",
+    "NAMED_ONLY",
     "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
@@ -150,10 +151,26 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
         "swiglu_clamp_exp": _draft(_SWIGLU),
         "swiglu_clamp_shexp": _draft(_SWIGLU),
     },
+    # Qwen3.8-Flash-Next (llama.cpp b11434): the NextN block is a full-attention QSA layer, never recurrent, with the
+    # model's one compress ratio (conversion/qwen4exp.py pads both; src/models/qwen4exp.cpp reads them with
+    # get_key_or_arr, length n_layer_all). Its ple.* arrays are as long as the PLE hash heads: see NAMED_ONLY.
+    "qwen4exp": {
+        "attention.recurrent_layers": LayerKeyRule(
+            NextNValue.CONSTANT, False, "b11434 src/models/qwen4exp.cpp (get_key_or_arr, length n_layer_all)"),
+        "attention.compress_ratios": _draft("b11434 src/models/qwen4exp.cpp (get_key_or_arr, length n_layer_all)"),
+    },
     # No MTP graph in this llama.cpp, but they read indexer.types with the trunk's length too.
     "glm5-next": {"attention.indexer.types": _INDEXER_TRUNK},
     "hy_v4": {"attention.indexer.types": _INDEXER_TRUNK},
 }
+
+#: Architectures whose per-layer arrays are exactly those :data:`ARCH_RULES` and :data:`COMMON_RULES` name: any other
+#: ``{arch}.*`` array is not per layer, whatever its length. qwen4exp's ``ple.head_offsets`` / ``ple.head_vocab_sizes``
+#: hold one entry per PLE hash head (``(ngram_size - 1) * heads_per_ngram``), which may equal ``block_count``: a
+#: rule by length would extend them when a head block is appended (b11434 src/models/qwen4exp.cpp reads them with
+#: that exact length).
+NAMED_ONLY: frozenset[str] = frozenset({"qwen4exp"})
+
 
 @dataclass(frozen=True)
 class HeadRefusal:
@@ -179,11 +196,6 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
     "glm5-next": HeadRefusal(
         ("Glm5NextForConditionalGeneration",),
         "this llama.cpp has no NextN graph for it (src/models/glm5-next.cpp:188-190: \"not implemented yet\")",
-    ),
-    "qwen4exp": HeadRefusal(
-        ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
-        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30, "
-        "supports_mtp_export = False, no_mtp = True)",
     ),
     "deepseek4": HeadRefusal(
         ("DeepseekV4ForCausalLM",),
@@ -215,6 +227,7 @@ MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {
     "step35": (None, "src/models/step35.cpp:174-179, 376-379 (block nextn_layer_offset)"),
     "mimo2": (None, "src/models/mimo2.cpp:276-279 (block nextn_layer_offset)"),
     "hy_v3": (None, "src/models/hy-v3.cpp:247-250 (block nextn_layer_offset)"),
+    "qwen4exp": (1, "b11434 src/models/qwen4exp.cpp (graph_mtp: \"qwen4exp MTP has a single block\")"),
 }
 
 
@@ -258,12 +271,15 @@ def rule_for(arch: str, key: str) -> LayerKeyRule | None:
 
 
 def _arch_arrays(header: GGUFHeader, arch: str) -> list[tuple[KeyValue, str]]:
-    """``{arch}.*`` arrays of ``header`` that may be per layer, with their suffixes."""
+    """``{arch}.*`` arrays of ``header`` that may be per layer, with their suffixes (for :data:`NAMED_ONLY`
+    architectures, only those the table names)."""
     prefix = f"{arch}."
+    named = layer_rules(arch) if arch in NAMED_ONLY else None
     return [
-        (kv, key[len(prefix) :])
+        (kv, suffix)
         for key, kv in header.kvs.items()
-        if key.startswith(prefix) and kv.is_array and key[len(prefix) :] not in NOT_PER_LAYER_ARRAYS
+        if key.startswith(prefix) and kv.is_array and (suffix := key[len(prefix) :]) not in NOT_PER_LAYER_ARRAYS
+        and (named is None or suffix in named)
     ]
 
 
