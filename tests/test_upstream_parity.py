@@ -32,8 +32,8 @@ from gguf import GGMLQuantizationType
 from support.deepseek_checkpoints import N_LAYERS as MLA_BLOCK
 from support.mimo_checkpoints import N_LAYER as MIMO_LAYERS
 from support.nano_checkpoints import NANO_HPARAMS
-from support.qwen_checkpoints import N_TRUNK as QWEN_BLOCK
 from support.qwen4exp_checkpoints import N_TRUNK as QWEN4EXP_BLOCK
+from support.qwen_checkpoints import N_TRUNK as QWEN_BLOCK
 from support.step_checkpoints import N_LAYER as STEP_LAYERS
 from support.upstream import (
     ROOT,

@@ -119,12 +119,6 @@ class HeadModel(ConfigReader):
     #: Whether the head's own copies of the embedding and LM head are converted (``None``: the family's head
     #: has no such copies; a family that has them takes ``keep_nextn_copies=`` in its constructor).
     keep_nextn_copies: ClassVar[bool | None] = None
-    #: Whether the model has an ``output_norm`` (a standalone draft copies the target's); qwen4exp has none, its final
-    #: hyper-connection mixer carries the norm.
-    has_output_norm: ClassVar[bool] = True
-    #: ``{arch}.`` key prefixes of the trunk alone, which a standalone (MTP-only) draft leaves out as llama.cpp's
-    #: ``--mtp`` export does (qwen4exp's per-layer-embedding keys: the head never reads them).
-    trunk_only_keys: ClassVar[tuple[str, ...]] = ()
     #: Whether the head is a mixture of experts: the expert counts are read, checked and written.
     has_experts: ClassVar[bool] = True
     #: A routed expert's checkpoint tensors (groups ``expert``, ``proj``): what the expert-count check counts

@@ -65,11 +65,12 @@ _HYPER_CONNECTIONS: dict[str, tuple[TensorKey, bool]] = {
     for part, tensor in (("hc_norm", "NORM"), ("input_mix_weight_down", "DOWN"), ("input_mix_weight_up", "UP"),
                          ("block_inject_weight", "INJECT"))
 }
-#: ``mtp.layers.0.X`` -> (tensor, norm): Qwen3.5's full-attention layer less its two layer norms, plus the
+#: ``mtp.layers.0.X`` -> (tensor, norm): Qwen3.5's full-attention MoE layer less its two layer norms, plus the
 #: hyper-connections and the indexer's norms.
 _LAYER4: dict[str, tuple[TensorKey, bool]] = {
     **{name: entry for name, entry in _LAYER.items()
-       if name not in ("input_layernorm.weight", "post_attention_layernorm.weight")},
+       if name not in ("input_layernorm.weight", "post_attention_layernorm.weight")
+       and entry[0] not in (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)},
     **_HYPER_CONNECTIONS,
     "self_attn.indexer.q_layernorm.weight": ("INDEXER_Q_NORM", True),
     "self_attn.indexer.k_layernorm.weight": (T.INDEXER_K_NORM, True),
@@ -126,8 +127,6 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
     model_arch = NEWER_ARCH_NAMES["QWEN4EXP"]  # not in PyPI gguf 0.19.0's MODEL_ARCH
     ffn = "moe"
     module_names = _NAMES
-    has_output_norm = False
-    trunk_only_keys = ("ple.", "embedding_length_per_layer_input")  # conversion/qwen4exp.py: none if mtp_only
 
     def read_hparams(self) -> None:
         super().read_hparams()

@@ -60,7 +60,7 @@ from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoi
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, retype_embedding_tensor, summarize_head
 from gguf_mtp.jobs.runner import WriteReport, run_write
-from gguf_mtp.model.arch_rules import nextn_graph_note
+from gguf_mtp.model.arch_rules import is_trunk_only_key, nextn_graph_note, sidecar_needs
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short
 
@@ -250,9 +250,8 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
     count_key, nextn_key = KEY_BLOCK_COUNT.format(arch=arch), KEY_NEXTN_PREDICT_LAYERS.format(arch=arch)
     arrays = model.layer_arrays(block, target)
     writer.clear_kvs()
-    trunk_only = tuple(f"{arch}.{suffix}" for suffix in model.trunk_only_keys)
     for key, kv in target.first.kvs.items():
-        if key.startswith(_NOT_COPIED) or (trunk_only and key.startswith(trunk_only)):
+        if key.startswith(_NOT_COPIED) or is_trunk_only_key(arch, key):
             continue
         if key == count_key:
             if kv.vtype not in INT_RANGES:
@@ -291,19 +290,17 @@ def _head_item(tensor: MappedTensor) -> _OutputTensor:
                          tuple(tensor_segments(tensor)), tensor.source.names, tensor.source.dtype, _how(tensor))
 
 
-def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None, *,
-                    output_norm: bool = True) -> list[_OutputTensor]:
-    """``token_embd``, ``output_norm`` (unless the architecture has none: ``output_norm`` false) and ``output`` of the
-    target, as byte-for-byte copies (with ``embd_type``, ``token_embd`` and ``output`` as llama-quantize
-    --token-embedding-type --output-tensor-type writes them)."""
+def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None) -> list[_OutputTensor]:
+    """``token_embd``, ``output_norm`` (where the architecture has one) and ``output`` of the target, as byte-for-byte
+    copies (with ``embd_type``, ``token_embd`` and ``output`` as llama-quantize --token-embedding-type
+    --output-tensor-type writes them)."""
     items = []
+    needed = sidecar_needs(target.arch)
     for name in DRAFT_GLOBAL_TENSORS:
-        if name == "output_norm.weight" and not output_norm:
-            continue
         if name not in target.tensor_locations:
-            if name == "output.weight":  # a tied output: llama.cpp falls back to token_embd
-                continue
-            raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+            if name in needed:
+                raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+            continue  # a tied output (llama.cpp falls back to token_embd), or an architecture without output_norm
         shard, info = target.tensor_locations[name]
         header = target.headers[shard]
         offset = header.data_offset + info.offset
@@ -418,7 +415,7 @@ def plan_conversion(
     if standalone:
         assert target is not None
         _standalone_kvs(model, writer, index, target)
-        token_embd, *head_of_model = _target_globals(target, embedding_type, output_norm=model.has_output_norm)
+        token_embd, *head_of_model = _target_globals(target, embedding_type)
         # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
         items = [token_embd, *items, *head_of_model]
     else:

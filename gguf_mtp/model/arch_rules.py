@@ -33,16 +33,20 @@ __all__ = [
     "HEADS_REFUSED",
     "MTP_GRAPH_BLOCKS",
     "NAMED_ONLY",
+    "NO_OUTPUT_NORM",
+    "TRUNK_ONLY_KEYS",
     "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
     "exact_length_arrays",
     "extended_arrays",
     "is_known_arch",
+    "is_trunk_only_key",
     "layer_rules",
     "nextn_graph_note",
     "refusal_for_hf",
     "rule_for",
+    "sidecar_needs",
     "splice_refusal",
     "trunk_only_arrays",
 ]
@@ -170,6 +174,32 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
 #: rule by length would extend them when a head block is appended (b11434 src/models/qwen4exp.cpp reads them with
 #: that exact length).
 NAMED_ONLY: frozenset[str] = frozenset({"qwen4exp"})
+
+
+#: Architectures that have no ``output_norm``: an MTP-only file (a sidecar) carries ``token_embd`` and ``output``
+#: alone. qwen4exp's final hyper-connection mixer carries the norm (b11434 src/models/qwen4exp.cpp: "there is no
+#: output_norm"; its --mtp export writes token_embd and output only).
+NO_OUTPUT_NORM: frozenset[str] = frozenset({"qwen4exp"})
+
+#: ``{arch}.`` key prefixes of the trunk alone, which an MTP-only file leaves out as llama.cpp's ``--mtp`` export
+#: does: qwen4exp's per-layer-embedding keys (b11434 conversion/qwen4exp.py writes none when mtp_only: "the MTP head
+#: never reads PLE").
+TRUNK_ONLY_KEYS: Mapping[str, tuple[str, ...]] = {
+    "qwen4exp": ("ple.", "embedding_length_per_layer_input"),
+}
+
+
+def sidecar_needs(arch: str | None) -> tuple[str, ...]:
+    """The global tensors an MTP-only model of ``arch`` must carry for llama.cpp to load it: ``token_embd`` and
+    ``output_norm`` (``output`` may be tied), ``token_embd`` alone where the architecture has no ``output_norm``."""
+    return ("token_embd.weight",) if arch in NO_OUTPUT_NORM else ("token_embd.weight", "output_norm.weight")
+
+
+def is_trunk_only_key(arch: str, key: str) -> bool:
+    """Whether ``key`` belongs to the trunk of ``arch`` alone (:data:`TRUNK_ONLY_KEYS`): an MTP-only file leaves it
+    out."""
+    prefixes = TRUNK_ONLY_KEYS.get(arch, ())
+    return bool(prefixes) and key.startswith(tuple(f"{arch}.{p}" for p in prefixes))
 
 
 @dataclass(frozen=True)
