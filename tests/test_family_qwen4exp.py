@@ -1,4 +1,4 @@
-"""Qwen3.8-Flash-Next (qwen4exp) MTP heads: convert, and every command on a qwen4exp composite, against llama.cpp b11434.
+"""Qwen3.8-Flash-Next (qwen4exp) MTP heads: convert, and every command on a qwen4exp composite, against b11434.
 
 Two groups:
 
