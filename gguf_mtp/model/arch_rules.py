@@ -237,7 +237,8 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
 }
 
 
-#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs, and where it says so:
+#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs (qwen4exp: b11434's, the first
+#: build with its graph here), and where it says so:
 #: ``None`` for every block the file has (the speculative driver chains them, block k at
 #: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp), else the one count its graph
 #: accepts (``GGML_ASSERT(hparams.n_layer_nextn == 1 ...)`` in the graph's constructor: any other count aborts the
@@ -257,7 +258,7 @@ MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {
     "step35": (None, "src/models/step35.cpp:174-179, 376-379 (block nextn_layer_offset)"),
     "mimo2": (None, "src/models/mimo2.cpp:276-279 (block nextn_layer_offset)"),
     "hy_v3": (None, "src/models/hy-v3.cpp:247-250 (block nextn_layer_offset)"),
-    "qwen4exp": (1, "b11434 src/models/qwen4exp.cpp (graph_mtp: \"qwen4exp MTP has a single block\")"),
+    "qwen4exp": (1, "src/models/qwen4exp.cpp of b11434 (graph_mtp: \"qwen4exp MTP has a single block\")"),
 }
 
 
