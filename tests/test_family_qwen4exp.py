@@ -40,6 +40,7 @@ from support.qwen4exp_checkpoints import (
 from support.qwen_checkpoints import DIMS, QwenDims
 from support.upstream import ParitySet, raw_kvs, raw_tensors
 
+from gguf_mtp.check.draft_checks import draft_globals_check
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.compose import compose
@@ -163,6 +164,15 @@ def test_cli_refusal_of_half_an_eh_proj_is_one_line_naming_the_file(small: Path,
 def test_the_sidecars_metadata_is_b11434s_mtp_export_key_for_key(parity: ParitySet) -> None:
     """Every KV, in its encoding: the trunk's per-layer-embedding keys stay behind, as b11434 writes none."""
     assert raw_kvs(parity.standalone) == raw_kvs(parity.mtp)
+
+
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
+def test_b11434s_own_sidecar_is_a_loadable_drafter_without_output_norm(parity: ParitySet) -> None:
+    header = read_header(parity.mtp)
+    check = draft_globals_check(header, [header])
+    assert "output_norm.weight" not in {t.name for t in header.tensors}
+    assert check.sidecar and check.problems == (), check
 
 
 @pytest.mark.upstream
