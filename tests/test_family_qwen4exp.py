@@ -244,6 +244,29 @@ def test_outtype_q8_0_at_compose_is_extract_outtype_q8_0_of_the_composite(parity
 
 @pytest.mark.upstream
 @pytest.mark.parity("qwen4exp")
+def test_outtype_heads_are_llama_quantize_pures_of_the_bf16_composite(parity: ParitySet, llama_quantize_tool: Path,
+                                                                      tmp_path: Path) -> None:
+    """The head ``compose --outtype`` writes is what llama-quantize --pure makes of the BF16 composite's, for a type
+    of llama.cpp's converter (q8_0) and one of llama-quantize's alone (q4_k). The one difference: llama-quantize
+    drops the trailing 1 of the shared expert's ``[n_embd, 1]`` gate (llama.cpp reads both)."""
+    gate = _block("ffn_gate_inp_shexp.weight")
+    for outtype in ("q8_0", "q4_k"):
+        ours = raw_tensors(compose(parity.trunk, parity.draft, tmp_path / outtype, outtype=outtype,
+                                   progress=False).output_paths[0])
+        quantized = tmp_path / f"llama-quantize-{outtype}.gguf"
+        done = subprocess.run([str(llama_quantize_tool), "--pure", str(parity.composite), str(quantized), outtype],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        theirs = raw_tensors(quantized)
+        block = [n for n in theirs if n.startswith(f"blk.{BLOCK}.") and n != gate]
+        assert len(block) == 31
+        assert {n: ours[n] for n in block} == {n: theirs[n] for n in block}, outtype
+        assert (ours[gate][0], ours[gate][1], ours[gate][2]) == (theirs[gate][0], (H, 1), theirs[gate][2])
+        assert theirs[gate][1] == (H,)
+
+
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
 def test_embd_type_q8_0_sidecar_is_the_same_from_convert_and_extract(parity: ParitySet, tmp_path: Path) -> None:
     converted = convert(parity.checkpoint, tmp_path / "c.gguf", target=parity.trunk, standalone=True,
                         embd_type="q8_0", progress=False).output
