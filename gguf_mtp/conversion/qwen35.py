@@ -151,6 +151,8 @@ class _QwenMTPModel(MTPModuleModel):
     ffn: ClassVar[str] = "moe"
     default_norm_eps = 1e-6
     module_names: ClassVar[Mapping[str, tuple[TensorKey, str]]] = _NAMES
+    #: The checkpoint names of the norms that get ``+1`` (:class:`PlusOneTensor`).
+    plus_one: ClassVar[frozenset[str]] = _PLUS_ONE
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
@@ -232,7 +234,7 @@ class _QwenMTPModel(MTPModuleModel):
     # ------------------------------------------------------------------------------------ tensors
 
     def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
-        return PlusOneTensor.of(tensor) if tensor.name in _PLUS_ONE else tensor
+        return PlusOneTensor.of(tensor) if tensor.name in self.plus_one else tensor
 
     def other_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         layer = _LAYER_PREFIX.match(tensor.name)

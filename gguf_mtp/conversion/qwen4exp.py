@@ -85,39 +85,32 @@ _PLUS_ONE = frozenset({name for name, (_, norm) in _GLUE.items() if norm}
 
 @dataclass(frozen=True)
 class ColumnConcat(SafetensorsTensor):
-    """Two matrices with as many rows side by side (``torch.cat([self, right], dim=1)``), read a run of rows at a
-    time: each output row is the left tensor's row, then the right one's. ``right`` may lie in another file."""
+    """Two matrices with as many rows side by side (``torch.cat([left, right], dim=1)``), read a run of rows at a
+    time: each output row is the left one's row, then the right one's. Each half is read as itself (a dequantized FP8
+    half as float32), from its own file."""
 
-    right: SafetensorsTensor | None = None
+    halves: tuple[SafetensorsTensor, ...] = ()
     transformed: ClassVar[bool] = True
 
     @classmethod
     def of(cls, left: SafetensorsTensor, right: SafetensorsTensor, name: str) -> ColumnConcat:
-        (rows, left_cols), (_, right_cols) = left.shape, right.shape
-        return cls(name, left.dtype, (rows, left_cols + right_cols), left.path, left.offset, left.nbytes + right.nbytes,
-                   right=right)
-
-    def _left(self) -> SafetensorsTensor:
-        assert self.right is not None
-        return SafetensorsTensor(self.name, self.dtype, (self.shape[0], self.shape[1] - self.right.shape[1]),
-                                 self.path, self.offset, self.nbytes - self.right.nbytes)
+        rows, width = left.shape[0], left.shape[1] + right.shape[1]
+        return cls(name, left.dtype, (rows, width), left.path, left.offset, left.nbytes + right.nbytes,
+                   halves=(left, right))
 
     def numpy(self) -> np.ndarray:
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            return self.read_rows(fd, 0, self.n_rows).reshape(self.shape)
-        finally:
-            os.close(fd)
+        return self.read_rows(-1, 0, self.n_rows).reshape(self.shape)
 
     def read_rows(self, fd: int, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
-        assert self.right is not None
-        left = self._left().read_rows(fd, start, count, None)
-        right_fd = os.open(self.right.path, os.O_RDONLY)
-        try:
-            right = self.right.read_rows(right_fd, start, count, None)
-        finally:
-            os.close(right_fd)
-        return np.concatenate([left, right], axis=1)
+        """Rows ``start .. start+count`` (``fd`` is not used: each half is read through its own file)."""
+        parts = []
+        for half in self.halves:
+            half_fd = os.open(half.path, os.O_RDONLY)
+            try:
+                parts.append(half.read_rows(half_fd, start, count, None))
+            finally:
+                os.close(half_fd)
+        return np.concatenate(parts, axis=1)
 
 
 @HeadModel.register("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration")
@@ -127,6 +120,7 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
     model_arch = NEWER_ARCH_NAMES["QWEN4EXP"]  # not in PyPI gguf 0.19.0's MODEL_ARCH
     ffn = "moe"
     module_names = _NAMES
+    plus_one = _PLUS_ONE
 
     def read_hparams(self) -> None:
         super().read_hparams()
@@ -138,9 +132,6 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
         self.compress_ratio = self.hparam_int("indexer_compress_ratio")
 
     # ------------------------------------------------------------------------------------ tensors
-
-    def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
-        return PlusOneTensor.of(tensor) if tensor.name in _PLUS_ONE else tensor
 
     def begin_tensors(self) -> None:
         super().begin_tensors()
