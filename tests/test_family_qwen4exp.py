@@ -41,7 +41,7 @@ from support.qwen_checkpoints import DIMS, QwenDims
 from support.upstream import ParitySet, raw_kvs, raw_tensors
 
 from gguf_mtp.check.draft_checks import draft_globals_check
-from gguf_mtp.errors import CheckpointError
+from gguf_mtp.errors import CheckpointError, IncompatibleDraftError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
@@ -173,6 +173,17 @@ def test_b11434s_own_sidecar_is_a_loadable_drafter_without_output_norm(parity: P
     check = draft_globals_check(header, [header])
     assert "output_norm.weight" not in {t.name for t in header.tensors}
     assert check.sidecar and check.problems == (), check
+
+
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
+def test_a_head_of_another_indexer_budget_is_refused_against_the_trunk(parity: ParitySet, tmp_path: Path) -> None:
+    other = Path(shutil.copytree(parity.checkpoint, tmp_path / "hf"))
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "indexer_budget": 2 * config["indexer_budget"]}))
+    with pytest.raises(IncompatibleDraftError, match="attention.indexer.top_k = 128 .*indexer_budget.*, the target 64"):
+        convert(other, tmp_path / "d.gguf", target=parity.trunk, progress=False)
+    assert not (tmp_path / "d.gguf").exists()
 
 
 @pytest.mark.upstream

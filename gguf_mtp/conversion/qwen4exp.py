@@ -37,7 +37,7 @@ from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import SafetensorsTensor
 from gguf_mtp.model.shards import ShardSet
 
-from .base import HeadModel, TensorKey
+from .base import HeadModel, TargetCheck, TensorKey
 from .qwen35 import _LAYER, RECURRENT, PlusOneTensor, _QwenMTPModel
 from .tensors import FLOAT_DTYPES, TensorSource
 
@@ -225,6 +225,17 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
         writer.add_indexer_head_count(self.indexer_heads)
         writer.add_indexer_key_length(self.indexer_dim)
         writer.add_indexer_top_k(self.indexer_top_k)
+
+    def target_checks(self) -> list[TargetCheck]:
+        """Qwen3.5's, and the hyper-connection and indexer sizes the block's tensors and graph depend on."""
+        return [
+            *super().target_checks(),
+            TargetCheck(NEWER_KEYS["HyperConnection.COUNT"].removeprefix("{arch}."), self.hc, "hc_count"),
+            TargetCheck(NEWER_KEYS["HyperConnection.LOW_RANK"].removeprefix("{arch}."), self.hc_lowrank, "hc_lowrank"),
+            TargetCheck("attention.indexer.head_count", self.indexer_heads, "indexer_n_heads"),
+            TargetCheck("attention.indexer.key_length", self.indexer_dim, "indexer_head_dim"),
+            TargetCheck("attention.indexer.top_k", self.indexer_top_k, "indexer_budget"),
+        ]
 
     def own_layer_arrays(self) -> tuple[str, ...]:
         return (RECURRENT, COMPRESS_RATIOS)
