@@ -129,6 +129,15 @@ def test_the_draft_states_the_block_neither_recurrent_nor_without_its_compress_r
     assert not [k for k in reader_kvs(draft) if k.startswith("qwen4exp.ple.")]
 
 
+def test_the_conditional_generation_layout_gives_the_same_draft(draft: Path, tmp_path: Path) -> None:
+    """``Qwen4ExpForConditionalGeneration``: hyperparameters in ``text_config``, the trunk under
+    ``model.language_model.``, the head still top-level ``mtp.*``: the same bytes as the CausalLM layout's."""
+    nested = write_qwen4exp_checkpoint(tmp_path / "qwen4exp-small" / "hf", SMALL, conditional=True)
+    ours = convert(nested, tmp_path / "d.gguf", progress=False).output
+    assert reader_tensors(ours) == reader_tensors(draft)
+    assert reader_kvs(ours) == reader_kvs(draft)
+
+
 def _without(checkpoint: Path, tensor: str, into: Path) -> Path:
     """A copy of ``checkpoint`` without ``tensor``."""
     copy = Path(shutil.copytree(checkpoint, into))

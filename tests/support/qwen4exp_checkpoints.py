@@ -46,10 +46,10 @@ PLE_CONSTANTS_FILE = "model-ple-constants.safetensors"
 assert PLE_HEADS == N_TRUNK == len(PLE_VOCAB_SIZES)  # the pitfall this fixture is built to hold
 
 
-def config_json(d: QwenDims = DIMS) -> dict[str, object]:
-    """``config.json`` with every key b11434's converter and loader read for qwen4exp."""
+def text_config(d: QwenDims = DIMS) -> dict[str, object]:
+    """The text model's hyperparameters: every key b11434's converter and loader read for qwen4exp."""
     return {
-        "architectures": ["Qwen4ExpForCausalLM"], "model_type": "qwen4exp",
+        "model_type": "qwen4exp",
         "hidden_size": d.n_embd, "num_hidden_layers": N_TRUNK, "num_attention_heads": d.n_head,
         "num_key_value_heads": d.n_head_kv, "head_dim": d.head_dim, "vocab_size": d.n_vocab,
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu", "attn_output_gate": True,
@@ -68,6 +68,16 @@ def config_json(d: QwenDims = DIMS) -> dict[str, object]:
         "ple_layer_ids": [PLE_LAYER + 1], "ngram_size": NGRAM_SIZE, "heads_per_ngram": HEADS_PER_NGRAM,
         "ple_conv_kernel_size": PLE_CONV_KERNEL, "split_ngram_parts": PLE_SHARDS,
     }
+
+
+def config_json(conditional: bool, d: QwenDims = DIMS) -> dict[str, object]:
+    """``config.json``: flat for ``Qwen4ExpForCausalLM``, ``text_config``-nested for the release's
+    ``Qwen4ExpForConditionalGeneration`` (a Qwen3-VL vision tower beside the text model)."""
+    if not conditional:
+        return {"architectures": ["Qwen4ExpForCausalLM"], **text_config(d)}
+    return {"architectures": ["Qwen4ExpForConditionalGeneration"], "model_type": "qwen4exp",
+            "text_config": text_config(d), "tie_word_embeddings": False,
+            "vision_config": {"depth": 2, "hidden_size": 64, "out_hidden_size": d.n_embd}}
 
 
 def _t(name: str, shape: tuple[int, ...], fill: str = "weight", dtype: str = "BF16") -> CheckpointTensor:
@@ -132,11 +142,12 @@ def _without_norms(tensors: list[CheckpointTensor]) -> list[CheckpointTensor]:
     return [t for t in tensors if not t.name.endswith(("input_layernorm.weight", "post_attention_layernorm.weight"))]
 
 
-def trunk_tensors(d: QwenDims = DIMS) -> list[CheckpointTensor]:
-    """The trunk: embeddings, the layers, the PLE table's shards, the final mixer and the LM head."""
-    out = [_t("model.embed_tokens.weight", (d.n_vocab, d.n_embd))]
+def trunk_tensors(model: str = "model.", d: QwenDims = DIMS) -> list[CheckpointTensor]:
+    """The trunk under ``model`` (``model.language_model.`` in the ConditionalGeneration layout): embeddings, the
+    layers, the PLE table's shards, the final mixer and the LM head."""
+    out = [_t(model + "embed_tokens.weight", (d.n_vocab, d.n_embd))]
     for layer, kind in enumerate(LAYER_TYPES):
-        pre = f"model.layers.{layer}."
+        pre = f"{model}layers.{layer}."
         out += hyper_connection_tensors(pre, d)
         out += qsa_attention_tensors(pre, d) if kind == "full_attention" else _without_norms(linear_tensors(
             "qwen35", pre, d))
@@ -144,18 +155,18 @@ def trunk_tensors(d: QwenDims = DIMS) -> list[CheckpointTensor]:
             out += ple_layer_tensors(pre, d)
         out += ffn_tensors("qwen35moe", pre, False, d)
     rows = sum(PLE_VOCAB_SIZES)
-    out += [_t(f"model.ple_embedding.ngram_embedding.shard_{i}.weight", (rows // PLE_SHARDS + i * (rows % PLE_SHARDS),
-                                                                          d.n_embd)) for i in range(PLE_SHARDS)]
-    out += [*mixer_tensors("model.hyper_connection_mixer.", d), _t("lm_head.weight", (d.n_vocab, d.n_embd))]
+    out += [_t(f"{model}ple_embedding.ngram_embedding.shard_{i}.weight",
+               (rows // PLE_SHARDS + i * (rows % PLE_SHARDS), d.n_embd)) for i in range(PLE_SHARDS)]
+    out += [*mixer_tensors(model + "hyper_connection_mixer.", d), _t("lm_head.weight", (d.n_vocab, d.n_embd))]
     return out
 
 
-def ple_constants() -> dict[str, list[int]]:
+def ple_constants(model: str = "model.") -> dict[str, list[int]]:
     """The PLE hash constants (int64, as the release stores them; 45-bit multipliers do not fit a float)."""
     offsets = [sum(PLE_VOCAB_SIZES[:i]) for i in range(PLE_HEADS)]
-    return {"model.ple_embedding.layer_multipliers": [(1 << 44) + 7919 * i for i in range(NGRAM_SIZE)],
-            "model.ple_embedding.ngram_heads_offsets": offsets,
-            "model.ple_embedding.ngram_heads_vocab_sizes": list(PLE_VOCAB_SIZES)}
+    return {f"{model}ple_embedding.layer_multipliers": [(1 << 44) + 7919 * i for i in range(NGRAM_SIZE)],
+            f"{model}ple_embedding.ngram_heads_offsets": offsets,
+            f"{model}ple_embedding.ngram_heads_vocab_sizes": list(PLE_VOCAB_SIZES)}
 
 
 def _write_int64_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
@@ -172,10 +183,13 @@ def _write_int64_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
             f.write(np.asarray(values, dtype="<i8").tobytes())
 
 
-def write_qwen4exp_checkpoint(out_dir: Path, d: QwenDims = DIMS) -> Path:
-    """Write the checkpoint folder (three safetensors files and their index); returns it."""
-    out = write_checkpoint(out_dir, config_json(d), [trunk_tensors(d), head_tensors(d)], first_indices=[0, 1000])
-    constants = ple_constants()
+def write_qwen4exp_checkpoint(out_dir: Path, d: QwenDims = DIMS, *, conditional: bool = False) -> Path:
+    """Write the checkpoint folder (three safetensors files and their index); returns it. ``conditional``: the
+    ``Qwen4ExpForConditionalGeneration`` layout (``text_config``, trunk under ``model.language_model.``)."""
+    model = "model.language_model." if conditional else "model."
+    out = write_checkpoint(out_dir, config_json(conditional, d), [trunk_tensors(model, d), head_tensors(d)],
+                           first_indices=[0, 1000])
+    constants = ple_constants(model)
     _write_int64_safetensors(out / PLE_CONSTANTS_FILE, constants)
     index = json.loads((out / INDEX_NAME).read_text())
     index["weight_map"] |= {name: PLE_CONSTANTS_FILE for name in constants}
