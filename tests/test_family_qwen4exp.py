@@ -182,6 +182,10 @@ def test_b11434s_own_sidecar_is_a_loadable_drafter_without_output_norm(parity: P
     check = draft_globals_check(header, [header])
     assert "output_norm.weight" not in {t.name for t in header.tensors}
     assert check.sidecar and check.problems == (), check
+    shown = subprocess.run([sys.executable, "-m", "gguf_mtp", "inspect", str(parity.mtp), "--json"],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["standalone"] is True  # inspect: "run it beside its target"
 
 
 @pytest.mark.upstream

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gguf_mtp.constants import NOT_PER_LAYER_ARRAYS
+from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, NOT_PER_LAYER_ARRAYS
 from gguf_mtp.format.header import GGUFHeader, KeyValue
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "nextn_graph_note",
     "refusal_for_hf",
     "rule_for",
+    "sidecar_globals",
     "sidecar_needs",
     "splice_refusal",
     "trunk_only_arrays",
@@ -189,10 +190,16 @@ TRUNK_ONLY_KEYS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+def sidecar_globals(arch: str | None) -> tuple[str, ...]:
+    """The global tensors an MTP-only model of ``arch`` carries (llama.cpp's ``--mtp`` export): ``token_embd``,
+    ``output_norm`` (none where the architecture has none: :data:`NO_OUTPUT_NORM`) and ``output``."""
+    return tuple(n for n in DRAFT_GLOBAL_TENSORS if n != "output_norm.weight" or arch not in NO_OUTPUT_NORM)
+
+
 def sidecar_needs(arch: str | None) -> tuple[str, ...]:
-    """The global tensors an MTP-only model of ``arch`` must carry for llama.cpp to load it: ``token_embd`` and
-    ``output_norm`` (``output`` may be tied), ``token_embd`` alone where the architecture has no ``output_norm``."""
-    return ("token_embd.weight",) if arch in NO_OUTPUT_NORM else ("token_embd.weight", "output_norm.weight")
+    """Those of :func:`sidecar_globals` llama.cpp cannot load an MTP-only model without: all but ``output`` (a tied
+    head falls back to ``token_embd``)."""
+    return tuple(n for n in sidecar_globals(arch) if n != "output.weight")
 
 
 def is_trunk_only_key(arch: str, key: str) -> bool:
