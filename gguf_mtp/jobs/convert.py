@@ -32,7 +32,7 @@ from typing import Any
 
 from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
-from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
+from gguf_mtp.constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES, BlockScaledTensor
@@ -60,7 +60,7 @@ from gguf_mtp.format.safetensors_io import Checkpoint, NamePrefix, open_checkpoi
 from gguf_mtp.hub.checkpoint import HubCheckpoint, download_head, is_repo_id
 from gguf_mtp.jobs.head_type import head_notes, parse_outtype, retype_embedding_tensor, summarize_head
 from gguf_mtp.jobs.runner import WriteReport, run_write
-from gguf_mtp.model.arch_rules import is_trunk_only_key, nextn_graph_note, sidecar_needs
+from gguf_mtp.model.arch_rules import is_trunk_only_key, nextn_graph_note, sidecar_globals, sidecar_needs
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short
 
@@ -296,11 +296,11 @@ def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = N
     --output-tensor-type writes them)."""
     items = []
     needed = sidecar_needs(target.arch)
-    for name in DRAFT_GLOBAL_TENSORS:
+    for name in sidecar_globals(target.arch):
         if name not in target.tensor_locations:
             if name in needed:
                 raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
-            continue  # a tied output (llama.cpp falls back to token_embd), or an architecture without output_norm
+            continue  # a tied output: llama.cpp falls back to token_embd
         shard, info = target.tensor_locations[name]
         header = target.headers[shard]
         offset = header.data_offset + info.offset
