@@ -157,6 +157,7 @@ class _FakeLlama(types.SimpleNamespace):
         self.llama_model_n_layer = lambda m: 3
         self.llama_model_n_layer_nextn = lambda m: 1
         self.llama_model_n_embd = lambda m: 8
+        self.llama_model_n_embd_out = lambda m: 8
         self.llama_model_get_vocab = lambda m: "vocab"
         self.llama_vocab_n_tokens = lambda v: 16
         self.llama_model_free = lambda m: None
