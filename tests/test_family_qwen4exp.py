@@ -94,7 +94,7 @@ def test_eh_proj_is_fc_embedding_beside_fc_hidden(small: Path, draft: Path) -> N
 def test_the_heads_mixer_becomes_hc_head_norm_down_and_up(small: Path, draft: Path) -> None:
     tensors = reader_tensors(draft)
     qtype, shape, norm = tensors[_block("nextn.hc_head_norm.weight")]
-    assert (qtype, shape) == (Q.F32, (H, HC))
+    assert (qtype, shape) == (Q.F32, (HC * H,))  # flat, as stored; llama.cpp loads it as {n_embd, hc}
     stored = raw_tensor(small, "mtp.hyper_connection_mixer.hc_norm.weight")[2]
     assert norm == (_bf16_to_f32(stored) + np.float32(1)).tobytes()
     for part, name, ggml_shape in (("down", "input_mix_weight_down", (HC * H, HC_LOWRANK)),
@@ -104,9 +104,19 @@ def test_the_heads_mixer_becomes_hc_head_norm_down_and_up(small: Path, draft: Pa
         assert data == raw_tensor(small, f"mtp.hyper_connection_mixer.{name}.weight")[2]
 
 
-def test_hnorm_per_stream_keeps_the_checkpoint_type_after_plus_one(small: Path, draft: Path) -> None:
-    """2-D and not named ``*_norm``: upstream's type rule writes it as a matrix (BF16), of ``float32(x) + 1``."""
+def test_hnorm_gets_plus_one_in_f32(small: Path, draft: Path) -> None:
     qtype, shape, data = reader_tensors(draft)[_block("nextn.hnorm.weight")]
+    assert (qtype, shape) == (Q.F32, (HC * H,))
+    assert data == (_bf16_to_f32(raw_tensor(small, "mtp.pre_fc_norm_hidden.weight")[2]) + np.float32(1)).tobytes()
+
+
+def test_hnorm_stored_per_stream_keeps_the_checkpoint_type_after_plus_one(small: Path, tmp_path: Path) -> None:
+    """A ``[hc, n_embd]`` gamma is 2-D and not named ``*_norm``: upstream's type rule writes it as a matrix (BF16), of
+    ``float32(x) + 1``."""
+    per_stream = Path(shutil.copytree(small, tmp_path / "hf"))
+    rewrite_checkpoint_tensor(per_stream, "mtp.pre_fc_norm_hidden.weight", shape=[HC, H])
+    qtype, shape, data = reader_tensors(convert(per_stream, tmp_path / "d.gguf", progress=False).output)[
+        _block("nextn.hnorm.weight")]
     assert (qtype, shape) == (Q.BF16, (H, HC))
     stored = raw_tensor(small, "mtp.pre_fc_norm_hidden.weight")[2]
     assert data == _f32_to_bf16(_bf16_to_f32(stored) + np.float32(1))
@@ -345,6 +355,10 @@ def test_verify_runs_the_composite_through_b11434s_mtp_graph(parity: ParitySet, 
 @pytest.mark.llama
 @pytest.mark.upstream
 @pytest.mark.parity("qwen4exp")
+@pytest.mark.xfail(strict=True, reason=(
+    "b11434's libllama through llama-cpp-python 0.3.36 dies (SIGSEGV) in accept's batched MTP pass over a qwen4exp "
+    "model (accept_child.mtp_pass, llama_decode of the MTP context); verify's MTP step and llama-server b11434's own "
+    "draft-mtp run the same file: open, for the llama.cpp-setting part of issue 38"))
 def test_accept_predicts_through_b11434s_mtp_graph(parity: ParitySet, b11434_lib: Path) -> None:
     done = _cli_with(b11434_lib, "accept", str(parity.composite), "--tokens", "16", "--n-max", "1", "--threads", "1",
                      "--json")

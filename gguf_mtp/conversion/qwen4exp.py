@@ -181,13 +181,15 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
         q, kv, d = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
         name = self.format_tensor_name
         mixers: dict[str, tuple[int, ...]] = {}
-        for kind in ("NEXTN_HC_HEAD", "HC_ATTN", "HC_FFN"):
-            mixers |= {name(f"{kind}_NORM"): (self.hc, h), name(f"{kind}_DOWN"): (lr, hc_dim),
+        for kind, gamma in (("NEXTN_HC_HEAD", "mtp.hyper_connection_mixer.hc_norm.weight"),
+                            ("HC_ATTN", "mtp.layers.0.attn_hyper_connection.hc_norm.weight"),
+                            ("HC_FFN", "mtp.layers.0.mlp_hyper_connection.hc_norm.weight")):
+            mixers |= {name(f"{kind}_NORM"): self._gamma_shape(gamma), name(f"{kind}_DOWN"): (lr, hc_dim),
                        name(f"{kind}_UP"): (hc_dim, lr)}
         return {
             name(T.NEXTN_EH_PROJ): (h, 2 * h),
             name(T.NEXTN_ENORM): (h,),
-            name(T.NEXTN_HNORM): (self.hc, h),
+            name(T.NEXTN_HNORM): self._gamma_shape("mtp.pre_fc_norm_hidden.weight"),
             **mixers,
             name("HC_ATTN_INJECT"): (self.hc, hc_dim),
             name("HC_FFN_INJECT"): (self.hc, hc_dim),
@@ -206,6 +208,12 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
             name(T.FFN_GATE_INP_SHEXP): (1, h),
             **self.shared_expert_shapes(self.n_ff_shexp),
         }
+
+    def _gamma_shape(self, checkpoint_name: str) -> tuple[int, ...]:
+        """A per-stream gamma's shape: flat ``hc x n_embd`` or ``[hc, n_embd]``, as the checkpoint stores it (llama.cpp
+        loads either as ``{n_embd, hc}``: TENSOR_ALLOW_RESHAPE; upstream's converter writes the stored shape)."""
+        stored = self.checkpoint.tensors.get(checkpoint_name)
+        return (self.hc * self.n_embd,) if stored is not None and len(stored.shape) == 1 else (self.hc, self.n_embd)
 
     def output_type(self, name: str, source: TensorSource, outtype: GGMLQuantizationType | None
                     ) -> GGMLQuantizationType:

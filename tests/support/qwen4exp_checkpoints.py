@@ -4,7 +4,8 @@ b11434's converter (``conversion/qwen4exp.py``) and loader (``src/models/qwen4ex
 ``Qwen4ExpForCausalLM`` (flat config): 3 ``linear_attention`` (gated delta-net) layers and one ``full_attention``
 QSA layer (gated attention plus an indexer whose one ``index_qk_proj`` holds q and k), every layer's norms replaced by
 hyper-connections (``attn_hyper_connection`` / ``mlp_hyper_connection``: ``hc_norm``, the low-rank mix and the
-inject), a final ``hyper_connection_mixer`` instead of ``model.norm``, per-expert MoE with a gated shared expert,
+inject; the per-stream gammas flat, ``hc x hidden_size``, which llama.cpp loads as ``{n_embd, hc}``), a final
+``hyper_connection_mixer`` instead of ``model.norm``, per-expert MoE with a gated shared expert,
 and a per-layer-embedding (PLE) n-gram table on layer 1 (two shards, int64 hash constants). Its
 ``(ngram_size - 1) * heads_per_ngram`` PLE heads are as many as the trunk's blocks, so the
 ``qwen4exp.ple.head_offsets`` array a full conversion writes is exactly ``block_count`` long (the per-layer-array
@@ -87,7 +88,7 @@ def _t(name: str, shape: tuple[int, ...], fill: str = "weight", dtype: str = "BF
 def mixer_tensors(pre: str, d: QwenDims = DIMS) -> list[CheckpointTensor]:
     """A hyper-connection mixer (``pre`` ends with ``.``): per-stream norm gammas and the low-rank mix."""
     hc_dim = HC * d.n_embd
-    return [_t(pre + "hc_norm.weight", (HC, d.n_embd), "bias"),
+    return [_t(pre + "hc_norm.weight", (HC * d.n_embd,), "bias"),
             _t(pre + "input_mix_weight_down.weight", (HC_LOWRANK, hc_dim)),
             _t(pre + "input_mix_weight_up.weight", (hc_dim, HC_LOWRANK))]
 
@@ -118,8 +119,8 @@ def ple_layer_tensors(pre: str, d: QwenDims = DIMS) -> list[CheckpointTensor]:
     """The PLE module of the one PLE layer."""
     h, hc_dim = d.n_embd, HC * d.n_embd
     return [_t(pre + "ple.key_proj.weight", (hc_dim, h)), _t(pre + "ple.value_proj.weight", (h, h)),
-            _t(pre + "ple.norm_key.weight", (HC, h), "bias"), _t(pre + "ple.norm_query.weight", (HC, h), "bias"),
-            _t(pre + "ple.norm_conv.weight", (HC, h), "bias"),
+            _t(pre + "ple.norm_key.weight", (HC * h,), "bias"), _t(pre + "ple.norm_query.weight", (HC * h,), "bias"),
+            _t(pre + "ple.norm_conv.weight", (HC * h,), "bias"),
             _t(pre + "ple.conv1d.weight", (hc_dim, 1, PLE_CONV_KERNEL))]
 
 
@@ -129,7 +130,7 @@ def head_tensors(d: QwenDims = DIMS) -> list[CheckpointTensor]:
     return [
         _t("mtp.fc_embedding.weight", (h, h)), _t("mtp.fc_hidden.weight", (h, h)),
         _t("mtp.pre_fc_norm_embedding.weight", (h,), "bias"),
-        _t("mtp.pre_fc_norm_hidden.weight", (HC, h), "bias"),
+        _t("mtp.pre_fc_norm_hidden.weight", (HC * h,), "bias"),
         *mixer_tensors("mtp.hyper_connection_mixer.", d),
         *hyper_connection_tensors("mtp.layers.0.", d),
         *qsa_attention_tensors("mtp.layers.0.", d),
@@ -155,8 +156,10 @@ def trunk_tensors(model: str = "model.", d: QwenDims = DIMS) -> list[CheckpointT
             out += ple_layer_tensors(pre, d)
         out += ffn_tensors("qwen35moe", pre, False, d)
     rows = sum(PLE_VOCAB_SIZES)
+    # a row per hash-table entry, as wide as one head's share of the embedding (llama.cpp gathers one row per head
+    # and flattens the heads into n_embd: ple_head_dim x ple_n_heads)
     out += [_t(f"{model}ple_embedding.ngram_embedding.shard_{i}.weight",
-               (rows // PLE_SHARDS + i * (rows % PLE_SHARDS), d.n_embd)) for i in range(PLE_SHARDS)]
+               (rows // PLE_SHARDS + i * (rows % PLE_SHARDS), d.n_embd // PLE_HEADS)) for i in range(PLE_SHARDS)]
     out += [*mixer_tensors(model + "hyper_connection_mixer.", d), _t("lm_head.weight", (d.n_vocab, d.n_embd))]
     return out
 
