@@ -9,6 +9,10 @@ the first lookup of any other name on the package (``from gguf import GGUFWriter
 ``__init__`` in place, as ``import gguf`` would have done. The package object is the real one (the one
 ``import gguf`` would make, from its own spec), and ``gguf.constants`` is the module ``__init__`` then
 imports, so every class has one identity however it was reached.
+
+It also holds, as plain strings, the few names of llama.cpp's newer gguf-py that PyPI's gguf (0.19.0) lacks and
+gguf-mtp writes (:data:`NEWER_ARCH_NAMES`, :data:`NEWER_TENSOR_NAMES`, :data:`NEWER_KEYS`): the one place they are
+spelt, checked against build b11434's ``gguf-py/gguf/constants.py`` by ``tests/test_gguf_tables.py``.
 """
 
 from __future__ import annotations
@@ -16,15 +20,47 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
+from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
 
-__all__ = ["defer_gguf_package"]
+__all__ = ["NEWER_ARCH_NAMES", "NEWER_KEYS", "NEWER_TENSOR_NAMES", "defer_gguf_package"]
 
 PACKAGE = "gguf"
+
+#: ``MODEL_ARCH`` member -> GGUF architecture name, for architectures llama.cpp b11434 has and PyPI gguf lacks.
+NEWER_ARCH_NAMES: Mapping[str, str] = {
+    "QWEN4EXP": "qwen4exp",
+}
+
+#: ``MODEL_TENSOR`` member -> name template (``TENSOR_NAMES``), for tensors of llama.cpp b11434 that PyPI gguf lacks
+#: and a head gguf-mtp makes carries (qwen4exp's MTP block: its hyper-connections, QSA indexer and mixer head).
+NEWER_TENSOR_NAMES: Mapping[str, str] = {
+    "HC_ATTN_NORM": "blk.{bid}.hc_attn_norm",
+    "HC_ATTN_DOWN": "blk.{bid}.hc_attn_down",
+    "HC_ATTN_UP": "blk.{bid}.hc_attn_up",
+    "HC_ATTN_INJECT": "blk.{bid}.hc_attn_inject",
+    "HC_FFN_NORM": "blk.{bid}.hc_ffn_norm",
+    "HC_FFN_DOWN": "blk.{bid}.hc_ffn_down",
+    "HC_FFN_UP": "blk.{bid}.hc_ffn_up",
+    "HC_FFN_INJECT": "blk.{bid}.hc_ffn_inject",
+    "INDEXER_Q_PROJ": "blk.{bid}.indexer.q_proj",
+    "INDEXER_K_PROJ": "blk.{bid}.indexer.k_proj",
+    "INDEXER_Q_NORM": "blk.{bid}.indexer.q_norm",
+    "NEXTN_HC_HEAD_NORM": "blk.{bid}.nextn.hc_head_norm",
+    "NEXTN_HC_HEAD_DOWN": "blk.{bid}.nextn.hc_head_down",
+    "NEXTN_HC_HEAD_UP": "blk.{bid}.nextn.hc_head_up",
+}
+
+#: ``Keys`` attribute path -> key template, for the keys of llama.cpp b11434 that PyPI gguf lacks and gguf-mtp writes.
+NEWER_KEYS: Mapping[str, str] = {
+    "HyperConnection.COUNT": "{arch}.hyper_connection.count",
+    "HyperConnection.LOW_RANK": "{arch}.hyper_connection.low_rank",
+    "Attention.COMPRESS_RATIOS": "{arch}.attention.compress_ratios",
+}
 
 
 def defer_gguf_package() -> None:

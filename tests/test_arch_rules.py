@@ -33,10 +33,11 @@ from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_draft, wri
 
 ARR, BOOL, I32, F32 = GGUFValueType.ARRAY, GGUFValueType.BOOL, GGUFValueType.INT32, GGUFValueType.FLOAT32
 
-#: Every architecture with a NextN draft graph in llama.cpp 0c1e570 (mtp-families.md, overview table).
+#: Every architecture with a NextN draft graph in llama.cpp 0c1e570 (mtp-families.md, overview table), and qwen4exp.
 MTP_ARCHS = (
     "nemotron_h_moe", "glm4moe", "deepseek2", "deepseek32", "glm-dsa", "qwen35", "qwen35moe", "qwen3next",
     "step35", "mimo2", "hy_v3", "cohere2moe", "bailingmoe3", "deepseek4",
+    "qwen4exp",  # llama.cpp b11434's (src/models/qwen4exp.cpp, graph_mtp)
 )
 
 
@@ -283,6 +284,27 @@ def test_per_layer_keys_keeps_its_signature_and_leaves_out_trunk_length_arrays(d
     assert per_layer_keys(header, "glm-dsa", 2) == [kv for kv, _ in extended_arrays(header, "glm-dsa", 2)] == []
     composite = read_header(dsa["composite"])
     assert [kv.key for kv in trunk_only_arrays(composite, "glm-dsa")] == ["glm-dsa.attention.indexer.types"]
+
+
+# ---------------------------------------------------------- qwen4exp: its per-layer arrays named, not guessed
+
+
+U64 = GGUFValueType.UINT64
+
+
+def test_qwen4exp_ple_arrays_as_long_as_the_trunk_are_not_extended(base: dict[str, Path], tmp_path: Path) -> None:
+    """Two PLE hash heads on a 2-block trunk: ``ple.head_offsets`` is exactly ``block_count`` long, yet one entry
+    per hash head (b11434 src/models/qwen4exp.cpp); compose extends the named arrays and leaves it as it is."""
+    recurrent, ratios = "qwen4exp.attention.recurrent_layers", "qwen4exp.attention.compress_ratios"
+    offsets = _array("qwen4exp.ple.head_offsets", U64, (0, 5))
+    target = _as("qwen4exp", base["target"], tmp_path / "t" / "q.gguf", offsets,
+                 _array(recurrent, BOOL, (True, False)), _array(ratios, I32, (0, 4)))
+    assert [kv.key for kv in per_layer_keys(read_header(target), "qwen4exp", 2)] == [recurrent, ratios]
+    draft = _as("qwen4exp", base["draft"], tmp_path / "mtp.gguf", _array(ratios, I32, (4,)))
+    composite = read_header(compose(target, draft, tmp_path / "c", progress=False).output_paths[0])
+    assert composite.get("qwen4exp.ple.head_offsets") == [0, 5]
+    assert composite.get(recurrent) == [True, False, False]
+    assert composite.get(ratios) == [0, 4, 4]
 
 
 # --------------------------------------------------------------------------- NextN blocks the MTP graph runs

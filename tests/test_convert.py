@@ -104,8 +104,10 @@ def test_registry_finds_the_converter_by_hf_architecture_and_by_gguf_architectur
         "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM", "HYV3ForCausalLM", "MiMoV2FlashForCausalLM",
         "MiMoV2ForCausalLM", "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM",
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-        "Step3p5ForCausalLM", "Step3p7ForConditionalGeneration",
+        "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
     ])
+    assert model_class_for_arch("qwen4exp") is get_model_class("Qwen4ExpForCausalLM")
     assert model_class_for_arch("glm4moe") is get_model_class("Glm4MoeForCausalLM")
     assert model_class_for_arch("deepseek2") is get_model_class("DeepseekV3ForCausalLM")
     assert model_class_for_arch("deepseek32") is get_model_class("DeepseekV32ForCausalLM")  # a name gguf-py lacks

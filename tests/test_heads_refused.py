@@ -18,8 +18,6 @@ from gguf_mtp.model.arch_rules import HEADS_REFUSED, refusal_for_hf, splice_refu
 CASES = {
     "Cohere2MoeForCausalLM": ("cohere2moe", "no official MTP weights"),
     "Glm5NextForConditionalGeneration": ("glm5-next", "not implemented yet"),
-    "Qwen4ExpForCausalLM": ("qwen4exp", "no MTP graph for it yet and its converter drops the head"),
-    "Qwen4ExpForConditionalGeneration": ("qwen4exp", "no MTP graph for it yet"),
     "DeepseekV4ForCausalLM": ("deepseek4", "its own hyper-connection head"),
 }
 #: The same, for the words naming the llama.cpp build that adds what is missing (tests/test_mtp_builds.py's table).
@@ -48,6 +46,7 @@ def test_each_refused_hugging_face_name_finds_its_architecture() -> None:
         refused = refusal_for_hf(hf_arch)
         assert refused is not None and refused[0] == arch
     assert refusal_for_hf("Glm4MoeForCausalLM") is None
+    assert refusal_for_hf("Qwen4ExpForCausalLM") is None  # b11434 has its MTP graph: test_family_qwen4exp
     # only DeepSeek-V4's head cannot sit in a trunk: compose/graft refuse it (test_arch_rules), not the others
     assert [arch for arch in HEADS_REFUSED if splice_refusal(arch)] == ["deepseek4"]
 

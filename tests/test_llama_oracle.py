@@ -157,6 +157,7 @@ class _FakeLlama(types.SimpleNamespace):
         self.llama_model_n_layer = lambda m: 3
         self.llama_model_n_layer_nextn = lambda m: 1
         self.llama_model_n_embd = lambda m: 8
+        self.llama_model_n_embd_out = lambda m: 8
         self.llama_model_get_vocab = lambda m: "vocab"
         self.llama_vocab_n_tokens = lambda v: 16
         self.llama_model_free = lambda m: None
@@ -181,6 +182,26 @@ def test_the_check_passes_parameters_that_avoid_cpu_specific_paths(monkeypatch: 
     for c in fake.context_params:
         assert (c.flash_attn_type, c.op_offload, c.offload_kqv, c.n_threads) == (103, False, False, 2)
     assert out["trunk_decode_ok"] is False and out["mtp_decode_ok"] is False
+
+
+def test_the_mtp_step_gets_rows_as_wide_as_the_trunks_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's MTP context reads n_embd_out floats a token (qwen4exp: its hc streams, hc x n_embd): rows of
+    n_embd would let it read past the batch's buffer."""
+    fake = _FakeLlama()
+    fake.llama_model_n_embd_out = lambda m: 16  # hc = 2 streams of n_embd 8
+    fake.llama_init_from_model = lambda model, cparams: f"ctx{cparams.ctx_type}"
+    fake.llama_free = lambda ctx: None
+    widths: list[int | None] = []
+
+    def decode(llama: object, ctx: str, tokens: list[int], rows: list[list[float]] | None, n_vocab: int) -> tuple:
+        widths.append(None if rows is None else len(rows[0]))
+        return 0, True, "digest"
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setattr(llama_check, "_decode", decode)
+    out = llama_check._child("x.gguf", True, True)
+    assert widths == [None, 16]  # the trunk decode, then the MTP step
+    assert out["mtp_decode_ok"] is True
 
 
 def _fake_child(monkeypatch: pytest.MonkeyPatch, body: str) -> None:

@@ -32,6 +32,7 @@ from gguf import GGMLQuantizationType
 from support.deepseek_checkpoints import N_LAYERS as MLA_BLOCK
 from support.mimo_checkpoints import N_LAYER as MIMO_LAYERS
 from support.nano_checkpoints import NANO_HPARAMS
+from support.qwen4exp_checkpoints import N_TRUNK as QWEN4EXP_BLOCK
 from support.qwen_checkpoints import N_TRUNK as QWEN_BLOCK
 from support.step_checkpoints import N_LAYER as STEP_LAYERS
 from support.upstream import (
@@ -136,6 +137,12 @@ FAMILIES = [
            composite_kv_differences=SIZE_LABEL),
     Family("glm5", "glm-dsa", blocks=(MLA_BLOCK,), block_tensors=27, n_layer=MLA_BLOCK,
            composite_kv_differences=frozenset()),
+    # qwen4exp, against llama.cpp b11434's converter (support.parity_sets): NextN 6 (eh_proj of fc_embedding and
+    # fc_hidden, enorm, hnorm per stream, the head's mixer 3), hyper-connections 8, attention 6, indexer 4, MoE 8.
+    # The 0c1e570 libllama of the llama checks has no qwen4exp graph: test_family_qwen4exp runs b11434's.
+    Family("qwen4exp", "qwen4exp", blocks=(QWEN4EXP_BLOCK,), block_tensors=32, n_layer=None,
+           draft_kvs=("attention.recurrent_layers", "attention.compress_ratios"),
+           composite_kv_differences=SIZE_LABEL),
     # the BF16 release: glm5's graph, its tensors equal as glm5's are, so llama.cpp's run adds nothing
     Family("glm5-bf16", "glm-dsa", blocks=(MLA_BLOCK,), block_tensors=27, n_layer=None,
            composite_kv_differences=frozenset()),

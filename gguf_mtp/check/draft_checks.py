@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_ARCHITECTURE, KEY_EMBEDDING_LENGTH, KEY_TOKENS
 from gguf_mtp.format.header import GGUFHeader, TensorInfo
+from gguf_mtp.model.arch_rules import sidecar_needs
 from gguf_mtp.model.shards import ShardSet, vocab_size
 
 __all__ = ["DraftGlobals", "draft_globals_check", "target_fit_check", "tokens_digest"]
@@ -59,7 +60,8 @@ def draft_globals_check(first: GGUFHeader, headers: Sequence[GGUFHeader]) -> Dra
     """Whether a draft's global tensors make it a sidecar llama.cpp can load, and fit its own metadata.
 
     A draft without any of them is a bare draft (fine, for ``compose``). Otherwise ``token_embd`` and
-    ``output_norm`` must both be there; ``output`` may be left out (the head is then tied to the
+    ``output_norm`` must both be there (``token_embd`` alone where the architecture has no ``output_norm``:
+    :func:`~gguf_mtp.model.arch_rules.sidecar_needs`); ``output`` may be left out (the head is then tied to the
     embedding, as llama.cpp loads it); ``token_embd`` and ``output`` are ``[embedding_length, vocabulary]``
     and ``output_norm`` is ``[embedding_length]``.
     """
@@ -75,9 +77,10 @@ def draft_globals_check(first: GGUFHeader, headers: Sequence[GGUFHeader]) -> Dra
     arch = first.get(KEY_ARCHITECTURE)
     width_key = KEY_EMBEDDING_LENGTH.format(arch=arch)
     width, vocab = first.get(width_key), vocab_size(first)
+    needed = sidecar_needs(arch if isinstance(arch, str) else None)
     problems = [
         f"carries {', '.join(present)} but no {name}: llama.cpp cannot load it as a drafter"
-        for name in (TOKEN_EMBD, OUTPUT_NORM)
+        for name in needed
         if name not in tensors
     ]
     if not isinstance(width, int):
@@ -93,7 +96,7 @@ def draft_globals_check(first: GGUFHeader, headers: Sequence[GGUFHeader]) -> Dra
     if OUTPUT not in tensors:
         shown.append(f"no {OUTPUT} (tied to {TOKEN_EMBD})")
     detail = "; ".join(shown) + f"; {width_key} {width}, {vocab} tokens: loadable beside its target as the drafter"
-    return DraftGlobals(tuple(problems), detail, sidecar=TOKEN_EMBD in tensors and OUTPUT_NORM in tensors)
+    return DraftGlobals(tuple(problems), detail, sidecar=all(name in tensors for name in needed))
 
 
 def tokens_digest(header: GGUFHeader) -> str | None:

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gguf_mtp.constants import (
-    DRAFT_GLOBAL_TENSORS,
     KEY_ARCHITECTURE,
     KEY_SPLIT_COUNT,
     KEY_SPLIT_NO,
@@ -22,7 +21,7 @@ from gguf_mtp.constants import (
 )
 from gguf_mtp.files.journal import pending_journal, uncommitted_line
 from gguf_mtp.format.header import GGUFHeader
-from gguf_mtp.model.arch_rules import nextn_graph_note
+from gguf_mtp.model.arch_rules import nextn_graph_note, sidecar_globals
 from gguf_mtp.model.blocks import (
     block_index,
     block_indices,
@@ -263,7 +262,7 @@ class ModelSummary:
                 blocks += f" ({', '.join(f'blk.{b}' for b in self.nextn_blocks)})"
             lines.append(blocks)
         if self.mtp_only:
-            extra = f", with {', '.join(DRAFT_GLOBAL_TENSORS)}" if self.standalone else ""
+            extra = f", with {', '.join(sidecar_globals(self.architecture))}" if self.standalone else ""
             lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
         if self.graph_note:
             lines.append(f"  note: {self.graph_note}")
@@ -398,7 +397,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         bytes_fetched=model.bytes_fetched if model.remote else None,
         http_requests=model.http_requests if model.remote else None,
         mtp_only=blocks.mtp_only,
-        standalone=blocks.mtp_only and _has_draft_globals(names),
+        standalone=blocks.mtp_only and all(name in names for name in sidecar_globals(arch)),
         graph_note=nextn_graph_note(arch, blocks.nextn),
         nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
         rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
@@ -492,11 +491,6 @@ def _block_facts(first: GGUFHeader | None, arch: str | None, names: list[str]) -
 def _nextn_missing(names: list[str], arch: str | None, nextn_blocks: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
     """The tensors each NextN block lacks, of those ``arch``'s NextN blocks hold (blocks lacking none left out)."""
     return {b: tuple(m) for b, m in missing_nextn_by_block(names, arch, nextn_blocks).items()}
-
-
-def _has_draft_globals(names: list[str]) -> bool:
-    """Whether the tensors a standalone draft needs besides its blocks (embeddings, output) are all there."""
-    return all(name in names for name in DRAFT_GLOBAL_TENSORS)
 
 
 def _stray_blocks(names: list[str], block_count: int | None) -> tuple[int, ...]:

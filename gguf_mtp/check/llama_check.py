@@ -528,7 +528,9 @@ def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict
         "n_layer": llama.llama_model_n_layer(model),
         "n_layer_nextn": llama.llama_model_n_layer_nextn(model),
     }
-    n_embd = llama.llama_model_n_embd(model)
+    # The rows an MTP step takes are the trunk's output rows: n_embd_out wide (qwen4exp's are its hc streams,
+    # hc x n_embd; llama.cpp reads that many floats a token from the batch, so narrower rows would overrun it).
+    n_embd = llama.llama_model_n_embd_out(model)
     n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
     tokens = [t % max(n_vocab, 1) for t in (1, 2, 3)]
 
@@ -546,7 +548,7 @@ def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict
     if mtp and beside is not None and out["n_layer_nextn"] > 0:
         out["beside"] = beside
         emit_report(out, "target")
-        rows, error = _target_rows(llama, beside, tokens, llama.llama_model_n_embd_out(model), n_vocab)
+        rows, error = _target_rows(llama, beside, tokens, n_embd, n_vocab)
         if rows is None:
             out["mtp_decode_ok"] = False
             out["error"] = error

@@ -57,6 +57,8 @@ FAMILY_MODULES: dict[str, str] = {
     "Qwen3_5ForCausalLM": "qwen35",
     "Qwen3_5ForConditionalGeneration": "qwen35",
     "Qwen3NextForCausalLM": "qwen35",
+    "Qwen4ExpForCausalLM": "qwen4exp",
+    "Qwen4ExpForConditionalGeneration": "qwen4exp",
     "Step3p5ForCausalLM": "step35",
     "Step3p7ForConditionalGeneration": "step35",
     "MiMoV2FlashForCausalLM": "mimo2",

@@ -39,6 +39,7 @@ from gguf import (
     LlamaFileType,
 )
 
+from gguf_mtp._gguf_tables import NEWER_TENSOR_NAMES
 from gguf_mtp.errors import CheckpointError, IncompatibleDraftError, ParameterError
 from gguf_mtp.format.quant_rules import HEAD_TYPE_FILE_TYPES, head_tensor_type
 from gguf_mtp.format.safetensors_io import QUANTIZED_DTYPES, Checkpoint, NamePrefix, SafetensorsTensor
@@ -63,8 +64,13 @@ __all__ = [
     "FILE_TYPES",
     "HeadModel",
     "TargetCheck",
+    "TensorKey",
     "arch_name",
 ]
+
+#: A tensor as gguf-py names it: its ``MODEL_TENSOR`` member, or the member's name where PyPI gguf lacks the member
+#: (a key of :data:`~gguf_mtp._gguf_tables.NEWER_TENSOR_NAMES`).
+TensorKey = MODEL_TENSOR | str
 
 Q = GGMLQuantizationType
 
@@ -380,10 +386,11 @@ class HeadModel(ConfigReader):
             raise CheckpointError(f"{key} = {n:,}, but the MTP head has tensors for {len(present)} experts "
                                   f"(none for experts {shown})", self.config_path)
 
-    def format_tensor_name(self, key: MODEL_TENSOR, suffix: str = ".weight", block: int = 0) -> str:
+    def format_tensor_name(self, key: TensorKey, suffix: str = ".weight", block: int = 0) -> str:
         """gguf-py's name for ``key`` with the block index left in: ``blk.{bid}.nextn.eh_proj.weight`` for the
         first NextN block, ``blk.{bid[k]}...`` for the ``block`` = k-th after it (see :class:`BlockIndex`)."""
-        return at_block(TENSOR_NAMES[key] + suffix, block)
+        template = TENSOR_NAMES[key] if isinstance(key, MODEL_TENSOR) else NEWER_TENSOR_NAMES[key]
+        return at_block(template + suffix, block)
 
     def router_shapes(self, probs_bias: str | None = ".bias") -> dict[str, tuple[int, ...]]:
         """The router ``[n_expert, n_embd]`` and, unless ``probs_bias`` is ``None``, its expert-selection bias

@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
-from gguf import MODEL_TENSOR
-
 from gguf_mtp.errors import CheckpointError
 from gguf_mtp.format.safetensors_io import NamePrefix, SafetensorsTensor
 
-from .base import HeadModel
+from .base import HeadModel, TensorKey
 from .tensors import TensorSource
 
 __all__ = ["MTPModuleModel"]
@@ -27,7 +25,7 @@ class MTPModuleModel(HeadModel):
 
     tensor_prefix: ClassVar[NamePrefix] = "mtp."
     #: checkpoint name -> (gguf-py tensor, GGUF suffix) of every tensor that is one checkpoint tensor renamed.
-    module_names: ClassVar[Mapping[str, tuple[MODEL_TENSOR, str]]] = {}
+    module_names: ClassVar[Mapping[str, tuple[TensorKey, str]]] = {}
 
     def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
         """A renamed tensor's values as written (the tensor itself; Qwen's norms read ``+ 1``)."""

@@ -28,7 +28,7 @@ the NextN block as attention (``is_recr`` needs ``il < n_layer()``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -40,7 +40,7 @@ from gguf_mtp.format.safetensors_io import SAFETENSORS_DTYPES, SafetensorsTensor
 from gguf_mtp.model.blocks import layer_array, per_layer_keys
 from gguf_mtp.model.shards import ShardSet
 
-from .base import HeadModel, TargetCheck
+from .base import HeadModel, TargetCheck, TensorKey
 from .hparams import LLAMA_MAX_LAYERS
 from .mtp_module import MTPModuleModel
 from .tensors import TensorSource
@@ -150,7 +150,9 @@ class _QwenMTPModel(MTPModuleModel):
     #: The FFN of the NextN block: "dense" (qwen35) or "moe".
     ffn: ClassVar[str] = "moe"
     default_norm_eps = 1e-6
-    module_names = _NAMES
+    module_names: ClassVar[Mapping[str, tuple[TensorKey, str]]] = _NAMES
+    #: The checkpoint names of the norms that get ``+1`` (:class:`PlusOneTensor`).
+    plus_one: ClassVar[frozenset[str]] = _PLUS_ONE
     expert_pattern = _EXPERT
     stacked_experts: ClassVar[dict[str, MODEL_TENSOR]] = {
         "gate": T.FFN_GATE_EXP, "up": T.FFN_UP_EXP, "down": T.FFN_DOWN_EXP}
@@ -232,7 +234,7 @@ class _QwenMTPModel(MTPModuleModel):
     # ------------------------------------------------------------------------------------ tensors
 
     def stored(self, tensor: SafetensorsTensor) -> SafetensorsTensor:
-        return PlusOneTensor.of(tensor) if tensor.name in _PLUS_ONE else tensor
+        return PlusOneTensor.of(tensor) if tensor.name in self.plus_one else tensor
 
     def other_tensors(self, tensor: SafetensorsTensor) -> Iterable[tuple[str, TensorSource]]:
         layer = _LAYER_PREFIX.match(tensor.name)

@@ -32,7 +32,7 @@ from typing import Any
 
 from gguf import GGUF_VERSION, GGMLQuantizationType, GGUFValueType
 
-from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
+from gguf_mtp.constants import KEY_BLOCK_COUNT, KEY_NEXTN_PREDICT_LAYERS
 from gguf_mtp.conversion import HeadGGUFWriter, HeadModel, MappedTensor, model_class_for_config, tensor_segments
 from gguf_mtp.conversion.base import CONVERTER_TYPES, FILE_TYPES, arch_name
 from gguf_mtp.conversion.fp8 import FP8_DTYPES, BlockScaledTensor
@@ -68,7 +68,7 @@ from gguf_mtp.jobs.head_type import (
     summarize_head,
 )
 from gguf_mtp.jobs.runner import WriteReport, run_write
-from gguf_mtp.model.arch_rules import nextn_graph_note
+from gguf_mtp.model.arch_rules import is_trunk_only_key, nextn_graph_note, sidecar_globals, sidecar_needs
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short
 
@@ -259,7 +259,7 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
     arrays = model.layer_arrays(block, target)
     writer.clear_kvs()
     for key, kv in target.first.kvs.items():
-        if key.startswith(_NOT_COPIED):
+        if key.startswith(_NOT_COPIED) or is_trunk_only_key(arch, key):
             continue
         if key == count_key:
             if kv.vtype not in INT_RANGES:
@@ -304,14 +304,16 @@ def _head_item(tensor: MappedTensor, imatrix: ImportanceMatrix | None = None) ->
 
 
 def _target_globals(target: ShardSet, embd_type: GGMLQuantizationType | None = None) -> list[_OutputTensor]:
-    """``token_embd``, ``output_norm`` and ``output`` of the target, as byte-for-byte copies (with ``embd_type``,
-    ``token_embd`` and ``output`` as llama-quantize --token-embedding-type --output-tensor-type writes them)."""
+    """``token_embd``, ``output_norm`` (where the architecture has one) and ``output`` of the target, as byte-for-byte
+    copies (with ``embd_type``, ``token_embd`` and ``output`` as llama-quantize --token-embedding-type
+    --output-tensor-type writes them)."""
     items = []
-    for name in DRAFT_GLOBAL_TENSORS:
+    needed = sidecar_needs(target.arch)
+    for name in sidecar_globals(target.arch):
         if name not in target.tensor_locations:
-            if name == "output.weight":  # a tied output: llama.cpp falls back to token_embd
-                continue
-            raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+            if name in needed:
+                raise IncompatibleDraftError(f"the target has no {name}; a standalone draft needs it", target.name)
+            continue  # a tied output: llama.cpp falls back to token_embd
         shard, info = target.tensor_locations[name]
         header = target.headers[shard]
         offset = header.data_offset + info.offset

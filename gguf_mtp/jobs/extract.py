@@ -59,6 +59,7 @@ from gguf_mtp.jobs.head_type import (
     summarize_head,
 )
 from gguf_mtp.jobs.runner import WriteReport, run_write
+from gguf_mtp.model.arch_rules import is_trunk_only_key, sidecar_needs
 from gguf_mtp.model.blocks import missing_nextn_tensors
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
@@ -261,7 +262,7 @@ def _draft_kvs(
     for key, kv in source.first.kvs.items():
         if key == SET_ID_KEY:  # the composite's set id (gguf_mtp.set_id): the draft is no shard of it
             continue
-        if key.startswith(skipped) or key == unknown_upstream:
+        if key.startswith(skipped) or key == unknown_upstream or (standalone and is_trunk_only_key(source.arch, key)):
             left_out.append(key)
         else:
             kvs.append(kv)
@@ -330,12 +331,13 @@ def _standalone_globals(source: ShardSet, trunk: ShardSet | None) -> tuple[list[
     trunk's, where it has one.
 
     Raises:
-        BadGGUFError: neither has ``token_embd`` / ``output_norm`` (llama.cpp cannot load a sidecar without them).
+        BadGGUFError: neither has ``token_embd`` / ``output_norm`` (llama.cpp cannot load a sidecar without them;
+            :func:`~gguf_mtp.model.arch_rules.sidecar_needs`).
     """
     own = [name for name in DRAFT_GLOBAL_TENSORS if name in source.tensor_locations]
     lent = [] if trunk is None else [
         name for name in DRAFT_GLOBAL_TENSORS if name not in own and name in trunk.tensor_locations]
-    for needed in (_TOKEN_EMBD, "output_norm.weight"):
+    for needed in sidecar_needs(source.arch):
         if needed in own or needed in lent:
             continue
         if trunk is None and is_shared_sidecar(source):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gguf_mtp.constants import NOT_PER_LAYER_ARRAYS
+from gguf_mtp.constants import DRAFT_GLOBAL_TENSORS, NOT_PER_LAYER_ARRAYS
 from gguf_mtp.format.header import GGUFHeader, KeyValue
 from gguf_mtp.model.mtp_builds import LIBRARY_BUILD, MTP_BUILDS, SOURCE_BUILD
 
@@ -33,16 +33,22 @@ __all__ = [
     "COMMON_RULES",
     "HEADS_REFUSED",
     "MTP_GRAPH_BLOCKS",
+    "NAMED_ONLY",
+    "NO_OUTPUT_NORM",
+    "TRUNK_ONLY_KEYS",
     "HeadRefusal",
     "LayerKeyRule",
     "NextNValue",
     "exact_length_arrays",
     "extended_arrays",
     "is_known_arch",
+    "is_trunk_only_key",
     "layer_rules",
     "nextn_graph_note",
     "refusal_for_hf",
     "rule_for",
+    "sidecar_globals",
+    "sidecar_needs",
     "splice_refusal",
     "trunk_only_arrays",
 ]
@@ -151,10 +157,58 @@ ARCH_RULES: Mapping[str, Mapping[str, LayerKeyRule]] = {
         "swiglu_clamp_exp": _draft(_SWIGLU),
         "swiglu_clamp_shexp": _draft(_SWIGLU),
     },
+    # Qwen3.8-Flash-Next (llama.cpp b11434): the NextN block is a full-attention QSA layer, never recurrent, with the
+    # model's one compress ratio (conversion/qwen4exp.py pads both; src/models/qwen4exp.cpp reads them with
+    # get_key_or_arr, length n_layer_all). Its ple.* arrays are as long as the PLE hash heads: see NAMED_ONLY.
+    "qwen4exp": {
+        "attention.recurrent_layers": LayerKeyRule(
+            NextNValue.CONSTANT, False, "b11434 src/models/qwen4exp.cpp (get_key_or_arr, length n_layer_all)"),
+        "attention.compress_ratios": _draft("b11434 src/models/qwen4exp.cpp (get_key_or_arr, length n_layer_all)"),
+    },
     # No MTP graph in this llama.cpp, but they read indexer.types with the trunk's length too.
     "glm5-next": {"attention.indexer.types": _INDEXER_TRUNK},
     "hy_v4": {"attention.indexer.types": _INDEXER_TRUNK},
 }
+
+#: Architectures whose per-layer arrays are exactly those :data:`ARCH_RULES` and :data:`COMMON_RULES` name: any other
+#: ``{arch}.*`` array is not per layer, whatever its length. qwen4exp's ``ple.head_offsets`` / ``ple.head_vocab_sizes``
+#: hold one entry per PLE hash head (``(ngram_size - 1) * heads_per_ngram``), which may equal ``block_count``: a
+#: rule by length would extend them when a head block is appended (b11434 src/models/qwen4exp.cpp reads them with
+#: that exact length).
+NAMED_ONLY: frozenset[str] = frozenset({"qwen4exp"})
+
+
+#: Architectures that have no ``output_norm``: an MTP-only file (a sidecar) carries ``token_embd`` and ``output``
+#: alone. qwen4exp's final hyper-connection mixer carries the norm (b11434 src/models/qwen4exp.cpp: "there is no
+#: output_norm"; its --mtp export writes token_embd and output only).
+NO_OUTPUT_NORM: frozenset[str] = frozenset({"qwen4exp"})
+
+#: ``{arch}.`` key prefixes of the trunk alone, which an MTP-only file leaves out as llama.cpp's ``--mtp`` export
+#: does: qwen4exp's per-layer-embedding keys (b11434 conversion/qwen4exp.py writes none when mtp_only: "the MTP head
+#: never reads PLE").
+TRUNK_ONLY_KEYS: Mapping[str, tuple[str, ...]] = {
+    "qwen4exp": ("ple.", "embedding_length_per_layer_input"),
+}
+
+
+def sidecar_globals(arch: str | None) -> tuple[str, ...]:
+    """The global tensors an MTP-only model of ``arch`` carries (llama.cpp's ``--mtp`` export): ``token_embd``,
+    ``output_norm`` (none where the architecture has none: :data:`NO_OUTPUT_NORM`) and ``output``."""
+    return tuple(n for n in DRAFT_GLOBAL_TENSORS if n != "output_norm.weight" or arch not in NO_OUTPUT_NORM)
+
+
+def sidecar_needs(arch: str | None) -> tuple[str, ...]:
+    """Those of :func:`sidecar_globals` llama.cpp cannot load an MTP-only model without: all but ``output`` (a tied
+    head falls back to ``token_embd``)."""
+    return tuple(n for n in sidecar_globals(arch) if n != "output.weight")
+
+
+def is_trunk_only_key(arch: str, key: str) -> bool:
+    """Whether ``key`` belongs to the trunk of ``arch`` alone (:data:`TRUNK_ONLY_KEYS`): an MTP-only file leaves it
+    out."""
+    prefixes = TRUNK_ONLY_KEYS.get(arch, ())
+    return bool(prefixes) and key.startswith(tuple(f"{arch}.{p}" for p in prefixes))
+
 
 @dataclass(frozen=True)
 class HeadRefusal:
@@ -189,11 +243,6 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
         f"proves heads against have none (src/models/glm5-next.cpp:188-190: \"not implemented yet\", also at "
         f"{SOURCE_BUILD}), and {LIBRARY_BUILD}, whose libllama has it, ships no sources to prove a converter against",
     ),
-    "qwen4exp": HeadRefusal(
-        ("Qwen4ExpForConditionalGeneration", "Qwen4ExpForCausalLM"),
-        "llama.cpp has no MTP graph for it yet and its converter drops the head (conversion/qwen4exp.py:28-30, "
-        "supports_mtp_export = False, no_mtp = True)",
-    ),
     "deepseek4": HeadRefusal(
         ("DeepseekV4ForCausalLM",),
         "a DeepSeek-V4 MTP head carries its own hyper-connection head (conversion/deepseek.py:599-606, hc_head_fn, "
@@ -223,7 +272,8 @@ HEADS_REFUSED: Mapping[str, HeadRefusal] = {
 }
 
 
-#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs, and where it says so:
+#: How many NextN blocks llama.cpp 0c1e570's MTP draft graph of each architecture runs (qwen4exp: b11434's, the first
+#: build with its graph here), and where it says so:
 #: ``None`` for every block the file has (the speculative driver chains them, block k at
 #: ``llama_set_nextn_layer_offset(ctx, k)``, common/speculative.cpp), else the one count its graph
 #: accepts (``GGML_ASSERT(hparams.n_layer_nextn == 1 ...)`` in the graph's constructor: any other count aborts the
@@ -243,6 +293,7 @@ MTP_GRAPH_BLOCKS: Mapping[str, tuple[int | None, str]] = {
     "step35": (None, "src/models/step35.cpp:174-179, 376-379 (block nextn_layer_offset)"),
     "mimo2": (None, "src/models/mimo2.cpp:276-279 (block nextn_layer_offset)"),
     "hy_v3": (None, "src/models/hy-v3.cpp:247-250 (block nextn_layer_offset)"),
+    "qwen4exp": (1, "src/models/qwen4exp.cpp of b11434 (graph_mtp: \"qwen4exp MTP has a single block\")"),
 }
 
 
@@ -286,12 +337,15 @@ def rule_for(arch: str, key: str) -> LayerKeyRule | None:
 
 
 def _arch_arrays(header: GGUFHeader, arch: str) -> list[tuple[KeyValue, str]]:
-    """``{arch}.*`` arrays of ``header`` that may be per layer, with their suffixes."""
+    """``{arch}.*`` arrays of ``header`` that may be per layer, with their suffixes (for :data:`NAMED_ONLY`
+    architectures, only those the table names)."""
     prefix = f"{arch}."
+    named = layer_rules(arch) if arch in NAMED_ONLY else None
     return [
-        (kv, key[len(prefix) :])
+        (kv, suffix)
         for key, kv in header.kvs.items()
-        if key.startswith(prefix) and kv.is_array and key[len(prefix) :] not in NOT_PER_LAYER_ARRAYS
+        if key.startswith(prefix) and kv.is_array and (suffix := key[len(prefix) :]) not in NOT_PER_LAYER_ARRAYS
+        and (named is None or suffix in named)
     ]
 
 

