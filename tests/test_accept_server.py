@@ -1,9 +1,10 @@
 """The proof of ``gguf-mtp accept``: its predicted ``draft_n`` / ``draft_n_accepted`` equal what llama.cpp's own
 llama-server returns for the same greedy requests (asked through ``bench``), at n-max 1 and 2, prompt by prompt, for
 the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on about 70 % of tokens) and for its
-trunk + MTP-only sidecar (n-max 3 too). The greedy text is the same too. And where the slot's context ends the
-generation early (fewer drafts near its end, then a stop), the counts are still the server's. ``bench
---with-accept`` shows the prediction beside the measurement.
+trunk + MTP-only sidecar (n-max 3 too), both sides on the same llama.cpp (the server's build, b11434: issue 38 item
+2). The greedy text is the same too. And where the slot's context ends the generation early (fewer drafts near its
+end, then a stop), the counts are still the server's. ``bench --with-accept`` shows the prediction beside the
+measurement.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 #: One thread, one slot, a 1024-token context: the server tests' settings (a busy 2-core machine).
 SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
 TOKENS = 64
+
+
+@pytest.fixture(autouse=True)
+def accept_runs_the_servers_llama_cpp(llama_server_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Predicted and measured counts come from one llama.cpp: accept's child (and bench --with-accept's, which
+    inherit this environment) loads the libllama built beside the server (b11434's, scripts/build_llama_tools.py),
+    through llama-cpp-python's ``LLAMA_CPP_LIB_PATH``. A server given without one beside it is compared with
+    llama-cpp-python's own library."""
+    if (llama_server_tool.parent / "libllama.so").is_file():
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(llama_server_tool.parent))
 
 
 @pytest.fixture(scope="module")
