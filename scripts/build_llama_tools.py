@@ -585,8 +585,9 @@ def _cmake_flags() -> list[str]:
     """A portable CPU build of the tools and their shared libraries, relocatable, with nothing else: no CURL, TLS,
     tests, examples, app; no web UI (b11434 would otherwise download a prebuilt one from the Hub at build time:
     ``LLAMA_USE_PREBUILT_UI``, tools/ui/CMakeLists.txt), so the server embeds an empty asset table. The tree has
-    no git history, so its build is given: as the build number (``llama-server --version``) and, its commit being
-    unknown, as the "commit" libllama reports (``ggml_commit()``: what gguf-mtp's reports name), ``b11434``."""
+    no git history, so its build is given: ``llama-server --version`` says "build 11434, commit b11434" (the commit
+    being unknown). ggml's own commit (``ggml_commit()``, what llama-cpp-python reports) stays "unknown":
+    ggml/CMakeLists.txt reads it from git alone; its version (0.26.0) is b11434's."""
     return ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=ON", "-DGGML_OPENMP=OFF",
             "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
