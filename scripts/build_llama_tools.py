@@ -227,12 +227,12 @@ def build_folder(*, jobs: int = 2, download: bool = True, quiet: bool = True, bu
     except BuildError as e:
         if allowed:
             raise
-        raise ToolsNotBuilt(_not_built(cache, str(e))) from None
+        raise ToolsNotBuilt(_not_built(str(e))) from None
     final = _tools_dir(cache, sdist)
     if _all_built(final):
         return final
     if not allowed:
-        raise ToolsNotBuilt(_not_built(cache, f"{final} holds no finished build"))
+        raise ToolsNotBuilt(_not_built(f"{final} holds no finished build"))
     for prog in ("cmake", "c++"):
         if shutil.which(prog) is None:
             raise BuildError(f"cannot build llama.cpp's tools: {prog} is not installed")
@@ -255,7 +255,7 @@ def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool =
     return build_folder(jobs=jobs, download=download, quiet=quiet, build=build) / "bin" / name
 
 
-def _not_built(cache: Path, why: str) -> str:
+def _not_built(why: str) -> str:
     return (f"llama.cpp b{LLAMA_BUILD}'s tools are not built ({why}) and {NO_BUILD_ENV} forbids building them "
             f"here: run `make tools` (scripts/build_llama_tools.py) first")
 
@@ -506,7 +506,7 @@ class _Builder:
 
     def _build_logged(self, work: Path, final: Path, log: Path, out: IO[bytes]) -> None:
         self.say(f"building {', '.join(TOOLS)} and {LIBLLAMA} from {self.sdist.name} (llama.cpp b{LLAMA_BUILD}'s "
-                 f"tree) with {self.jobs} jobs: 20-40 minutes on 2 cores, once; log: {log}")
+                 f"tree) with {self.jobs} jobs: 20-30 minutes on 2 cores, once; log: {log}")
         self.say(f"unpacking llama.cpp from {self.sdist}")
         src = _extract_llama_cpp(self.sdist, work / "src")
         build = work / "build"

@@ -336,7 +336,7 @@ def test_the_build_says_what_it_does_before_its_first_compile_step(build: Build)
     assert proc.wait() == 0, build.stderr("says")
     assert said[:3] == [
         f"building llama-gguf-split, llama-quantize, llama-server and libllama.so from {TOOLS.UPSTREAM_SDIST_NAME} "
-        f"(llama.cpp b11434's tree) with 2 jobs: 20-40 minutes on 2 cores, once; log: "
+        f"(llama.cpp b11434's tree) with 2 jobs: 20-30 minutes on 2 cores, once; log: "
         f"{build.cache / folder / 'build.log'}",
         f"unpacking llama.cpp from {build.sdist}",
         "configuring llama.cpp with cmake (a minute or two before the first compile step)"]
