@@ -77,7 +77,7 @@ LLAMA_BUILD = int(UPSTREAM_SDIST_VERSION.split(".")[0])
 TOOLS = ("llama-gguf-split", "llama-quantize", "llama-server")
 #: The library llama-cpp-python loads (``LLAMA_CPP_LIB_PATH``): built with the tools, beside them in ``bin/``.
 LIBLLAMA = "libllama.so"
-#: The shared libraries a build folder carries: libllama's and libggml's (with their soname links), llama-common's.
+#: The shared libraries cmake puts beside the tools (libllama, libggml*, llama-common, mtmd, the tools' -impl).
 _SHARED_LIBRARY = re.compile(r"lib[\w.-]+\.so(\.\d+)*")
 REPO = Path(__file__).resolve().parent.parent
 #: Set (to anything but "" or "0"), a missing tool is an error instead of a build.
