@@ -152,6 +152,7 @@ def test_the_child_builds_no_chain_longer_than_the_blocks_of_a_chain_of_heads(mo
 
     class TwoBlocks:
         heads, chained, n_vocab, n_ctx = 2, True, 8, 512
+        llama = None  # no llama-cpp-python module: the report names no build
 
         def __init__(self, request: dict) -> None:
             pass

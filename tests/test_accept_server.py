@@ -19,6 +19,7 @@ import pytest
 
 from gguf_mtp import extract, strip
 from gguf_mtp.check.accept import accept
+from gguf_mtp.constants import ENV_LLAMA_CPP
 from gguf_mtp.server.bench import bench, builtin_prompts
 from gguf_mtp.server.bench_rules import completion_request, parse_completion, server_arguments
 from gguf_mtp.server.process import free_port, running_server
@@ -35,12 +36,12 @@ TOKENS = 64
 
 @pytest.fixture(autouse=True)
 def accept_runs_the_servers_llama_cpp(llama_server_tool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Predicted and measured counts come from one llama.cpp: accept's child (and bench --with-accept's, which
-    inherit this environment) loads the libllama built beside the server (b11434's, scripts/build_llama_tools.py),
-    through llama-cpp-python's ``LLAMA_CPP_LIB_PATH``. A server given without one beside it is compared with
-    llama-cpp-python's own library."""
+    """Predicted and measured counts come from one llama.cpp: accept (and bench --with-accept, which inherits this
+    environment) runs the libllama built beside the server (b11434's, scripts/build_llama_tools.py), named by the
+    user's setting (``$GGUF_MTP_LLAMA_CPP``, as ``--llama-cpp``). A server given without one beside it is compared
+    with llama-cpp-python's own library."""
     if (llama_server_tool.parent / "libllama.so").is_file():
-        monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(llama_server_tool.parent))
+        monkeypatch.setenv(ENV_LLAMA_CPP, str(llama_server_tool.parent))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_accept_on_llama_cpp_pythons_own_0c1e570_predicts_the_b11434_servers_cou
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # across the two builds: the NextN graph and the server's greedy draft loop did not change between them
-    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    monkeypatch.delenv(ENV_LLAMA_CPP, raising=False)
     model, draft = models[which]
     prompts = builtin_prompts()
     predicted = accept(model, draft=draft, prompts=prompts, tokens=TOKENS, n_max=(2,), ctx_size=1024, threads=1)

@@ -412,7 +412,8 @@ def test_llama_cpp_python_runs_an_mtp_decode_through_the_real_builds_libllama(
     composite = tmp_path / "composite"
     compose(nemotron_split, nemotron_draft0, composite, progress=False)
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(llama_b11434 / "bin"))  # what the check's child inherits
-    # ggml's version is b11434's (ggml/CMakeLists.txt); its commit, read from git alone there, is unknown
-    assert llama_cpp_build() == "llama.cpp unknown (ggml 0.26.0)"
+    # ggml's version is b11434's (ggml/CMakeLists.txt); its commit, read from git alone there, is unknown, so the
+    # build is named by the number its common library records (-DLLAMA_BUILD_NUMBER)
+    assert llama_cpp_build() == "llama.cpp b11434 (ggml 0.26.0)"
     check = check_with_llama(sorted(composite.glob("*-00001-of-*.gguf"))[0])
     assert check.ok and check.mtp_decode_ok, check.summary()

@@ -237,8 +237,35 @@ def build_of(llama: Any) -> str | None:
         return None
     commit.restype = version.restype = ctypes.c_char_p
     commit.argtypes = version.argtypes = []
-    text = f"llama.cpp {commit().decode(errors='replace')} (ggml {version().decode(errors='replace')})"
+    name = commit().decode(errors="replace")
+    if name == "unknown":  # ggml reads its commit from git alone: a build from a tarball (an sdist) has none
+        name = _build_name(library_of(llama)) or name
+    text = f"llama.cpp {name} (ggml {version().decode(errors='replace')})"
     return printable(text)[:200]
+
+
+#: Beside a shared build's ``libllama``: llama.cpp's common library, which records the build's number and commit
+#: (``common/build-info.cpp``: ``LLAMA_BUILD_NUMBER``, ``LLAMA_COMMIT``).
+_COMMON_LIBRARY = "libllama-common.so"
+
+
+def _build_name(library: str | None) -> str | None:
+    """``b<number>`` (with its commit where that says more) recorded by the ``libllama-common`` beside
+    ``library``, or ``None`` (none there, or it records no number: a build without ``LLAMA_BUILD_NUMBER``)."""
+    import ctypes
+
+    if library is None or not os.path.isfile(common := os.path.join(os.path.dirname(library), _COMMON_LIBRARY)):
+        return None
+    try:
+        lib = ctypes.CDLL(common)
+        number = ctypes.c_int.in_dll(lib, "LLAMA_BUILD_NUMBER").value
+        commit = (ctypes.c_char_p.in_dll(lib, "LLAMA_COMMIT").value or b"").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    if number <= 0:
+        return None
+    build = f"b{number}"
+    return build if commit in ("", "unknown", build) else f"{build} ({commit})"
 
 
 def library_of(llama: Any) -> str | None:
