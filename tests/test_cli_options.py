@@ -118,8 +118,7 @@ def test_an_importance_matrix_outtype_without_imatrix_is_refused_by_the_command(
     assert main([word.format(**files) for word in command] + ["--outtype", "IQ2_XS"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "--outtype iq2_xs: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
-        "(convert, compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose "
-        "iq4_xs, q4_k or above")
+        "with --imatrix FILE (llama-imatrix --nextn makes one), or choose iq4_xs, q4_k or above")
     assert not (tmp_path / "out").exists()
 
 

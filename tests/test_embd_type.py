@@ -103,7 +103,7 @@ def test_embd_type_needs_a_standalone_file_and_a_type_whose_blocks_fit(
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(
         "argument --embd-type: iq2_xs: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix), "
-        "which a head conversion does not have; choose iq4_xs, q4_k or above")
+        "which a sidecar's token_embd and output are not quantized with; choose iq4_xs, q4_k or above")
     assert not any(tmp_path.iterdir())
 
 

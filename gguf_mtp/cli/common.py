@@ -45,7 +45,7 @@ def add_output_flags(parser: argparse.ArgumentParser, *, dry_run: bool = True) -
         parser.add_argument("--dry-run", action="store_true", help="show the plan, write nothing")
 
 
-def _outtype_name(value: str, imatrix: bool = False) -> str:
+def _outtype_name(value: str, imatrix: bool | None = None) -> str:
     """An ``--outtype`` value in lower case, or argparse's one-line refusal saying why (an importance-matrix type
     where the command takes no ``--imatrix``: where it does, the command says whether one was given)."""
     from gguf_mtp.constants import OUTTYPE_NAMES
@@ -80,7 +80,7 @@ def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN blo
     from gguf_mtp.constants import OUTTYPE_NAMES
 
     parser.add_argument(
-        "--outtype", type=functools.partial(_outtype_name, imatrix=imatrix), metavar="TYPE",
+        "--outtype", type=functools.partial(_outtype_name, imatrix=True if imatrix else None), metavar="TYPE",
         help=f"write {what} in TYPE, {how}; one of {', '.join(OUTTYPE_NAMES)}. Below q4_k a head drafts worse. "
         f"Default: {default}",
     )
@@ -97,10 +97,10 @@ def add_outtype_flag(parser: argparse.ArgumentParser, what: str = "the NextN blo
 
 def _embd_type_name(value: str) -> str:
     """An ``--embd-type`` value in lower case, or argparse's one-line refusal saying why."""
-    from gguf_mtp.format.quant_rules import head_type
+    from gguf_mtp.format.quant_rules import embedding_type
 
     try:
-        head_type(value)
+        embedding_type(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value.strip().lower()

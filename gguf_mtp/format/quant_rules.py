@@ -33,6 +33,7 @@ __all__ = [
     "NEVER_QUANTIZED",
     "KeepRule",
     "embedding_tensor_type",
+    "embedding_type",
     "head_tensor_type",
     "head_type",
     "is_quantized",
@@ -169,9 +170,10 @@ def n_dims(shape: Sequence[int]) -> int:
     return dims
 
 
-def head_type(name: str, *, imatrix: bool = False) -> GGMLQuantizationType:
+def head_type(name: str, *, imatrix: bool | None = None) -> GGMLQuantizationType:
     """The ggml type of an ``--outtype`` name (any case); with ``imatrix`` (an importance matrix is given) the
-    :data:`IMATRIX_TYPES` too.
+    :data:`IMATRIX_TYPES` too. ``imatrix`` False: none was given where one may be; ``None``: the command takes
+    none, which the refusal says with the commands that do.
 
     Raises:
         ValueError: one line: an importance-matrix type without one, with its reason, or an unknown name with
@@ -183,12 +185,25 @@ def head_type(name: str, *, imatrix: bool = False) -> GGMLQuantizationType:
     if key in IMATRIX_TYPES:
         if imatrix:
             return GGMLQuantizationType[key.upper()]
-        raise ValueError(
-            f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix); give one "
-            "(convert, compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one), or choose "
-            "iq4_xs, q4_k or above"
-        )
+        needs = f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix)"
+        how = ("with --imatrix FILE (llama-imatrix --nextn makes one)" if imatrix is False else
+               "(convert, compose, extract and graft take --imatrix FILE; llama-imatrix --nextn makes one)")
+        raise ValueError(f"{needs}; give one {how}, or choose iq4_xs, q4_k or above")
     raise ValueError(f"{name!r}: choose one of {', '.join(HEAD_TYPES)}")
+
+
+def embedding_type(name: str) -> GGMLQuantizationType:
+    """The ggml type of an ``--embd-type`` name (any case): a head type; never one that needs an importance
+    matrix, since the sidecar's ``token_embd``/``output`` are never quantized with one.
+
+    Raises:
+        ValueError: one line, as :func:`head_type`'s.
+    """
+    key = name.strip().lower()
+    if key in IMATRIX_TYPES:
+        raise ValueError(f"{key}: llama.cpp only writes it with an importance matrix (llama-quantize --imatrix), "
+                         "which a sidecar's token_embd and output are not quantized with; choose iq4_xs, q4_k or above")
+    return head_type(name)
 
 
 def kept_by(name: str, shape: Sequence[int], arch: str | None = None) -> str | None:

@@ -23,6 +23,7 @@ from gguf_mtp.format.header import TensorInfo, tensor_nbytes
 from gguf_mtp.format.imatrix import KEY_N_LAYER_NEXTN, NEXTN_HINT, ImportanceMatrix, read_imatrix
 from gguf_mtp.format.quant_rules import (
     embedding_tensor_type,
+    embedding_type,
     head_tensor_type,
     head_type,
     is_quantized,
@@ -58,11 +59,11 @@ __all__ = [
 
 
 def parse_outtype(
-    outtype: str | GGMLQuantizationType | None, parameter: str = "outtype", *, imatrix: bool = False
+    outtype: str | GGMLQuantizationType | None, parameter: str = "outtype", *, imatrix: bool | None = None
 ) -> GGMLQuantizationType | None:
     """The head type ``outtype`` names (``None``: keep the source's types); ``parameter``: the parameter it was
-    given as, for the refusals (``outtype``, ``embd_type``); ``imatrix``: an importance matrix is given, so the
-    types that need one are taken too.
+    given as, for the refusals (``outtype``, ``embd_type``); ``imatrix``: whether an importance matrix is given,
+    so the types that need one are taken too (``None``: none can be, as for ``embd_type``).
 
     Raises:
         ParameterError: an unknown type, an importance-matrix type without ``imatrix``, or a type only
@@ -74,7 +75,7 @@ def parse_outtype(
         wanted = None
     else:
         try:
-            wanted = head_type(outtype, imatrix=imatrix)
+            wanted = embedding_type(outtype) if parameter == "embd_type" else head_type(outtype, imatrix=imatrix)
         except ValueError as e:
             raise ParameterError(f"{parameter} {e}", parameter=parameter) from None
     if wanted is not None and wanted not in NUMPY_TYPES and not ggml_available():
