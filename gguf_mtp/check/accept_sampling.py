@@ -23,6 +23,7 @@ is the predicted acceptance, and ``mean ± z sd`` at :data:`CONFIDENCE` the inte
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import numpy as np
 
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import LlamaCppBuild
+from gguf_mtp.server.bench_rules import SPEC_DRAFT_SAMPLING, RequestSampling
 
 from .accept_schedule import Limits, replay
 
@@ -44,37 +46,25 @@ __all__ = [
 DRAFT_TOP_K = 10
 #: The share of one server run's outcomes the reported interval holds.
 CONFIDENCE = 0.999
-#: The flag llama-server's ``--help`` lists when it drafts probabilistically (b11434's ``common/arg.cpp``).
-SAMPLING_FLAG = "--spec-draft-sampling"
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """A request's sampling, as llama-server takes it (``temperature``, ``top_k``, ``top_p``, ``min_p``), and the
-    prediction's own Monte-Carlo: ``seed`` and the number of texts sampled per prompt (``draws``)."""
+class Sampling(RequestSampling):
+    """The requests' sampling, and the prediction's own Monte-Carlo, seeded by the requests' seed: ``draws`` texts
+    sampled per prompt, each replayed ``replicates`` times."""
 
-    temp: float
-    seed: int = 0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
     draws: int = 8
-    replicates: int = 400  #: schedule replays per sampled text
+    replicates: int = 400
 
     def check(self) -> None:
-        """Raises :class:`ParameterError` for a value llama-server would not sample with."""
-        if not (math.isfinite(self.temp) and 0 < self.temp <= 100):
-            raise ParameterError("temp: probabilistic drafting needs a temperature above 0 (at 0 llama-server "
-                                 "verifies greedily: leave --spec-draft-sampling greedy), at most 100",
-                                 parameter="temp")
-        if not (0 < self.top_p <= 1 and 0 <= self.min_p < 1 and 0 <= self.top_k <= 1 << 20):
-            raise ParameterError("top-p must be in (0, 1], min-p in [0, 1), top-k in [0, 2^20]", parameter="top_p")
-        if not (1 <= self.draws <= 1000 and 1 <= self.replicates <= 100_000 and 0 <= self.seed < 1 << 32):
-            raise ParameterError("draws must be 1..1000 and the seed 0..2^32-1", parameter="draws")
+        """Raises :class:`ParameterError` for a value llama-server would not sample with, or a Monte-Carlo too small
+        or too large to run."""
+        super().check()
+        if not (1 <= self.draws <= 1000 and 1 <= self.replicates <= 100_000):
+            raise ParameterError("draws must be 1..1000 and replicates 1..100000", parameter="draws")
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"temp": self.temp, "seed": self.seed, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-                "draws": self.draws, "replicates": self.replicates}
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -98,7 +88,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return np.asarray(e / e.sum(), dtype=np.float64)
 
 
-def target_distribution(logits: np.ndarray, sampling: Sampling) -> Distribution:
+def target_distribution(logits: np.ndarray, sampling: RequestSampling) -> Distribution:
     """llama-server's default chain on ``logits``: top-k, top-p, min-p (on the untempered logits), temperature."""
     ids = np.argsort(-logits, kind="stable")
     if sampling.top_k > 0:
@@ -226,17 +216,17 @@ def check_probabilistic_support(build: LlamaCppBuild | None) -> None:
         ParameterError: one line naming the llama.cpp and what it lacks.
         LlamaServerError: the build's llama-server does not run.
     """
+    from gguf_mtp.server.options import ServerOptions
     from gguf_mtp.server.process import probe_server
 
     if build is None:
         raise ParameterError(f"spec-draft-sampling probabilistic: the llama.cpp llama-cpp-python ships (0c1e570) has "
-                             f"no probabilistic drafting (no {SAMPLING_FLAG}); name a newer build (b11434 or later) "
-                             "with --llama-cpp PATH", parameter="spec_draft_sampling")
+                             f"no probabilistic drafting (no {SPEC_DRAFT_SAMPLING}); name a newer build (b11434 or "
+                             "later) with --llama-cpp PATH", parameter="spec_draft_sampling")
     if build.server is None:
         raise ParameterError(f"spec-draft-sampling probabilistic: this build has no llama-server, whose --help would "
-                             f"say whether it has {SAMPLING_FLAG}", build.folder, "spec_draft_sampling")
-    help_text = probe_server(str(build.server))
-    if SAMPLING_FLAG not in help_text or "probabilistic" not in help_text:
+                             f"say whether it has {SPEC_DRAFT_SAMPLING}", build.folder, "spec_draft_sampling")
+    if not ServerOptions.from_help(probe_server(str(build.server))).probabilistic:
         raise ParameterError(f"spec-draft-sampling probabilistic: this llama-server's --help has no "
-                             f"'{SAMPLING_FLAG} probabilistic' (b11434 or later has it)", build.server,
+                             f"'{SPEC_DRAFT_SAMPLING} probabilistic' (b11434 or later has it)", build.server,
                              "spec_draft_sampling")

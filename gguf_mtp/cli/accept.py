@@ -6,7 +6,16 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_llama_cpp_flag, add_prompt_flags, print_json, print_report, say, warn
+from .common import (
+    add_llama_cpp_flag,
+    add_prompt_flags,
+    add_sampling_flags,
+    print_json,
+    print_report,
+    request_sampling,
+    say,
+    warn,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,21 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "
                    "into a temporary sidecar) and report its bytes and predicted acceptance, recommending the "
                    "smallest type within 0.01 of the best (e.g. q8_0,q6_k,q4_k,q3_k)")
-    p.add_argument("--spec-draft-sampling", dest="spec_draft_sampling", choices=("greedy", "probabilistic"),
-                   default="greedy", help="as llama-server's: greedy (predicted exactly) or probabilistic (the draft "
-                   "sampled, verified by rejection; llama.cpp b11434 or later, named by --llama-cpp: an expectation "
-                   "and the interval one server run falls in)")
-    p.add_argument("--temp", type=float, metavar="T", help="probabilistic: the requests' temperature (above 0)")
-    p.add_argument("--top-k", dest="top_k", type=int, default=40, metavar="N",
-                   help="probabilistic: the requests' top_k (default: llama-server's 40)")
-    p.add_argument("--top-p", dest="top_p", type=float, default=0.95, metavar="P",
-                   help="probabilistic: the requests' top_p (default: llama-server's 0.95)")
-    p.add_argument("--min-p", dest="min_p", type=float, default=0.05, metavar="P",
-                   help="probabilistic: the requests' min_p (default: llama-server's 0.05)")
-    p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="probabilistic: the seed of the prediction's own sampling (default: 0)")
+    add_sampling_flags(p, "probabilistic predicts an expectation and the interval one server run falls in")
     p.add_argument("--draws", type=int, default=8, metavar="N",
-                   help="probabilistic: texts sampled per prompt (default: 8)")
+                   help="probabilistic: texts sampled per prompt (default: 8; the prediction's own sampling is seeded "
+                   "by --seed)")
     add_llama_cpp_flag(p, "the prediction")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
@@ -61,21 +59,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _sampling(args: argparse.Namespace) -> Any:
     """The probabilistic mode's :class:`~gguf_mtp.check.accept_sampling.Sampling`, or ``None`` in greedy mode."""
+    import dataclasses
+
     from gguf_mtp.check.accept_sampling import Sampling
     from gguf_mtp.errors import ParameterError
 
-    if args.spec_draft_sampling == "greedy":
-        if args.temp is not None:
-            raise ParameterError("temp: greedy drafting predicts greedy requests; give --spec-draft-sampling "
-                                 "probabilistic with --temp", parameter="temp")
+    requests = request_sampling(args)
+    if requests is None:
         return None
-    if args.temp is None:
-        raise ParameterError("spec-draft-sampling probabilistic needs the requests' --temp", parameter="temp")
     if args.text or args.outtypes is not None:
         raise ParameterError("spec-draft-sampling probabilistic predicts server runs; it takes neither --text nor "
                              "--outtypes", parameter="spec_draft_sampling")
-    sampling = Sampling(args.temp, seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                        draws=args.draws)
+    sampling = Sampling(**dataclasses.asdict(requests), draws=args.draws)
     sampling.check()
     return sampling
 
