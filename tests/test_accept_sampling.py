@@ -9,6 +9,7 @@ predicted for a head that is wrong everywhere on the same trunk (so the comparis
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,15 @@ from gguf_mtp.check.accept_sampling import (
 from gguf_mtp.check.accept_schedule import Limits
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import LlamaCppBuild
+from gguf_mtp.server.bench_rules import (
+    BenchReport,
+    BenchRun,
+    Completion,
+    RequestSampling,
+    completion_request,
+    server_arguments,
+)
+from gguf_mtp.server.options import ServerOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,17 +109,17 @@ def test_a_head_never_kept_is_predicted_at_zero() -> None:
 
 def test_the_mean_is_the_keep_chance_at_n_max_1_and_the_interval_holds_it() -> None:
     run = simulate([[_text(64, 0.5, 1)]] * 3, [Limits(8, 64, 1024)] * 3, 1, 1,
-                   Sampling(1.0, draws=1, replicates=2000))
-    assert run.acceptance_mean == pytest.approx(0.5, abs=0.01)
+                   Sampling(1.0, draws=1, replicates=500))
+    assert run.acceptance_mean == pytest.approx(0.5, abs=0.02)
     assert run.interval is not None and run.interval[0] < 0.5 < run.interval[1]
 
 
 def test_the_spread_assumes_the_prompts_of_one_run_move_together() -> None:
     # three alike prompts moving together spread as one prompt does, not sqrt(3) less
-    one = simulate([[_text(64, 0.5, 1)]], [Limits(8, 64, 1024)], 1, 1, Sampling(1.0, draws=1, replicates=2000))
+    one = simulate([[_text(64, 0.5, 1)]], [Limits(8, 64, 1024)], 1, 1, Sampling(1.0, draws=1, replicates=500))
     three = simulate([[_text(64, 0.5, 1)]] * 3, [Limits(8, 64, 1024)] * 3, 1, 1,
-                     Sampling(1.0, draws=1, replicates=2000))
-    assert three.acceptance_sd == pytest.approx(one.acceptance_sd, rel=0.1)
+                     Sampling(1.0, draws=1, replicates=500))
+    assert three.acceptance_sd == pytest.approx(one.acceptance_sd, rel=0.15)
 
 
 # ------------------------------------------------------------------------- which llama.cpp has the mode
@@ -150,6 +160,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           env=environ, timeout=120)
 
 
+@pytest.mark.slow  # a gguf-mtp child process each: about 1 s
 @pytest.mark.parametrize(("args", "says"), [
     (["--spec-draft-sampling", "probabilistic"], "needs the requests' --temp"),
     (["--spec-draft-sampling", "probabilistic", "--temp", "0"], "temperature above 0"),
@@ -160,6 +171,53 @@ def test_the_command_refuses_in_one_line(tmp_path: Path, args: list[str], says: 
     done = _cli(str(tmp_path / "model.gguf"), *args)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------------- bench's sampled requests
+
+
+def test_sampled_requests_carry_the_temperature_seed_and_cut_offs() -> None:
+    body = completion_request("hi", 16, RequestSampling(0.7, seed=5, top_k=20, top_p=0.9, min_p=0.1))
+    assert {k: body[k] for k in ("temperature", "seed", "top_k", "top_p", "min_p")} == {
+        "temperature": 0.7, "seed": 5, "top_k": 20, "top_p": 0.9, "min_p": 0.1}
+    assert (body["n_predict"], body["cache_prompt"], body["return_tokens"]) == (16, False, True)
+
+
+def test_only_the_mtp_runs_draft_probabilistically() -> None:
+    assert "--spec-draft-sampling" not in server_arguments("m.gguf", 1, 0, None, [], probabilistic=True)
+    args = server_arguments("m.gguf", 1, 2, None, [], probabilistic=True)
+    assert args[args.index("--spec-draft-sampling") + 1] == "probabilistic"
+
+
+def test_the_servers_help_says_whether_it_drafts_probabilistically() -> None:
+    recorded = (REPO / "tests" / "support" / "llama_server_help.txt").read_text()  # 0c1e570's llama-server
+    assert not ServerOptions.from_help(recorded).probabilistic
+    b11434 = recorded + ("--spec-draft-sampling {greedy,probabilistic}\n"
+                         "                                        how the draft is sampled\n")
+    assert ServerOptions.from_help(b11434).probabilistic
+
+
+def test_a_sampled_bench_does_not_claim_lossless() -> None:
+    base = BenchRun(0, (Completion(64, 500.0, 0, 0, "a", (1, 2)),))
+    mtp = BenchRun(1, (Completion(64, 400.0, 40, 30, "b", (1, 3)),))
+    report = BenchReport("m.gguf", None, "llama-server", 1, 64, (base, mtp), (), 1.0, sampling=RequestSampling(0.8))
+    assert report.to_dict()["lossless"] is None
+    assert report.to_dict()["sampling"] == {"temperature": 0.8, "seed": 42, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    assert any("losslessness is not checked" in line for line in report.describe())
+    assert not any(line.startswith("lossless:") for line in report.describe())
+
+
+@pytest.mark.slow  # a gguf-mtp child process and a tiny model: about 3 s
+def test_bench_refuses_probabilistic_drafting_with_a_server_without_it(tmp_path: Path) -> None:
+    from gguf_mtp.testing.cycle_model import write_cycle_model
+
+    model = write_cycle_model(tmp_path / "m").path
+    server = _fake_build(tmp_path, HELP).server
+    done = subprocess.run([sys.executable, "-m", "gguf_mtp", "bench", str(model), "--server", str(server),
+                           "--spec-draft-sampling", "probabilistic", "--temp", "0.8"], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{server}: its --help has no '--spec-draft-sampling probabilistic'" in done.stderr
 
 
 # ------------------------------------------------------------------------- against b11434's llama-server
@@ -271,3 +329,21 @@ def test_the_measurement_is_outside_the_interval_of_a_head_wrong_everywhere(
 ) -> None:
     run = next(r for r in predicted["wrong everywhere", setting].runs if r.n_max == n_max)  # type: ignore[attr-defined]
     assert not run.holds(measured[setting, n_max]), (measured[setting, n_max], run.to_dict())
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_bench_with_accept_puts_the_measured_acceptance_inside_the_predicted_interval(
+    llama_b11434: Path, heads: dict[str, Path]
+) -> None:
+    args = [sys.executable, "-m", "gguf_mtp", "bench", str(heads["designed"]), "--llama-cpp", str(llama_b11434),
+            "--n-max", "1", "--tokens", str(TOKENS), "--with-accept", "--spec-draft-sampling", "probabilistic",
+            "--temp", "8", "--seed", str(SERVER_SEED), "--json", "--", "-t", "1", "-c", "1024", "-np", "1"]
+    done = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    measured = next(r for r in data["runs"] if r["n_max"] == 1)
+    low, high = data["accept"]["runs"][0]["interval"]
+    assert data["sampling"]["temperature"] == 8 and data["lossless"] is None
+    assert low <= measured["draft_n_accepted"] / measured["draft_n"] <= high
