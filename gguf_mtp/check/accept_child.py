@@ -378,8 +378,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     """The child: a JSON request on stdin (``model``, ``draft``, ``prompts`` as ``[name, text]`` pairs, ``mode``
-    ``greedy`` or ``text``, ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt
-    to what fits the context); JSON lines out."""
+    ``greedy``, ``text`` or ``sampled`` (with ``sampling``, :mod:`gguf_mtp.check.accept_sampling_child`),
+    ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the
+    context); JSON lines out."""
     request = json.loads(sys.stdin.read())
     report = run(request)
     sys.stdout.write(json.dumps(report | {"stage": "done"}) + "\n")
