@@ -30,7 +30,7 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
-from gguf_mtp.llama_build import child_environment
+from gguf_mtp.llama_build import child_environment, chosen
 from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model, check_prompts
@@ -38,11 +38,19 @@ from gguf_mtp.server.bench_rules import check_count_options, check_n_max
 from gguf_mtp.server.options import Threads, pool_share, shared_threads
 from gguf_mtp.server.process import die_with_parent
 
+from .accept_sampling import (
+    CONFIDENCE,
+    SampledRun,
+    SampledText,
+    Sampling,
+    check_probabilistic_support,
+    simulate,
+)
 from .accept_schedule import Limits, Replay, draft_length, first_draft_agreement, replay, total
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
 
-__all__ = ["AcceptReport", "PromptScore", "accept", "draft_cost", "slot_context"]
+__all__ = ["AcceptReport", "PromptScore", "SampledReport", "accept", "accept_sampled", "draft_cost", "slot_context"]
 
 #: Lines of llama.cpp's log shown when the child fails.
 LOG_TAIL_LINES = 12
@@ -322,6 +330,27 @@ def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
     return threads
 
 
+def _prepare(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None, prompts: Sequence[Prompt] | None,
+             tokens: int, n_max: Sequence[int], ctx_size: int | None, threads: int | None, n_gpu_layers: int,
+             warn: Callable[[str], None] | None, say: Callable[[str], None]
+             ) -> tuple[BenchModel, ShardSet, ShardSet, dict[str, Any]]:
+    """Every check before llama.cpp starts, and the child's request without its mode."""
+    _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
+    info, target, mtp = _check_inputs(model, draft)
+    n_ctx = slot_context(ctx_size, info.context_length)
+    prompts = check_prompts(prompts, "prompts") if prompts is not None else builtin_prompts()
+    if not llama_cpp_available():
+        raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
+    pools = _threads(threads, warn)
+    say(pools.describe("--threads"))
+    request = {
+        "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
+        "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx, "threads": pools.trunk, "n_gpu_layers": n_gpu_layers,
+        "fit": False,
+    }
+    return info, target, mtp, request
+
+
 def accept(
     model: str | os.PathLike[str],
     *,
@@ -366,19 +395,10 @@ def accept(
     began = time.monotonic()
     say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))
-    _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
-    info, target, mtp = _check_inputs(model, draft)
-    n_ctx = slot_context(ctx_size, info.context_length)
-    prompts = check_prompts(prompts, "prompts") if prompts is not None else builtin_prompts()
-    if not llama_cpp_available():
-        raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-    pools = _threads(threads, warn)
-    say(pools.describe("--threads"))
-    request = {
-        "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
-        "mode": "text" if text else "greedy", "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx,
-        "threads": pools.trunk, "n_gpu_layers": n_gpu_layers, "fit": fit_context,
-    }
+    info, target, mtp, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers,
+                                          warn, say)
+    n_ctx = int(request["n_ctx"])
+    request |= {"mode": "text" if text else "greedy", "fit": fit_context}
     report = _run_child(request, info.path, say)
     heads, chained = int(report["heads"]), bool(report["chained"])
     scores = []
@@ -402,3 +422,85 @@ def accept(
         llama_cpp_library=report.get("llama_cpp_library"),
     )
 
+
+
+@dataclass(frozen=True)
+class SampledReport:
+    """What ``accept --spec-draft-sampling probabilistic`` predicted: per n-max, the expected counts over the
+    prompts and the interval one llama-server run's acceptance falls in (see :mod:`gguf_mtp.check.accept_sampling`)."""
+
+    model: str
+    draft: str | None
+    tokens: int
+    n_ctx: int
+    heads: int
+    sampling: Sampling
+    runs: tuple[SampledRun, ...]
+    seconds: float
+    llama_cpp_build: str | None = None
+    llama_cpp_library: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` report."""
+        return {"command": "accept", "model": self.model, "draft": self.draft, "llama_cpp_build": self.llama_cpp_build,
+                "llama_cpp_library": self.llama_cpp_library, "mode": "probabilistic", "tokens": self.tokens,
+                "sampling": self.sampling.to_dict(), "runs": [r.to_dict() for r in self.runs],
+                "seconds": self.seconds}
+
+    def describe(self) -> list[str]:
+        """The human-readable report."""
+        s = self.sampling
+        lines = [f"accept: {self.model}" + (f" with the sidecar {self.draft}" if self.draft else "")
+                 + f": {self.heads} NextN block{'s' * (self.heads > 1)}",
+                 f"predicted with {self.llama_cpp_build or 'a llama.cpp that does not say its build'}",
+                 f"predicted llama-server acceptance (--spec-draft-sampling probabilistic, temperature {s.temp:g}, "
+                 f"top-k {s.top_k}, top-p {s.top_p:g}, min-p {s.min_p:g}; {self.tokens} tokens per prompt, context "
+                 f"{self.n_ctx}), over {s.draws} sampled texts per prompt x {s.replicates} replays, seed {s.seed}:"]
+        for r in self.runs:
+            if r.interval is None or r.acceptance_mean is None:
+                lines.append(f"  n-max {r.n_max}: nothing drafted")
+                continue
+            lines.append(f"  n-max {r.n_max}: expected draft_n_accepted/draft_n {r.draft_n_accepted:.1f}/"
+                         f"{r.draft_n:.1f}, acceptance {r.acceptance_mean:.3f} (sd {r.acceptance_sd:.3f}); one run "
+                         f"falls in [{r.interval[0]:.3f}, {r.interval[1]:.3f}] with {CONFIDENCE:.1%} confidence")
+        return lines
+
+
+def accept_sampled(
+    model: str | os.PathLike[str],
+    sampling: Sampling,
+    *,
+    draft: str | os.PathLike[str] | None = None,
+    prompts: Sequence[Prompt] | None = None,
+    tokens: int = DEFAULT_TOKENS,
+    n_max: Sequence[int] = DEFAULT_N_MAX,
+    ctx_size: int | None = None,
+    threads: int | None = None,
+    n_gpu_layers: int = 0,
+    progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> SampledReport:
+    """Predict llama-server's acceptance under ``--spec-draft-sampling probabilistic`` at ``sampling``'s request
+    settings: the expected ``draft_n`` / ``draft_n_accepted`` and an interval (:mod:`gguf_mtp.check.accept_sampling`).
+
+    The arguments are :func:`accept`'s. Raises what :func:`accept` raises, and :class:`ParameterError` where the
+    chosen llama.cpp (``--llama-cpp`` / ``GGUF_MTP_LLAMA_CPP``) has no probabilistic drafting or ``sampling`` has a
+    value llama-server would not take.
+    """
+    began = time.monotonic()
+    say = progress or (lambda line: None)
+    n_max = tuple(sorted(set(n_max)))
+    sampling.check()
+    check_probabilistic_support(chosen())
+    info, _, _, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers, warn, say)
+    request |= {"mode": "sampled", "sampling": sampling.to_dict()}
+    report = _run_child(request, info.path, say)
+    heads = int(report["heads"])
+    texts = [[SampledText(tuple(d["tokens"]), tuple(tuple(k) for k in d["keeps"]), d["eog_at"])
+              for d in item["draws"]] for item in report["prompts"]]
+    limits = [Limits(item["prompt_tokens"], tokens, int(request["n_ctx"])) for item in report["prompts"]]
+    runs = tuple(simulate(texts, limits, k, draft_length(k, heads), sampling) for k in n_max)
+    return SampledReport(model=info.path, draft=info.draft, tokens=tokens, n_ctx=int(request["n_ctx"]), heads=heads,
+                         sampling=sampling, runs=runs, seconds=time.monotonic() - began,
+                         llama_cpp_build=report.get("llama_cpp_build"),
+                         llama_cpp_library=report.get("llama_cpp_library"))

@@ -325,12 +325,22 @@ def _score_text(runner: _Runner, name: str, tokens: list[int]) -> dict[str, Any]
     return {"name": name, "tokens": len(tokens), "reference": choices, "firsts": firsts}
 
 
+def _runner(request: dict[str, Any]) -> Any:
+    """The runner of ``request``'s mode: :class:`_Runner`, or for ``sampled`` (``--spec-draft-sampling
+    probabilistic``) :class:`gguf_mtp.check.accept_sampling_child.SamplingRunner`."""
+    if request["mode"] == "sampled":
+        from .accept_sampling_child import SamplingRunner  # it extends _Runner: imported here, not at the top
+
+        return SamplingRunner(request)
+    return _Runner(request)
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Score every prompt of ``request``; the report the parent reads (see :mod:`gguf_mtp.check.accept`)."""
     report: dict[str, Any] = {"prompts": []}
     emit_report({}, "load")
     try:
-        runner = _Runner(request)
+        runner = _runner(request)
     except (Refusal, BindingError) as e:
         return report | {"refused": str(e)}
     report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
@@ -358,6 +368,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         emit_report({"prompt": name}, "score")
         if text_mode:
             report["prompts"].append(_score_text(runner, name, tokens))
+        elif request["mode"] == "sampled":
+            report["prompts"].append(runner.score(name, tokens, generate, request["tokens"], k_max))
         else:
             report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], k_max))
         report["prompts"][-1]["cut_from"] = cut
@@ -366,8 +378,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     """The child: a JSON request on stdin (``model``, ``draft``, ``prompts`` as ``[name, text]`` pairs, ``mode``
-    ``greedy`` or ``text``, ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt
-    to what fits the context); JSON lines out."""
+    ``greedy``, ``text`` or ``sampled`` (with ``sampling``, :mod:`gguf_mtp.check.accept_sampling_child`),
+    ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the
+    context); JSON lines out."""
     request = json.loads(sys.stdin.read())
     report = run(request)
     sys.stdout.write(json.dumps(report | {"stage": "done"}) + "\n")

@@ -6,14 +6,24 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_llama_cpp_flag, add_prompt_flags, print_json, print_report, say, warn
+from .common import (
+    add_llama_cpp_flag,
+    add_prompt_flags,
+    add_sampling_flags,
+    print_json,
+    print_report,
+    request_sampling,
+    say,
+    warn,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "accept",
         usage="gguf-mtp accept MODEL [--draft SIDECAR] [--prompts FILE] [--tokens N] [--n-max K,K...] [--text] "
-        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--outtypes T,T...] [--json] [-q]",
+        "[--ctx-size N] [--threads N] [--n-gpu-layers N] [--outtypes T,T...] "
+        "[--spec-draft-sampling probabilistic --temp T [--seed S]] [--llama-cpp PATH] [--json] [-q]",
         help="predict llama-server's MTP acceptance (draft_n, draft_n_accepted) in seconds, without a server",
         description="Run the trunk and the MTP head with llama.cpp (llama-cpp-python, in a child process): the "
         "trunk's greedy continuation of each prompt, one batched trunk pass and one batched MTP pass over it, the "
@@ -37,10 +47,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--outtypes", metavar="TYPE,TYPE...", help="re-type the head to each type (as --outtype does, "
                    "into a temporary sidecar) and report its bytes and predicted acceptance, recommending the "
                    "smallest type within 0.01 of the best (e.g. q8_0,q6_k,q4_k,q3_k)")
+    add_sampling_flags(p, "probabilistic predicts an expectation and the interval one server run falls in")
+    p.add_argument("--draws", type=int, default=8, metavar="N",
+                   help="probabilistic: texts sampled per prompt (default: 8; the prediction's own sampling is seeded "
+                   "by --seed)")
     add_llama_cpp_flag(p, "the prediction")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
     p.set_defaults(run=run)
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    """The probabilistic mode's :class:`~gguf_mtp.check.accept_sampling.Sampling`, or ``None`` in greedy mode."""
+    import dataclasses
+
+    from gguf_mtp.check.accept_sampling import Sampling
+    from gguf_mtp.errors import ParameterError
+
+    requests = request_sampling(args)
+    if requests is None:
+        return None
+    if args.text or args.outtypes is not None:
+        raise ParameterError("spec-draft-sampling probabilistic predicts server runs; it takes neither --text nor "
+                             "--outtypes", parameter="spec_draft_sampling")
+    sampling = Sampling(**dataclasses.asdict(requests), draws=args.draws)
+    sampling.check()
+    return sampling
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,13 +91,19 @@ def run(args: argparse.Namespace) -> int:
     if args.outtypes is not None and args.text:
         raise ParameterError("outtypes: the type sweep predicts server counts; it does not take --text",
                              parameter="outtypes")
+    sampling = _sampling(args)
+    report: Any
     try:
         with signals_as_interrupt():  # SIGTERM stops the llama.cpp child too, as Ctrl-C does
-            if args.outtypes is not None:
+            if sampling is not None:
+                from gguf_mtp.check.accept import accept_sampled
+
+                report = accept_sampled(args.model, sampling, draft=args.draft, **options)
+            elif args.outtypes is not None:
                 from gguf_mtp.jobs.accept_sweep import sweep_head_types
 
                 outtypes = [t.strip() for t in args.outtypes.split(",") if t.strip()]
-                report: Any = sweep_head_types(args.model, outtypes, draft=args.draft, **options)
+                report = sweep_head_types(args.model, outtypes, draft=args.draft, **options)
             else:
                 report = accept(args.model, draft=args.draft, text=args.text, **options)
     except LlamaCppError as e:

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from .common import add_llama_cpp_flag, add_prompt_flags, print_json, print_report, say, warn
+from .common import (
+    add_llama_cpp_flag,
+    add_prompt_flags,
+    add_sampling_flags,
+    print_json,
+    print_report,
+    request_sampling,
+    say,
+    warn,
+)
 
 if TYPE_CHECKING:
-    from gguf_mtp.check.accept import AcceptReport
+    from gguf_mtp.check.accept import AcceptReport, SampledReport
     from gguf_mtp.server.bench_rules import BenchReport
 
 
@@ -20,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "bench",
         usage="gguf-mtp bench MODEL [--draft SIDECAR] [--server PATH] [--n-max K,K...] [--tokens N] "
-        "[--prompts FILE] [--plot FILE.png] [--with-accept] [--json] [-- SERVER ARGS...]",
+        "[--prompts FILE] [--plot FILE.png] [--with-accept] [--spec-draft-sampling probabilistic --temp T "
+        "[--seed S]] [--json] [-- SERVER ARGS...]",
         help="measure MTP with your own llama-server: acceptance, tokens/s, speed-up, the best n-max, lossless",
         description="Run your llama-server on 127.0.0.1 once without speculative decoding and once per n-max with "
         "--spec-type draft-mtp, send the same prompts greedily, and report acceptance (draft_n_accepted / draft_n), "
@@ -43,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--with-accept", dest="with_accept", action="store_true",
                    help="also predict the counts with gguf-mtp accept (llama-cpp-python, no server) and show the "
                    "prediction beside the measurement")
+    add_sampling_flags(p, "probabilistic sends sampled requests and compares --with-accept's interval")
     add_llama_cpp_flag(p, "llama-server (its bin/llama-server, unless --server names one) and --with-accept")
     p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (warnings and errors still)")
@@ -64,22 +76,26 @@ def run(args: argparse.Namespace) -> int:
 
         check_plot_target(args.plot, force=args.force)
 
-    predicted = None
+    sampling = request_sampling(args)
+    predicted: AcceptReport | SampledReport | None = None
     if args.with_accept:  # first: seconds, and a missing llama-cpp-python is said before any server runs
-        from gguf_mtp.check.accept import accept
+        from gguf_mtp.check.accept import accept, accept_sampled
+        from gguf_mtp.check.accept_sampling import Sampling
 
         if not args.quiet:
             say("predicting the counts with gguf-mtp accept (llama-cpp-python, no server)")
+        same = {"draft": args.draft, "prompts": prompts, "tokens": args.tokens, "n_max": n_max,
+                "ctx_size": _server_value(args.server_args, ("-c", "--ctx-size")),
+                "threads": _server_value(args.server_args, ("-t", "--threads"))}
         with signals_as_interrupt():
-            predicted = accept(args.model, draft=args.draft, prompts=prompts, tokens=args.tokens, n_max=n_max,
-                               ctx_size=_server_value(args.server_args, ("-c", "--ctx-size")),
-                               threads=_server_value(args.server_args, ("-t", "--threads")))
+            predicted = accept(args.model, **same) if sampling is None else \
+                accept_sampled(args.model, Sampling(**dataclasses.asdict(sampling)), **same)
     try:
         with signals_as_interrupt():  # SIGTERM stops the server too, as Ctrl-C does
             report = bench(
                 args.model, server, draft=args.draft, n_max=n_max, tokens=args.tokens, prompts=prompts,
                 server_args=args.server_args, health_timeout=args.health_timeout,
-                progress=None if args.quiet else say, warn=warn,
+                progress=None if args.quiet else say, warn=warn, sampling=sampling,
             )
     except LlamaServerError as e:
         if e.log_tail:
@@ -142,11 +158,32 @@ def _server_value(server_args: list[str], flags: tuple[str, ...]) -> int | None:
     return found
 
 
-def _beside(report: BenchReport, predicted: AcceptReport) -> list[str]:
-    """accept's prediction beside bench's measurement, per n-max."""
+def _beside(report: BenchReport, predicted: AcceptReport | SampledReport) -> list[str]:
+    """accept's prediction beside bench's measurement, per n-max: the counts (greedy), or the measured acceptance
+    against the predicted interval (probabilistic)."""
+    from gguf_mtp.check.accept import SampledReport
+
+    if isinstance(predicted, SampledReport):
+        return _beside_sampled(report, predicted)
     lines = ["measured by llama-server vs predicted by gguf-mtp accept (draft_n_accepted/draft_n):"]
     for run, guess in zip((r for r in report.runs if r.n_max), predicted.runs, strict=True):
         same = (run.draft_n, run.draft_n_accepted) == (guess.draft_n, guess.draft_n_accepted)
         lines.append(f"  n-max {run.n_max}: measured {run.draft_n_accepted}/{run.draft_n}, predicted "
                      f"{guess.draft_n_accepted}/{guess.draft_n}" + (" (equal)" if same else ""))
+    return lines
+
+
+def _beside_sampled(report: BenchReport, predicted: SampledReport) -> list[str]:
+    from gguf_mtp.check.accept_sampling import CONFIDENCE
+
+    lines = ["measured by llama-server vs predicted by gguf-mtp accept (acceptance, sampled requests; the interval "
+             f"holds one run with {CONFIDENCE:.1%} confidence):"]
+    for run, guess in zip((r for r in report.runs if r.n_max), predicted.runs, strict=True):
+        if run.acceptance is None or guess.interval is None or guess.acceptance_mean is None:
+            lines.append(f"  n-max {run.n_max}: nothing drafted")
+            continue
+        verdict = "inside" if guess.holds(run.acceptance) else "OUTSIDE"
+        lines.append(f"  n-max {run.n_max}: measured {run.acceptance:.3f} ({run.draft_n_accepted}/{run.draft_n}), "
+                     f"predicted {guess.acceptance_mean:.3f} in [{guess.interval[0]:.3f}, {guess.interval[1]:.3f}]: "
+                     f"{verdict}")
     return lines

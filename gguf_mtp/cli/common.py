@@ -17,6 +17,7 @@ from gguf_mtp.text import human_bytes, json_safe, printable, short
 
 if TYPE_CHECKING:
     from gguf_mtp.jobs.runner import WriteReport
+    from gguf_mtp.server.bench_rules import RequestSampling
 
 __all__ = [
     "CONVERT_HOW",
@@ -26,12 +27,14 @@ __all__ = [
     "add_output_flags",
     "add_outtype_flag",
     "add_replace_head_flag",
+    "add_sampling_flags",
     "error_object",
     "human_bytes",
     "plan_printer",
     "print_json",
     "print_outcome",
     "print_report",
+    "request_sampling",
     "short",
     "write_options",
 ]
@@ -156,6 +159,45 @@ def add_prompt_flags(parser: argparse.ArgumentParser, *, draft_help: str, tokens
     n_max = ",".join(str(k) for k in DEFAULT_N_MAX)
     parser.add_argument("--n-max", dest="n_max", default=n_max, metavar="K,K...",
                         help=f"draft lengths to {n_max_help}, llama-server's --spec-draft-n-max (default: {n_max})")
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--spec-draft-sampling``, ``--temp``, ``--top-k``, ``--top-p``, ``--min-p``, ``--seed``: llama-server's own
+    names for how the draft is sampled and how the requests sample (read back by :func:`request_sampling`)."""
+    parser.add_argument("--spec-draft-sampling", dest="spec_draft_sampling", choices=("greedy", "probabilistic"),
+                        default="greedy", help=f"as llama-server's: greedy requests, or probabilistic: sampled "
+                        f"requests whose drafts the server samples and verifies by rejection (llama.cpp b11434 or "
+                        f"later); {what}")
+    parser.add_argument("--temp", type=float, metavar="T", help="probabilistic: the requests' temperature (above 0)")
+    parser.add_argument("--top-k", dest="top_k", type=int, default=40, metavar="N",
+                        help="probabilistic: the requests' top_k (default: llama-server's 40)")
+    parser.add_argument("--top-p", dest="top_p", type=float, default=0.95, metavar="P",
+                        help="probabilistic: the requests' top_p (default: llama-server's 0.95)")
+    parser.add_argument("--min-p", dest="min_p", type=float, default=0.05, metavar="P",
+                        help="probabilistic: the requests' min_p (default: llama-server's 0.05)")
+    parser.add_argument("--seed", type=int, metavar="S", help="probabilistic: the requests' seed (default: 42)")
+
+
+def request_sampling(args: argparse.Namespace) -> RequestSampling | None:
+    """The requests' sampling :func:`add_sampling_flags` read, checked; ``None`` for greedy requests.
+
+    Raises:
+        ParameterError: ``--temp`` missing in probabilistic mode or given in greedy mode, or a bad value.
+    """
+    from gguf_mtp.errors import ParameterError
+    from gguf_mtp.server.bench_rules import SEED, RequestSampling
+
+    if args.spec_draft_sampling == "greedy":
+        if args.temp is not None:
+            raise ParameterError("temp: greedy drafting is measured with greedy requests; give "
+                                 "--spec-draft-sampling probabilistic with --temp", parameter="temp")
+        return None
+    if args.temp is None:
+        raise ParameterError("spec-draft-sampling probabilistic needs the requests' --temp", parameter="temp")
+    sampling = RequestSampling(args.temp, seed=SEED if args.seed is None else args.seed, top_k=args.top_k,
+                               top_p=args.top_p, min_p=args.min_p)
+    sampling.check()
+    return sampling
 
 
 def print_json(data: Any) -> None:

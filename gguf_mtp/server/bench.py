@@ -27,10 +27,12 @@ from .bench_rules import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_N_MAX,
     DEFAULT_TOKENS,
+    SPEC_DRAFT_SAMPLING,
     BenchReport,
     BenchRun,
     Completion,
     PositionCounts,
+    RequestSampling,
     check_count_options,
     check_float_options,
     check_n_max,
@@ -231,10 +233,11 @@ def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
 
 
 def _measure(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int,
-             say: Callable[[str], None], step: str) -> tuple[Completion, ...]:
+             say: Callable[[str], None], step: str, sampling: RequestSampling | None) -> tuple[Completion, ...]:
     answers = []
     for j, prompt in enumerate(prompts, 1):
-        answer = handle.post_json("/completion", completion_request(prompt.text, tokens), timeout=REQUEST_TIMEOUT)
+        answer = handle.post_json("/completion", completion_request(prompt.text, tokens, sampling),
+                                  timeout=REQUEST_TIMEOUT)
         try:
             completion = parse_completion(answer)
         except LlamaServerError as e:
@@ -271,6 +274,7 @@ def bench(
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
     progress: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    sampling: RequestSampling | None = None,
 ) -> BenchReport:
     """Measure ``model`` with ``server`` (the user's llama-server): once without MTP, once per ``n_max``.
 
@@ -285,6 +289,9 @@ def bench(
         health_timeout: seconds a server may take to load the model and answer ``/health``.
         progress: called with one line per step (each server started, each prompt answered, each run).
         warn: called with a warning (the thread pools of an MTP run oversubscribe the free cores).
+        sampling: sampled requests, the MTP runs with ``--spec-draft-sampling probabilistic`` (the server samples
+            the draft and verifies it by rejection); ``None``: greedy requests. Sampled texts differ with and
+            without MTP, so the lossless check is not made (the report says so).
 
     Raises:
         LlamaServerError: the server is not llama-server, too old, never ready, or failed (the log is kept).
@@ -305,7 +312,12 @@ def bench(
             info.path, "tokens",
         )
     prompts = tuple(prompts) if prompts is not None else builtin_prompts()
+    if sampling is not None:
+        sampling.check()
     options = ServerOptions.from_help(probe_server(server))
+    if sampling is not None and not options.probabilistic:
+        raise LlamaServerError(f"its --help has no '{SPEC_DRAFT_SAMPLING} probabilistic' (llama.cpp b11434 or later "
+                               "has it)", server, "server")
     check_extra_arguments(server_args, options)  # before any server starts
     environment = options.server_environment(os.environ)
     say = progress or (lambda line: None)
@@ -321,7 +333,8 @@ def bench(
         step = f"run {i}/{len(configurations)}: {what}"
         port = free_port()
         extra = [*threads.arguments, *(threads.draft_arguments if k else ()), *server_args]
-        args = server_arguments(info.path, port, k, info.draft, extra, metrics=options.metrics)
+        args = server_arguments(info.path, port, k, info.draft, extra, metrics=options.metrics,
+                                probabilistic=sampling is not None)
 
         def started(handle: ServerHandle, step: str = step) -> None:
             say(f"{step}: llama-server pid {handle.pid} on 127.0.0.1:{handle.port}, loading the model")
@@ -331,16 +344,17 @@ def bench(
             on_start=started, env=environment,
         ) as handle:
             _check_context(handle, prompts, tokens, max(n_max), info.path)
-            completions = _measure(handle, prompts, tokens, say, step)
+            completions = _measure(handle, prompts, tokens, say, step, sampling)
             positions = _positions(handle) if k and options.metrics else None
             run = BenchRun(k, completions, positions)
         runs.append(run)
         acceptance = "" if run.acceptance is None else f", acceptance {run.acceptance:.2f}"
         say(f"{step}: {run.predicted_n} tokens, {run.predicted_per_second:.1f} tokens/s{acceptance}")
     baseline = runs[0]
-    differences = tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
+    differences = () if sampling is not None else \
+        tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
     return BenchReport(
         model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
         differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
-        threads=threads.arguments + threads.draft_arguments, llama_cpp_build=server_build(server),
+        threads=threads.arguments + threads.draft_arguments, llama_cpp_build=server_build(server), sampling=sampling,
     )

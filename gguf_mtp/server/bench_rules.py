@@ -37,6 +37,7 @@ __all__ = [
     "MAX_COUNT",
     "MAX_N_MAX",
     "SEED",
+    "SPEC_DRAFT_SAMPLING",
     "WORTHWHILE_SPEEDUP",
     "BenchReport",
     "BenchRow",
@@ -45,6 +46,7 @@ __all__ = [
     "Completion",
     "Difference",
     "PositionCounts",
+    "RequestSampling",
     "acceptance_rate",
     "check_count_options",
     "check_float_options",
@@ -62,6 +64,10 @@ __all__ = [
 
 #: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
 SEED = 42
+
+#: llama-server's option for sampled drafts verified by rejection (llama.cpp b11434's ``common/arg.cpp``; not in
+#: 0c1e570): ``--spec-draft-sampling {greedy,probabilistic}``.
+SPEC_DRAFT_SAMPLING = "--spec-draft-sampling"
 
 #: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
 MAX_N_MAX = 16
@@ -160,11 +166,11 @@ def parse_n_max_list(text: str) -> tuple[int, ...]:
 
 
 def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra: Sequence[str], *,
-                     metrics: bool = False) -> list[str]:
+                     metrics: bool = False, probabilistic: bool = False) -> list[str]:
     """llama-server's arguments for one run: ``n_max`` 0 is the run without speculative decoding, any other
     value an MTP run drafting up to ``n_max`` tokens (from ``draft``, an MTP-only sidecar, when given);
-    ``metrics`` adds ``--metrics`` (the per-position counts). ``extra`` must already be checked
-    (:func:`gguf_mtp.server.options.check_extra_arguments`).
+    ``metrics`` adds ``--metrics`` (the per-position counts), ``probabilistic`` ``--spec-draft-sampling
+    probabilistic``. ``extra`` must already be checked (:func:`gguf_mtp.server.options.check_extra_arguments`).
     """
     args = ["-m", model, "--host", "127.0.0.1", "--port", str(port)]
     if n_max:
@@ -173,12 +179,44 @@ def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra
             args += ["--spec-draft-model", draft]
         if metrics:
             args.append("--metrics")
+        if probabilistic:
+            args += [SPEC_DRAFT_SAMPLING, "probabilistic"]
     return args + list(extra)
 
 
-def completion_request(prompt: str, tokens: int) -> dict[str, Any]:
-    """The ``/completion`` body: ``tokens`` tokens, greedily (temperature 0, fixed seed), the prompt processed
-    afresh (no cache from an earlier request), the generated token ids returned."""
+@dataclass(frozen=True)
+class RequestSampling:
+    """Sampled requests, as llama-server's ``/completion`` takes them (its defaults but the temperature), for
+    ``--spec-draft-sampling probabilistic``: above temperature 0 the server samples the draft and verifies it by
+    rejection (b11434 ``server-context.cpp``, ``use_spec_rejection``)."""
+
+    temp: float
+    seed: int = SEED
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+    def check(self) -> None:
+        """Raises :class:`ParameterError` for a value that does not sample by rejection."""
+        if not (math.isfinite(self.temp) and 0 < self.temp <= 100):
+            raise ParameterError("temp: probabilistic drafting needs a temperature above 0 (at 0 llama-server "
+                                 "verifies greedily: leave --spec-draft-sampling greedy), at most 100",
+                                 parameter="temp")
+        if not (0 < self.top_p <= 1 and 0 <= self.min_p < 1 and 0 <= self.top_k <= MAX_COUNT):
+            raise ParameterError(f"top-p must be in (0, 1], min-p in [0, 1), top-k in [0, {MAX_COUNT}]",
+                                 parameter="top_p")
+        if not 0 <= self.seed < 1 << 32:
+            raise ParameterError("seed must be 0..2^32-1", parameter="seed")
+
+    def fields(self) -> dict[str, Any]:
+        """The ``/completion`` fields that sample."""
+        return {"temperature": self.temp, "seed": self.seed, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p}
+
+
+def completion_request(prompt: str, tokens: int, sampling: RequestSampling | None = None) -> dict[str, Any]:
+    """The ``/completion`` body: ``tokens`` tokens, greedily (temperature 0, fixed seed) or as ``sampling`` says,
+    the prompt processed afresh (no cache from an earlier request), the generated token ids returned."""
     return {
         "prompt": prompt,
         "n_predict": tokens,
@@ -187,7 +225,7 @@ def completion_request(prompt: str, tokens: int) -> dict[str, Any]:
         "cache_prompt": False,
         "return_tokens": True,
         "stream": False,
-    }
+    } | (sampling.fields() if sampling is not None else {})
 
 
 @dataclass(frozen=True)
@@ -453,6 +491,7 @@ class BenchReport:
     server_args: tuple[str, ...] = ()
     threads: tuple[str, ...] = ()  # the thread flags bench chose (empty when the user gave them)
     llama_cpp_build: str | None = None  # what the server's --version says it is
+    sampling: RequestSampling | None = None  # sampled requests, drafts verified by rejection; None: greedy
 
     @property
     def baseline(self) -> BenchRun:
@@ -505,7 +544,8 @@ class BenchReport:
             "prompts": self.prompts,
             "tokens": self.tokens,
             "runs": [self.run_dict(r) for r in self.runs],
-            "lossless": self.lossless,
+            "sampling": self.sampling.fields() if self.sampling is not None else None,
+            "lossless": None if self.sampling is not None else self.lossless,
             "differences": [d.describe() for d in self.differences],
             "recommended_n_max": self.recommended_n_max,
             "seconds": round(self.seconds, 3),
@@ -538,7 +578,11 @@ class BenchReport:
                 rates = ", ".join(f"{rate:.2f}" for rate in r.positions.rates)
                 lines.append(f"n-max {r.n_max}: acceptance by draft position {rates} (of {r.positions.drafts} "
                              "drafts, llama-server --metrics)")
-        if self.lossless:
+        if self.sampling is not None:
+            lines.append(f"sampled requests (temperature {self.sampling.temp:g}, seed {self.sampling.seed}), drafts "
+                         f"verified by rejection ({SPEC_DRAFT_SAMPLING} probabilistic): the texts differ with and "
+                         "without MTP, so losslessness is not checked token by token")
+        elif self.lossless:
             lines.append(f"lossless: every MTP run generated exactly the tokens of the run without MTP "
                          f"({self.prompts} prompts, up to {self.tokens} tokens each)")
         else:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from gguf_mtp.errors import ParameterError
 
+from .bench_rules import SPEC_DRAFT_SAMPLING
+
 __all__ = [
     "OWNED_OPTIONS",
     "ServerOption",
@@ -99,7 +101,7 @@ def parse_help(text: str) -> tuple[ServerOption, ...]:
 @dataclass(frozen=True)
 class ServerOptions:
     """What bench needs of a llama-server's options: the flags it owns (with their environment variables), the
-    spellings of the thread options, and whether ``--metrics`` exists."""
+    spellings of the thread options, and whether ``--metrics`` and probabilistic drafting exist."""
 
     reserved: frozenset[str]
     reserved_env: frozenset[str]
@@ -107,6 +109,7 @@ class ServerOptions:
     draft_threads: frozenset[str]
     thread_env: frozenset[str]
     metrics: bool
+    probabilistic: bool = False  #: it drafts by sampling and verifies by rejection (``--spec-draft-sampling``)
 
     @classmethod
     def from_help(cls, text: str) -> ServerOptions:
@@ -133,6 +136,7 @@ class ServerOptions:
             reserved=frozenset(reserved), reserved_env=frozenset(reserved_env), trunk_threads=trunk | {"-t"},
             draft_threads=draft | {"-td"}, thread_env=trunk_env | draft_env,  # the spellings bench itself gives
             metrics=any("--metrics" in o.flags for o in options),
+            probabilistic=any(SPEC_DRAFT_SAMPLING in o.flags and "probabilistic" in o.help for o in options),
         )
 
     def server_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
