@@ -49,7 +49,8 @@ from .errors import (
 defer_gguf_package()  # before any module of the package imports gguf.constants
 
 if TYPE_CHECKING:
-    from .check.accept import AcceptReport, accept
+    from .check.accept import AcceptReport, SampledReport, accept, accept_sampled
+    from .check.accept_sampling import Sampling
     from .check.inspect import ModelSummary, inspect
     from .check.verify import VerifyReport, verify
     from .jobs.compose import ComposeReport, compose, plan, plan_compose
@@ -86,6 +87,9 @@ _LAZY: dict[str, str] = {
     "bench": "server.bench",
     "AcceptReport": "check.accept",
     "accept": "check.accept",
+    "SampledReport": "check.accept",
+    "accept_sampled": "check.accept",
+    "Sampling": "check.accept_sampling",
     "run_pipeline": "release.pipeline",
     "publish": "release.publish",
     "ShardSet": "model.shards",
@@ -127,6 +131,8 @@ __all__ = [
     "NoNextNBlockError",
     "OutputWriteError",
     "ParameterError",
+    "SampledReport",
+    "Sampling",
     "ShardSet",
     "ShardSetError",
     "UnsafeOutputError",
@@ -134,6 +140,7 @@ __all__ = [
     "VerifyReport",
     "__version__",
     "accept",
+    "accept_sampled",
     "bench",
     "compose",
     "convert",
