@@ -355,13 +355,14 @@ def test_verify_runs_the_composite_through_b11434s_mtp_graph(parity: ParitySet, 
 @pytest.mark.llama
 @pytest.mark.upstream
 @pytest.mark.parity("qwen4exp")
-@pytest.mark.xfail(strict=True, reason=(
-    "b11434's libllama through llama-cpp-python 0.3.36 dies (SIGSEGV) in accept's batched MTP pass over a qwen4exp "
-    "model (accept_child.mtp_pass, llama_decode of the MTP context); verify's MTP step and llama-server b11434's own "
-    "draft-mtp run the same file: open, for the llama.cpp-setting part of issue 38"))
 def test_accept_predicts_through_b11434s_mtp_graph(parity: ParitySet, b11434_lib: Path) -> None:
-    done = _cli_with(b11434_lib, "accept", str(parity.composite), "--tokens", "16", "--n-max", "1", "--threads", "1",
-                     "--json")
+    """Its masked MTP graph has as many nodes as the unmasked one the context was planned with: accept re-plans it
+    (else b11434 dies in ggml_gallocr_alloc_graph); the counts themselves are llama-server's
+    (tests/test_accept_server.py)."""
+    done = _cli_with(b11434_lib, "accept", str(parity.composite), "--tokens", "16", "--n-max", "1,2", "--threads",
+                     "1", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
-    runs = json.loads(done.stdout)["runs"]
-    assert [run["n_max"] for run in runs] == [1] and runs[0]["draft_n"] > 0
+    report = json.loads(done.stdout)
+    assert report["llama_cpp_library"] == str(b11434_lib / "libllama.so")
+    assert [run["n_max"] for run in report["runs"]] == [1, 2]
+    assert all(run["draft_n"] > 0 for run in report["runs"])

@@ -116,7 +116,7 @@ class _Runner:
 
     def open_contexts(self, cells: int) -> None:
         """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains)."""
-        llama, ext = self.llama, self.ext
+        llama = self.llama
         self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells)
         self.dft = self._context(llama.LLAMA_CONTEXT_TYPE_MTP, self.mtp_model, seqs=2, cells=cells)
         self._want_nextn_rows(self.tgt, masked=False)
@@ -131,9 +131,10 @@ class _Runner:
         # llama.cpp plans a context's graph memory when it creates it, with these rows off, and switching them on
         # asks for no new plan. Where that changes which tensors are outputs but not how many nodes the graph has
         # (qwen4exp's MTP graph: h_nextn is either every row or the out_ids rows, both computed anyway), ggml's
-        # allocator keeps the stale plan and b11434 dies in ggml_gallocr_alloc_graph. llama-server gets a new plan
-        # from the backend sampler draft-mtp installs next (llama_set_sampler); clearing the control vector, which
-        # none of these contexts has, asks for one and changes nothing else.
+        # allocator keeps the stale plan and b11434 dies in ggml_gallocr_alloc_graph. llama-server escapes it because
+        # draft-mtp's constructor also installs a backend sampler (llama_set_sampler), which asks for a new plan,
+        # made at the first decode. Clearing the control vector, which none of these contexts has, asks for one and
+        # changes nothing else.
         if self.llama.llama_set_adapter_cvec(ctx, None, 0, 0, -1, -1) != 0:
             raise RuntimeError("llama.cpp refused to re-plan a context's graph (llama_set_adapter_cvec)")
 
