@@ -19,16 +19,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from support.upstream import ParitySet
 
 from gguf_mtp import extract, strip
-from gguf_mtp.check.accept import accept
+from gguf_mtp.check.accept import AcceptReport, accept
 from gguf_mtp.constants import ENV_LLAMA_CPP
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import resolve
 from gguf_mtp.server.bench import bench, builtin_prompts
-from gguf_mtp.server.bench_rules import completion_request, parse_completion, server_arguments
+from gguf_mtp.server.bench_rules import BenchReport, completion_request, parse_completion, server_arguments
 from gguf_mtp.server.process import free_port, running_server
 from gguf_mtp.testing.cycle_model import EMBEDDING_SCALE, write_cycle_model
 
@@ -51,6 +51,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     return {"composite": (composite, None), "trunk + sidecar": (trunk, sidecar)}
 
 
+def assert_same_counts(predicted: AcceptReport, measured: BenchReport, which: str) -> None:
+    """The server's text and its ``draft_n`` / ``draft_n_accepted`` / ``predicted_n`` are the prediction's, for every
+    prompt and n-max measured (its first run is the one without MTP)."""
+    assert measured.lossless
+    for i, run in enumerate(measured.runs[1:]):
+        for score, completion in zip(predicted.prompts, run.completions, strict=True):
+            assert completion.tokens == score.greedy, score.name
+            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
+            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
+            assert got == want, f"{which}, n-max {run.n_max}, {score.name}"
+
+
 @pytest.mark.parametrize("which", ["composite", "trunk + sidecar"])
 def test_predicted_counts_equal_llama_server(
     llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]], which: str
@@ -61,13 +73,7 @@ def test_predicted_counts_equal_llama_server(
                        threads=1)
     measured = bench(model, str(llama_server_tool), draft=draft, n_max=(1, 2, 3), tokens=TOKENS, prompts=prompts,
                      server_args=SERVER_FLAGS)
-    assert measured.lossless
-    for i, run in enumerate(measured.runs[1:]):
-        for score, completion in zip(predicted.prompts, run.completions, strict=True):
-            assert completion.tokens == score.greedy, score.name
-            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
-            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
-            assert got == want, f"{which}, n-max {run.n_max}, {score.name}"
+    assert_same_counts(predicted, measured, which)
     first = predicted.runs[0]
     assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
     assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
@@ -147,7 +153,10 @@ def designed_qwen4exp(composite: Path, out: Path, *, good_share: float = 0.7, se
     class to the next one in the cycle, a bad one to itself. Every other logit is exactly 0."""
     path = Path(shutil.copyfile(composite, out))
     reader = GGUFReader(path, "r+")
-    tensors = {t.name: t.data.view(np.uint16) for t in reader.tensors}  # all of them BF16 where written
+    tensors = {t.name: t.data.view(np.uint16) for t in reader.tensors}  # BF16 bits (zeros, whatever the type)
+    designed = {t.name: t.tensor_type for t in reader.tensors
+                if t.name in ("token_embd.weight", "output.weight") or t.name.endswith("nextn.eh_proj.weight")}
+    assert set(designed.values()) == {GGMLQuantizationType.BF16}, designed
     embd, output = tensors["token_embd.weight"], tensors["output.weight"]
     n = embd.shape[1]
     rng = np.random.default_rng(seed)
@@ -187,13 +196,7 @@ def test_predicted_counts_equal_llama_server_b11434_on_a_qwen4exp_composite(
     assert predicted.llama_cpp_library == str(build.libllama)
     measured = bench(model, str(build.server), n_max=(1, 2), tokens=TOKENS, prompts=prompts,
                      server_args=SERVER_FLAGS)
-    assert measured.lossless
-    for i, run in enumerate(measured.runs[1:]):
-        for score, completion in zip(predicted.prompts, run.completions, strict=True):
-            assert completion.tokens == score.greedy, score.name
-            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
-            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
-            assert got == want, f"n-max {run.n_max}, {score.name}"
+    assert_same_counts(predicted, measured, "qwen4exp, b11434")
     first = predicted.runs[0]
     assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
     assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
