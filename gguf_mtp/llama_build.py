@@ -70,8 +70,8 @@ LLAMA_FUNCTIONS = (
     "llama_free", "llama_get_logits_ith", "llama_get_memory", "llama_init_from_model", "llama_memory_clear",
     "llama_memory_seq_cp", "llama_memory_seq_rm", "llama_model_default_params", "llama_model_free",
     "llama_model_get_vocab", "llama_model_load_from_file", "llama_model_n_embd_out",
-    "llama_model_n_layer", "llama_model_n_layer_nextn", "llama_tokenize", "llama_vocab_is_eog",
-    "llama_vocab_n_tokens",
+    "llama_model_n_layer", "llama_model_n_layer_nextn", "llama_set_adapter_cvec", "llama_tokenize",
+    "llama_vocab_is_eog", "llama_vocab_n_tokens",
 )
 #: The ``llama-ext.h`` MTP helpers they call (C linkage, or C++-mangled where llama.cpp exports them so).
 MTP_HELPERS = (

@@ -4,26 +4,33 @@ the designed composite (:mod:`gguf_mtp.testing.cycle_model`, a head right on abo
 trunk + MTP-only sidecar (n-max 3 too), both sides on the same llama.cpp (the server's build, b11434: issue 38 item
 2); accept on llama-cpp-python's own library (0c1e570) predicts the b11434 server's counts too. The greedy text is
 the same too. And where the slot's context ends the generation early (fewer drafts near its end, then a stop), the
-counts are still the server's. ``bench --with-accept`` shows the prediction beside the measurement.
+counts are still the server's. ``bench --with-accept`` shows the prediction beside the measurement. Through llama.cpp
+b11434 (``--llama-cpp``) the same holds for qwen4exp, whose MTP graph takes hyper-connection rows (``hc x n_embd``
+wide): its parity composite with a head designed as the cycle model's, against b11434's own llama-server.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from support.upstream import ParitySet
 
 from gguf_mtp import extract, strip
-from gguf_mtp.check.accept import accept
+from gguf_mtp.check.accept import AcceptReport, accept
 from gguf_mtp.constants import ENV_LLAMA_CPP
+from gguf_mtp.llama_build import resolve
 from gguf_mtp.server.bench import bench, builtin_prompts
-from gguf_mtp.server.bench_rules import completion_request, parse_completion, server_arguments
+from gguf_mtp.server.bench_rules import BenchReport, completion_request, parse_completion, server_arguments
 from gguf_mtp.server.process import free_port, running_server
-from gguf_mtp.testing.cycle_model import write_cycle_model
+from gguf_mtp.testing.cycle_model import EMBEDDING_SCALE, write_cycle_model
 
 pytestmark = pytest.mark.llama
 
@@ -54,6 +61,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
     return {"composite": (composite, None), "trunk + sidecar": (trunk, sidecar)}
 
 
+def assert_same_counts(predicted: AcceptReport, measured: BenchReport, which: str) -> None:
+    """The server's text and its ``draft_n`` / ``draft_n_accepted`` / ``predicted_n`` are the prediction's, for every
+    prompt and n-max measured (its first run is the one without MTP)."""
+    assert measured.lossless
+    for i, run in enumerate(measured.runs[1:]):
+        for score, completion in zip(predicted.prompts, run.completions, strict=True):
+            assert completion.tokens == score.greedy, score.name
+            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
+            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
+            assert got == want, f"{which}, n-max {run.n_max}, {score.name}"
+
+
 @pytest.mark.parametrize("which", ["composite", "trunk + sidecar"])
 def test_predicted_counts_equal_llama_server(
     llama_server_tool: Path, models: dict[str, tuple[Path, Path | None]], which: str
@@ -64,13 +83,7 @@ def test_predicted_counts_equal_llama_server(
                        threads=1)
     measured = bench(model, str(llama_server_tool), draft=draft, n_max=(1, 2, 3), tokens=TOKENS, prompts=prompts,
                      server_args=SERVER_FLAGS)
-    assert measured.lossless
-    for i, run in enumerate(measured.runs[1:]):
-        for score, completion in zip(predicted.prompts, run.completions, strict=True):
-            assert completion.tokens == score.greedy, score.name
-            got = (completion.draft_n, completion.draft_n_accepted, completion.predicted_n)
-            want = (score.runs[i].draft_n, score.runs[i].draft_n_accepted, score.runs[i].generated)
-            assert got == want, f"{which}, n-max {run.n_max}, {score.name}"
+    assert_same_counts(predicted, measured, which)
     first = predicted.runs[0]
     assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
     assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]
@@ -131,3 +144,69 @@ def test_bench_with_accept_shows_the_prediction_beside_the_measurement(
                                      env=env, timeout=900).stdout)
     measured = [(r["draft_n"], r["draft_n_accepted"]) for r in data["runs"] if r["n_max"]]
     assert measured == [(r["draft_n"], r["draft_n_accepted"]) for r in data["accept"]["runs"]]
+
+
+# ------------------------------------------------------------------- qwen4exp through llama.cpp b11434 (issue 38)
+
+
+def _bf16(value: float) -> int:
+    """The BF16 bits of ``value`` (exact for the small powers of two written here)."""
+    return int(np.float32(value).view(np.uint32) >> 16)
+
+
+def designed_qwen4exp(composite: Path, out: Path, *, good_share: float = 0.7, seed: int = 0) -> Path:
+    """A copy of the qwen4exp ``composite`` designed as :mod:`gguf_mtp.testing.cycle_model`'s model, through its
+    hyper-connection streams: every block's output projections (and the per-layer embedding's value) are zero, so
+    each stream's residual stays the embedding of the token, ``EMBEDDING_SCALE e_c`` for token ``t`` of class
+    ``c = t mod n_embd``; ``output`` sends class ``c`` to token ``cycle[c]`` (below ``n_embd``: the greedy text stays in
+    one class per token); the head's ``eh_proj`` reads the trunk's row (its second half, per stream) and maps a good
+    class to the next one in the cycle, a bad one to itself. Every other logit is exactly 0."""
+    path = Path(shutil.copyfile(composite, out))
+    reader = GGUFReader(path, "r+")
+    tensors = {t.name: t.data.view(np.uint16) for t in reader.tensors}  # BF16 bits (zeros, whatever the type)
+    designed = {t.name: t.tensor_type for t in reader.tensors
+                if t.name in ("token_embd.weight", "output.weight") or t.name.endswith("nextn.eh_proj.weight")}
+    assert set(designed.values()) == {GGMLQuantizationType.BF16}, designed
+    embd, output = tensors["token_embd.weight"], tensors["output.weight"]
+    n = embd.shape[1]
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    cycle = np.empty(n, dtype=np.int64)
+    cycle[order] = np.roll(order, -1)
+    good = rng.permutation(n)[: round(good_share * n)]
+    embd[:] = 0
+    embd[np.arange(len(embd)), np.arange(len(embd)) % n] = _bf16(EMBEDDING_SCALE)
+    output[:] = 0
+    output[cycle, np.arange(n)] = _bf16(1.0)
+    (head,) = [data for name, data in tensors.items() if name.endswith("nextn.eh_proj.weight")]
+    head[:] = 0
+    targets = np.arange(n)
+    targets[good] = cycle[good]
+    head[targets, n + np.arange(n)] = _bf16(1.0)
+    silenced = ("ssm_out.weight", "attn_output.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight",
+                "ple_value.weight", "ple_conv1d.weight")
+    for name, data in tensors.items():
+        if name.endswith(silenced):
+            data[:] = 0
+    reader.data.flush()
+    return path
+
+
+@pytest.mark.upstream
+@pytest.mark.parity("qwen4exp")
+def test_predicted_counts_equal_llama_server_b11434_on_a_qwen4exp_composite(
+    parity: ParitySet, llama_b11434: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = designed_qwen4exp(parity.composite, tmp_path / "qwen4exp-cycle.gguf")
+    build = resolve(llama_b11434)
+    assert build.server is not None
+    monkeypatch.setenv(ENV_LLAMA_CPP, str(llama_b11434))  # accept's child runs b11434's libllama
+    prompts = builtin_prompts()
+    predicted = accept(model, prompts=prompts, tokens=TOKENS, n_max=(1, 2), ctx_size=1024, threads=1)
+    assert predicted.llama_cpp_library == str(build.libllama)
+    measured = bench(model, str(build.server), n_max=(1, 2), tokens=TOKENS, prompts=prompts,
+                     server_args=SERVER_FLAGS)
+    assert_same_counts(predicted, measured, "qwen4exp, b11434")
+    first = predicted.runs[0]
+    assert first.acceptance is not None and 0.45 < first.acceptance < 0.95  # not a vacuous agreement
+    assert 0 < predicted.runs[1].accepted_per_pos[1] < predicted.runs[1].drafted_per_pos[1]

@@ -116,13 +116,27 @@ class _Runner:
 
     def open_contexts(self, cells: int) -> None:
         """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains)."""
-        llama, ext = self.llama, self.ext
+        llama = self.llama
         self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells)
         self.dft = self._context(llama.LLAMA_CONTEXT_TYPE_MTP, self.mtp_model, seqs=2, cells=cells)
-        ext.llama_set_embeddings_nextn(self.tgt, True, False)
-        ext.llama_set_embeddings_nextn(self.dft, True, True)
+        self._want_nextn_rows(self.tgt, masked=False)
+        self._want_nextn_rows(self.dft, masked=True)
         self.tgt_batch = _Batch(llama, CHUNK, None)
         self.dft_batch = _Batch(llama, max(CHUNK, CHAIN_ROOM), self.n_embd)
+
+    def _want_nextn_rows(self, ctx: Any, *, masked: bool) -> None:
+        """Have ``ctx`` hand out the hidden rows the MTP graph takes (``masked``: only the output tokens' rows), as
+        draft-mtp's constructor does, and re-plan its compute graph for that."""
+        self.ext.llama_set_embeddings_nextn(ctx, True, masked)
+        # llama.cpp plans a context's graph memory when it creates it, with these rows off, and switching them on
+        # asks for no new plan. Where that changes which tensors are outputs but not how many nodes the graph has
+        # (qwen4exp's MTP graph: h_nextn is either every row or the out_ids rows, both computed anyway), ggml's
+        # allocator keeps the stale plan and b11434 dies in ggml_gallocr_alloc_graph. llama-server escapes it because
+        # draft-mtp's constructor also installs a backend sampler (llama_set_sampler), which asks for a new plan,
+        # made at the first decode. Clearing the control vector, which none of these contexts has, asks for one and
+        # changes nothing else.
+        if self.llama.llama_set_adapter_cvec(ctx, None, 0, 0, -1, -1) != 0:
+            raise RuntimeError("llama.cpp refused to re-plan a context's graph (llama_set_adapter_cvec)")
 
     def _load(self, path: str, *, mtp: bool, ngl: int) -> Any:
         llama = self.llama
