@@ -274,9 +274,18 @@ def test_outtype_with_imatrix_writes_what_llama_quantize_imatrix_writes(
     drafted = extract(full, tmp_path / "draft.gguf", outtype=qtype, imatrix=imatrix, progress=False)
     assert _head(drafted.output) == oracle
 
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_compose_outtype_with_imatrix_writes_what_llama_quantize_imatrix_writes(
+    full: Path, imatrix: Path, llama_quantize_tool: Path, tmp_path: Path
+) -> None:
+    """compose quantizes the draft's head under its block number in the composite, where the imatrix names it (the
+    types' own rows are the test above's: one type suffices here)."""
+    oracle = _head(_quantized(llama_quantize_tool, full, imatrix, "iq2_xxs"))
     target = write_target(tmp_path / "target", quant="Q8_0", name="target")
     bf16_draft = extract(full, tmp_path / "bf16-draft.gguf", progress=False).output
-    composite = compose(target, bf16_draft, tmp_path / "compose", outtype=qtype, imatrix=imatrix, progress=False)
+    composite = compose(target, bf16_draft, tmp_path / "compose", outtype="iq2_xxs", imatrix=imatrix, progress=False)
     assert _head(composite.output_paths[0]) == oracle
 
 
