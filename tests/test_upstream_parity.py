@@ -32,11 +32,14 @@ from gguf import GGMLQuantizationType
 from support.deepseek_checkpoints import N_LAYERS as MLA_BLOCK
 from support.mimo_checkpoints import N_LAYER as MIMO_LAYERS
 from support.nano_checkpoints import NANO_HPARAMS
+from support.parity_sets import builds_of, set_name, work_unit
 from support.qwen4exp_checkpoints import N_TRUNK as QWEN4EXP_BLOCK
 from support.qwen_checkpoints import N_TRUNK as QWEN_BLOCK
 from support.step_checkpoints import N_LAYER as STEP_LAYERS
 from support.upstream import (
+    B11434,
     ROOT,
+    VENDORED,
     ParitySet,
     assert_runs_like,
     assert_runs_mtp_only,
@@ -46,7 +49,9 @@ from support.upstream import (
     raw_tensors,
 )
 
+from gguf_mtp.constants import ENV_LLAMA_CPP
 from gguf_mtp.format.header import read_header
+from gguf_mtp.llama_build import LIB_PATH_VARIABLE, resolve
 
 Q = GGMLQuantizationType
 NANO_ROUTER_PATCH = ROOT / "upstream/01-nemotronh-mtp-router-f32/nemotronh-mtp-router-f32.patch"
@@ -149,12 +154,37 @@ FAMILIES = [
 ]
 
 
-def _params(families: list[Family]) -> list[object]:
-    return [pytest.param(f, id=f.set, marks=pytest.mark.parity(f.set)) for f in families]
+def _params(families: list[Family], *b11434_marks: pytest.MarkDecorator) -> list[object]:
+    """Each family's set at every build it is made at (:func:`support.parity_sets.builds_of`), its id the set's
+    name (``glm5``, ``glm5-b11434``); ``b11434_marks`` go on the b11434 sets."""
+    return [pytest.param(f, id=name, marks=[pytest.mark.parity(name), *(b11434_marks if build == B11434 else ())])
+            for f in families for build in builds_of(f.set) for name in [set_name(f.set, build)]]
 
 
 ALL = _params(FAMILIES)
 pytestmark = pytest.mark.upstream
+
+
+@pytest.fixture
+def llama_library(parity: ParitySet, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path | None:
+    """Make llama.cpp's checks run the set's own build: b11434's build folder chosen (``$GGUF_MTP_LLAMA_CPP``) for a
+    b11434 set, and the libllama it names returned; ``None``: llama-cpp-python's own (0c1e570), nothing chosen."""
+    monkeypatch.delenv(LIB_PATH_VARIABLE, raising=False)
+    monkeypatch.delenv(ENV_LLAMA_CPP, raising=False)
+    if parity.build == VENDORED:
+        return None
+    build: Path = request.getfixturevalue("llama_b11434")  # its tests carry the ``tools`` mark (_params)
+    monkeypatch.setenv(ENV_LLAMA_CPP, str(build))
+    return resolve(build).libllama
+
+
+def test_a_sets_tests_at_b11434_are_one_work_unit_apart_from_its_0c1e570_tests() -> None:
+    assert set_name("glm4moe-2nextn", B11434) == "glm4moe-2nextn-b11434"
+    assert work_unit("tests/test_upstream_parity.py::test_x[glm4moe-2nextn-b11434]") == \
+        "parity:glm4moe-2nextn-b11434"
+    assert work_unit("tests/test_upstream_parity.py::test_x[glm4moe-2nextn]") == "parity:glm4moe-2nextn"
+    assert work_unit("tests/test_family_qwen4exp.py::test_x[qwen4exp]") == "parity:qwen4exp"
+
 
 
 def _assert_same(family: Family, ours: dict, theirs: dict, fixed: frozenset[str] = frozenset()) -> None:
@@ -215,18 +245,24 @@ def test_compose_of_no_mtp_and_draft_equals_upstream_full(family: Family, parity
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.n_layer is not None]))
-def test_llama_runs_the_composite_with_upstreams_logits(family: Family, parity: ParitySet) -> None:
+@pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.n_layer is not None], pytest.mark.tools))
+def test_llama_runs_the_composite_with_upstreams_logits(family: Family, parity: ParitySet,
+                                                       llama_library: Path | None) -> None:
     ours = assert_runs_like(parity.composite, _full(family, parity))
+    if llama_library is not None:
+        assert ours.llama_cpp_library == str(llama_library)
     assert (ours.n_layer, ours.n_layer_nextn) == (family.n_layer, len(family.blocks))
     if len(family.blocks) > 1:
         assert ours.mtp_blocks_decoded == len(family.blocks)
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.standalone and f.n_layer is not None]))
-def test_standalone_runs_as_an_mtp_only_model(family: Family, parity: ParitySet) -> None:
+@pytest.mark.parametrize("family", _params([f for f in FAMILIES if f.standalone and f.n_layer is not None],
+                                           pytest.mark.tools))
+def test_standalone_runs_as_an_mtp_only_model(family: Family, parity: ParitySet, llama_library: Path | None) -> None:
     check = assert_runs_mtp_only(parity.standalone)
+    if llama_library is not None:
+        assert check.llama_cpp_library == str(llama_library)
     assert check.n_layer_nextn == len(family.blocks)
     if len(family.blocks) > 1:
         assert check.mtp_blocks_decoded == len(family.blocks)
