@@ -235,7 +235,6 @@ def test_a_sets_tests_at_b11434_are_one_work_unit_apart_from_its_0c1e570_tests()
     assert work_unit("tests/test_family_qwen4exp.py::test_x[qwen4exp]") == "parity:qwen4exp"
 
 
-
 def _assert_same(family: Family, ours: dict, theirs: dict, fixed: frozenset[str] = frozenset()) -> None:
     """``ours`` equals ``theirs`` but for the family's allowed differences (less those ``fixed`` makes vanish)."""
     hows = {"widened", "permuted"} - fixed
