@@ -21,14 +21,15 @@ from gguf_mtp.errors import BadGGUFError, ParameterError
 from gguf_mtp.format.header import read_header
 from gguf_mtp.format.imatrix import COUNTS_SUFFIX, IMATRIX_KEYS, KEY_N_LAYER_NEXTN, SUMS_SUFFIX, read_imatrix
 from gguf_mtp.format.quant_rules import head_tensor_type, kept_by, needs_imatrix
-from gguf_mtp.format.quantize import from_f32, ggml_available
+from gguf_mtp.format.quantize import from_f32
 from gguf_mtp.jobs.compose import compose
 from gguf_mtp.jobs.convert import convert
 from gguf_mtp.jobs.extract import extract
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import NEMOTRON_H_MOE, write_target
 
-needs_ggml = pytest.mark.skipif(not ggml_available(), reason="the llama extra (llama-cpp-python) is not installed")
+#: Quantizing goes through llama.cpp's ggml (llama-cpp-python): the floor suite, which has none, deselects these.
+needs_ggml = pytest.mark.llama
 
 ARCH = "nemotron_h_moe"
 NEXTN = f"blk.{len(NEMOTRON_H_MOE.default_pattern)}."
