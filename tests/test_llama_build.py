@@ -17,10 +17,10 @@ import shutil
 import stat
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+from test_citations import _sources, _upstream_sources
 
 from gguf_mtp import compose
 from gguf_mtp.check.accept import accept
@@ -419,33 +419,15 @@ def declarations(text: str) -> dict[str, str]:
     return found
 
 
-def sdist_headers(finder: str, root: str) -> dict[str, str]:
-    """:data:`HEADERS` of the sdist the tools script's ``finder`` gives (as tests/test_citations.py reads them)."""
-    script = REPO / "scripts" / "build_llama_tools.py"
-    spec = importlib.util.spec_from_file_location("build_llama_tools_headers", script)
-    assert spec is not None and spec.loader is not None
-    tools = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tools)
-    try:
-        sdist = getattr(tools, finder)(tools.cache_dir(), download=os.environ.get("CI") == "true")
-    except tools.BuildError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true: the sdist is not available: {e}")
-        pytest.skip(f"the sdist is not in the tools cache: {e}")
-    found = {}
-    with tarfile.open(sdist, "r:gz") as tar:
-        for member in tar:
-            _, sep, rel = member.name.partition(root)
-            if sep and rel in HEADERS and (data := tar.extractfile(member)) is not None:
-                found[rel] = data.read().decode("utf-8")
-    assert set(found) == set(HEADERS)
-    return found
+def sdist_headers(tree: dict[str, list[str]]) -> dict[str, str]:
+    """:data:`HEADERS` of a llama.cpp tree read by tests/test_citations.py (the vendored one, or b11434's)."""
+    assert set(HEADERS) <= set(tree)
+    return {header: "\n".join(tree[header]) for header in HEADERS}
 
 
 @pytest.mark.slow
 def test_every_declaration_the_bindings_mirror_is_unchanged_at_b11434() -> None:
-    embedded = sdist_headers("find_sdist", "/vendor/llama.cpp/")
-    b11434 = sdist_headers("find_upstream_sdist", "/llama.cpp/")
+    embedded, b11434 = sdist_headers(_sources()), sdist_headers(_upstream_sources())
     for header in HEADERS:
         old, new = declarations(embedded[header]), declarations(b11434[header])
         assert len(old) > 20, header  # the pattern reads the header
