@@ -256,20 +256,23 @@ class _QwenMTPModel(MTPModuleModel):
             parts = [_expert_half(tensor, expert, half, f) for expert in range(e)]
             yield self.format_tensor_name(key), TensorSource.stack(parts)
 
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+    def gated_attention_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The head layer's full attention: Q with its output gate (twice the query rows), K, V, the output and the
+        per-head Q/K norms (every Qwen head; the layer norms around it are the family's own)."""
         h, q, kv, d = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
+        name = self.format_tensor_name
+        return {name(T.ATTN_Q): (2 * q, h), name(T.ATTN_K): (kv, h), name(T.ATTN_V): (kv, h),
+                name(T.ATTN_OUT): (h, q), name(T.ATTN_Q_NORM): (d,), name(T.ATTN_K_NORM): (d,)}
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        h = self.n_embd
         name = self.format_tensor_name
         shapes: dict[str, tuple[int, ...]] = {
             name(T.NEXTN_EH_PROJ): (h, 2 * h),
             name(T.NEXTN_ENORM): (h,),
             name(T.NEXTN_HNORM): (h,),
             name(T.ATTN_NORM): (h,),
-            name(T.ATTN_Q): (2 * q, h),
-            name(T.ATTN_K): (kv, h),
-            name(T.ATTN_V): (kv, h),
-            name(T.ATTN_OUT): (h, q),
-            name(T.ATTN_Q_NORM): (d,),
-            name(T.ATTN_K_NORM): (d,),
+            **self.gated_attention_shapes(),
             name(T.ATTN_POST_NORM): (h,),
         }
         if self.ffn == "dense":

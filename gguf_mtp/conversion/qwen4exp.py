@@ -178,7 +178,6 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, hc_dim, lr = self.n_embd, self.hc * self.n_embd, self.hc_lowrank
-        q, kv, d = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.head_dim
         name = self.format_tensor_name
         mixers: dict[str, tuple[int, ...]] = {}
         for kind, gamma in (("NEXTN_HC_HEAD", "mtp.hyper_connection_mixer.hc_norm.weight"),
@@ -193,12 +192,7 @@ class Qwen4ExpMTPModel(_QwenMTPModel):
             **mixers,
             name("HC_ATTN_INJECT"): (self.hc, hc_dim),
             name("HC_FFN_INJECT"): (self.hc, hc_dim),
-            name(T.ATTN_Q): (2 * q, h),
-            name(T.ATTN_K): (kv, h),
-            name(T.ATTN_V): (kv, h),
-            name(T.ATTN_OUT): (h, q),
-            name(T.ATTN_Q_NORM): (d,),
-            name(T.ATTN_K_NORM): (d,),
+            **self.gated_attention_shapes(),
             name("INDEXER_Q_PROJ"): (self.indexer_heads * self.indexer_dim, h),
             name("INDEXER_K_PROJ"): (self.indexer_dim, h),
             name("INDEXER_Q_NORM"): (self.indexer_dim,),
