@@ -19,12 +19,10 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf.constants import GGMLQuantizationType, GGUFValueType
 
-from gguf_mtp.check.verify import VerifyReport
-from gguf_mtp.check.verify import verify as verify_composite
 from gguf_mtp.constants import (
     KEY_BLOCK_COUNT,
     KEY_EMBEDDING_LENGTH,
@@ -44,6 +42,9 @@ from .compose_plan import CompositionPlan, PlannedFile, plan_composition
 from .extract import ExtractionPlan, find_nextn_blocks, plan_extraction
 from .head_type import low_bit_warning, parse_outtype
 from .replace_head import plan_head_removal, replace_lines
+
+if TYPE_CHECKING:  # verify loads numpy: only a run that verifies imports it (the copy path starts fast, issue 41)
+    from gguf_mtp.check.verify import VerifyReport
 
 __all__ = ["GraftPlan", "GraftReport", "check_graft_compatible", "graft", "plan_graft"]
 
@@ -378,6 +379,8 @@ def graft(
         return report, plan.outputs, [*donor.paths, *receiver.paths]
 
     def verify_written(report: GraftReport) -> None:
+        from gguf_mtp.check.verify import verify as verify_composite
+
         # The source model is the draft: verify compares its NextN blocks' bytes with the composite's.
         plan = report.plan
         report.verification = verify_composite(
