@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +42,7 @@ __all__ = [
     "natural_key",
     "open_checkpoint",
     "read_config",
+    "read_header_bytes",
     "read_index",
 ]
 
@@ -192,6 +193,26 @@ class SafetensorsTensor:
         return view.reshape(count, self.row_size)
 
 
+def read_header_bytes(read_at: Callable[[int, int], bytes], size: int, name: str | os.PathLike[str]) -> bytes:
+    """The JSON header's bytes of a safetensors file of ``size`` bytes, read through ``read_at(offset, n)``
+    (which returns fewer bytes only at the end of the file): the one reader of the 8-byte length, bounded
+    by the file and by :data:`MAX_HEADER_BYTES` before anything is read, for local and remote files alike.
+
+    Raises:
+        CheckpointError: too short for a header, a length past the file or the bound, a file that ends early.
+    """
+    head = read_at(0, 8)
+    if len(head) < 8:
+        raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", name)
+    length = int.from_bytes(head, "little")
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise CheckpointError(f"corrupt safetensors header: it claims {length:,} bytes, the file has {size:,}", name)
+    raw = read_at(8, length)
+    if len(raw) != length:
+        raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes", name)
+    return raw
+
+
 class SafetensorsFile:
     """The parsed header of one ``.safetensors`` file.
 
@@ -223,6 +244,16 @@ class SafetensorsFile:
             if start < end:
                 raise CheckpointError(f"corrupt safetensors header: {before!r} and {after!r} overlap", self.path)
 
+    @classmethod
+    def from_reader(cls, name: str, size: int, read_at: Callable[[int, int], bytes]) -> SafetensorsFile:
+        """The checked header of a file read elsewhere (a file on the Hub, by byte ranges): ``size`` bytes, read
+        through ``read_at(offset, n)``, ``name`` naming it in messages; the same checks as a local file's.
+
+        Raises:
+            CheckpointError: see :func:`read_header_bytes` and the class.
+        """
+        return cls(name, header=(size, read_header_bytes(read_at, size, name)))
+
     def _read_header_bytes(self) -> tuple[int, bytes]:
         """(file size, the JSON header's bytes), read from a regular file only (a FIFO would hang)."""
         try:
@@ -239,21 +270,11 @@ class SafetensorsFile:
             raise CheckpointError(f"cannot open: {e.strerror}", self.path) from None
         try:
             size = info.st_size
-            head = os.pread(fd, 8, 0)
-            if len(head) < 8:
-                raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", self.path)
-            header_len = int.from_bytes(head, "little")
-            if header_len > min(size - 8, MAX_HEADER_BYTES):
-                raise CheckpointError(
-                    f"corrupt safetensors header: it claims {header_len:,} bytes, the file has {size:,}", self.path
-                )
-            raw = os.pread(fd, header_len, 8)
+            raw = read_header_bytes(lambda offset, n: os.pread(fd, n, offset), size, self.path)
         except OSError as e:
             raise CheckpointError(f"cannot read: {e.strerror}", self.path) from None
         finally:
             os.close(fd)
-        if len(raw) != header_len:
-            raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes", self.path)
         return size, raw
 
     def _entry(self, name: str, entry: Any) -> SafetensorsTensor:

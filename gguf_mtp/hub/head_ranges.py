@@ -111,27 +111,6 @@ def joined_ranges(tensors: Sequence[SafetensorsTensor], gap: int = JOIN_GAP) -> 
     return ranges
 
 
-def _remote_header(remote: RemoteFile) -> SafetensorsFile:
-    """The checked safetensors header of a remote shard (the same checks as a local file's).
-
-    Raises:
-        CheckpointError: not a safetensors header, or one over :data:`MAX_HEADER_BYTES`.
-    """
-    name = str(remote.hub_file)
-    head = remote.read_at(0, 8)
-    if len(head) < 8:
-        raise CheckpointError(f"not a safetensors file ({remote.size} bytes, too short for a header)", name)
-    length = int.from_bytes(head, "little")
-    if length > min(remote.size - 8, MAX_HEADER_BYTES):
-        raise CheckpointError(
-            f"corrupt safetensors header: it claims {length:,} bytes, the file has {remote.size:,}", name
-        )
-    raw = remote.read_at(8, length)
-    if len(raw) != length:
-        raise CheckpointError(f"corrupt safetensors header: only {8 + len(raw):,} bytes could be read", name)
-    return SafetensorsFile(name, header=(remote.size, raw))
-
-
 def _wanted(header: SafetensorsFile, prefix: NamePrefix) -> list[SafetensorsTensor]:
     return [t for t in header.tensors.values() if t.name.startswith(prefix)]
 
@@ -273,5 +252,5 @@ def _read_head_shard(repo_id: str, name: str, commit: str | None, prefix: NamePr
     remote = RemoteFile.open(HubFile(repo_id, name, commit), limit=8 + MAX_HEADER_BYTES)
     if commit is not None and remote.commit not in (None, commit):
         raise HubError(f"the Hub answered for commit {remote.commit[:12]}, not {commit[:12]}", str(remote.hub_file))
-    header = _remote_header(remote)
+    header = SafetensorsFile.from_reader(str(remote.hub_file), remote.size, remote.read_at)
     return _head_shard(name, remote, header, _wanted(header, prefix))
