@@ -210,12 +210,7 @@ def fetch_head_ranges(
         CheckpointError: the index lists no head tensor, or a shard's header is not safetensors.
         HubError: the Hub cannot be read, a shard is missing, or one changed while it was read.
     """
-    weight_map = read_index(index_path)
-    files = sorted({f for name, f in weight_map.items() if name.startswith(prefix)}, key=natural_key)
-    if not files:
-        wanted = " or ".join(p + "*" for p in ((prefix,) if isinstance(prefix, str) else prefix))
-        raise CheckpointError(f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head",
-                              f"hf://{repo_id}")
+    files = _head_files(read_index(index_path), prefix, repo_id)
     snapshot = config_path.parent.name
     commit = snapshot if _COMMIT.match(snapshot) else None
     shutil.copyfile(config_path, folder / CONFIG_NAME)
@@ -224,22 +219,54 @@ def fetch_head_ranges(
     needed = sum(shard.size for shard in shards) if data else 0
     _check_free_space(folder, needed, repo_id)
     for shard in shards:
-        try:
-            _write_head_shard(folder / shard.name, shard, data)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
-                raise
-            free = shutil.disk_usage(folder).free
-            # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
-            raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
-        logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
-                    len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
-                    human_bytes(shard.remote.bytes_received), shard.remote.requests)
+        _write_or_no_room(folder, shard, data, needed, repo_id)
+        _log_fetched(shard, repo_id)
+    return _range_fetch(folder, commit, shards, data)
+
+
+def _log_fetched(shard: _HeadShard, repo_id: str) -> None:
+    logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
+                len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
+                human_bytes(shard.remote.bytes_received), shard.remote.requests)
+
+
+def _range_fetch(folder: Path, commit: str | None, shards: Sequence[_HeadShard], data: bool) -> RangeFetch:
+    """What the fetch of ``shards`` read (their sizes, tensors, bytes and requests together)."""
     return RangeFetch(
-        folder, commit, tuple(files), sum(s.remote.size for s in shards),
+        folder, commit, tuple(s.name for s in shards), sum(s.remote.size for s in shards),
         sum(t.nbytes for s in shards for t in s.tensors), sum(s.remote.bytes_received for s in shards),
         sum(s.remote.requests for s in shards), data, sum(s.size for s in shards),
     )
+
+
+def _head_files(weight_map: dict[str, str], prefix: NamePrefix, repo_id: str) -> list[str]:
+    """The shards the index places a head tensor in, in natural order.
+
+    Raises:
+        CheckpointError: the index lists no head tensor.
+    """
+    files = sorted({f for name, f in weight_map.items() if name.startswith(prefix)}, key=natural_key)
+    if not files:
+        wanted = " or ".join(p + "*" for p in ((prefix,) if isinstance(prefix, str) else prefix))
+        raise CheckpointError(f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head",
+                              f"hf://{repo_id}")
+    return files
+
+
+def _write_or_no_room(folder: Path, shard: _HeadShard, data: bool, needed: int, repo_id: str) -> None:
+    """:func:`_write_head_shard` into ``folder``; a full disk is one line naming the folder it lies in.
+
+    Raises:
+        OutputWriteError: no room (ENOSPC, EDQUOT, EFBIG) after the free-space check passed.
+    """
+    try:
+        _write_head_shard(folder / shard.name, shard, data)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
+            raise
+        free = shutil.disk_usage(folder).free
+        # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
+        raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
 
 
 def _read_head_shard(repo_id: str, name: str, commit: str | None, prefix: NamePrefix) -> _HeadShard:

@@ -653,7 +653,23 @@ def _read_body(
     """The body of a range response, the file size it states, and the bytes received (with ``allow_short``,
     a body cut off after its first bytes, by the server or the network, comes back short)."""
     name = str(hub_file)
-    status = response.status_code
+    size = _stated_size(response, start, name)
+    if response.status_code == 416:  # nothing to read: the range starts at or past the end
+        return b"", size, 0
+    body, received = _stream_body(response, length, watchdog, allow_short)
+    expected = min(length, size - start)
+    if len(body) < expected and not (allow_short and body):
+        raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
+    return body, size, received
+
+
+def _stated_size(response: Any, start: int, name: str) -> int:
+    """The file size a range response states (Content-Range, or Content-Length when the server ignores
+    Range), checked against the range asked for at ``start``; its body unread.
+
+    Raises:
+        HubError: a compressed body, a Content-Range of another range, no size, an unexpected status.
+    """
     encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in ("", "identity"):
         # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
@@ -662,26 +678,47 @@ def _read_body(
             "although the file's own bytes were asked for",
             name,
         )
-    content_range = response.headers.get("Content-Range") or ""
-    if status == 416:  # e.g. an empty file: "bytes */0"
-        match = _CONTENT_RANGE.match(content_range)
-        if match and match["size"] != "*":
-            return b"", int(match["size"]), 0
-        raise HubError("the server refused the byte range request (HTTP 416)", name)
+    status = response.status_code
+    if status == 416:
+        return _refused_range_size(response, name)
     if status == 206:
-        match = _CONTENT_RANGE.match(content_range)
-        if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
-            raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
-        size = int(match["size"])
-    elif status == 200:
-        # The server ignores Range: read no further than asked, then hang up (never the whole file).
-        if start:
-            raise HubError("the server does not support HTTP range requests", name)
-        size = _content_length(response)
-        if size < 0:
-            raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
-    else:
-        raise HubError(f"unexpected HTTP status {status}", name)
+        return _partial_content_size(response, start, name)
+    if status == 200:
+        return _whole_content_size(response, start, name)
+    raise HubError(f"unexpected HTTP status {status}", name)
+
+
+def _refused_range_size(response: Any, name: str) -> int:
+    """The size a 416 answer states (an empty file answers ``bytes */0``); a refusal without one is an error."""
+    match = _CONTENT_RANGE.match(response.headers.get("Content-Range") or "")
+    if match and match["size"] != "*":
+        return int(match["size"])
+    raise HubError("the server refused the byte range request (HTTP 416)", name)
+
+
+def _partial_content_size(response: Any, start: int, name: str) -> int:
+    """The size a 206 answer's Content-Range states, when the range it holds starts at ``start``."""
+    content_range = response.headers.get("Content-Range") or ""
+    match = _CONTENT_RANGE.match(content_range)
+    if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
+        raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
+    return int(match["size"])
+
+
+def _whole_content_size(response: Any, start: int, name: str) -> int:
+    """The size a 200 answer states: the server ignored Range, so only a read from byte 0 can use it
+    (read no further than asked, then hang up: never the whole file)."""
+    if start:
+        raise HubError("the server does not support HTTP range requests", name)
+    size = _content_length(response)
+    if size < 0:
+        raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
+    return size
+
+
+def _stream_body(response: Any, length: int, watchdog: _Watchdog, allow_short: bool) -> tuple[bytes, int]:
+    """The first ``length`` bytes of the body and the bytes received, stopped at the watchdog's cut-off (with
+    ``allow_short``, a transport failure after the first bytes ends the body instead of failing the read)."""
     chunks: list[bytes] = []
     received = 0
     try:
@@ -697,11 +734,7 @@ def _read_body(
 
         if not (allow_short and received and transport_failure(error) is not None):
             raise
-    body = b"".join(chunks)
-    expected = min(length, size - start)
-    if len(body) < expected and not (allow_short and body):
-        raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
-    return body, size, received
+    return b"".join(chunks), received
 
 
 def _content_length(response: Any) -> int:
