@@ -206,19 +206,27 @@ def _endpoint_host() -> str:
     return urlsplit(str(constants.ENDPOINT)).netloc or str(constants.ENDPOINT)
 
 
+def _socket_cause(error: BaseException, host: str) -> str | None:
+    """What a socket-level ``error`` says went wrong with ``host`` (``None``: not one of these)."""
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused by {host}"
+    if isinstance(error, ConnectionResetError):
+        return f"connection reset by {host}"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"timed out talking to {host}"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
+    return None
+
+
 def _cause(chain: Sequence[BaseException], host: str) -> str:
     """What went wrong, naming ``host``, from the deepest socket-level error of the chain."""
     for error in reversed(chain):
-        if isinstance(error, socket.gaierror):
-            return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
-        if isinstance(error, ConnectionRefusedError):
-            return f"connection refused by {host}"
-        if isinstance(error, ConnectionResetError):
-            return f"connection reset by {host}"
-        if isinstance(error, (TimeoutError, socket.timeout)):
-            return f"timed out talking to {host}"
-        if isinstance(error, ssl.SSLError):
-            return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
+        cause = _socket_cause(error, host)
+        if cause is not None:
+            return cause
     deepest = next((e for e in reversed(chain) if _is_transport(e)), chain[0])
     text = printable(_first_line(deepest))[:160]
     name = type(deepest).__name__

@@ -50,7 +50,8 @@ from gguf_mtp.text import human_bytes
 
 from .remote import HubFile, RemoteFile
 
-__all__ = ["JOIN_GAP", "RangeFetch", "fetch_head_ranges", "joined_ranges"]
+__all__ = ["JOIN_GAP", "RangeFetch", "fetch_head_ranges", "head_files", "head_shards", "joined_ranges",
+           "snapshot_commit"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,12 @@ class RangeFetch:
             "http_requests": self.requests,
             "tensor_data_fetched": self.data,
         }
+
+
+def snapshot_commit(path: Path) -> str | None:
+    """The commit the Hub cache's snapshot folder holding ``path`` is named by (``None``: not a snapshot's)."""
+    name = path.parent.name
+    return name if _COMMIT.fullmatch(name) else None
 
 
 def joined_ranges(tensors: Sequence[SafetensorsTensor], gap: int = JOIN_GAP) -> list[tuple[int, int]]:
@@ -210,9 +217,8 @@ def fetch_head_ranges(
         CheckpointError: the index lists no head tensor, or a shard's header is not safetensors.
         HubError: the Hub cannot be read, a shard is missing, or one changed while it was read.
     """
-    files = _head_files(read_index(index_path), prefix, repo_id)
-    snapshot = config_path.parent.name
-    commit = snapshot if _COMMIT.match(snapshot) else None
+    files = head_shards(read_index(index_path), prefix, repo_id)
+    commit = snapshot_commit(config_path)
     shutil.copyfile(config_path, folder / CONFIG_NAME)
     shutil.copyfile(index_path, folder / INDEX_NAME)
     shards = [_read_head_shard(repo_id, name, commit, prefix) for name in files]
@@ -239,13 +245,18 @@ def _range_fetch(folder: Path, commit: str | None, shards: Sequence[_HeadShard],
     )
 
 
-def _head_files(weight_map: dict[str, str], prefix: NamePrefix, repo_id: str) -> list[str]:
-    """The shards the index places a head tensor in, in natural order.
+def head_files(weight_map: dict[str, str], prefix: NamePrefix = "mtp.") -> list[str]:
+    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix``."""
+    return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
+
+
+def head_shards(weight_map: dict[str, str], prefix: NamePrefix, repo_id: str) -> list[str]:
+    """:func:`head_files` of ``repo_id``'s index, which must list one.
 
     Raises:
         CheckpointError: the index lists no head tensor.
     """
-    files = sorted({f for name, f in weight_map.items() if name.startswith(prefix)}, key=natural_key)
+    files = head_files(weight_map, prefix)
     if not files:
         wanted = " or ".join(p + "*" for p in ((prefix,) if isinstance(prefix, str) else prefix))
         raise CheckpointError(f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head",

@@ -37,7 +37,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -147,6 +147,32 @@ def _checked_revision(revision: str | None, source: str) -> str | None:
     return revision
 
 
+def _pop_repo_type(parts: list[str], prefixes: Collection[str]) -> str:
+    """The repo type a leading folder of ``prefixes`` names (``datasets``, ``spaces``), taken off ``parts``;
+    without one, a model."""
+    if parts and parts[0] in prefixes:
+        return _REPO_TYPE_PREFIXES[parts.pop(0)]
+    return "model"
+
+
+def _split_revision(repo: str, rest: str, source: str) -> tuple[str, str, str | None]:
+    """``REPO@REV`` or ``path@REV``: the repo, the path and the one revision an ``hf://`` address may give.
+
+    Raises:
+        HubError: two revisions, an empty one, or nothing left of the repo or the path.
+    """
+    revision = None
+    if "@" in repo:
+        repo, revision = repo.split("@", 1)
+    if "@" in rest:
+        if revision is not None:
+            raise HubError("two revisions given", source)
+        rest, revision = rest.rsplit("@", 1)
+    if not repo or not rest or revision == "":
+        raise HubError(_USAGE, source)
+    return repo, rest, revision
+
+
 @dataclass(frozen=True)
 class HubFile:
     """One file in a Hub repository, at an optional revision."""
@@ -170,22 +196,11 @@ class HubFile:
         if not source.startswith(HF_SCHEME):
             return cls._parse_web(source)
         parts = source[len(HF_SCHEME) :].split("/")
-        repo_type = "model"
-        if parts and parts[0] in _REPO_TYPE_PREFIXES:
-            repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
+        repo_type = _pop_repo_type(parts, _REPO_TYPE_PREFIXES)
         if len(parts) < 3 or not all(parts[:2]) or not parts[-1]:
             raise HubError(_USAGE, source)
-        owner, repo, rest = parts[0], parts[1], "/".join(parts[2:])
-        revision = None
-        if "@" in repo:
-            repo, revision = repo.split("@", 1)
-        if "@" in rest:
-            if revision is not None:
-                raise HubError("two revisions given", source)
-            rest, revision = rest.rsplit("@", 1)
-        if not repo or not rest or revision == "":
-            raise HubError(_USAGE, source)
-        return cls._checked(f"{owner}/{repo}", rest, revision, repo_type, source)
+        repo, rest, revision = _split_revision(parts[1], "/".join(parts[2:]), source)
+        return cls._checked(f"{parts[0]}/{repo}", rest, revision, repo_type, source)
 
     @classmethod
     def _parse_web(cls, source: str) -> HubFile:
@@ -196,9 +211,7 @@ class HubFile:
         if url.netloc.lower() not in hosts:
             raise HubError(f"only files on the Hugging Face Hub can be read remotely ({_USAGE})", source)
         parts = url.path.strip("/").split("/") if url.path.strip("/") else []
-        repo_type = "model"
-        if parts and parts[0] in ("datasets", "spaces"):
-            repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
+        repo_type = _pop_repo_type(parts, ("datasets", "spaces"))
         if len(parts) < 5 or parts[2] not in ("blob", "resolve"):
             raise HubError(web_usage, source)
         owner, repo, revision = parts[0], parts[1], unquote(parts[3])
@@ -391,7 +404,6 @@ def _get_range(
     body cut off after some bytes comes back short (the caller resumes) instead of being an error.
     """
     from .access import is_offline, resolve_token
-    from .errors import hub_error
 
     name = str(hub_file)
     if is_offline():
@@ -403,14 +415,8 @@ def _get_range(
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
     request_timeout = timeout_setting(ENV_HUB_REQUEST_TIMEOUT, DEFAULT_HUB_REQUEST_TIMEOUT)
     host = _host(url)
-    now = time.monotonic()
-    if file_deadline is not None and now >= file_deadline:
-        raise HubError(
-            f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})", name
-        )
-    deadline = now + request_timeout
-    per_file = file_deadline is not None and file_deadline < deadline
-    watchdog = _Watchdog(file_deadline if per_file and file_deadline is not None else deadline)
+    deadline, per_file = _request_deadline(file_deadline, request_timeout, host, name)
+    watchdog = _Watchdog(deadline)
     try:
         return watchdog.run(lambda: _fetch(hub_file, url, headers, start, length, watchdog, allow_short))
     except _DeadlinePassed:
@@ -425,17 +431,44 @@ def _get_range(
     except Exception as error:
         if _is_redirect_loop(error):
             raise HubError(f"too many redirects from {host} (a redirect loop?)", name) from None
-        translated = hub_error(
-            error,
-            "read the header",
-            hub_file.repo_id,
-            revision=hub_file.revision,
-            file=hub_file.path_in_repo,
-            path=name,
-        )
+        translated = _read_error(error, hub_file)
         if translated is None:
             raise
         raise translated from error
+
+
+def _request_deadline(
+    file_deadline: float | None, request_timeout: float, host: str, name: str
+) -> tuple[float, bool]:
+    """When a range request must be answered, and whether that is the file's deadline: the request's own
+    deadline, or the file's when that comes first.
+
+    Raises:
+        HubError: the file's deadline has passed already.
+    """
+    now = time.monotonic()
+    if file_deadline is not None and now >= file_deadline:
+        raise HubError(
+            f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})", name
+        )
+    deadline = now + request_timeout
+    if file_deadline is not None and file_deadline < deadline:
+        return file_deadline, True
+    return deadline, False
+
+
+def _read_error(error: BaseException, hub_file: HubFile) -> HubError | None:
+    """The one line for a failed range read (:func:`~.errors.hub_error`), or ``None`` for a bug."""
+    from .errors import hub_error
+
+    return hub_error(
+        error,
+        "read the header",
+        hub_file.repo_id,
+        revision=hub_file.revision,
+        file=hub_file.path_in_repo,
+        path=str(hub_file),
+    )
 
 
 def _headers(token: str | None) -> dict[str, str]:
