@@ -520,7 +520,8 @@ def _standalone_items(model: HeadModel, writer: HeadGGUFWriter, index: int, targ
 
 def _hf_architecture(checkpoint: Checkpoint, model: HeadModel) -> str:
     """The first of ``config.json``'s architectures that the head's converter handles."""
-    return next(a for a in checkpoint.config["architectures"] if a in type(model).hf_architectures)
+    architectures: list[str] = checkpoint.config["architectures"]  # checked when the converter was picked
+    return next(a for a in architectures if a in type(model).hf_architectures)
 
 
 def _outtype_name(wanted: GGMLQuantizationType | None, model: HeadModel, head: list[MappedTensor]) -> str:
