@@ -487,3 +487,19 @@ def test_cli_json_report_is_machine_readable(bf16_head: Path, nemotron_split: Pa
     assert len(report["tensors"]) == len(MTP_TABLE)
     assert report["bytes_written"] == report["bytes_to_write"] == out.stat().st_size
     assert {"key": f"{ARCH}.nextn_predict_layers", "type": "u32", "value": 1} in report["kvs"]
+
+
+# ------------------------------------------------------------------------------------------- the request
+
+
+def test_one_conversion_request_plans_what_convert_writes(bf16_head: Path, nemotron_split: Path, work: Path) -> None:
+    from gguf_mtp.jobs.convert import ConversionRequest, plan_conversion
+    from gguf_mtp.model.shards import open_model
+
+    output = work / "request-draft.gguf"
+    request = ConversionRequest(output, source=str(bf16_head), target=open_model(nemotron_split), outtype="f32")
+    plan = plan_conversion(open_checkpoint(bf16_head), request)
+    report = convert(bf16_head, output, target=nemotron_split, outtype="f32", dry_run=True, progress=False)
+    assert plan.output.segments[0] == report.plan.output.segments[0]  # the header, byte for byte
+    assert plan.tensors == report.plan.tensors and plan.bytes_to_write == report.plan.bytes_to_write
+    assert (plan.block, plan.outtype, plan.source) == (report.plan.block, "f32", str(bf16_head))

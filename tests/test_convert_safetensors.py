@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from safetensors import safe_open
 from support.convert_support import raw_tensor, write_raw_safetensors
 
 from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import SafetensorsFile, open_checkpoint
+from gguf_mtp.format.safetensors_io import MAX_HEADER_BYTES, SafetensorsFile, open_checkpoint
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import with_hparams
 
@@ -141,3 +142,33 @@ def test_header_that_is_not_json_is_refused(tmp_path: Path) -> None:
     write_raw_safetensors(path, {}, header_override=b"{not json}")
     with pytest.raises(CheckpointError, match="corrupt safetensors header: not valid JSON"):
         SafetensorsFile(path)
+
+
+def _bytes_reader(data: bytes) -> Callable[[int, int], bytes]:
+    return lambda offset, n: data[offset : offset + n]
+
+
+_MALFORMED_HEADS = {
+    "too short": b"\x10\0\0",
+    "length past the file": (1000).to_bytes(8, "little") + b"{}",
+    "length past the bound": (MAX_HEADER_BYTES + 1).to_bytes(8, "little") + b"{}",
+    "not JSON": (10).to_bytes(8, "little") + b"{not json}",
+}
+
+
+@pytest.mark.parametrize("data", _MALFORMED_HEADS.values(), ids=_MALFORMED_HEADS.keys())
+def test_a_header_read_elsewhere_gets_the_local_files_checks_and_messages(data: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError) as local:
+        SafetensorsFile(path)
+    with pytest.raises(CheckpointError) as remote:
+        SafetensorsFile.from_reader(str(path), len(data), _bytes_reader(data))
+    assert remote.value.message == local.value.message and remote.value.path == local.value.path
+
+
+def test_a_header_whose_reader_stops_early_names_where_the_file_ended() -> None:
+    data = (16).to_bytes(8, "little") + b'{"a": 1}' + b" " * 8
+    stopping = _bytes_reader(data[:12])  # an answer cut short after 4 of the header's 16 bytes
+    with pytest.raises(CheckpointError, match=r"corrupt safetensors header: the file ended after 12 bytes"):
+        SafetensorsFile.from_reader("hf://o/r/model.safetensors", len(data), stopping)

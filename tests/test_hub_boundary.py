@@ -99,6 +99,34 @@ def test_a_403_while_writing_says_write_access(online: None) -> None:
     assert str(translated).startswith("cannot create o/r: no write access to o/r (403)")
 
 
+#: (status, X-Error-Code, the call's file, a write call) -> the message answer_error gives for one HubCall.
+_ANSWERS = [
+    (404, "GatedRepo", "f.gguf", False,
+     "cannot read x: o/r is gated: accept its terms on https://huggingface.co/o/r, then set HF_TOKEN"),
+    (404, "RevisionNotFound", None, False, "cannot read x: revision 'v9' not found in o/r"),
+    (404, "RepoNotFound", "f.gguf", False, "cannot read x: repository o/r not found, or private"),
+    (404, None, None, False, "cannot read x: repository o/r not found, or private"),
+    (404, "EntryNotFound", None, False, "cannot read x: a file asked for is not in o/r at revision v9"),
+    (404, None, "f.gguf", False, "cannot read x: no file f.gguf in o/r at revision v9"),
+    (407, None, None, False, "cannot read x: the proxy asks for credentials (407)"),
+    (401, None, None, False, "cannot read x: the Hub refused the token (401)"),
+    (403, None, None, True, "cannot read x: no write access to o/r (403)"),
+    (403, None, None, False, "cannot read x: no access to o/r (403); set HF_TOKEN"),
+    (500, None, None, False, "cannot read x: the Hub answered 500: busy"),
+]
+
+
+@pytest.mark.parametrize(("status", "code", "file", "write", "expected"), _ANSWERS)
+def test_each_hub_answer_to_a_call_is_its_one_line(
+    status: int, code: str | None, file: str | None, write: bool, expected: str, online: None
+) -> None:
+    call = hub_errors.HubCall("read x", "o/r", revision="v9", file=file, write=write, path="hf://o/r")
+    error = hub_errors.answer_error(status, code, call, detail="busy")
+    assert error.message.startswith(expected) and error.path == "hf://o/r"
+    missing_file = expected.startswith(("cannot read x: a file", "cannot read x: no file"))
+    assert isinstance(error, hub_errors.RemoteNotFoundError) == missing_file
+
+
 def test_errors_are_matched_by_type_never_by_class_name(online: None) -> None:
     class GatedRepoError(Exception):  # the same name as huggingface_hub's, not the same class
         pass

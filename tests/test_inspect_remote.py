@@ -745,3 +745,45 @@ def test_missing_shards_in_a_row_end_the_walk(hub: HubStandIn, composite: Path, 
     assert summary.problems[0] == (
         "the file names promise 99,999 shards, but 3 shards in a row are missing: 99,995 of them were not asked for"
     )
+
+
+class _UnreadAnswer:
+    """A range answer whose body must not be read: only its status and headers are there."""
+
+    def __init__(self, status: int, **headers: str) -> None:
+        self.status_code = status
+        self.headers = {k.replace("_", "-"): v for k, v in headers.items()}
+
+    def iter_raw(self, size: int) -> Iterator[bytes]:
+        raise AssertionError("the body was read before the answer's size was checked")
+
+
+_STATED = [
+    (_UnreadAnswer(206, Content_Range="bytes 100-199/5000"), 100, 5000),
+    (_UnreadAnswer(200, Content_Length="5000"), 0, 5000),
+    (_UnreadAnswer(416, Content_Range="bytes */0"), 0, 0),
+]
+_REFUSED = [
+    (_UnreadAnswer(206, Content_Range="bytes 0-99/5000"), 100, "unexpected Content-Range"),
+    (_UnreadAnswer(206, Content_Range="bytes 100-199/*"), 100, "unexpected Content-Range"),
+    (_UnreadAnswer(200, Content_Length="5000"), 100, "does not support HTTP range requests"),
+    (_UnreadAnswer(200), 0, "sends no Content-Length"),
+    (_UnreadAnswer(416), 0, r"refused the byte range request \(HTTP 416\)"),
+    (_UnreadAnswer(206, Content_Range="bytes 0-9/10", Content_Encoding="gzip"), 0, "compressed the body"),
+    (_UnreadAnswer(302), 0, "unexpected HTTP status 302"),
+]
+
+
+@pytest.mark.parametrize(("answer", "start", "size"), _STATED)
+def test_the_size_a_range_answer_states_is_read_from_its_headers_alone(answer: Any, start: int, size: int) -> None:
+    from gguf_mtp.hub.remote import _stated_size
+
+    assert _stated_size(answer, start, "hf://o/r/x.gguf") == size
+
+
+@pytest.mark.parametrize(("answer", "start", "error"), _REFUSED)
+def test_a_range_answer_that_states_no_usable_size_is_refused_unread(answer: Any, start: int, error: str) -> None:
+    from gguf_mtp.hub.remote import _stated_size
+
+    with pytest.raises(HubError, match=error):
+        _stated_size(answer, start, "hf://o/r/x.gguf")

@@ -16,7 +16,7 @@ from support.hub_standin import FIRST_COMMIT, RecordingHub
 from gguf_mtp import ParameterError
 from gguf_mtp._version import __version__
 from gguf_mtp.files.digests import FileDigest
-from gguf_mtp.release.card import ModelFacts, Provenance, published_sources, render_model_card
+from gguf_mtp.release.card import CardRequest, ModelFacts, Provenance, published_sources, render_model_card
 from gguf_mtp.release.pipeline import STATE_NAME, run_pipeline
 from gguf_mtp.release.pipeline.sources import AFFECTS, moved_sources
 from gguf_mtp.release.pipeline.state import STAGES
@@ -42,7 +42,7 @@ def _facts() -> ModelFacts:
 
 def _card(provenance: Provenance) -> str:
     files = [FileDigest(Path("Tiny-MTP.gguf"), 1234, "ab" * 32)]
-    return render_model_card(repo=OUT_REPO, files=files, facts=_facts(), provenance=provenance, version="9.8.7")
+    return render_model_card(CardRequest(OUT_REPO, files, _facts(), "9.8.7", provenance=provenance))
 
 
 PROVENANCE = Provenance(target_repo=TARGET_REPO, target_revision="1" * 40, head_source=HEAD_REPO,

@@ -479,3 +479,21 @@ def test_hf_token_in_the_environment_overrides_the_stored_login(
     hub = RecordingHub()
     publish(composite, REPO, api=hub, progress=False)
     assert {kwargs["token"] for _, _, kwargs in hub.calls if "token" in kwargs} == {"hf_from_env"}
+
+
+def test_a_card_request_renders_its_sections_in_reading_order() -> None:
+    from gguf_mtp.release.card import CardRequest, ModelFacts, render_model_card
+    from gguf_mtp.server.bench_rules import BenchRow, BenchSummary
+
+    bench = BenchSummary("m.gguf", None, (BenchRow(0, 0, 0, 64, 10.0), BenchRow(3, 30, 24, 64, 20.0)), True, 3, 64, 1,
+                         ())
+    facts = ModelFacts("nemotron_h_moe", "Tiny", 4, 1, 40, 5, ("Q8_0",), 4096)
+    files = [FileDigest(Path("M-00001-of-00002.gguf"), 1000, "a" * 64),
+             FileDigest(Path("M-00002-of-00002.gguf"), 10, "b" * 64)]
+    card = render_model_card(CardRequest("me/Tiny-MTP", files, facts, "1.0", bench=bench))
+    headings = [line for line in card.splitlines() if line.startswith("#")]
+    assert headings == ["# Tiny\\-MTP", "## Where it comes from", "## Files", "## Run it", "## Measured speed",
+                        "## Check it"]
+    assert "| NextN block | `blk.4`: 5 tensors (Q8\\_0), 4.1 KB |" in card
+    assert "2 file(s), 40 tensors, 1.0 KB in all." in card
+    assert "gguf-mtp verify M-00001-of-00002.gguf\n" in card

@@ -13,7 +13,7 @@ from huggingface_hub import errors as hub_errors_module
 from support.hub_standin import RecordingHub
 
 from gguf_mtp.hub import client as hub_client
-from gguf_mtp.hub.errors import EGRESS_LIMIT_CODE, answer_error, hub_error
+from gguf_mtp.hub.errors import EGRESS_LIMIT_CODE, HubCall, answer_error, hub_error
 from gguf_mtp.release.publish import CARD_NAME, publish
 
 REPO = "me/Tiny-Nemotron-MTP"
@@ -160,5 +160,5 @@ def test_egress_limit_error_is_one_line_saying_the_run_is_resumable() -> None:
 
 
 def test_a_402_egress_answer_says_the_run_is_resumable() -> None:
-    text = str(answer_error(402, EGRESS_LIMIT_CODE, f"download from {SOURCE}", SOURCE))
+    text = str(answer_error(402, EGRESS_LIMIT_CODE, HubCall(f"download from {SOURCE}", SOURCE)))
     assert text.startswith(f"cannot download from {SOURCE}: the account's download allowance") and "resumable" in text

@@ -22,7 +22,7 @@ from gguf_mtp import HubError, compose
 from gguf_mtp.cli import main
 from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.format.header import encode_kv, read_header, serialize_header
-from gguf_mtp.release.card import ModelFacts, Provenance, render_model_card
+from gguf_mtp.release.card import CardRequest, ModelFacts, Provenance, render_model_card
 from gguf_mtp.testing.tiny_models import write_target
 
 BAD_NAME = "Bad\udcff\udcfeName\nMTP: yes (1 block, blk.3)"  # undecodable bytes and a fake verdict line
@@ -127,7 +127,7 @@ def _hostile_card(tmp_path: Path) -> str:
     facts = ModelFacts("nemotron_h_moe", HOSTILE, 3, 1, 44, 18, ("BF16", "F32"), base_model="x/y\n# z")
     provenance = Provenance(target_repo="evil/repo) [click](http://evil", target_revision="main`|<b>",
                             target_files=(HOSTILE,), head_source="../../" + HOSTILE, head_revision="v1\n# Fake")
-    return render_model_card(repo="me/Tiny-MTP", files=files, facts=facts, provenance=provenance, version="0.1.0")
+    return render_model_card(CardRequest("me/Tiny-MTP", files, facts, "0.1.0", provenance=provenance))
 
 
 def test_card_interpolations_add_no_markdown_or_html(tmp_path: Path) -> None:

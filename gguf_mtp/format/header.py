@@ -549,29 +549,7 @@ def parse_header(
         GGUFMTPError: ``GGUF_MTP_MAX_HEADER_BYTES`` is malformed.
     """
     buf = _Buffer(read_at, file_size, path, max_header_bytes() if limit is None else limit, min_read)
-    # The magic first, from whatever bytes there are: a short file of other bytes (a 6-byte text file) is
-    # not a GGUF file, and only one that starts like one (or is empty) is a truncated GGUF.
-    magic = struct.pack("<I", GGUF_MAGIC)
-    buf.need(min(24, file_size))
-    if bytes(buf.data[:4]) != magic[: min(4, file_size)]:
-        raise BadGGUFError(f"not a GGUF file (magic {bytes(buf.data[:4])!r}, expected b'GGUF')", path)
-    buf.need(24)
-    version = _U32.unpack_from(buf.data, 4)[0]
-    if version & 0xFFFF == 0 and version:
-        raise BadGGUFError("big-endian GGUF files are not supported", path)
-    if version not in SUPPORTED_VERSIONS:
-        raise BadGGUFError(f"GGUF version {version} is not supported (only 2 and 3)", path)
-    tensor_count, kv_count = struct.unpack_from("<QQ", buf.data, 8)
-    if kv_count > (file_size - 24) // _MIN_KV_SIZE:
-        raise BadGGUFError(f"kv_count {kv_count:,} cannot fit in a {file_size:,}-byte file", path)
-    if tensor_count > (file_size - 24) // _MIN_TENSOR_INFO_SIZE:
-        raise BadGGUFError(f"tensor_count {tensor_count:,} cannot fit in a {file_size:,}-byte file", path)
-    if tensor_count > MAX_TENSORS:
-        raise BadGGUFError(
-            f"tensor_count {tensor_count:,} is more than the {MAX_TENSORS:,} tensors gguf-mtp reads "
-            "(real models list a few thousand)",
-            path,
-        )
+    version, tensor_count, kv_count = _read_preamble(buf)
 
     buf.section = "the KV table"
     starts, hashes = _read_kv_table(buf, kv_count)
@@ -600,6 +578,39 @@ def parse_header(
     del infos
     kvs.release_tail(pos)  # keep the KV bytes only, not the tensor table's
     return GGUFHeader(path, version, kvs, tensors, alignment, header_size, data_offset, file_size)
+
+
+def _read_preamble(buf: _Buffer) -> tuple[int, int, int]:
+    """(version, tensor_count, kv_count) of the fixed 24 bytes, each count bounded by the file's size.
+
+    Raises:
+        BadGGUFError: not a GGUF file, a big-endian or unsupported version, a count that cannot fit.
+    """
+    file_size, path = buf.file_size, buf.path
+    # The magic first, from whatever bytes there are: a short file of other bytes (a 6-byte text file) is
+    # not a GGUF file, and only one that starts like one (or is empty) is a truncated GGUF.
+    magic = struct.pack("<I", GGUF_MAGIC)
+    buf.need(min(24, file_size))
+    if bytes(buf.data[:4]) != magic[: min(4, file_size)]:
+        raise BadGGUFError(f"not a GGUF file (magic {bytes(buf.data[:4])!r}, expected b'GGUF')", path)
+    buf.need(24)
+    version = _U32.unpack_from(buf.data, 4)[0]
+    if version & 0xFFFF == 0 and version:
+        raise BadGGUFError("big-endian GGUF files are not supported", path)
+    if version not in SUPPORTED_VERSIONS:
+        raise BadGGUFError(f"GGUF version {version} is not supported (only 2 and 3)", path)
+    tensor_count, kv_count = struct.unpack_from("<QQ", buf.data, 8)
+    if kv_count > (file_size - 24) // _MIN_KV_SIZE:
+        raise BadGGUFError(f"kv_count {kv_count:,} cannot fit in a {file_size:,}-byte file", path)
+    if tensor_count > (file_size - 24) // _MIN_TENSOR_INFO_SIZE:
+        raise BadGGUFError(f"tensor_count {tensor_count:,} cannot fit in a {file_size:,}-byte file", path)
+    if tensor_count > MAX_TENSORS:
+        raise BadGGUFError(
+            f"tensor_count {tensor_count:,} is more than the {MAX_TENSORS:,} tensors gguf-mtp reads "
+            "(real models list a few thousand)",
+            path,
+        )
+    return version, tensor_count, kv_count
 
 
 def _read_kv_table(buf: _Buffer, kv_count: int) -> tuple[array.array[int], array.array[int]]:
@@ -672,25 +683,37 @@ def _check_tensors(
         if name in seen:
             raise BadGGUFError(f"duplicate tensor name {name!r}", path)
         seen.add(name)
-        if ggml_type_sizes(ggml_type) is None:
-            raise BadGGUFError(f"tensor {name!r}: unknown ggml type {ggml_type}", path)
-        if any(d >= 1 << 62 for d in shape):
-            raise BadGGUFError(f"tensor {name!r}: absurd shape {list(shape)}", path)
-        try:
-            nbytes = tensor_nbytes(shape, ggml_type)
-        except ValueError as e:
-            raise BadGGUFError(f"tensor {name!r}: {e}", path) from None
-        if offset % alignment:
-            raise BadGGUFError(
-                f"tensor {name!r}: offset {offset:,} is not a multiple of the alignment {alignment}", path
-            )
-        if offset + nbytes > data_size:
-            raise BadGGUFError(
-                f"tensor {name!r} ({ggml_type_name(ggml_type)}, {nbytes:,} bytes at data offset {offset:,}) "
-                f"runs past the end of the file (data section holds {data_size:,} bytes)",
-                path,
-            )
-        tensors.append(TensorInfo(name, tuple(shape), ggml_type, offset, nbytes))
+        tensors.append(_checked_tensor(name, shape, ggml_type, offset, alignment, data_size, path))
+    _refuse_overlaps(tensors, path)
+    return tuple(tensors)
+
+
+def _checked_tensor(
+    name: str, shape: tuple[int, ...], ggml_type: int, offset: int, alignment: int, data_size: int, path: str
+) -> TensorInfo:
+    """One tensor-table entry, checked: a known type, a sane shape, an aligned offset, inside the data section."""
+    if ggml_type_sizes(ggml_type) is None:
+        raise BadGGUFError(f"tensor {name!r}: unknown ggml type {ggml_type}", path)
+    if any(d >= 1 << 62 for d in shape):
+        raise BadGGUFError(f"tensor {name!r}: absurd shape {list(shape)}", path)
+    try:
+        nbytes = tensor_nbytes(shape, ggml_type)
+    except ValueError as e:
+        raise BadGGUFError(f"tensor {name!r}: {e}", path) from None
+    if offset % alignment:
+        raise BadGGUFError(
+            f"tensor {name!r}: offset {offset:,} is not a multiple of the alignment {alignment}", path
+        )
+    if offset + nbytes > data_size:
+        raise BadGGUFError(
+            f"tensor {name!r} ({ggml_type_name(ggml_type)}, {nbytes:,} bytes at data offset {offset:,}) "
+            f"runs past the end of the file (data section holds {data_size:,} bytes)",
+            path,
+        )
+    return TensorInfo(name, tuple(shape), ggml_type, offset, nbytes)
+
+
+def _refuse_overlaps(tensors: list[TensorInfo], path: str) -> None:
     by_offset = sorted(tensors, key=lambda t: t.offset)
     for before, after in itertools.pairwise(by_offset):
         if before.offset + before.nbytes > after.offset:
@@ -699,7 +722,6 @@ def _check_tensors(
                 f"next at {after.offset:,})",
                 path,
             )
-    return tuple(tensors)
 
 
 def read_header(path: str | os.PathLike[str], *, limit: int | None = None) -> GGUFHeader:
@@ -756,17 +778,21 @@ def encode_value(vtype: GGUFValueType, value: Any, element_type: GGUFValueType |
         items = tuple(value)
     if element_type is None:
         raise ValueError("an array needs its element type")
-    parts = [_U32.pack(element_type), _U64.pack(len(items))]
+    return _U32.pack(element_type) + _U64.pack(len(items)) + _encode_items(element_type, items)
+
+
+def _encode_items(element_type: GGUFValueType, items: tuple[Any, ...]) -> bytes:
+    """The items of an array of ``element_type``, one after the other (nested arrays as GGUFArrays)."""
     efmt = _SCALAR_FORMAT.get(element_type)
     if efmt is not None:
-        parts.append(struct.pack(f"<{len(items)}{efmt.format[1:]}", *items))
-    elif element_type == GGUFValueType.STRING:
-        parts.extend(_encode_string(s) for s in items)
-    else:
-        for item in items:
-            if not isinstance(item, GGUFArray):
-                raise ValueError("items of a nested array must be GGUFArray")
-            parts.append(encode_value(GGUFValueType.ARRAY, item))
+        return struct.pack(f"<{len(items)}{efmt.format[1:]}", *items)
+    if element_type == GGUFValueType.STRING:
+        return b"".join(_encode_string(s) for s in items)
+    parts = []
+    for item in items:
+        if not isinstance(item, GGUFArray):
+            raise ValueError("items of a nested array must be GGUFArray")
+        parts.append(encode_value(GGUFValueType.ARRAY, item))
     return b"".join(parts)
 
 

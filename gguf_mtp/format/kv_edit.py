@@ -83,23 +83,31 @@ def misfit(value: Any, vtype: GGUFValueType) -> str | None:
     or ``None`` when it can: the one range and type check every value written as metadata passes."""
     name = describe_type(vtype)
     if vtype in INT_RANGES:
-        lo, hi = INT_RANGES[vtype]
-        if not isinstance(value, numbers.Integral):
-            return f"{name} holds integers"
-        return None if lo <= int(value) <= hi else f"{name} holds {lo:,}..{hi:,}"
+        return _int_misfit(value, vtype, name)
     if vtype in _FLOATS:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return f"{name} holds numbers"
-        if isinstance(value, float) and not math.isfinite(value):
-            return None  # inf and nan are float32 and float64 values
-        largest = _F32_MAX if vtype == GGUFValueType.FLOAT32 else sys.float_info.max
-        magnitude = abs(int(value)) if isinstance(value, numbers.Integral) else abs(float(value))
-        return None if magnitude <= largest else f"{name} holds at most {largest:.4g}"
+        return _float_misfit(value, vtype, name)
     if vtype == GGUFValueType.BOOL:
         return None if isinstance(value, bool) else f"{name} holds true or false"
     if vtype == GGUFValueType.STRING:
         return None if isinstance(value, (str, bytes, bytearray)) else f"{name} holds text"
     return None
+
+
+def _int_misfit(value: Any, vtype: GGUFValueType, name: str) -> str | None:
+    lo, hi = INT_RANGES[vtype]
+    if not isinstance(value, numbers.Integral):
+        return f"{name} holds integers"
+    return None if lo <= int(value) <= hi else f"{name} holds {lo:,}..{hi:,}"
+
+
+def _float_misfit(value: Any, vtype: GGUFValueType, name: str) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"{name} holds numbers"
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # inf and nan are float32 and float64 values
+    largest = _F32_MAX if vtype == GGUFValueType.FLOAT32 else sys.float_info.max
+    magnitude = abs(int(value)) if isinstance(value, numbers.Integral) else abs(float(value))
+    return None if magnitude <= largest else f"{name} holds at most {largest:.4g}"
 
 
 def check_int(value: int, vtype: GGUFValueType, what: str) -> int:

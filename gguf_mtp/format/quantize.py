@@ -303,23 +303,46 @@ def converter_rows(values: np.ndarray, qtype: int) -> np.ndarray:
 
 
 def _quantized(values: np.ndarray, qtype: GGMLQuantizationType, importance: np.ndarray | None = None) -> np.ndarray:
-    import numpy as np
-
-    rows, n_per_row = values.shape
+    """``values`` (rows of floats) in ``qtype``: by ggml's quantizer where it is loaded (the only one that takes an
+    ``importance``), else by gguf-py's."""
     ggml = _ggml()
     if importance is not None:  # gguf-py's quantizers take no imatrix
         ggml = _need_ggml(qtype, "quantizing with an importance matrix to")
-        importance = np.ascontiguousarray(importance, dtype=np.float32)
-        if importance.shape != (n_per_row,):
-            raise ValueError(f"an importance of {importance.size} columns for rows of {n_per_row}")
+        importance = _row_importance(importance, values.shape[1])
     if ggml is None:
-        if qtype not in NUMPY_TYPES:
-            _need_ggml(qtype, "quantizing to")
-        if qtype == Q.F32:
-            return values.view(np.uint8).reshape(-1)
-        from gguf import quants as gguf_quants
+        return _numpy_quantized(values, qtype)
+    return _ggml_quantized(ggml, values, qtype, importance)
 
-        return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
+
+def _row_importance(importance: np.ndarray, n_per_row: int) -> np.ndarray:
+    """``importance`` as contiguous float32, one weight per column of the rows."""
+    import numpy as np
+
+    importance = np.ascontiguousarray(importance, dtype=np.float32)
+    if importance.shape != (n_per_row,):
+        raise ValueError(f"an importance of {importance.size} columns for rows of {n_per_row}")
+    return importance
+
+
+def _numpy_quantized(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """``values`` in ``qtype`` by gguf-py's quantizers (the types :data:`NUMPY_TYPES` lists)."""
+    import numpy as np
+
+    if qtype not in NUMPY_TYPES:
+        _need_ggml(qtype, "quantizing to")
+    if qtype == Q.F32:
+        return values.view(np.uint8).reshape(-1)
+    from gguf import quants as gguf_quants
+
+    return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
+
+
+def _ggml_quantized(ggml: _Ggml, values: np.ndarray, qtype: GGMLQuantizationType, importance: np.ndarray | None
+                    ) -> np.ndarray:
+    """``values`` in ``qtype`` by ggml's ``ggml_quantize_chunk``, the rows split among its threads."""
+    import numpy as np
+
+    rows, n_per_row = values.shape
     if importance is None and ggml.requires_imatrix(qtype):
         raise ValueError(f"{qtype.name} needs an importance matrix")
     weights = None if importance is None else importance.ctypes.data

@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +42,7 @@ __all__ = [
     "natural_key",
     "open_checkpoint",
     "read_config",
+    "read_header_bytes",
     "read_index",
 ]
 
@@ -192,6 +193,26 @@ class SafetensorsTensor:
         return view.reshape(count, self.row_size)
 
 
+def read_header_bytes(read_at: Callable[[int, int], bytes], size: int, name: str | os.PathLike[str]) -> bytes:
+    """The JSON header's bytes of a safetensors file of ``size`` bytes, read through ``read_at(offset, n)``
+    (which returns fewer bytes only at the end of the file): the one reader of the 8-byte length, bounded
+    by the file and by :data:`MAX_HEADER_BYTES` before anything is read, for local and remote files alike.
+
+    Raises:
+        CheckpointError: too short for a header, a length past the file or the bound, a file that ends early.
+    """
+    head = read_at(0, 8)
+    if len(head) < 8:
+        raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", name)
+    length = int.from_bytes(head, "little")
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise CheckpointError(f"corrupt safetensors header: it claims {length:,} bytes, the file has {size:,}", name)
+    raw = read_at(8, length)
+    if len(raw) != length:
+        raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes", name)
+    return raw
+
+
 class SafetensorsFile:
     """The parsed header of one ``.safetensors`` file.
 
@@ -209,19 +230,21 @@ class SafetensorsFile:
             raise CheckpointError("corrupt safetensors header (not a JSON object)", self.path)
         self.data_start = 8 + len(raw)
         self.file_size = size
-        metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-            raise CheckpointError(
-                "corrupt safetensors header: __metadata__ is not a {string: string} object", self.path
-            )
-        self.metadata: dict[str, str] = metadata
+        self.metadata: dict[str, str] = _metadata(header.pop("__metadata__", None) or {}, self.path)
         self.tensors: dict[str, SafetensorsTensor] = {}
         for name, entry in header.items():
             self.tensors[name] = self._entry(name, entry)
-        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
-        for (_, end, before), (start, _, after) in itertools.pairwise(spans):
-            if start < end:
-                raise CheckpointError(f"corrupt safetensors header: {before!r} and {after!r} overlap", self.path)
+        _refuse_overlaps(self.tensors.values(), self.path)
+
+    @classmethod
+    def from_reader(cls, name: str, size: int, read_at: Callable[[int, int], bytes]) -> SafetensorsFile:
+        """The checked header of a file read elsewhere (a file on the Hub, by byte ranges): ``size`` bytes, read
+        through ``read_at(offset, n)``, ``name`` naming it in messages; the same checks as a local file's.
+
+        Raises:
+            CheckpointError: see :func:`read_header_bytes` and the class.
+        """
+        return cls(name, header=(size, read_header_bytes(read_at, size, name)))
 
     def _read_header_bytes(self) -> tuple[int, bytes]:
         """(file size, the JSON header's bytes), read from a regular file only (a FIFO would hang)."""
@@ -239,43 +262,15 @@ class SafetensorsFile:
             raise CheckpointError(f"cannot open: {e.strerror}", self.path) from None
         try:
             size = info.st_size
-            head = os.pread(fd, 8, 0)
-            if len(head) < 8:
-                raise CheckpointError(f"not a safetensors file ({size} bytes, too short for a header)", self.path)
-            header_len = int.from_bytes(head, "little")
-            if header_len > min(size - 8, MAX_HEADER_BYTES):
-                raise CheckpointError(
-                    f"corrupt safetensors header: it claims {header_len:,} bytes, the file has {size:,}", self.path
-                )
-            raw = os.pread(fd, header_len, 8)
+            raw = read_header_bytes(lambda offset, n: os.pread(fd, n, offset), size, self.path)
         except OSError as e:
             raise CheckpointError(f"cannot read: {e.strerror}", self.path) from None
         finally:
             os.close(fd)
-        if len(raw) != header_len:
-            raise CheckpointError(f"corrupt safetensors header: the file ended after {8 + len(raw):,} bytes", self.path)
         return size, raw
 
     def _entry(self, name: str, entry: Any) -> SafetensorsTensor:
-        def bad(what: str) -> CheckpointError:
-            return CheckpointError(f"corrupt safetensors header: {name!r} {what}", self.path)
-
-        if not isinstance(entry, dict):
-            raise bad("is not an object {dtype, shape, data_offsets}")
-        dtype, dims, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str):
-            raise bad(f"has dtype {short_json(dtype)}, not a string")
-        if not isinstance(dims, list) or len(dims) > MAX_RANK:
-            raise bad(f"has shape {short_json(dims)}, not a list of at most {MAX_RANK} dimensions")
-        for i, d in enumerate(dims):
-            if not _is_count(d, MAX_DIMENSION):
-                raise bad(f"shape[{i}] = {short_json(d)} is not a dimension (an integer 0..2^48)")
-        if not isinstance(offsets, list) or len(offsets) != 2:
-            raise bad(f"has data_offsets {short_json(offsets)}, not [begin, end]")
-        for i, x in enumerate(offsets):
-            if not _is_count(x, 2**64 - 1):
-                raise bad(f"data_offsets[{i}] = {short_json(x)} is not an offset (a non-negative integer)")
-        shape, (begin, end) = tuple(dims), offsets
+        dtype, shape, (begin, end) = _entry_fields(name, entry, self.path)
         if not 0 <= begin <= end or self.data_start + end > self.file_size:
             raise CheckpointError(
                 f"tensor {name!r} (bytes {begin:,}..{end:,} of the data) runs past the end of the file "
@@ -290,6 +285,56 @@ class SafetensorsFile:
                 f"tensor {name!r}: {end - begin:,} bytes do not hold a {dtype} tensor of shape {list(shape)}", self.path
             )
         return SafetensorsTensor(name, dtype, shape, self.path, self.data_start + begin, end - begin)
+
+
+def _metadata(metadata: Any, path: Path) -> dict[str, str]:
+    """The header's ``__metadata__``: a {string: string} object."""
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError("corrupt safetensors header: __metadata__ is not a {string: string} object", path)
+    return metadata
+
+
+def _refuse_overlaps(tensors: Iterable[SafetensorsTensor], path: Path) -> None:
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors if t.nbytes)
+    for (_, end, before), (start, _, after) in itertools.pairwise(spans):
+        if start < end:
+            raise CheckpointError(f"corrupt safetensors header: {before!r} and {after!r} overlap", path)
+
+
+def _entry_fields(name: str, entry: Any, path: Path) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """(dtype, shape, (begin, end)) of a header entry, each of the JSON type and range the format allows.
+
+    Raises:
+        CheckpointError: one line naming the tensor and the field.
+    """
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"corrupt safetensors header: {name!r} {what}", path)
+
+    if not isinstance(entry, dict):
+        raise bad("is not an object {dtype, shape, data_offsets}")
+    dtype, dims, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise bad(f"has dtype {short_json(dtype)}, not a string")
+    return dtype, _entry_shape(dims, bad), _entry_offsets(offsets, bad)
+
+
+def _entry_shape(dims: Any, bad: Callable[[str], CheckpointError]) -> tuple[int, ...]:
+    if not isinstance(dims, list) or len(dims) > MAX_RANK:
+        raise bad(f"has shape {short_json(dims)}, not a list of at most {MAX_RANK} dimensions")
+    for i, d in enumerate(dims):
+        if not _is_count(d, MAX_DIMENSION):
+            raise bad(f"shape[{i}] = {short_json(d)} is not a dimension (an integer 0..2^48)")
+    return tuple(dims)
+
+
+def _entry_offsets(offsets: Any, bad: Callable[[str], CheckpointError]) -> tuple[int, int]:
+    if not isinstance(offsets, list) or len(offsets) != 2:
+        raise bad(f"has data_offsets {short_json(offsets)}, not [begin, end]")
+    for i, x in enumerate(offsets):
+        if not _is_count(x, 2**64 - 1):
+            raise bad(f"data_offsets[{i}] = {short_json(x)} is not an offset (a non-negative integer)")
+    return offsets[0], offsets[1]
 
 
 def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf_mtp.errors import CheckpointError
-from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, NamePrefix, natural_key, read_config, read_index
+from gguf_mtp.format.safetensors_io import CONFIG_NAME, INDEX_NAME, NamePrefix, read_config, read_index
 
-from .head_ranges import RangeFetch, fetch_head_ranges
+from .head_ranges import RangeFetch, fetch_head_ranges, head_files, head_shards, snapshot_commit
 
 __all__ = ["HubCheckpoint", "download_head", "head_files", "is_repo_id"]
 
@@ -51,15 +50,6 @@ def _fetching(repo_id: str, revision: str | None, what: str) -> AbstractContextM
 
     at = f"@{revision}" if revision else ""
     return hub_errors(f"download {what} from {repo_id}{at}", repo_id, revision=revision, file=what)
-
-
-def _prefixes(prefix: NamePrefix) -> tuple[str, ...]:
-    return (prefix,) if isinstance(prefix, str) else prefix
-
-
-def head_files(weight_map: dict[str, str], prefix: NamePrefix = "mtp.") -> list[str]:
-    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix``."""
-    return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
 
 
 def download_head(
@@ -93,28 +83,29 @@ def download_head(
     check_repo_id(repo_id)
     check_token_env()  # huggingface_hub reads HF_TOKEN itself: a non-ASCII one would be a traceback there
     with _fetching(repo_id, revision, CONFIG_NAME):
-        config_path = huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision)
+        config_path = Path(huggingface_hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision))
     # The snapshot folder is named by the commit the Hub resolved: the index comes from that commit too.
-    snapshot = Path(config_path).parent.name
-    pinned = snapshot if len(snapshot) == 40 and all(c in "0123456789abcdef" for c in snapshot) else revision
+    pinned = snapshot_commit(config_path) or revision
     if head_prefix is not None:
-        prefix = head_prefix(read_config(Path(config_path).parent))
+        prefix = head_prefix(read_config(config_path.parent))
     with _fetching(repo_id, revision, INDEX_NAME):
         index_path = _download_index(repo_id, pinned)
     if ranges_into is not None and index_path is not None and not is_offline():
         fetched = fetch_head_ranges(
-            repo_id, ranges_into, config_path=Path(config_path), index_path=Path(index_path), prefix=prefix,
+            repo_id, ranges_into, config_path=config_path, index_path=Path(index_path), prefix=prefix,
             data=tensor_data,
         )
         return HubCheckpoint(repo_id, revision, ranges_into, (CONFIG_NAME, INDEX_NAME, *fetched.files), fetched)
+    return _download_shards(repo_id, revision, prefix, index_path)
+
+
+def _download_shards(repo_id: str, revision: str | None, prefix: NamePrefix, index_path: str | None) -> HubCheckpoint:
+    """The whole shards that hold the head (every safetensors file of a repo without an index), into the Hub
+    cache."""
+    import huggingface_hub
+
     if index_path is not None:
-        files = head_files(read_index(index_path), prefix)
-        if not files:
-            wanted = " or ".join(p + "*" for p in _prefixes(prefix))
-            raise CheckpointError(
-                f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head", f"hf://{repo_id}"
-            )
-        patterns = (CONFIG_NAME, INDEX_NAME, *files)
+        patterns: tuple[str, ...] = (CONFIG_NAME, INDEX_NAME, *head_shards(read_index(index_path), prefix, repo_id))
     else:
         patterns = (CONFIG_NAME, "*.safetensors")
     with _fetching(repo_id, revision, ", ".join(patterns[2:]) or "the safetensors files"):

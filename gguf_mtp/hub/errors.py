@@ -17,8 +17,9 @@ import socket
 import ssl
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from gguf_mtp.errors import HubError, HubUnreachableError
 from gguf_mtp.text import printable
@@ -27,6 +28,7 @@ from .access import LOGIN_HINT, is_offline, resolve_token
 
 __all__ = [
     "EGRESS_LIMIT_CODE",
+    "HubCall",
     "RemoteNotFoundError",
     "answer_error",
     "fails_at_once",
@@ -59,54 +61,91 @@ def _token_state() -> str:
         return "the token was refused"
 
 
-def answer_error(
-    status: int,
-    error_code: str | None,
-    what: str,
-    repo: str,
-    *,
-    revision: str | None = None,
-    file: str | None = None,
-    detail: str = "",
-    write: bool = False,
-    path: str | None = None,
-) -> HubError:
-    """The one-line :class:`HubError` for an HTTP answer of the Hub: ``status`` and its ``X-Error-Code``.
+@dataclass(frozen=True)
+class HubCall:
+    """The Hub call a failure is reported for: what the messages of :func:`answer_error` and :func:`hub_error` name."""
+
+    what: str  # what was being done, after "cannot": "read the header", "publish to me/x"
+    repo: str  # the repository asked for
+    revision: str | None = None  # the revision asked for (None: the default branch)
+    file: str | None = None  # the file asked for (None: the repository itself)
+    write: bool = False  # the call writes to ``repo``: a 403 is a missing write permission
+    path: str | None = None  # what the error names as its file (None: nothing)
+
+
+def answer_error(status: int, error_code: str | None, call: HubCall, detail: str = "") -> HubError:
+    """The one-line :class:`HubError` for an HTTP answer of the Hub to ``call``: ``status`` and its
+    ``X-Error-Code``; ``detail`` ends the line of an answer no rule knows.
 
     This is the one place where the Hub's answers become messages; :func:`hub_error` turns
     huggingface_hub's typed exceptions into the same answers first.
     """
-    at = f" at revision {revision}" if revision else ""
     code = (error_code or "").strip()
-    if code == "GatedRepo":
-        text = (
-            f"{repo} is gated: accept its terms on https://huggingface.co/{repo}, then set HF_TOKEN "
-            "(or run `hf auth login`) with that account"
-        )
-    elif code == EGRESS_LIMIT_CODE:
-        text = (
-            f"the account's download allowance on the Hub is spent (402 {EGRESS_LIMIT_CODE}); the run is "
-            "resumable: run the same command again once the allowance is renewed or raised (pipeline resumes "
-            "from its finished stages, publish keeps the files already on the Hub)"
-        )
-    elif code == "RevisionNotFound":
-        text = f"revision {revision!r} not found in {repo}"
-    elif code == "RepoNotFound" or (status == 404 and not file and code != "EntryNotFound"):
-        text = f"repository {repo} not found, or private and {_token_state()}"
-    elif code == "EntryNotFound" or status == 404:
-        missing = f"no file {file}" if file else "a file asked for is not"
-        return RemoteNotFoundError(f"cannot {what}: {missing} in {repo}{at}", path)
-    elif status == 407:
-        text = "the proxy asks for credentials (407): give them in its address (HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT)"
-    elif status == 401:
-        text = f"the Hub refused the token (401); {LOGIN_HINT} with a valid token"
-    elif status == 403 and write:
-        text = f"no write access to {repo} (403); use a token with write permission for it"
-    elif status == 403:
-        text = f"no access to {repo} (403); set HF_TOKEN to a token that can read it"
-    else:
-        text = f"the Hub answered {status}" + (f": {detail}" if detail else "")
-    return HubError(f"cannot {what}: {text}", path)
+    if _is_missing_file(status, code, call.file):
+        at = f" at revision {call.revision}" if call.revision else ""
+        missing = f"no file {call.file}" if call.file else "a file asked for is not"
+        return RemoteNotFoundError(f"cannot {call.what}: {missing} in {call.repo}{at}", call.path)
+    text = _coded_answer(code, call) or _missing_repo_answer(status, code, call) or _status_answer(status, call, detail)
+    return HubError(f"cannot {call.what}: {text}", call.path)
+
+
+def _gated_answer(call: HubCall) -> str:
+    return (
+        f"{call.repo} is gated: accept its terms on https://huggingface.co/{call.repo}, then set HF_TOKEN "
+        "(or run `hf auth login`) with that account"
+    )
+
+
+def _egress_answer(call: HubCall) -> str:
+    return (
+        f"the account's download allowance on the Hub is spent (402 {EGRESS_LIMIT_CODE}); the run is "
+        "resumable: run the same command again once the allowance is renewed or raised (pipeline resumes "
+        "from its finished stages, publish keeps the files already on the Hub)"
+    )
+
+
+def _revision_answer(call: HubCall) -> str:
+    return f"revision {call.revision!r} not found in {call.repo}"
+
+
+#: The ``X-Error-Code`` values whose message does not depend on the status, and that message.
+_CODED_ANSWERS: dict[str, Callable[[HubCall], str]] = {
+    "GatedRepo": _gated_answer,
+    EGRESS_LIMIT_CODE: _egress_answer,
+    "RevisionNotFound": _revision_answer,
+}
+
+
+def _coded_answer(code: str, call: HubCall) -> str | None:
+    answer = _CODED_ANSWERS.get(code)
+    return answer(call) if answer is not None else None
+
+
+def _missing_repo_answer(status: int, code: str, call: HubCall) -> str | None:
+    """A missing repository: said so by its code, or a 404 for no file in particular."""
+    if code == "RepoNotFound" or (status == 404 and not call.file and code != "EntryNotFound"):
+        return f"repository {call.repo} not found, or private and {_token_state()}"
+    return None
+
+
+def _is_missing_file(status: int, code: str, file: str | None) -> bool:
+    """A missing file: said so by its code, or a 404 for a file whose code says nothing else."""
+    if code in _CODED_ANSWERS or code == "RepoNotFound":
+        return False
+    return code == "EntryNotFound" or (status == 404 and bool(file))
+
+
+def _status_answer(status: int, call: HubCall, detail: str) -> str:
+    """The message of an answer that only its status explains."""
+    if status == 407:
+        return "the proxy asks for credentials (407): give them in its address (HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT)"
+    if status == 401:
+        return f"the Hub refused the token (401); {LOGIN_HINT} with a valid token"
+    if status == 403 and call.write:
+        return f"no write access to {call.repo} (403); use a token with write permission for it"
+    if status == 403:
+        return f"no access to {call.repo} (403); set HF_TOKEN to a token that can read it"
+    return f"the Hub answered {status}" + (f": {detail}" if detail else "")
 
 
 #: The base class of a transport failure in each HTTP library a huggingface_hub release line uses:
@@ -167,19 +206,27 @@ def _endpoint_host() -> str:
     return urlsplit(str(constants.ENDPOINT)).netloc or str(constants.ENDPOINT)
 
 
+def _socket_cause(error: BaseException, host: str) -> str | None:
+    """What a socket-level ``error`` says went wrong with ``host`` (``None``: not one of these)."""
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused by {host}"
+    if isinstance(error, ConnectionResetError):
+        return f"connection reset by {host}"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"timed out talking to {host}"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
+    return None
+
+
 def _cause(chain: Sequence[BaseException], host: str) -> str:
     """What went wrong, naming ``host``, from the deepest socket-level error of the chain."""
     for error in reversed(chain):
-        if isinstance(error, socket.gaierror):
-            return f"cannot resolve the host name {host} ({printable(error.strerror or error)})"
-        if isinstance(error, ConnectionRefusedError):
-            return f"connection refused by {host}"
-        if isinstance(error, ConnectionResetError):
-            return f"connection reset by {host}"
-        if isinstance(error, (TimeoutError, socket.timeout)):
-            return f"timed out talking to {host}"
-        if isinstance(error, ssl.SSLError):
-            return f"TLS with {host} failed ({printable(_first_line(error))[:120]})"
+        cause = _socket_cause(error, host)
+        if cause is not None:
+            return cause
     deepest = next((e for e in reversed(chain) if _is_transport(e)), chain[0])
     text = printable(_first_line(deepest))[:160]
     name = type(deepest).__name__
@@ -304,29 +351,65 @@ def hub_error(
     release line (:func:`transport_failure`, also when huggingface_hub wrapped one) become a
     :class:`~gguf_mtp.errors.HubUnreachableError`.
     """
-    from huggingface_hub import errors as e
-
-    remote_missing = getattr(e, "RemoteEntryNotFoundError", e.EntryNotFoundError)  # before 1.0: EntryNotFoundError
-    cached = f"{file} is" if file else "the files are"
     if isinstance(error, HubError):
         return error
-    if isinstance(error, e.OfflineModeIsEnabled) or (isinstance(error, e.LocalEntryNotFoundError) and is_offline()):
-        return HubError(
-            f"cannot {what}: HF_HUB_OFFLINE is set and {cached} not in the Hub cache "
-            "(run once online, or unset HF_HUB_OFFLINE)",
-            path,
-        )
+    call = HubCall(what, repo, revision, file, write, path)
+    offline = _offline_error(error, call)
+    if offline is not None:
+        return offline
     failure = transport_failure(error)
     if failure is not None:  # whichever HTTP library raised it, or huggingface_hub wrapped it
         return unreachable_error(what, failure, path)
+    local = _local_error(error, call)
+    if local is not None:
+        return local
+    answer = _typed_answer(error, call)
+    if answer is not None:
+        return answer
+    if isinstance(error, (OSError, ConnectionError, TimeoutError)):  # network and file-system failures
+        return HubError(f"cannot {what}: {type(error).__name__}: {printable(_first_line(error))}", path)
+    return None
+
+
+def _cached(call: HubCall) -> str:
+    return f"{call.file} is" if call.file else "the files are"
+
+
+def _offline_error(error: BaseException, call: HubCall) -> HubError | None:
+    """HF_HUB_OFFLINE kept the call from the network, and the Hub cache has not what it asked for."""
+    from huggingface_hub import errors as e
+
+    if isinstance(error, e.OfflineModeIsEnabled) or (isinstance(error, e.LocalEntryNotFoundError) and is_offline()):
+        return HubError(
+            f"cannot {call.what}: HF_HUB_OFFLINE is set and {_cached(call)} not in the Hub cache "
+            "(run once online, or unset HF_HUB_OFFLINE)",
+            call.path,
+        )
+    return None
+
+
+def _local_error(error: BaseException, call: HubCall) -> HubError | None:
+    """A failure before any answer: no token, an id the Hub would refuse, a file neither reachable nor cached."""
+    from huggingface_hub import errors as e
+
     if isinstance(error, e.LocalTokenNotFoundError):
-        return HubError(f"cannot {what}: no Hugging Face token ({LOGIN_HINT})", path)
+        return HubError(f"cannot {call.what}: no Hugging Face token ({LOGIN_HINT})", call.path)
     if isinstance(error, e.HFValidationError):
-        return HubError(f"cannot {what}: {printable(_first_line(error))}", path)
+        return HubError(f"cannot {call.what}: {printable(_first_line(error))}", call.path)
     if isinstance(error, e.LocalEntryNotFoundError):
         return HubError(
-            f"cannot {what}: the Hub cannot be reached and {cached} not cached ({printable(_first_line(error))})", path
+            f"cannot {call.what}: the Hub cannot be reached and {_cached(call)} not cached "
+            f"({printable(_first_line(error))})",
+            call.path,
         )
+    return None
+
+
+def _typed_answer(error: BaseException, call: HubCall) -> HubError | None:
+    """An answer of the Hub that huggingface_hub raised as a typed error: :func:`answer_error`'s line for it."""
+    from huggingface_hub import errors as e
+
+    remote_missing = getattr(e, "RemoteEntryNotFoundError", e.EntryNotFoundError)  # before 1.0: EntryNotFoundError
     codes = (
         (e.GatedRepoError, "GatedRepo"),
         (e.RevisionNotFoundError, "RevisionNotFound"),
@@ -335,25 +418,12 @@ def hub_error(
     )
     for kind, code in codes:
         if isinstance(error, kind):
-            return answer_error(404, code, what, repo, revision=revision, file=file, write=write, path=path)
+            return answer_error(404, code, call)
     egress_limit = getattr(e, "EgressLimitError", None)  # huggingface_hub 2.5 and later
     if egress_limit is not None and isinstance(error, egress_limit):
-        return answer_error(402, EGRESS_LIMIT_CODE, what, repo, revision=revision, write=write, path=path)
+        return answer_error(402, EGRESS_LIMIT_CODE, call)
     if isinstance(error, e.HfHubHTTPError):
-        status = _status(error)
-        return answer_error(
-            status or 0,
-            None,
-            what,
-            repo,
-            revision=revision,
-            file=file,
-            write=write,
-            path=path,
-            detail=printable(_first_line(error)),
-        )
-    if isinstance(error, (OSError, ConnectionError, TimeoutError)):  # network and file-system failures
-        return HubError(f"cannot {what}: {type(error).__name__}: {printable(_first_line(error))}", path)
+        return answer_error(_status(error) or 0, None, call, detail=printable(_first_line(error)))
     return None
 
 

@@ -50,7 +50,8 @@ from gguf_mtp.text import human_bytes
 
 from .remote import HubFile, RemoteFile
 
-__all__ = ["JOIN_GAP", "RangeFetch", "fetch_head_ranges", "joined_ranges"]
+__all__ = ["JOIN_GAP", "RangeFetch", "fetch_head_ranges", "head_files", "head_shards", "joined_ranges",
+           "snapshot_commit"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ class RangeFetch:
         }
 
 
+def snapshot_commit(path: Path) -> str | None:
+    """The commit the Hub cache's snapshot folder holding ``path`` is named by (``None``: not a snapshot's)."""
+    name = path.parent.name
+    return name if _COMMIT.fullmatch(name) else None
+
+
 def joined_ranges(tensors: Sequence[SafetensorsTensor], gap: int = JOIN_GAP) -> list[tuple[int, int]]:
     """``(start, end)`` byte ranges covering ``tensors``, in file order, joining ranges less than ``gap`` apart."""
     ranges: list[tuple[int, int]] = []
@@ -109,27 +116,6 @@ def joined_ranges(tensors: Sequence[SafetensorsTensor], gap: int = JOIN_GAP) -> 
         else:
             ranges.append((start, end))
     return ranges
-
-
-def _remote_header(remote: RemoteFile) -> SafetensorsFile:
-    """The checked safetensors header of a remote shard (the same checks as a local file's).
-
-    Raises:
-        CheckpointError: not a safetensors header, or one over :data:`MAX_HEADER_BYTES`.
-    """
-    name = str(remote.hub_file)
-    head = remote.read_at(0, 8)
-    if len(head) < 8:
-        raise CheckpointError(f"not a safetensors file ({remote.size} bytes, too short for a header)", name)
-    length = int.from_bytes(head, "little")
-    if length > min(remote.size - 8, MAX_HEADER_BYTES):
-        raise CheckpointError(
-            f"corrupt safetensors header: it claims {length:,} bytes, the file has {remote.size:,}", name
-        )
-    raw = remote.read_at(8, length)
-    if len(raw) != length:
-        raise CheckpointError(f"corrupt safetensors header: only {8 + len(raw):,} bytes could be read", name)
-    return SafetensorsFile(name, header=(remote.size, raw))
 
 
 def _wanted(header: SafetensorsFile, prefix: NamePrefix) -> list[SafetensorsTensor]:
@@ -231,36 +217,67 @@ def fetch_head_ranges(
         CheckpointError: the index lists no head tensor, or a shard's header is not safetensors.
         HubError: the Hub cannot be read, a shard is missing, or one changed while it was read.
     """
-    weight_map = read_index(index_path)
-    files = sorted({f for name, f in weight_map.items() if name.startswith(prefix)}, key=natural_key)
-    if not files:
-        wanted = " or ".join(p + "*" for p in ((prefix,) if isinstance(prefix, str) else prefix))
-        raise CheckpointError(f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head",
-                              f"hf://{repo_id}")
-    snapshot = config_path.parent.name
-    commit = snapshot if _COMMIT.match(snapshot) else None
+    files = head_shards(read_index(index_path), prefix, repo_id)
+    commit = snapshot_commit(config_path)
     shutil.copyfile(config_path, folder / CONFIG_NAME)
     shutil.copyfile(index_path, folder / INDEX_NAME)
     shards = [_read_head_shard(repo_id, name, commit, prefix) for name in files]
     needed = sum(shard.size for shard in shards) if data else 0
     _check_free_space(folder, needed, repo_id)
     for shard in shards:
-        try:
-            _write_head_shard(folder / shard.name, shard, data)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
-                raise
-            free = shutil.disk_usage(folder).free
-            # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
-            raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
-        logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
-                    len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
-                    human_bytes(shard.remote.bytes_received), shard.remote.requests)
+        _write_or_no_room(folder, shard, data, needed, repo_id)
+        _log_fetched(shard, repo_id)
+    return _range_fetch(folder, commit, shards, data)
+
+
+def _log_fetched(shard: _HeadShard, repo_id: str) -> None:
+    logger.info("fetched %s of %s: %d head tensors (%s), %s received in %d request(s)", shard.name, repo_id,
+                len(shard.tensors), human_bytes(sum(t.nbytes for t in shard.tensors)),
+                human_bytes(shard.remote.bytes_received), shard.remote.requests)
+
+
+def _range_fetch(folder: Path, commit: str | None, shards: Sequence[_HeadShard], data: bool) -> RangeFetch:
+    """What the fetch of ``shards`` read (their sizes, tensors, bytes and requests together)."""
     return RangeFetch(
-        folder, commit, tuple(files), sum(s.remote.size for s in shards),
+        folder, commit, tuple(s.name for s in shards), sum(s.remote.size for s in shards),
         sum(t.nbytes for s in shards for t in s.tensors), sum(s.remote.bytes_received for s in shards),
         sum(s.remote.requests for s in shards), data, sum(s.size for s in shards),
     )
+
+
+def head_files(weight_map: dict[str, str], prefix: NamePrefix = "mtp.") -> list[str]:
+    """The files of an index's ``weight_map`` that hold tensors starting with ``prefix``."""
+    return sorted({file for name, file in weight_map.items() if name.startswith(prefix)}, key=natural_key)
+
+
+def head_shards(weight_map: dict[str, str], prefix: NamePrefix, repo_id: str) -> list[str]:
+    """:func:`head_files` of ``repo_id``'s index, which must list one.
+
+    Raises:
+        CheckpointError: the index lists no head tensor.
+    """
+    files = head_files(weight_map, prefix)
+    if not files:
+        wanted = " or ".join(p + "*" for p in ((prefix,) if isinstance(prefix, str) else prefix))
+        raise CheckpointError(f"{INDEX_NAME} lists no {wanted} tensor: this checkpoint has no MTP head",
+                              f"hf://{repo_id}")
+    return files
+
+
+def _write_or_no_room(folder: Path, shard: _HeadShard, data: bool, needed: int, repo_id: str) -> None:
+    """:func:`_write_head_shard` into ``folder``; a full disk is one line naming the folder it lies in.
+
+    Raises:
+        OutputWriteError: no room (ENOSPC, EDQUOT, EFBIG) after the free-space check passed.
+    """
+    try:
+        _write_head_shard(folder / shard.name, shard, data)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(e, GGUFMTPError):
+            raise
+        free = shutil.disk_usage(folder).free
+        # Named by the folder the scratch lies in (the output's), not by the scratch, which is removed.
+        raise OutputWriteError(f"{_no_room(needed, free, repo_id)}: {e.strerror}", folder.parent) from None
 
 
 def _read_head_shard(repo_id: str, name: str, commit: str | None, prefix: NamePrefix) -> _HeadShard:
@@ -273,5 +290,5 @@ def _read_head_shard(repo_id: str, name: str, commit: str | None, prefix: NamePr
     remote = RemoteFile.open(HubFile(repo_id, name, commit), limit=8 + MAX_HEADER_BYTES)
     if commit is not None and remote.commit not in (None, commit):
         raise HubError(f"the Hub answered for commit {remote.commit[:12]}, not {commit[:12]}", str(remote.hub_file))
-    header = _remote_header(remote)
+    header = SafetensorsFile.from_reader(str(remote.hub_file), remote.size, remote.read_at)
     return _head_shard(name, remote, header, _wanted(header, prefix))

@@ -37,7 +37,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -147,6 +147,32 @@ def _checked_revision(revision: str | None, source: str) -> str | None:
     return revision
 
 
+def _pop_repo_type(parts: list[str], prefixes: Collection[str]) -> str:
+    """The repo type a leading folder of ``prefixes`` names (``datasets``, ``spaces``), taken off ``parts``;
+    without one, a model."""
+    if parts and parts[0] in prefixes:
+        return _REPO_TYPE_PREFIXES[parts.pop(0)]
+    return "model"
+
+
+def _split_revision(repo: str, rest: str, source: str) -> tuple[str, str, str | None]:
+    """``REPO@REV`` or ``path@REV``: the repo, the path and the one revision an ``hf://`` address may give.
+
+    Raises:
+        HubError: two revisions, an empty one, or nothing left of the repo or the path.
+    """
+    revision = None
+    if "@" in repo:
+        repo, revision = repo.split("@", 1)
+    if "@" in rest:
+        if revision is not None:
+            raise HubError("two revisions given", source)
+        rest, revision = rest.rsplit("@", 1)
+    if not repo or not rest or revision == "":
+        raise HubError(_USAGE, source)
+    return repo, rest, revision
+
+
 @dataclass(frozen=True)
 class HubFile:
     """One file in a Hub repository, at an optional revision."""
@@ -170,22 +196,11 @@ class HubFile:
         if not source.startswith(HF_SCHEME):
             return cls._parse_web(source)
         parts = source[len(HF_SCHEME) :].split("/")
-        repo_type = "model"
-        if parts and parts[0] in _REPO_TYPE_PREFIXES:
-            repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
+        repo_type = _pop_repo_type(parts, _REPO_TYPE_PREFIXES)
         if len(parts) < 3 or not all(parts[:2]) or not parts[-1]:
             raise HubError(_USAGE, source)
-        owner, repo, rest = parts[0], parts[1], "/".join(parts[2:])
-        revision = None
-        if "@" in repo:
-            repo, revision = repo.split("@", 1)
-        if "@" in rest:
-            if revision is not None:
-                raise HubError("two revisions given", source)
-            rest, revision = rest.rsplit("@", 1)
-        if not repo or not rest or revision == "":
-            raise HubError(_USAGE, source)
-        return cls._checked(f"{owner}/{repo}", rest, revision, repo_type, source)
+        repo, rest, revision = _split_revision(parts[1], "/".join(parts[2:]), source)
+        return cls._checked(f"{parts[0]}/{repo}", rest, revision, repo_type, source)
 
     @classmethod
     def _parse_web(cls, source: str) -> HubFile:
@@ -196,9 +211,7 @@ class HubFile:
         if url.netloc.lower() not in hosts:
             raise HubError(f"only files on the Hugging Face Hub can be read remotely ({_USAGE})", source)
         parts = url.path.strip("/").split("/") if url.path.strip("/") else []
-        repo_type = "model"
-        if parts and parts[0] in ("datasets", "spaces"):
-            repo_type = _REPO_TYPE_PREFIXES[parts.pop(0)]
+        repo_type = _pop_repo_type(parts, ("datasets", "spaces"))
         if len(parts) < 5 or parts[2] not in ("blob", "resolve"):
             raise HubError(web_usage, source)
         owner, repo, revision = parts[0], parts[1], unquote(parts[3])
@@ -391,7 +404,6 @@ def _get_range(
     body cut off after some bytes comes back short (the caller resumes) instead of being an error.
     """
     from .access import is_offline, resolve_token
-    from .errors import hub_error
 
     name = str(hub_file)
     if is_offline():
@@ -403,14 +415,8 @@ def _get_range(
     headers["Accept-Encoding"] = "identity"  # byte ranges of the file, not of a compressed stream
     request_timeout = timeout_setting(ENV_HUB_REQUEST_TIMEOUT, DEFAULT_HUB_REQUEST_TIMEOUT)
     host = _host(url)
-    now = time.monotonic()
-    if file_deadline is not None and now >= file_deadline:
-        raise HubError(
-            f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})", name
-        )
-    deadline = now + request_timeout
-    per_file = file_deadline is not None and file_deadline < deadline
-    watchdog = _Watchdog(file_deadline if per_file and file_deadline is not None else deadline)
+    deadline, per_file = _request_deadline(file_deadline, request_timeout, host, name)
+    watchdog = _Watchdog(deadline)
     try:
         return watchdog.run(lambda: _fetch(hub_file, url, headers, start, length, watchdog, allow_short))
     except _DeadlinePassed:
@@ -425,17 +431,44 @@ def _get_range(
     except Exception as error:
         if _is_redirect_loop(error):
             raise HubError(f"too many redirects from {host} (a redirect loop?)", name) from None
-        translated = hub_error(
-            error,
-            "read the header",
-            hub_file.repo_id,
-            revision=hub_file.revision,
-            file=hub_file.path_in_repo,
-            path=name,
-        )
+        translated = _read_error(error, hub_file)
         if translated is None:
             raise
         raise translated from error
+
+
+def _request_deadline(
+    file_deadline: float | None, request_timeout: float, host: str, name: str
+) -> tuple[float, bool]:
+    """When a range request must be answered, and whether that is the file's deadline: the request's own
+    deadline, or the file's when that comes first.
+
+    Raises:
+        HubError: the file's deadline has passed already.
+    """
+    now = time.monotonic()
+    if file_deadline is not None and now >= file_deadline:
+        raise HubError(
+            f"reading the header from {host} took longer than {_file_timeout():g} s ({ENV_HUB_FILE_TIMEOUT})", name
+        )
+    deadline = now + request_timeout
+    if file_deadline is not None and file_deadline < deadline:
+        return file_deadline, True
+    return deadline, False
+
+
+def _read_error(error: BaseException, hub_file: HubFile) -> HubError | None:
+    """The one line for a failed range read (:func:`~.errors.hub_error`), or ``None`` for a bug."""
+    from .errors import hub_error
+
+    return hub_error(
+        error,
+        "read the header",
+        hub_file.repo_id,
+        revision=hub_file.revision,
+        file=hub_file.path_in_repo,
+        path=str(hub_file),
+    )
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -653,7 +686,23 @@ def _read_body(
     """The body of a range response, the file size it states, and the bytes received (with ``allow_short``,
     a body cut off after its first bytes, by the server or the network, comes back short)."""
     name = str(hub_file)
-    status = response.status_code
+    size = _stated_size(response, start, name)
+    if response.status_code == 416:  # nothing to read: the range starts at or past the end
+        return b"", size, 0
+    body, received = _stream_body(response, length, watchdog, allow_short)
+    expected = min(length, size - start)
+    if len(body) < expected and not (allow_short and body):
+        raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
+    return body, size, received
+
+
+def _stated_size(response: Any, start: int, name: str) -> int:
+    """The file size a range response states (Content-Range, or Content-Length when the server ignores
+    Range), checked against the range asked for at ``start``; its body unread.
+
+    Raises:
+        HubError: a compressed body, a Content-Range of another range, no size, an unexpected status.
+    """
     encoding = (response.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in ("", "identity"):
         # We asked for identity: the bytes of a compressed stream are not the file's bytes at these offsets.
@@ -662,26 +711,47 @@ def _read_body(
             "although the file's own bytes were asked for",
             name,
         )
-    content_range = response.headers.get("Content-Range") or ""
-    if status == 416:  # e.g. an empty file: "bytes */0"
-        match = _CONTENT_RANGE.match(content_range)
-        if match and match["size"] != "*":
-            return b"", int(match["size"]), 0
-        raise HubError("the server refused the byte range request (HTTP 416)", name)
+    status = response.status_code
+    if status == 416:
+        return _refused_range_size(response, name)
     if status == 206:
-        match = _CONTENT_RANGE.match(content_range)
-        if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
-            raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
-        size = int(match["size"])
-    elif status == 200:
-        # The server ignores Range: read no further than asked, then hang up (never the whole file).
-        if start:
-            raise HubError("the server does not support HTTP range requests", name)
-        size = _content_length(response)
-        if size < 0:
-            raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
-    else:
-        raise HubError(f"unexpected HTTP status {status}", name)
+        return _partial_content_size(response, start, name)
+    if status == 200:
+        return _whole_content_size(response, start, name)
+    raise HubError(f"unexpected HTTP status {status}", name)
+
+
+def _refused_range_size(response: Any, name: str) -> int:
+    """The size a 416 answer states (an empty file answers ``bytes */0``); a refusal without one is an error."""
+    match = _CONTENT_RANGE.match(response.headers.get("Content-Range") or "")
+    if match and match["size"] != "*":
+        return int(match["size"])
+    raise HubError("the server refused the byte range request (HTTP 416)", name)
+
+
+def _partial_content_size(response: Any, start: int, name: str) -> int:
+    """The size a 206 answer's Content-Range states, when the range it holds starts at ``start``."""
+    content_range = response.headers.get("Content-Range") or ""
+    match = _CONTENT_RANGE.match(content_range)
+    if not match or match["start"] is None or int(match["start"]) != start or match["size"] == "*":
+        raise HubError(f"unexpected Content-Range {printable(repr(content_range))[:80]}", name)
+    return int(match["size"])
+
+
+def _whole_content_size(response: Any, start: int, name: str) -> int:
+    """The size a 200 answer states: the server ignored Range, so only a read from byte 0 can use it
+    (read no further than asked, then hang up: never the whole file)."""
+    if start:
+        raise HubError("the server does not support HTTP range requests", name)
+    size = _content_length(response)
+    if size < 0:
+        raise HubError("the server does not support HTTP range requests and sends no Content-Length", name)
+    return size
+
+
+def _stream_body(response: Any, length: int, watchdog: _Watchdog, allow_short: bool) -> tuple[bytes, int]:
+    """The first ``length`` bytes of the body and the bytes received, stopped at the watchdog's cut-off (with
+    ``allow_short``, a transport failure after the first bytes ends the body instead of failing the read)."""
     chunks: list[bytes] = []
     received = 0
     try:
@@ -697,11 +767,7 @@ def _read_body(
 
         if not (allow_short and received and transport_failure(error) is not None):
             raise
-    body = b"".join(chunks)
-    expected = min(length, size - start)
-    if len(body) < expected and not (allow_short and body):
-        raise HubError(f"connection closed after {len(body):,} of {expected:,} bytes at byte {start:,}", name)
-    return body, size, received
+    return b"".join(chunks), received
 
 
 def _content_length(response: Any) -> int:

@@ -176,16 +176,19 @@ def _check_roles(target: ShardSet, draft: ShardSet) -> None:
     """
     target_layout = read_block_layout(target.first)
     draft_layout, problem = block_layout_problem(draft.first)
-    if draft_layout is None:
-        if problem and KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch) in problem:
-            return  # a draft's count of its own blocks: _draft_blocks compares it with the blocks it carries
-        if draft.first.get(draft.arch_key(KEY_BLOCK_COUNT)) is not None:
-            raise BadGGUFError(problem or "no block layout", draft.name)
-        # a bare draft need not state a block count: the target's decides, judged by its tensors below
-    target_blocks, draft_blocks = target.block_indices(), draft.block_indices()
-    target_is_draft = is_mtp_only(target_layout, target_blocks)
+    if draft_layout is None and problem and KEY_NEXTN_PREDICT_LAYERS.format(arch=draft.arch) in problem:
+        return  # a draft's count of its own blocks: _draft_blocks compares it with the blocks it carries
+    if draft_layout is None and draft.first.get(draft.arch_key(KEY_BLOCK_COUNT)) is not None:
+        raise BadGGUFError(problem or "no block layout", draft.name)
+    # a bare draft need not state a block count: the target's decides, judged by its tensors below
+    target_is_draft = is_mtp_only(target_layout, target.block_indices())
     draft_nextn = draft_layout.nextn if draft_layout is not None else 0
     draft_is_trunk = draft_nextn == 0 and not any(".nextn." in t.name for _, t in draft.iter_tensors())
+    _refuse_swapped_roles(target, draft, target_is_draft=target_is_draft, draft_is_trunk=draft_is_trunk)
+
+
+def _refuse_swapped_roles(target: ShardSet, draft: ShardSet, *, target_is_draft: bool, draft_is_trunk: bool) -> None:
+    """Raises :class:`IncompatibleDraftError` when the target is a draft, or the draft a model without MTP."""
     if target_is_draft and draft_is_trunk:
         raise IncompatibleDraftError(
             f"the arguments look swapped: {target.name} is an MTP draft (no trunk block tensors) and {draft.name} "
@@ -193,7 +196,7 @@ def _check_roles(target: ShardSet, draft: ShardSet) -> None:
         )
     if target_is_draft:
         raise IncompatibleDraftError("the target is an MTP draft (no trunk block tensors), not a model", target.name)
-    if draft_is_trunk and draft_blocks and not draft.is_split:  # a split draft gets its own message next
+    if draft_is_trunk and draft.block_indices() and not draft.is_split:  # a split draft gets its own message next
         raise IncompatibleDraftError(
             f"the draft has no NextN block: it looks like a trunk model ({draft.arch_key(KEY_NEXTN_PREDICT_LAYERS)} "
             "is 0 or absent and no blk.*.nextn.* tensors)",
@@ -219,22 +222,7 @@ def _check_block_tensors(*models: ShardSet) -> None:
 
 def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInfo], list[str]]:
     """(first draft block, number of blocks, block tensors, dropped globals) of a draft."""
-    by_block: dict[int, list[TensorInfo]] = {}
-    dropped: list[str] = []
-    for _, tensor in draft.iter_tensors():
-        match = BLOCK_TENSOR.match(tensor.name)
-        if match:
-            by_block.setdefault(int(match["block"]), []).append(tensor)
-        elif tensor.name in DRAFT_GLOBAL_TENSORS:
-            dropped.append(tensor.name)
-        else:
-            raise IncompatibleDraftError(
-                f"tensor {tensor.name!r} is outside any block; a draft may only carry blk.* tensors "
-                f"and {', '.join(DRAFT_GLOBAL_TENSORS)}",
-                draft.name,
-            )
-    if not by_block:
-        raise IncompatibleDraftError("draft has no blk.* tensors", draft.name)
+    by_block, dropped = _draft_tensors(draft)
     indices = sorted(by_block)
     first, count = indices[0], len(indices)
     if indices != list(range(first, first + count)) or first not in (0, block):
@@ -253,23 +241,34 @@ def _draft_blocks(draft: ShardSet, block: int) -> tuple[int, int, list[TensorInf
     return first, count, tensors, dropped
 
 
+def _draft_tensors(draft: ShardSet) -> tuple[dict[int, list[TensorInfo]], list[str]]:
+    """(the draft's block tensors by block, the global tensors compose leaves out).
+
+    Raises:
+        IncompatibleDraftError: a tensor neither in a block nor a global one, or no block tensor at all.
+    """
+    by_block: dict[int, list[TensorInfo]] = {}
+    dropped: list[str] = []
+    for _, tensor in draft.iter_tensors():
+        match = BLOCK_TENSOR.match(tensor.name)
+        if match:
+            by_block.setdefault(int(match["block"]), []).append(tensor)
+        elif tensor.name in DRAFT_GLOBAL_TENSORS:
+            dropped.append(tensor.name)
+        else:
+            raise IncompatibleDraftError(
+                f"tensor {tensor.name!r} is outside any block; a draft may only carry blk.* tensors "
+                f"and {', '.join(DRAFT_GLOBAL_TENSORS)}",
+                draft.name,
+            )
+    if not by_block:
+        raise IncompatibleDraftError("draft has no blk.* tensors", draft.name)
+    return by_block, dropped
+
+
 def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUFValueType) -> Any:
     """The draft's value of per-layer ``key`` for its block ``draft_block``."""
-    kv = draft.kv(key)
-    if kv is None:
-        raise IncompatibleDraftError(
-            f"the target's per-layer array {key} needs a value for the NextN block, and the draft has no {key}",
-            draft.name,
-        )
-    if kv.is_array:
-        values = kv.value
-        if draft_block >= len(values):
-            raise IncompatibleDraftError(
-                f"{key} has {len(values)} entries, none for the draft's block {draft_block}", draft.name
-            )
-        value = values[draft_block]
-    else:
-        value = kv.value
+    value = _draft_entry(draft, key, draft_block)
     what = f"{draft.name}: {key}[{draft_block}]"
     if element_type in INT_RANGES:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -285,6 +284,28 @@ def _nextn_value(draft: ShardSet, key: str, draft_block: int, element_type: GGUF
     if element_type == GGUFValueType.BOOL and isinstance(value, bool):
         return value
     raise IncompatibleDraftError(f"{key}: cannot extend an array of {element_type.name} with {value!r}", draft.name)
+
+
+def _draft_entry(draft: ShardSet, key: str, draft_block: int) -> Any:
+    """The draft's entry of ``key`` for its block ``draft_block`` (a scalar holds for every block).
+
+    Raises:
+        IncompatibleDraftError: the draft has no ``key``, or no entry for the block.
+    """
+    kv = draft.kv(key)
+    if kv is None:
+        raise IncompatibleDraftError(
+            f"the target's per-layer array {key} needs a value for the NextN block, and the draft has no {key}",
+            draft.name,
+        )
+    if not kv.is_array:
+        return kv.value
+    values = kv.value
+    if draft_block >= len(values):
+        raise IncompatibleDraftError(
+            f"{key} has {len(values)} entries, none for the draft's block {draft_block}", draft.name
+        )
+    return values[draft_block]
 
 
 def _constant_value(target: ShardSet, kv: KeyValue, rule: LayerKeyRule, element_type: GGUFValueType) -> Any:
@@ -318,25 +339,33 @@ def _per_layer_edits(target: ShardSet, draft: ShardSet, draft_first: int, n_bloc
     arrays = extended_arrays(target.first, arch, target.trunk_block_count)
     for kv, _ in arrays:  # first: an array no rule or draft could extend is the target's own fault
         layer_array(kv, target.name)
-    unknown = [kv.key for kv, rule in arrays if rule is None and draft.kv(kv.key) is None]
-    if unknown:
-        known = is_known_arch(arch)
-        rules = f"gguf-mtp's {arch} rules do not give" if known else f"gguf-mtp has no rules for {arch!r} to give"
-        raise IncompatibleDraftError(
-            f"the target has per-layer array(s) {', '.join(unknown)} whose NextN value {rules} "
-            "(gguf_mtp/model/arch_rules.py), and the draft carries no values for them",
-            draft.name,
-        )
-    edits: dict[str, KeyValue] = {}
-    for kv, rule in arrays:
-        etype = kv.element_type
-        assert etype is not None
-        if rule is not None and rule.kind is NextNValue.CONSTANT:
-            extra = (_constant_value(target, kv, rule, etype),) * n_blocks
-        else:
-            extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
-        edits[kv.key] = encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, kv.typed_value.items + extra))
-    return edits
+    _refuse_unknown_arrays(arch, [kv.key for kv, rule in arrays if rule is None and draft.kv(kv.key) is None], draft)
+    return {kv.key: _extended_array(target, draft, kv, rule, draft_first, n_blocks) for kv, rule in arrays}
+
+
+def _refuse_unknown_arrays(arch: str, unknown: list[str], draft: ShardSet) -> None:
+    """Raises :class:`IncompatibleDraftError` naming the per-layer arrays ``unknown`` no rule or draft extends."""
+    if not unknown:
+        return
+    known = is_known_arch(arch)
+    rules = f"gguf-mtp's {arch} rules do not give" if known else f"gguf-mtp has no rules for {arch!r} to give"
+    raise IncompatibleDraftError(
+        f"the target has per-layer array(s) {', '.join(unknown)} whose NextN value {rules} "
+        "(gguf_mtp/model/arch_rules.py), and the draft carries no values for them",
+        draft.name,
+    )
+
+
+def _extended_array(target: ShardSet, draft: ShardSet, kv: KeyValue, rule: LayerKeyRule | None, draft_first: int,
+                    n_blocks: int) -> KeyValue:
+    """The per-layer array ``kv`` with its ``n_blocks`` NextN entries: the rule's constant, or the draft's values."""
+    etype = kv.element_type
+    assert etype is not None
+    if rule is not None and rule.kind is NextNValue.CONSTANT:
+        extra = (_constant_value(target, kv, rule, etype),) * n_blocks
+    else:
+        extra = tuple(_nextn_value(draft, kv.key, draft_first + j, etype) for j in range(n_blocks))
+    return encode_kv(kv.key, GGUFValueType.ARRAY, GGUFArray(etype, kv.typed_value.items + extra))
 
 
 #: The keys compose computes, as ``fnmatch`` patterns (``{arch}``: the target's architecture), with what

@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,8 @@ from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.text import human_bytes, short
 
 __all__ = [
-    "ConversionPlan", "ConvertReport", "PlannedTensor", "convert", "draft_size_bound", "plan_conversion",
-    "resolve_source",
+    "ConversionPlan", "ConversionRequest", "ConvertReport", "PlannedTensor", "convert", "draft_size_bound",
+    "plan_conversion", "resolve_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -176,20 +176,29 @@ def _block_index(target: ShardSet | None, block: int | None, standalone: bool, d
             "tokenizer from the target"
         )
     if target is None:
-        block = default if block is None else block
-        if block is None:
-            raise ParameterError(
-                "the NextN block index is unknown: give target (the model the head belongs to; its trunk block "
-                "count is the index) or block"
-            )
-        if block < 0:
-            raise ParameterError(f"block {block}: a block index cannot be negative")
-        if block > MAX_BLOCK_INDEX:
-            raise ParameterError(
-                f"block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
-                f"loads at most {LLAMA_MAX_LAYERS}, LLAMA_MAX_LAYERS)"
-            )
-        return block
+        return _given_block_index(default if block is None else block)
+    return _target_block_index(target, block, standalone)
+
+
+def _given_block_index(block: int | None) -> int:
+    """The NextN block index given without a target (or the family's default), within llama.cpp's layers."""
+    if block is None:
+        raise ParameterError(
+            "the NextN block index is unknown: give target (the model the head belongs to; its trunk block "
+            "count is the index) or block"
+        )
+    if block < 0:
+        raise ParameterError(f"block {block}: a block index cannot be negative")
+    if block > MAX_BLOCK_INDEX:
+        raise ParameterError(
+            f"block {block:,}: at most {MAX_BLOCK_INDEX} (the draft would have {block + 1:,} layers; llama.cpp "
+            f"loads at most {LLAMA_MAX_LAYERS}, LLAMA_MAX_LAYERS)"
+        )
+    return block
+
+
+def _target_block_index(target: ShardSet, block: int | None, standalone: bool) -> int:
+    """The NextN block index a target implies: its trunk block count (which ``block``, if given, must equal)."""
     if target.nextn_predict_layers:
         raise IncompatibleDraftError(
             f"target already has {target.nextn_predict_layers} NextN block(s) "
@@ -261,22 +270,29 @@ def _standalone_kvs(model: HeadModel, writer: HeadGGUFWriter, block: int, target
     for key, kv in target.first.kvs.items():
         if key.startswith(_NOT_COPIED) or is_trunk_only_key(arch, key):
             continue
+        suffix = key[len(arch) + 1 :] if key.startswith(f"{arch}.") else None
         if key == count_key:
-            if kv.vtype not in INT_RANGES:
-                raise BadGGUFError(f"{key} has type {kv.type_name}, not an integer type", target.name)
-            kv = encode_kv(key, kv.vtype, check_int(block + model.n_nextn, kv.vtype, f"{target.name}: {key}"))
-        elif key.startswith(f"{arch}.") and key[len(arch) + 1 :] in arrays and kv.is_array:
-            etype, values = arrays[key[len(arch) + 1 :]]
+            writer.add_copied_kv(_grown_block_count(kv, block + model.n_nextn, target.name))
+        elif suffix in arrays and kv.is_array:
+            etype, values = arrays[suffix]
             with model.writing_config_values():
                 writer.add_key_value(key, values, GGUFValueType.ARRAY, etype)
-            continue
-        writer.add_copied_kv(kv)
-    if nextn_key not in target.first.kvs:
-        writer.add_copied_kv(encode_kv(nextn_key, GGUFValueType.UINT32, model.n_nextn))
-    else:
-        kv = target.first.kvs[nextn_key]
-        vtype = kv.vtype if kv.vtype in INT_RANGES else GGUFValueType.UINT32
-        writer.add_copied_kv(encode_kv(nextn_key, vtype, model.n_nextn))
+        else:
+            writer.add_copied_kv(kv)
+    writer.add_copied_kv(_nextn_count(target.first.kvs.get(nextn_key), nextn_key, model.n_nextn))
+
+
+def _grown_block_count(kv: KeyValue, count: int, name: str) -> KeyValue:
+    """The target's ``block_count`` KV with the head's blocks added, in the target's own integer type."""
+    if kv.vtype not in INT_RANGES:
+        raise BadGGUFError(f"{kv.key} has type {kv.type_name}, not an integer type", name)
+    return encode_kv(kv.key, kv.vtype, check_int(count, kv.vtype, f"{name}: {kv.key}"))
+
+
+def _nextn_count(kv: KeyValue | None, key: str, count: int) -> KeyValue:
+    """``nextn_predict_layers`` = ``count``: in the target's integer type where it has the key, else UINT32."""
+    vtype = kv.vtype if kv is not None and kv.vtype in INT_RANGES else GGUFValueType.UINT32
+    return encode_kv(key, vtype, count)
 
 
 @dataclass(frozen=True)
@@ -350,40 +366,54 @@ def _layout(writer: HeadGGUFWriter, items: list[_OutputTensor], path: Path, resi
     return header, segments, planned, kvs
 
 
-def plan_conversion(
-    checkpoint: Checkpoint,
-    output: str | os.PathLike[str],
-    *,
-    source: str | None = None,
-    target: ShardSet | None = None,
-    block: int | None = None,
-    outtype: str | GGMLQuantizationType | None = None,
-    standalone: bool = False,
-    embd_type: str | GGMLQuantizationType | None = None,
-    drop_nextn_copies: bool = False,
-    nextn_blocks: int | None = None,
-    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None,
-) -> ConversionPlan:
-    """Plan the conversion of ``checkpoint``'s MTP head (headers only; nothing is written).
+@dataclass(frozen=True)
+class ConversionRequest:
+    """What a conversion is asked to make of a checkpoint's head: the choices that shape its plan, each documented
+    here once (:func:`convert` takes them as keyword arguments of the same names, ``target`` as a path).
+
+    Attributes:
+        output: the GGUF file to write.
+        source: how the user named the checkpoint (for reports; default: the checkpoint folder's name).
+        target: the model the head belongs to: its trunk block count is the NextN block index, it is checked
+            against the head (architecture and hyperparameters), and it provides the globals and metadata of a
+            standalone draft.
+        block: the NextN block index, when there is no ``target`` (with one, it must equal the target's trunk
+            block count).
+        outtype: the matrices' type: ``"bf16"``, ``"f16"``, ``"f32"`` or ``"q8_0"`` as llama.cpp's converter writes
+            them (norms, biases and the router stay F32), or another of llama-quantize's uniform types (``"q6_k"``,
+            ``"q4_k"``, ``"iq4_xs"``...) as ``llama-quantize --pure`` writes the converted head; ``None`` keeps the
+            source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
+        standalone: an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
+            ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
+        embd_type: with ``standalone``, the type of ``token_embd`` and ``output`` (``q4_0``, as llama.cpp's
+            maintainers recommend for sidecars), exactly as ``llama-quantize --token-embedding-type
+            --output-tensor-type`` writes the target's; ``None`` copies them.
+        drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships them in its
+            NextN layer, about 1.5 GB each; llama.cpp falls back to the trunk's).
+        nextn_blocks: only the first this many NextN blocks of a head that has several (default: every block;
+            llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
+        imatrix: an importance matrix (llama-imatrix's GGUF file) the matrices written by llama-quantize's rules are
+            quantized with, as ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one.
+    """
+
+    output: str | os.PathLike[str]
+    source: str | None = None
+    target: ShardSet | None = None
+    block: int | None = None
+    outtype: str | GGMLQuantizationType | None = None
+    standalone: bool = False
+    embd_type: str | GGMLQuantizationType | None = None
+    drop_nextn_copies: bool = False
+    nextn_blocks: int | None = None
+    imatrix: str | os.PathLike[str] | ImportanceMatrix | None = None
+
+
+def plan_conversion(checkpoint: Checkpoint, request: ConversionRequest) -> ConversionPlan:
+    """Plan the conversion of ``checkpoint``'s MTP head as ``request`` asks (headers only; nothing is written).
 
     Args:
         checkpoint: the opened checkpoint (see :func:`gguf_mtp.format.safetensors_io.open_checkpoint`).
-        output: the GGUF file to write.
-        source: how the user named the checkpoint (for reports).
-        target: the model the head belongs to: gives the block index, is checked against the head, and
-            provides the globals and metadata of a standalone draft.
-        block: the NextN block index (must equal the target's trunk block count when both are given).
-        outtype: the matrices' type: ``"bf16"``, ``"f16"``, ``"f32"``, ``"q8_0"`` as llama.cpp's converter writes
-            them, or another of llama-quantize's types (``"q4_k"``, ``"iq4_xs"``...) as ``llama-quantize --pure``
-            writes the converted head; ``None`` keeps the source dtype.
-        standalone: plan an MTP-only model llama.cpp loads by itself (needs ``target``).
-        embd_type: with ``standalone``, the type of ``token_embd`` and ``output`` (as ``llama-quantize
-            --token-embedding-type --output-tensor-type`` writes the target's); ``None`` copies them.
-        drop_nextn_copies: leave out the head's own copies of the embedding and LM head (GLM-4.5 ships
-            them in its NextN layer; llama.cpp falls back to the trunk's).
-        nextn_blocks: plan only the first this many NextN blocks (default: every block the checkpoint has).
-        imatrix: an importance matrix file (llama-imatrix's GGUF) the matrices written by llama-quantize's rules
-            are quantized with, as ``llama-quantize --imatrix`` does; it lets ``outtype`` be a type that needs one.
+        request: the output and the choices that shape it.
 
     Raises:
         CheckpointError: unsupported architecture or dtype, no MTP tensors, missing or misshapen tensors.
@@ -391,72 +421,112 @@ def plan_conversion(
         ParameterError: neither ``target`` nor ``block``, ``standalone`` without ``target``, a bad ``outtype``,
             ``block`` or ``nextn_blocks``.
     """
+    model = _head_model(checkpoint, request)
+    index = _block_index(request.target, request.block, request.standalone, model.default_block())
+    if index + model.n_nextn > LLAMA_MAX_LAYERS:
+        raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
+                             f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
+    wanted_type = _outtype(request.outtype, request.imatrix is not None)
+    embedding_type = _embedding_type(request)
+    if request.target is not None:
+        model.check_target(request.target)
+    head = model.mapped_tensors(index, wanted_type)
+    matrix = parse_imatrix(request.imatrix, wanted_type)
+    label = request.source or checkpoint.folder.name
+    writer, residue = _head_writer(model, request)
+    items = [_head_item(t, matrix) for t in head]
+    if request.target is not None and request.standalone:
+        items = _standalone_items(model, writer, index, request.target, embedding_type, items)
+    else:
+        _draft_kvs(model, writer, index, request.target, _matrix_types(head), f"{Path(label).name} MTP head",
+                   wanted_type)
+    path = Path(request.output)
+    header, segments, planned, kvs = _layout(writer, items, path, residue)
+    block_tensors = [t for t in planned if t.name.startswith("blk.")]
+    plan = ConversionPlan(
+        source=label,
+        checkpoint=checkpoint,
+        hf_architecture=_hf_architecture(checkpoint, model),
+        arch=model.arch,
+        block=index,
+        standalone=request.standalone,
+        outtype=_outtype_name(wanted_type, model, head),
+        output=OutputFile(path, (Bytes(header), *segments)),
+        tensors=tuple(planned),
+        kvs=tuple(kvs),
+        target=request.target,
+        notes=(*model.notes, *head_notes(block_tensors, wanted_type, request.target, model.arch), *_graph_notes(model)),
+        nextn_blocks=model.n_nextn,
+    )
+    _log_plan(plan, len(header))
+    return plan
+
+
+def _head_model(checkpoint: Checkpoint, request: ConversionRequest) -> HeadModel:
+    """The family converter of ``checkpoint``'s head, with the NextN blocks and copies ``request`` keeps.
+
+    Raises:
+        ParameterError: ``drop_nextn_copies`` for a family whose head has no copies.
+    """
     model_class = model_class_for_config(checkpoint.config, os.fspath(checkpoint.folder / "config.json"))
-    if drop_nextn_copies:
+    if request.drop_nextn_copies:
         if model_class.keep_nextn_copies is None:
             raise ParameterError(f"drop_nextn_copies: a {arch_name(model_class.model_arch)} head has no "
                                  "embedding/LM head copies to drop")
         model = model_class(checkpoint, keep_nextn_copies=False)  # type: ignore[call-arg]
     else:
         model = model_class(checkpoint)
-    if nextn_blocks is not None:
-        model.keep_first_blocks(nextn_blocks)
-    index = _block_index(target, block, standalone, model.default_block())
-    if index + model.n_nextn > LLAMA_MAX_LAYERS:
-        raise ParameterError(f"blk.{index} + {model.n_nextn} NextN blocks: llama.cpp loads at most "
-                             f"{LLAMA_MAX_LAYERS} layers (LLAMA_MAX_LAYERS)")
-    wanted_type = _outtype(outtype, imatrix is not None)
-    embedding_type = parse_outtype(embd_type, "embd_type")
-    if embedding_type is not None and not standalone:
+    if request.nextn_blocks is not None:
+        model.keep_first_blocks(request.nextn_blocks)
+    return model
+
+
+def _embedding_type(request: ConversionRequest) -> GGMLQuantizationType | None:
+    """The type ``token_embd`` and ``output`` are re-typed to (only a standalone draft carries them)."""
+    embedding_type = parse_outtype(request.embd_type, "embd_type")
+    if embedding_type is not None and not request.standalone:
         raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
                              parameter=("embd_type", "standalone"))
-    if target is not None:
-        model.check_target(target)
-    head = model.mapped_tensors(index, wanted_type)
-    matrix = parse_imatrix(imatrix, wanted_type)
-    matrix_types: set[GGMLQuantizationType] = {
-        t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32
-    }
+    return embedding_type
 
-    alignment, residue = None, None
-    if target is not None and standalone:
-        alignment = target.first.alignment
-    elif target is not None:
-        # Compose appends the draft's tensors to the target's last shard with that shard's alignment: a draft
-        # laid out in step with where they land shares its extents with the composite on a reflink filesystem.
-        alignment = target.headers[-1].alignment
-        residue = appended_data_residue(target.headers[-1])
-    writer = HeadGGUFWriter(model.arch, alignment=alignment)
-    label = source or checkpoint.folder.name
-    items = [_head_item(t, matrix) for t in head]
-    if standalone:
-        assert target is not None
-        _standalone_kvs(model, writer, index, target)
-        token_embd, *head_of_model = _target_globals(target, embedding_type)
-        # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
-        items = [token_embd, *items, *head_of_model]
-    else:
-        _draft_kvs(model, writer, index, target, matrix_types, f"{Path(label).name} MTP head", wanted_type)
-    path = Path(output)
-    header, segments, planned, kvs = _layout(writer, items, path, residue)
-    block_tensors = [t for t in planned if t.name.startswith("blk.")]
-    plan = ConversionPlan(
-        source=label,
-        checkpoint=checkpoint,
-        hf_architecture=next(a for a in checkpoint.config["architectures"] if a in model_class.hf_architectures),
-        arch=model.arch,
-        block=index,
-        standalone=standalone,
-        outtype=wanted_type.name.lower() if wanted_type is not None else _default_outtype(model, head),
-        output=OutputFile(path, (Bytes(header), *segments)),
-        tensors=tuple(planned),
-        kvs=tuple(kvs),
-        target=target,
-        notes=(*model.notes, *head_notes(block_tensors, wanted_type, target, model.arch), *_graph_notes(model)),
-        nextn_blocks=model.n_nextn,
-    )
-    _log_plan(plan, len(header))
-    return plan
+
+def _matrix_types(head: list[MappedTensor]) -> set[GGMLQuantizationType]:
+    """The types the head's matrices are written in (its ``general.file_type`` when there is one)."""
+    return {t.ggml_type for t in head if len(t.source.shape) > 1 and t.ggml_type != GGMLQuantizationType.F32}
+
+
+def _head_writer(model: HeadModel, request: ConversionRequest) -> tuple[HeadGGUFWriter, int | None]:
+    """The writer of the output's metadata, with the alignment the output takes, and where its data must start
+    modulo 4 KiB (``None``: anywhere)."""
+    target = request.target
+    if target is None:
+        return HeadGGUFWriter(model.arch, alignment=None), None
+    if request.standalone:
+        return HeadGGUFWriter(model.arch, alignment=target.first.alignment), None
+    # Compose appends the draft's tensors to the target's last shard with that shard's alignment: a draft
+    # laid out in step with where they land shares its extents with the composite on a reflink filesystem.
+    last = target.headers[-1]
+    return HeadGGUFWriter(model.arch, alignment=last.alignment), appended_data_residue(last)
+
+
+def _standalone_items(model: HeadModel, writer: HeadGGUFWriter, index: int, target: ShardSet,
+                      embedding_type: GGMLQuantizationType | None, head: list[_OutputTensor]) -> list[_OutputTensor]:
+    """A standalone draft's metadata (into ``writer``) and its tensors: the head between the target's globals."""
+    _standalone_kvs(model, writer, index, target)
+    token_embd, *head_of_model = _target_globals(target, embedding_type)
+    # The order llama.cpp's converter writes an --mtp export in: token_embd, the block, the head.
+    return [token_embd, *head, *head_of_model]
+
+
+def _hf_architecture(checkpoint: Checkpoint, model: HeadModel) -> str:
+    """The first of ``config.json``'s architectures that the head's converter handles."""
+    architectures: list[str] = checkpoint.config["architectures"]  # checked when the converter was picked
+    return next(a for a in architectures if a in type(model).hf_architectures)
+
+
+def _outtype_name(wanted: GGMLQuantizationType | None, model: HeadModel, head: list[MappedTensor]) -> str:
+    """How the report names the matrices' type: the one asked for, or the source's."""
+    return wanted.name.lower() if wanted is not None else _default_outtype(model, head)
 
 
 def _log_plan(plan: ConversionPlan, header_size: int) -> None:
@@ -540,20 +610,8 @@ class ConvertReport(WriteReport):
             "command": "convert",
             "dry_run": self.dry_run,
             "source": plan.source,
-            "checkpoint": {
-                "folder": str(plan.checkpoint.folder),
-                "files": [str(p) for p in plan.checkpoint.files],
-                "head_tensors": len(plan.checkpoint.tensors),
-                "head_bytes": plan.checkpoint.total_bytes,
-            },
-            "download": None if self.download is None else {
-                "repo_id": self.download.repo_id,
-                "revision": self.download.revision,
-                "allow_patterns": list(self.download.allow_patterns),
-                "folder": str(self.download.folder),
-                "method": "download" if self.download.ranges is None else "ranges",
-                "ranges": None if self.download.ranges is None else self.download.ranges.to_dict(),
-            },
+            "checkpoint": _checkpoint_dict(plan.checkpoint),
+            "download": None if self.download is None else _download_dict(self.download),
             "hf_architecture": plan.hf_architecture,
             "architecture": plan.arch,
             "block": plan.block,
@@ -573,7 +631,19 @@ class ConvertReport(WriteReport):
     def plan_lines(self) -> list[str]:
         """The plan (in full with ``dry_run``), shown before writing starts."""
         plan = self.plan
-        ckpt = plan.checkpoint
+        lines = [*self._source_lines(), _kind_line(plan)]
+        lines.append(f"head: {summarize_head(t for t in plan.tensors if t.name.startswith('blk.')).describe()}")
+        if self.dry_run:
+            lines += _tensor_lines(plan.tensors)
+            lines += _kv_lines(plan.kvs)
+        lines.extend(f"note: {n}" for n in (*plan.notes, *self.notes))
+        if not self.dry_run and not self.written:  # the plan shown before the first byte names the output
+            lines.append(f"{self.action(plan.path)} {plan.path} ({human_bytes(plan.bytes_to_write)})")
+        return lines
+
+    def _source_lines(self) -> list[str]:
+        """The checkpoint, and what of it was fetched from the Hub."""
+        plan, ckpt = self.plan, self.plan.checkpoint
         lines = [
             f"source: {plan.source} ({plan.hf_architecture}; {len(ckpt.tensors)} head tensors, "
             f"{human_bytes(ckpt.total_bytes)}, in {', '.join(p.name for p in ckpt.files)})",
@@ -582,26 +652,55 @@ class ConvertReport(WriteReport):
             lines.append(self.download.ranges.describe())
         elif self.download is not None:
             lines.append(f"downloaded only: {', '.join(self.download.allow_patterns)} -> {self.download.folder}")
-        kind = "standalone MTP-only model" if plan.standalone else "draft"
-        from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
-        lines.append(
-            f"{kind}: {plan.arch} {plan.blocks_text}, {len(plan.tensors) - from_target} head tensors"
-            + (f" + {from_target} copied from the target" if from_target else "")
-            + f", matrices: {plan.outtype}"
-        )
-        lines.append(f"head: {summarize_head(t for t in plan.tensors if t.name.startswith('blk.')).describe()}")
-        if self.dry_run:
-            for t in plan.tensors:
-                shape = "{" + ", ".join(str(d) for d in t.shape) + "}"
-                lines.append(f"    {t.name:<40} {t.type_name:<5} {shape:<18} {human_bytes(t.nbytes):>10}  {t.how}")
-            shown = [kv for kv in plan.kvs if not kv.key.startswith("tokenizer.")]
-            lines.append(f"metadata: {len(plan.kvs)} keys" + (
-                f" ({len(plan.kvs) - len(shown)} tokenizer keys not shown)" if len(shown) < len(plan.kvs) else ""))
-            lines.extend(f"    {kv.key} ({kv.type_name}) = {short(kv.value)}" for kv in shown)
-        lines.extend(f"note: {n}" for n in (*plan.notes, *self.notes))
-        if not self.dry_run and not self.written:  # the plan shown before the first byte names the output
-            lines.append(f"{self.action(plan.path)} {plan.path} ({human_bytes(plan.bytes_to_write)})")
         return lines
+
+
+def _checkpoint_dict(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "folder": str(checkpoint.folder),
+        "files": [str(p) for p in checkpoint.files],
+        "head_tensors": len(checkpoint.tensors),
+        "head_bytes": checkpoint.total_bytes,
+    }
+
+
+def _download_dict(download: HubCheckpoint) -> dict[str, Any]:
+    return {
+        "repo_id": download.repo_id,
+        "revision": download.revision,
+        "allow_patterns": list(download.allow_patterns),
+        "folder": str(download.folder),
+        "method": "download" if download.ranges is None else "ranges",
+        "ranges": None if download.ranges is None else download.ranges.to_dict(),
+    }
+
+
+def _kind_line(plan: ConversionPlan) -> str:
+    """What is written: a draft or a standalone model, its blocks, its tensors, the matrices' type."""
+    kind = "standalone MTP-only model" if plan.standalone else "draft"
+    from_target = sum(1 for t in plan.tensors if t.how == "copy from target")
+    return (
+        f"{kind}: {plan.arch} {plan.blocks_text}, {len(plan.tensors) - from_target} head tensors"
+        + (f" + {from_target} copied from the target" if from_target else "")
+        + f", matrices: {plan.outtype}"
+    )
+
+
+def _tensor_lines(tensors: tuple[PlannedTensor, ...]) -> list[str]:
+    """One line per tensor: name, type, shape, size and how its bytes are made."""
+    lines = []
+    for t in tensors:
+        shape = "{" + ", ".join(str(d) for d in t.shape) + "}"
+        lines.append(f"    {t.name:<40} {t.type_name:<5} {shape:<18} {human_bytes(t.nbytes):>10}  {t.how}")
+    return lines
+
+
+def _kv_lines(kvs: tuple[KeyValue, ...]) -> list[str]:
+    """The metadata, one line per key (the tokenizer's keys counted, not shown)."""
+    shown = [kv for kv in kvs if not kv.key.startswith("tokenizer.")]
+    hidden = f" ({len(kvs) - len(shown)} tokenizer keys not shown)" if len(shown) < len(kvs) else ""
+    return [f"metadata: {len(kvs)} keys{hidden}",
+            *(f"    {kv.key} ({kv.type_name}) = {short(kv.value)}" for kv in shown)]
 
 
 def draft_size_bound(folder: Path, *, outtype: str | None = None, nextn_blocks: int | None = None) -> int:
@@ -618,9 +717,9 @@ def draft_size_bound(folder: Path, *, outtype: str | None = None, nextn_blocks: 
     config = read_config(folder)
     model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
     checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
-    probe = plan_conversion(checkpoint, folder / "draft.gguf", block=0, outtype=outtype, nextn_blocks=nextn_blocks)
-    longest = plan_conversion(checkpoint, folder / "draft.gguf", block=LLAMA_MAX_LAYERS - probe.nextn_blocks,
-                              outtype=outtype, nextn_blocks=nextn_blocks)
+    request = ConversionRequest(folder / "draft.gguf", block=0, outtype=outtype, nextn_blocks=nextn_blocks)
+    probe = plan_conversion(checkpoint, request)
+    longest = plan_conversion(checkpoint, replace(request, block=LLAMA_MAX_LAYERS - probe.nextn_blocks))
     return longest.bytes_to_write + SHARE_BLOCK + _PADDING_KV_BYTES
 
 
@@ -660,23 +759,10 @@ def convert(
             Hub repo id (``nvidia/...``), of which only ``config.json``, the index, and the headers and head
             tensors' byte ranges of the shards holding the head are fetched (see ``download``).
         output: the GGUF file to write.
-        target: the (quantized, possibly sharded) model the head belongs to: its trunk block count is the
-            NextN block index, and its architecture and hyperparameters are checked against the head.
-        block: the NextN block index, when there is no ``target``.
-        outtype: ``"bf16"``, ``"f16"``, ``"f32"`` or ``"q8_0"`` for the matrices (norms, biases and the
-            router stay F32), or any other of llama-quantize's uniform types (``"q6_k"``, ``"q4_k"``,
-            ``"iq4_xs"``...), written exactly as ``llama-quantize --pure`` would from the BF16 conversion;
-            default: the source dtype (BF16 for NVIDIA's head), bytes copied unchanged.
-        standalone: write an MTP-only model llama.cpp loads by itself (``--spec-draft-model``), with
-            ``token_embd``/``output_norm``/``output`` and metadata copied from ``target`` (required).
-        embd_type: with ``standalone``, write ``token_embd`` and ``output`` in this type (``q4_0``, as llama.cpp's
-            maintainers recommend for sidecars), exactly as ``llama-quantize --token-embedding-type
-            --output-tensor-type`` would from the target's; ``None`` copies them.
-        drop_nextn_copies: leave out the head's own embedding/LM head copies (GLM-4.5: about 1.5 GB each).
-        nextn_blocks: convert only the first this many NextN blocks of a head that has several (default: all;
-            llama.cpp's single-block MTP graphs, glm4moe's and deepseek2's among them, run a file of one).
-        imatrix: an importance matrix file (llama-imatrix's GGUF): an ``outtype`` llama-quantize writes is written
-            as ``llama-quantize --imatrix`` writes it, and may be a type that needs one.
+        target: the (quantized, possibly sharded) model the head belongs to, a GGUF file or any shard of a set:
+            :attr:`ConversionRequest.target`.
+        block, outtype, standalone, embd_type, drop_nextn_copies, nextn_blocks, imatrix: what to make of the
+            head, each as the :class:`ConversionRequest` field of its name.
         revision: Hub revision (branch, tag or commit) of a repo-id ``source``.
         download: for a repo-id ``source``, download the whole shards that hold the head into the Hub cache
             (reused by later runs) instead of their headers and the head's byte ranges (which go to a
@@ -709,11 +795,11 @@ def convert(
         model_class = model_class_for_config(config, os.fspath(folder / "config.json"))
         checkpoint = open_checkpoint(folder, prefix=model_class.head_prefix(config))
         target_set = open_model(target) if target is not None else None
-        plan = plan_conversion(
-            checkpoint, output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
+        plan = plan_conversion(checkpoint, ConversionRequest(
+            output, source=os.fspath(source), target=target_set, block=block, outtype=outtype,
             standalone=standalone, embd_type=embd_type, drop_nextn_copies=drop_nextn_copies,
             nextn_blocks=nextn_blocks, imatrix=imatrix,
-        )
+        ))
         report = ConvertReport(plan=plan, dry_run=dry_run, download=fetched)
         return report, [plan.output], list(plan.inputs)
 

@@ -27,7 +27,7 @@ sidecar's first NextN block index), else it is refused in one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,37 +166,54 @@ def find_nextn_blocks(model: ShardSet, *, require_tensors: bool = True) -> NextN
             f"{'0' if model.kv(model.arch_key(KEY_NEXTN_PREDICT_LAYERS)) else 'absent'}",
             model.name,
         )
+    tensors = _tensors_from_block(model, first)
+    _refuse_trunk_blocks_declared_nextn(model, first, count, tensors)
+    if require_tensors:
+        _refuse_incomplete_blocks(model, first, count, tensors)
+    return NextNBlocks(model, first, count, tuple(tensors))
+
+
+def _tensors_from_block(model: ShardSet, first: int) -> list[tuple[int, TensorInfo]]:
+    """The (shard, tensor) of every block tensor from ``blk.{first}`` on.
+
+    Raises:
+        BadGGUFError: a tensor of a block at or beyond ``block_count``.
+    """
+    block_count = model.block_count
     tensors: list[tuple[int, TensorInfo]] = []
-    seen: set[int] = set()
     for shard, tensor in model.iter_tensors():
         match = BLOCK_TENSOR.match(tensor.name)
-        if not match:
-            continue
-        block = int(match["block"])
+        block = int(match["block"]) if match else -1
         if block >= block_count:
             raise BadGGUFError(
                 f"tensor {tensor.name!r} lies beyond {model.arch_key(KEY_BLOCK_COUNT)} = {block_count}",
                 model.paths[shard],
             )
-        if block >= first:
+        if match and block >= first:
             tensors.append((shard, tensor))
-            seen.add(block)
-    _refuse_trunk_blocks_declared_nextn(model, first, count, tensors)
-    missing = [i for i in range(first, block_count) if i not in seen]
-    if require_tensors and missing:
+    return tensors
+
+
+def _refuse_incomplete_blocks(model: ShardSet, first: int, count: int, tensors: list[tuple[int, TensorInfo]]) -> None:
+    """Every declared NextN block holds tensors, and every tensor llama.cpp requires of one.
+
+    Raises:
+        BadGGUFError: the first block without tensors, or the first that lacks one.
+    """
+    names = [t.name for _, t in tensors]
+    seen = {int(match["block"]) for name in names if (match := BLOCK_TENSOR.match(name))}
+    missing = [i for i in range(first, first + count) if i not in seen]
+    if missing:
         raise BadGGUFError(
             f"{model.arch_key(KEY_NEXTN_PREDICT_LAYERS)} = {count} declares NextN block(s) "
-            f"blk.{first}..blk.{block_count - 1}, but blk.{missing[0]} has no tensors",
+            f"blk.{first}..blk.{first + count - 1}, but blk.{missing[0]} has no tensors",
             model.name,
         )
-    if require_tensors:
-        names = [t.name for _, t in tensors]
-        for block in range(first, block_count):
-            lacking = missing_nextn_tensors(names, model.arch, block)
-            if lacking:
-                # llama.cpp would load such a block and silently never use it.
-                raise BadGGUFError(f"NextN block blk.{block} is incomplete: no {', '.join(lacking)}", model.name)
-    return NextNBlocks(model, first, count, tuple(tensors))
+    for block in range(first, first + count):
+        lacking = missing_nextn_tensors(names, model.arch, block)
+        if lacking:
+            # llama.cpp would load such a block and silently never use it.
+            raise BadGGUFError(f"NextN block blk.{block} is incomplete: no {', '.join(lacking)}", model.name)
 
 
 @dataclass(frozen=True)
@@ -257,8 +274,18 @@ def _draft_kvs(
     skipped: tuple[str, ...] = _STANDALONE_SKIPPED_PREFIXES if standalone else _DRAFT_SKIPPED_PREFIXES
     if trunk is not None:
         skipped += _TRUNK_PREFIXES
+    kvs, left_out = _carried_kvs(source, skipped, standalone)
+    added = [] if trunk is None else [kv for kv in trunk.first.kvs.values() if kv.key.startswith(_TRUNK_PREFIXES)]
+    vocab_size = None if standalone else _stated_vocab_size(source)
+    if vocab_size is not None:
+        added.append(vocab_size)
+    return [*kvs, *added], left_out, [kv.key for kv in added]
+
+
+def _carried_kvs(source: ShardSet, skipped: tuple[str, ...], standalone: bool) -> tuple[list[KeyValue], list[str]]:
+    """(the source's KVs the output carries, the keys it leaves out)."""
     unknown_upstream = source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)  # the output borrows nothing
-    kvs, left_out, added = [], [], []
+    kvs, left_out = [], []
     for key, kv in source.first.kvs.items():
         if key == SET_ID_KEY:  # the composite's set id (gguf_mtp.set_id): the draft is no shard of it
             continue
@@ -266,18 +293,17 @@ def _draft_kvs(
             left_out.append(key)
         else:
             kvs.append(kv)
-    if trunk is not None:
-        for key, kv in trunk.first.kvs.items():
-            if key.startswith(_TRUNK_PREFIXES):
-                kvs.append(kv)
-                added.append(key)
+    return kvs, left_out
+
+
+def _stated_vocab_size(source: ShardSet) -> KeyValue | None:
+    """``{arch}.vocab_size`` from the token list, where the source states only the list: the tokenizer stays
+    behind, so the draft states the vocabulary size compose compares with the target's."""
     vocab_key = source.arch_key(KEY_VOCAB_SIZE)
     tokens = source.kv(KEY_TOKENS)
-    if not standalone and source.kv(vocab_key) is None and tokens is not None:
-        # The tokenizer stays behind, so state the vocabulary size compose compares with the target's.
-        kvs.append(encode_kv(vocab_key, GGUFValueType.UINT32, tokens.array_length))
-        added.append(vocab_key)
-    return kvs, left_out, added
+    if source.kv(vocab_key) is not None or tokens is None:
+        return None
+    return encode_kv(vocab_key, GGUFValueType.UINT32, tokens.array_length)
 
 
 def _layout(
@@ -334,21 +360,30 @@ def _standalone_globals(source: ShardSet, trunk: ShardSet | None) -> tuple[list[
         BadGGUFError: neither has ``token_embd`` / ``output_norm`` (llama.cpp cannot load a sidecar without them;
             :func:`~gguf_mtp.model.arch_rules.sidecar_needs`).
     """
-    own = [name for name in DRAFT_GLOBAL_TENSORS if name in source.tensor_locations]
-    lent = [] if trunk is None else [
-        name for name in DRAFT_GLOBAL_TENSORS if name not in own and name in trunk.tensor_locations]
-    for needed in sidecar_needs(source.arch):
-        if needed in own or needed in lent:
-            continue
-        if trunk is None and is_shared_sidecar(source):
-            raise BadGGUFError(
-                f"no {needed}: a shared sidecar ({source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)} = true) "
-                "borrows it from the model it serves: give that model as target to copy it in",
-                source.name,
-                parameter="target",
-            )
-        raise BadGGUFError(f"no {needed}: cannot write a standalone MTP model without it", source.name)
+    own = _globals_in(source)
+    lent = [] if trunk is None else [name for name in _globals_in(trunk) if name not in own]
+    missing = [needed for needed in sidecar_needs(source.arch) if needed not in own and needed not in lent]
+    if missing:
+        raise _missing_global(source, missing[0], lent_by_trunk=trunk is not None)
     return own, lent
+
+
+def _globals_in(model: ShardSet) -> list[str]:
+    """The draft's global tensors ``model`` has, in their order."""
+    return [name for name in DRAFT_GLOBAL_TENSORS if name in model.tensor_locations]
+
+
+def _missing_global(source: ShardSet, needed: str, *, lent_by_trunk: bool) -> BadGGUFError:
+    """The error for a standalone file without a global tensor llama.cpp needs: a shared sidecar is told where to
+    get it."""
+    if not lent_by_trunk and is_shared_sidecar(source):
+        return BadGGUFError(
+            f"no {needed}: a shared sidecar ({source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)} = true) "
+            "borrows it from the model it serves: give that model as target to copy it in",
+            source.name,
+            parameter="target",
+        )
+    return BadGGUFError(f"no {needed}: cannot write a standalone MTP model without it", source.name)
 
 
 def plan_extraction(
@@ -388,31 +423,13 @@ def plan_extraction(
         IncompatibleDraftError: ``trunk`` is of another model.
     """
     head_type = parse_outtype(outtype, imatrix=imatrix is not None)
-    embedding_type = parse_outtype(embd_type, "embd_type")
-    if embedding_type is not None and not standalone:
-        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
-                             parameter=("embd_type", "standalone"))
-    if trunk is not None and not standalone:
-        raise ParameterError("target needs standalone: a draft takes its target's tensors inside the composite",
-                             parameter=("target", "standalone"))
+    embedding_type = _standalone_choices(embd_type, trunk, standalone)
     nextn = find_nextn_blocks(source)
     matrix = parse_imatrix(imatrix, head_type)
     if trunk is not None:
         _refuse_another_models_trunk(source, nextn, trunk)
-    wanted = set(nextn.names)
     own, lent = _standalone_globals(source, trunk) if standalone else ([], [])
-    wanted.update(own)
-    picked = [
-        (source.paths[shard], source.headers[shard].data_offset, tensor)
-        for shard, tensor in source.iter_tensors()
-        if tensor.name in wanted
-    ]
-    if trunk is not None:
-        from_trunk = [(trunk.paths[shard], trunk.headers[shard].data_offset, tensor)
-                      for shard, tensor in (trunk.tensor_locations[name] for name in lent)]
-        # token_embd first and the output tensors last, in the order llama.cpp's --mtp export writes them
-        picked = ([t for t in from_trunk if t[2].name == _TOKEN_EMBD] + picked
-                  + [t for t in from_trunk if t[2].name != _TOKEN_EMBD])
+    picked = _picked_tensors(source, {*nextn.names, *own}, trunk, lent)
     alignment = source.first.alignment
     infos, segments = _layout(picked, alignment, nextn.names, head_type, source.arch, embedding_type, matrix)
     kvs, left_out, added = _draft_kvs(source, standalone, trunk)
@@ -434,6 +451,43 @@ def plan_extraction(
         trunk=trunk,
         borrowed=tuple(lent),
     )
+
+
+def _standalone_choices(
+    embd_type: str | GGMLQuantizationType | None, trunk: ShardSet | None, standalone: bool
+) -> GGMLQuantizationType | None:
+    """The embedding type asked for; it and a trunk are choices of a standalone file only.
+
+    Raises:
+        ParameterError: ``embd_type`` or ``trunk`` without ``standalone``, or ``embd_type`` not a head type.
+    """
+    embedding_type = parse_outtype(embd_type, "embd_type")
+    if embedding_type is not None and not standalone:
+        raise ParameterError("embd_type needs standalone: a draft carries no token_embd or output",
+                             parameter=("embd_type", "standalone"))
+    if trunk is not None and not standalone:
+        raise ParameterError("target needs standalone: a draft takes its target's tensors inside the composite",
+                             parameter=("target", "standalone"))
+    return embedding_type
+
+
+def _picked_tensors(
+    source: ShardSet, wanted: set[str], trunk: ShardSet | None, lent: list[str]
+) -> list[tuple[Path, int, TensorInfo]]:
+    """(file, data offset, tensor) of every tensor written: the ``wanted`` ones of ``source`` in its order, and those
+    the ``trunk`` lends: ``token_embd`` first and the output tensors last, in the order llama.cpp's ``--mtp`` export
+    writes them."""
+    picked = [
+        (source.paths[shard], source.headers[shard].data_offset, tensor)
+        for shard, tensor in source.iter_tensors()
+        if tensor.name in wanted
+    ]
+    if trunk is None:
+        return picked
+    from_trunk = [(trunk.paths[shard], trunk.headers[shard].data_offset, tensor)
+                  for shard, tensor in (trunk.tensor_locations[name] for name in lent)]
+    return ([t for t in from_trunk if t[2].name == _TOKEN_EMBD] + picked
+            + [t for t in from_trunk if t[2].name != _TOKEN_EMBD])
 
 
 @dataclass(kw_only=True)
@@ -478,27 +532,42 @@ class ExtractReport(WriteReport):
 def _global_tensor_lines(plan: ExtractionPlan) -> list[str]:
     """A standalone file's tensors outside the NextN block(s), the source's own then the trunk's: copied, then those
     ``embd_type`` re-typed on the way (new bytes, not the original's: each says the type it was re-typed from)."""
-    written = plan.header.tensor_by_name
     lines: list[str] = []
     for whose, model in (("source", plan.source), ("trunk", plan.trunk)):
         names = [name for name in plan.global_tensors if (name in plan.borrowed) == (whose == "trunk")]
-        if model is None or not names:
-            continue
-        original = {name: model.tensor_locations[name][1].type_name for name in names}
+        if model is not None and names:
+            lines += _globals_of(whose, model, names, plan.header.tensor_by_name)
+    return lines
 
-        def shown(name: str, note: str = "") -> str:
-            return f"{name} ({written[name].type_name}, {human_bytes(written[name].nbytes)}{note})"
 
-        copied = [name for name in names if written[name].type_name == original[name]]
-        retyped = [name for name in names if name not in copied]
-        if copied:
-            lines.append(f"the {whose}'s {', '.join(shown(name) for name in copied)}")
-        if retyped:
-            lines.append(", ".join(shown(name, f", re-typed from the {whose}'s {original[name]}") for name in retyped))
+def _globals_of(whose: str, model: ShardSet, names: list[str], written: Mapping[str, TensorInfo]) -> list[str]:
+    """The lines of the global tensors ``names`` taken from ``model`` (``whose``: "source" or "trunk"): those copied,
+    then those re-typed."""
+    original = {name: model.tensor_locations[name][1].type_name for name in names}
+
+    def shown(name: str, note: str = "") -> str:
+        return f"{name} ({written[name].type_name}, {human_bytes(written[name].nbytes)}{note})"
+
+    copied = [name for name in names if written[name].type_name == original[name]]
+    retyped = [name for name in names if name not in copied]
+    lines = [f"the {whose}'s {', '.join(shown(name) for name in copied)}"] if copied else []
+    if retyped:
+        lines.append(", ".join(shown(name, f", re-typed from the {whose}'s {original[name]}") for name in retyped))
     return lines
 
 
 def _notes(plan: ExtractionPlan) -> Iterator[str]:
+    """What the plan left out, took from the trunk, or added: the tokenizer's and the shared sidecar's keys."""
+    yield from _left_out_notes(plan)
+    if plan.trunk is not None:
+        taken = [key for key in plan.added_kvs if key.startswith(_TRUNK_PREFIXES)]
+        yield f"the tokenizer is the trunk's ({len(taken)} KV{'s' * (len(taken) != 1)}, from {plan.trunk.name})"
+    for key in plan.added_kvs:
+        if not key.startswith(_TRUNK_PREFIXES):
+            yield f"added {key} = {plan.header.get(key)} (the size of the source's token list)"
+
+
+def _left_out_notes(plan: ExtractionPlan) -> Iterator[str]:
     skipped_tokenizer = [k for k in plan.left_out_kvs if k.startswith("tokenizer.")]
     if skipped_tokenizer and not plan.standalone:
         yield (
@@ -509,12 +578,6 @@ def _notes(plan: ExtractionPlan) -> Iterator[str]:
     shared_key = plan.source.arch_key(KEY_NEXTN_SHARED_TARGET_TENSORS)
     if shared_key in plan.left_out_kvs:
         yield f"left out {shared_key}: upstream llama.cpp does not know it, and the file now carries what it borrowed"
-    if plan.trunk is not None:
-        taken = [key for key in plan.added_kvs if key.startswith(_TRUNK_PREFIXES)]
-        yield f"the tokenizer is the trunk's ({len(taken)} KV{'s' * (len(taken) != 1)}, from {plan.trunk.name})"
-    for key in plan.added_kvs:
-        if not key.startswith(_TRUNK_PREFIXES):
-            yield f"added {key} = {plan.header.get(key)} (the size of the source's token list)"
 
 
 def extract(

@@ -96,21 +96,26 @@ def _check_vocabulary(source: ShardSet, target: ShardSet) -> None:
         raise _differ(source, target, f"vocabularies ({key})", stated, target_stated)
     tokens, target_tokens = source.kv(KEY_TOKENS), target.kv(KEY_TOKENS)
     if tokens is not None and target_tokens is not None:
-        if tokens.array_length != target_tokens.array_length:
-            what, count = f"vocabularies ({KEY_TOKENS})", tokens.array_length
-            raise _differ(source, target, what, f"{count} tokens", target_tokens.array_length)
-        digest, target_digest = _tokens_digest(tokens), _tokens_digest(target_tokens)
-        if digest != target_digest:
-            raise _incompatible(
-                source, target,
-                f"vocabularies differ: same number of tokens, but the {KEY_TOKENS} hashes differ "
-                f"(sha256 {digest[:12]} in the source, {target_digest[:12]} in the target; "
-                f"{_first_token_difference(source, target)})",
-            )
+        _check_same_tokens(source, target, tokens, target_tokens)
         return
     size, target_size = vocab_size(source), vocab_size(target)
     if size is not None and target_size is not None and size != target_size:
         raise _differ(source, target, "vocabularies", f"{size} tokens", target_size)
+
+
+def _check_same_tokens(source: ShardSet, target: ShardSet, tokens: KeyValue, target_tokens: KeyValue) -> None:
+    """Both token lists are one list: as long, and with the same digest."""
+    if tokens.array_length != target_tokens.array_length:
+        what, count = f"vocabularies ({KEY_TOKENS})", tokens.array_length
+        raise _differ(source, target, what, f"{count} tokens", target_tokens.array_length)
+    digest, target_digest = _tokens_digest(tokens), _tokens_digest(target_tokens)
+    if digest != target_digest:
+        raise _incompatible(
+            source, target,
+            f"vocabularies differ: same number of tokens, but the {KEY_TOKENS} hashes differ "
+            f"(sha256 {digest[:12]} in the source, {target_digest[:12]} in the target; "
+            f"{_first_token_difference(source, target)})",
+        )
 
 
 #: Keys that differ between a model with a NextN block and one without, by design.

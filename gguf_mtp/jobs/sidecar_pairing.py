@@ -80,11 +80,7 @@ class PairingReport:
         where = f"Hub repo {self.source}" if self.on_hub else f"folder {self.source}"
         lines = [f"{where}: {len(self.pairings)} trunk(s), {len(self.sidecars)} {SIDECAR_KEYWORD} file(s); "
                  f"pairing by llama.cpp {self.build}'s rule (common/download.cpp, find_best_sibling)"]
-        for p in self.pairings:
-            shards = f", {p.shards} shards" if p.shards > 1 else ""
-            picked = p.sidecar or f"no {SIDECAR_KEYWORD} file in its folder or above"
-            outcome = f"llama.cpp fails: {p.failure}" if p.failure else picked
-            lines.append(f"  {p.trunk} ({p.tag or 'no tag'}{shards}) -> {outcome}")
+        lines.extend(_pairing_line(p) for p in self.pairings)
         unused = [s for s in self.sidecars if all(p.sidecar != s for p in self.pairings)]
         lines.extend(f"  unused: {s} (no trunk here picks it)" for s in unused)
         return lines
@@ -92,6 +88,14 @@ class PairingReport:
     def to_dict(self) -> dict[str, Any]:
         return {"command": "sidecars", "pair": self.source, "on_hub": self.on_hub, "llama_cpp_build": self.build,
                 "sidecars": list(self.sidecars), "trunks": [p.to_dict() for p in self.pairings]}
+
+
+def _pairing_line(pairing: TrunkPairing) -> str:
+    """``  TRUNK (TAG, N shards) -> SIDECAR`` (or what llama.cpp does instead)."""
+    shards = f", {pairing.shards} shards" if pairing.shards > 1 else ""
+    picked = pairing.sidecar or f"no {SIDECAR_KEYWORD} file in its folder or above"
+    outcome = f"llama.cpp fails: {pairing.failure}" if pairing.failure else picked
+    return f"  {pairing.trunk} ({pairing.tag or 'no tag'}{shards}) -> {outcome}"
 
 
 def _folder_listing(folder: Path) -> list[str]:

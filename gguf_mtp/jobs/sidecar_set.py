@@ -97,15 +97,19 @@ def parse_set_types(types: str | Sequence[str]) -> list[GGMLQuantizationType]:
     Raises:
         ParameterError: an unknown or importance-matrix type, a type named twice, or none.
     """
-    names = [n.strip() for n in (types.split(",") if isinstance(types, str) else types)]
-    parsed = [parse_outtype(name, "types") for name in names if name]
-    wanted = [t for t in parsed if t is not None]
+    wanted = [t for t in (parse_outtype(name, "types") for name in _listed(types)) if t is not None]
     if not wanted:
         raise ParameterError("types names no type: give e.g. bf16,q8_0,q4_0", parameter="types")
     twice = sorted({t.name for t in wanted if wanted.count(t) > 1})
     if twice:
         raise ParameterError(f"types names {', '.join(twice)} twice", parameter="types")
     return wanted
+
+
+def _listed(items: str | Sequence[str]) -> list[str]:
+    """The non-empty names of a comma-separated list (or of a list), stripped."""
+    names = [n.strip() for n in (items.split(",") if isinstance(items, str) else items)]
+    return [name for name in names if name]
 
 
 def _model_name_parts(source: ShardSet) -> dict[str, str | None]:

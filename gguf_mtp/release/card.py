@@ -36,6 +36,7 @@ __all__ = [
     "CARD_MARKER",
     "LLAMA_CPP_MIN_RELEASE",
     "SOURCES_LINE",
+    "CardRequest",
     "ModelFacts",
     "Provenance",
     "bench_section",
@@ -258,28 +259,16 @@ def _human(n: int) -> str:
     return f"{value:.1f} TB"
 
 
-def render_model_card(
-    *,
-    repo: str,
-    files: Sequence[FileDigest],
-    facts: ModelFacts,
-    provenance: Provenance = Provenance(),
-    version: str,
-    standalone: bool = False,
-    names: Sequence[str] | None = None,
-    path_in_repo: str | None = None,
-    bench: BenchSummary | None = None,
-    pairings: Sequence[TrunkPairing] = (),
-) -> str:
-    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft; with ``pairings``, an
-    untouched trunk and its ``mtp-`` sidecars).
+@dataclass(frozen=True)
+class CardRequest:
+    """What a model card is rendered from (:func:`render_model_card`): the published files and what is known of them.
 
-    Args:
+    Attributes:
         repo: the Hub repo it is published to (``OWNER/NAME``).
         files: the published GGUF files in shard order, with sizes and sha256.
         facts: what the GGUF headers say (:meth:`ModelFacts.from_model`).
-        provenance: where the target and the head came from.
         version: the gguf-mtp version that wrote the files.
+        provenance: where the target and the head came from.
         standalone: the files are an MTP-only draft: the card says it is not a model by itself and shows
             the ``llama-server -m TARGET --spec-draft-model DRAFT`` and ``llama-server -hf`` commands.
         names: the files' paths in the repo (default: their names).
@@ -287,122 +276,189 @@ def render_model_card(
         bench: the publisher's ``gguf-mtp bench --json`` report, shown as a table (:func:`bench_section`).
         pairings: the files are a trunk (first) and sidecars (``facts`` are a sidecar's): which sidecar
             ``llama-server -hf`` pairs with the trunk (:func:`~gguf_mtp.jobs.sidecar_pairing.pair_listing`).
+    """
+
+    repo: str
+    files: Sequence[FileDigest]
+    facts: ModelFacts
+    version: str
+    provenance: Provenance = Provenance()
+    standalone: bool = False
+    names: Sequence[str] | None = None
+    path_in_repo: str | None = None
+    bench: BenchSummary | None = None
+    pairings: Sequence[TrunkPairing] = ()
+
+    @property
+    def paths(self) -> list[str]:
+        """The files' paths in the repo."""
+        return list(self.names) if self.names is not None else [f.name for f in self.files]
+
+    @property
+    def title(self) -> str:
+        return self.repo.split("/", 1)[-1]
+
+    @property
+    def blocks(self) -> str:
+        """The NextN block(s) as Markdown: ```blk.45``` or ```blk.45``..``blk.47```."""
+        block, count = self.facts.first_nextn_block, self.facts.nextn_blocks
+        return f"`blk.{block}`" if count == 1 else f"`blk.{block}`..`blk.{block + count - 1}`"
+
+
+def render_model_card(card: CardRequest) -> str:
+    """The ``README.md`` for a published composite (or, with ``standalone``, an MTP-only draft; with ``pairings``, an
+    untouched trunk and its ``mtp-`` sidecars).
 
     Returns:
         The card's text: YAML front matter, then Markdown.
     """
-    paths = list(names) if names is not None else [f.name for f in files]
-    first = paths[0]
-    title = repo.split("/", 1)[-1]
+    lines = [
+        _front_matter(card.facts, card.provenance),
+        CARD_MARKER,
+        sources_line(card.provenance.sources(card.version)),
+        "",
+        f"# {markdown_text(card.title)}",
+        "",
+        _intro(card),
+        *_sources_section(card),
+        *_files_section(card),
+        *_run_section(card),
+        *(bench_section(card.bench) if card.bench is not None else []),
+        *_check_section(card),
+    ]
+    return "\n".join(lines)
+
+
+def _intro(card: CardRequest) -> str:
+    """The paragraph under the title: what the files are, and how llama.cpp drafts with the head."""
+    facts = card.facts
     what = markdown_code(facts.name) if facts.name else f"A {markdown_code(facts.architecture)} model"
-    block = facts.first_nextn_block
-    blocks = f"`blk.{block}`" if facts.nextn_blocks == 1 else f"`blk.{block}`..`blk.{block + facts.nextn_blocks - 1}`"
-    types = ", ".join(markdown_text(t) for t in facts.nextn_types) or "-"
-    total = sum(f.size for f in files)
-    changed_keys = ["`block_count`", "`nextn_predict_layers`", "the per-layer arrays"]
-    if len(files) > 1:
-        changed_keys.append("`split.tensors.count`")
-    changed = ", ".join(changed_keys)
-    if pairings:
-        intro = (
+    if card.pairings:
+        return (
             f"{what} in GGUF as llama.cpp's own pipeline ships a head: the trunk, its target quant's files unchanged "
-            f"(no NextN block), and its multi-token-prediction (MTP / NextN) head, block {blocks}, as `mtp-` "
+            f"(no NextN block), and its multi-token-prediction (MTP / NextN) head, block {card.blocks}, as `mtp-` "
             "sidecar(s) beside it, which llama.cpp loads as the drafter (`--spec-type draft-mtp`)."
         )
-    elif standalone:
-        intro = (
-            f"{what} as an MTP-only draft in GGUF: its multi-token-prediction (MTP / NextN) head, block {blocks}, "
-            f"without the {facts.trunk_blocks} trunk blocks. It is not a model by itself: llama.cpp loads it beside "
-            "its target model as the drafter (`--spec-draft-model`)."
+    if card.standalone:
+        return (
+            f"{what} as an MTP-only draft in GGUF: its multi-token-prediction (MTP / NextN) head, block "
+            f"{card.blocks}, without the {facts.trunk_blocks} trunk blocks. It is not a model by itself: llama.cpp "
+            "loads it beside its target model as the drafter (`--spec-draft-model`)."
         )
-    else:
-        intro = (
-            f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block {blocks}, "
-        f"after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
-            "(`--spec-type draft-mtp`) without a separate draft model." + (
-                f" The trunk tensors are byte for byte those of the target quant (nothing was re-quantized); only "
-                f"metadata changed ({changed})." if provenance.target_repo else ""
-            )
-        )
-    lines = [
-        _front_matter(facts, provenance),
-        CARD_MARKER,
-        sources_line(provenance.sources(version)),
-        "",
-        f"# {markdown_text(title)}",
-        "",
-        intro,
-        "",
-        "## Where it comes from",
-        "",
-        "| part | source |",
-        "|---|---|",
-    ]
-    if provenance.target_repo:
-        lines.append(f"| target quant | {_repo_link(provenance.target_repo, provenance.target_revision)} |")
-    else:
-        lines.append("| target quant | not recorded |")
+    return (
+        f"{what} in GGUF with its multi-token-prediction (MTP / NextN) head built in: the head is block "
+        f"{card.blocks}, after the {facts.trunk_blocks} trunk blocks, so llama.cpp drafts tokens with it "
+        "(`--spec-type draft-mtp`) without a separate draft model." + _unchanged_trunk(card)
+    )
+
+
+def _unchanged_trunk(card: CardRequest) -> str:
+    """For a composite of a known target: its trunk's bytes are the target's, and which metadata changed."""
+    if not card.provenance.target_repo:
+        return ""
+    changed_keys = ["`block_count`", "`nextn_predict_layers`", "the per-layer arrays"]
+    if len(card.files) > 1:
+        changed_keys.append("`split.tensors.count`")
+    return (
+        " The trunk tensors are byte for byte those of the target quant (nothing was re-quantized); only "
+        f"metadata changed ({', '.join(changed_keys)})."
+    )
+
+
+def _sources_section(card: CardRequest) -> list[str]:
+    """"Where it comes from": the target quant, its files, the head, the NextN block, the writer and the proof."""
+    facts, provenance = card.facts, card.provenance
+    types = ", ".join(markdown_text(t) for t in facts.nextn_types) or "-"
+    lines = ["", "## Where it comes from", "", "| part | source |", "|---|---|"]
+    target = _repo_link(provenance.target_repo, provenance.target_revision) if provenance.target_repo else None
+    lines.append(f"| target quant | {target or 'not recorded'} |")
     if provenance.target_files:
         lines.append("| target files | " + "<br>".join(markdown_code(name) for name in provenance.target_files) + " |")
-    if provenance.head_source:
-        head = provenance.head_source
-        looks_like_repo = head.count("/") == 1 and not head.startswith((".", "/", "~"))
-        shown = _repo_link(head, provenance.head_revision) if looks_like_repo else markdown_code(head)
-        lines.append(f"| MTP head | {shown} |")
-    else:
-        lines.append("| MTP head | not recorded |")
-    lines += [
-        f"| NextN block | {blocks}: {facts.nextn_tensors} tensors ({types}), {_human(facts.nextn_bytes)} |",
-        f"| written by | gguf-mtp {markdown_text(version)} (the `gguf-mtp` command of the Python package `gguf-mtp`) |",
+    lines.append(f"| MTP head | {_head_source(provenance)} |")
+    return [
+        *lines,
+        f"| NextN block | {card.blocks}: {facts.nextn_tensors} tensors ({types}), {_human(facts.nextn_bytes)} |",
+        f"| written by | gguf-mtp {markdown_text(card.version)} (the `gguf-mtp` command of the Python package "
+        "`gguf-mtp`) |",
         f"| proved with | {_proof(provenance.llama_cpp_build)} |",
+    ]
+
+
+def _head_source(provenance: Provenance) -> str:
+    """The head's source: a link to its Hub repo, a local folder as code, or "not recorded"."""
+    head = provenance.head_source
+    if not head:
+        return "not recorded"
+    looks_like_repo = head.count("/") == 1 and not head.startswith((".", "/", "~"))
+    return _repo_link(head, provenance.head_revision) if looks_like_repo else markdown_code(head)
+
+
+def _files_section(card: CardRequest) -> list[str]:
+    """"Files": how many, their tensors and size, and one row per file with its size and sha256."""
+    files = card.files
+    tensors = "" if card.pairings else f"{card.facts.tensor_count} tensors, "
+    return [
         "",
         "## Files",
         "",
-        f"{len(files)} file(s), {'' if pairings else f'{facts.tensor_count} tensors, '}{_human(total)} in all.",
+        f"{len(files)} file(s), {tensors}{_human(sum(f.size for f in files))} in all.",
         "",
         "| file | size | sha256 |",
         "|---|---:|---|",
+        *(f"| {markdown_code(n)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |"
+          for f, n in zip(files, card.paths)),
     ]
-    lines += [f"| {markdown_code(n)} | {f.size:,} bytes ({_human(f.size)}) | `{f.sha256}` |"
-              for f, n in zip(files, paths)]
-    if pairings:
-        lines += _run_section_sidecars(repo, facts, pairings)
-    lines += [] if pairings else _run_section_standalone(
-        repo, title, first, facts, provenance, path_in_repo) if standalone else [
+
+
+def _run_section(card: CardRequest) -> list[str]:
+    """"Run it": for a trunk and its sidecars, for an MTP-only draft, or for a composite."""
+    if card.pairings:
+        return _run_section_sidecars(card.repo, card.facts, card.pairings)
+    first = card.paths[0]
+    if card.standalone:
+        return _run_section_standalone(card.repo, card.title, first, card.facts, card.provenance, card.path_in_repo)
+    return [
         "",
         "## Run it",
         "",
-        f"Needs {llama_cpp_requirement(facts.architecture)}. Download every file into one folder and point "
+        f"Needs {llama_cpp_requirement(card.facts.architecture)}. Download every file into one folder and point "
         "llama.cpp at the first one; it finds the other shards itself:",
         "",
         "```sh",
-        f"hf download {shell_word(repo)} --local-dir {shell_word(title)}",
-        f"cd {shell_word(title)}",
+        f"hf download {shell_word(card.repo)} --local-dir {shell_word(card.title)}",
+        f"cd {shell_word(card.title)}",
         serve_command(first),
         "```",
     ]
-    if bench is not None:
-        lines += bench_section(bench)
-    measure = (f"gguf-mtp bench {shell_word(TARGET_PLACEHOLDER)} --draft {shell_word(first)}" if standalone
-               else f"gguf-mtp bench {shell_word(first)}") + " --server PATH/TO/llama-server"
-    check = f"gguf-mtp {'inspect' if standalone else 'verify'} {shell_word(first)}"
-    paired = next((p for p in pairings if p.sidecar), None)
-    if paired is not None and paired.sidecar is not None:
-        trunk, sidecar = shell_word(paired.trunk), shell_word(paired.sidecar)
-        measure = f"gguf-mtp bench {trunk} --draft {sidecar} --server PATH/TO/llama-server"
-        check = f"gguf-mtp verify {sidecar} --target {trunk}"
-    lines += [
+
+
+def _check_section(card: CardRequest) -> list[str]:
+    """"Check it": the files' sums, the check gguf-mtp makes of them, and the measurement of the head."""
+    check, measure = _check_commands(card)
+    return [
         "",
         "## Check it",
         "",
         "```sh",
-        "sha256sum " + " ".join(shell_word(n) for n in paths),
+        "sha256sum " + " ".join(shell_word(n) for n in card.paths),
         check,
         f"{measure}   # acceptance, tokens/s and the best n-max on your machine",
         "```",
         "",
     ]
-    return "\n".join(lines)
+
+
+def _check_commands(card: CardRequest) -> tuple[str, str]:
+    """The ``gguf-mtp`` commands that check the files and measure the head: (check, measure)."""
+    paired = next((p for p in card.pairings if p.sidecar), None)
+    if paired is not None and paired.sidecar is not None:
+        trunk, sidecar = shell_word(paired.trunk), shell_word(paired.sidecar)
+        measure = f"gguf-mtp bench {trunk} --draft {sidecar} --server PATH/TO/llama-server"
+        return f"gguf-mtp verify {sidecar} --target {trunk}", measure
+    first = shell_word(card.paths[0])
+    measure = f"gguf-mtp bench {shell_word(TARGET_PLACEHOLDER)} --draft {first}" if card.standalone \
+        else f"gguf-mtp bench {first}"
+    return f"gguf-mtp {'inspect' if card.standalone else 'verify'} {first}", f"{measure} --server PATH/TO/llama-server"
 
 
 def bench_section(bench: BenchSummary) -> list[str]:

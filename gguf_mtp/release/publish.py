@@ -71,7 +71,7 @@ from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.model.sidecar_names import SIDECAR_KEYWORD
 from gguf_mtp.text import human_bytes
 
-from .card import ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
+from .card import CardRequest, ModelFacts, Provenance, is_gguf_mtp_card, render_model_card
 
 if TYPE_CHECKING:
     from gguf_mtp.server.bench_rules import BenchSummary
@@ -1086,7 +1086,7 @@ def run(
             hub_api, repo, token=token, revision=plan.revision, replace_readme=options.replace_readme
         )
     files = _digests(plan.files, digests, options.progress)
-    card = render_model_card(
+    card = render_model_card(CardRequest(
         repo=repo,
         files=files,
         facts=ModelFacts.from_model(plan.sidecars[0] if plan.sidecars else plan.model),
@@ -1097,7 +1097,7 @@ def run(
         path_in_repo=plan.path_in_repo,
         bench=bench,
         pairings=plan.pairings,
-    )
+    ))
     if hub_api is None and options.copy_from is not None:  # a dry run reads the source's listing, nothing else
         token = token or hub_access.resolve_token()
         hub_api = hub.make_api(api, token=token)
