@@ -295,6 +295,15 @@ def test_download_asks_for_exactly_the_shard_set(
     assert cached == sorted(s.rpartition("/")[2] for s in SHARDS)
 
 
+def test_a_run_lists_the_target_repo_on_the_hub_once(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = RecordingHub(source=target_repo)
+    _run(hub, tmp_path, head_checkpoint)
+    listed = [c[1][0] for c in hub.calls if c[0] == "list_repo_files"]
+    assert listed == [TARGET_REPO]  # the disk check's listing is the one the target stage downloads from
+
+
 def test_publishes_with_provenance_when_out_repo_is_given(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
