@@ -876,6 +876,19 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
 
 
+def test_dry_run_names_the_composite_as_compose_does_for_a_whole_file_name_basename(
+    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    hub = RecordingHub(source=target_repo)
+    report = run_pipeline(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
+                          work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True,
+                          basename="Out-MTP.gguf", progress=False)
+    # compose takes a whole file name as its prefix (never Out-MTP.gguf-00001-of-00003.gguf)
+    assert report.planned["upload"] == [f"Out-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)] + ["README.md"]
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_a_readme_gguf_mtp_did_not_write_in_out_repo_is_refused_before_downloading(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path, dry_run: bool
