@@ -304,6 +304,23 @@ def test_a_run_lists_the_target_repo_on_the_hub_once(
     assert listed == [TARGET_REPO]  # the disk check's listing is the one the target stage downloads from
 
 
+def test_each_stage_says_its_number_and_a_rerun_says_what_it_reused(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub, lines = RecordingHub(source=target_repo), []
+    _run(hub, tmp_path, head_checkpoint, say=lines.append)
+    numbered = [line.partition(":")[0] for line in lines]
+    assert numbered == ["[1/5] target", "[2/5] draft", "[3/5] compose", "[4/5] verify"]
+    lines.clear()
+    _run(hub, tmp_path, head_checkpoint, say=lines.append)
+    assert lines == [
+        f"[1/5] target: 3 file(s) of {TARGET_REPO} already downloaded (sizes and sha256 checked)",
+        "[2/5] draft: mtp-draft.gguf already converted (size and sha256 checked)",
+        f"[3/5] compose: 3 file(s) {PREFIX}-MTP-* already composed (sizes and sha256 checked)",
+        "[4/5] verify: these exact files passed before",
+    ]
+
+
 def test_publishes_with_provenance_when_out_repo_is_given(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
