@@ -18,7 +18,9 @@ Resuming: a small JSON state file in the work folder records, for every finished
 of its parameters and of its inputs' sha256) and its outputs (path, size, sha256). A re-run reuses a
 stage only when the key is the same *and* every recorded output still has its size and sha256 (they
 are checked, not trusted); anything else is redone, and the stages after it follow by their keys.
-Output folders of a redone stage are recreated, never reused.
+Output folders of a redone stage are recreated, never reused. Each stage is one :class:`.stage.Stage` record (its
+key, its work, what a reuse says) run by the one reuse-or-run skeleton, :meth:`.stage.StageRunner.run`; the state
+file's format, written and read, is :mod:`.state`'s.
 
 Online, each source is first pinned to the commit it points at (:func:`.sources.pin_sources`), and the card and
 the state record those commits, the llama.cpp build verify ran against and the gguf-mtp version. With

@@ -48,7 +48,7 @@ class StageDone:
 
 
 #: A check of a record whose key matches: why it no longer holds, or ``None`` when it does.
-RecordCheck = Callable[[dict[str, Any]], "str | None"]
+RecordCheck = Callable[[dict[str, Any]], str | None]
 
 
 @dataclass(frozen=True)
