@@ -295,6 +295,32 @@ def test_download_asks_for_exactly_the_shard_set(
     assert cached == sorted(s.rpartition("/")[2] for s in SHARDS)
 
 
+def test_a_run_lists_the_target_repo_on_the_hub_once(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub = RecordingHub(source=target_repo)
+    _run(hub, tmp_path, head_checkpoint)
+    listed = [c[1][0] for c in hub.calls if c[0] == "list_repo_files"]
+    assert listed == [TARGET_REPO]  # the disk check's listing is the one the target stage downloads from
+
+
+def test_each_stage_says_its_number_and_a_rerun_says_what_it_reused(
+    online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
+) -> None:
+    hub, lines = RecordingHub(source=target_repo), []
+    _run(hub, tmp_path, head_checkpoint, say=lines.append)
+    numbered = [line.partition(":")[0] for line in lines]
+    assert numbered == ["[1/5] target", "[2/5] draft", "[3/5] compose", "[4/5] verify"]
+    lines.clear()
+    _run(hub, tmp_path, head_checkpoint, say=lines.append)
+    assert lines == [
+        f"[1/5] target: 3 file(s) of {TARGET_REPO} already downloaded (sizes and sha256 checked)",
+        "[2/5] draft: mtp-draft.gguf already converted (size and sha256 checked)",
+        f"[3/5] compose: 3 file(s) {PREFIX}-MTP-* already composed (sizes and sha256 checked)",
+        "[4/5] verify: these exact files passed before",
+    ]
+
+
 def test_publishes_with_provenance_when_out_repo_is_given(
     online: None, target_repo: Path, head_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -865,6 +891,19 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
     assert report.disk_needed == 2 * sum(10**9 + len(s) for s in SHARDS) + 3 * SHARD_HEADER_GROWTH
     assert report.stage("target").summary.startswith(f"download 3 of 3 file(s) of {TARGET_REPO} (")
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
+
+
+def test_dry_run_names_the_composite_as_compose_does_for_a_whole_file_name_basename(
+    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    hub = RecordingHub(source=target_repo)
+    report = run_pipeline(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
+                          work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True,
+                          basename="Out-MTP.gguf", progress=False)
+    # compose takes a whole file name as its prefix (never Out-MTP.gguf-00001-of-00003.gguf)
+    assert report.planned["upload"] == [f"Out-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)] + ["README.md"]
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

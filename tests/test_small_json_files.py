@@ -22,7 +22,7 @@ from gguf_mtp.files.commit import JOURNAL_NAME, FileIdentity, Replacement, read_
 from gguf_mtp.files.json_io import load_json_file, write_json_file
 from gguf_mtp.files.workdir import MARKER_NAME, claim_work_dir, marker_kind
 from gguf_mtp.release.pipeline import STATE_FORMAT, STATE_NAME
-from gguf_mtp.release.pipeline.run import _State
+from gguf_mtp.release.pipeline.state import StateFile
 
 
 def _journal(folder: Path) -> Path:
@@ -39,7 +39,7 @@ def _marker(folder: Path) -> Path:
 
 
 def _state(folder: Path) -> Path:
-    state = _State(folder)
+    state = StateFile(folder)
     state.stages["verify"] = {"key": "k", "finished": "now", "outputs": [], "detail": {"summary": "ok"}}
     state._save()
     return folder / STATE_NAME
@@ -109,4 +109,4 @@ def test_each_file_is_read_back_bounded(writer: str, tmp_path: Path) -> None:
         assert marker_kind(folder) is None
     else:
         with pytest.raises(GGUFMTPError, match="more than the 16,777,216 gguf-mtp reads"):
-            _State(folder)
+            StateFile(folder)

@@ -63,6 +63,7 @@ __all__ = [
     "KVChange",
     "PlannedFile",
     "ReplacedHead",
+    "composite_file_names",
     "managed_key",
     "plan_composition",
 ]
@@ -450,14 +451,24 @@ def _output_prefix(basename: str, count: int) -> str:
     return prefix
 
 
+def composite_file_names(basename: str, count: int, *, split: bool) -> list[str]:
+    """The file names of a composite written under ``basename`` for a target of ``count`` files: ``PREFIX.gguf``
+    for a single-file target, else ``PREFIX-NNNNN-of-NNNNN.gguf`` (``split``: the target is a split set, even of
+    one file).
+
+    Raises:
+        ParameterError: ``basename`` is not a plain file name prefix, or names a set of another count.
+    """
+    prefix = _output_prefix(basename, count)
+    if not split:
+        return [f"{prefix}.gguf"]
+    return [split_file_name(prefix, i, count) for i in range(1, count + 1)]
+
+
 def _output_names(target: ShardSet, output_dir: Path, basename: str | None) -> list[Path]:
     if basename is None:
         return [output_dir / Path(h.path).name for h in target.headers]
-    count = len(target.headers)
-    prefix = _output_prefix(basename, count)
-    if not target.is_split:
-        return [output_dir / f"{prefix}.gguf"]
-    return [output_dir / split_file_name(prefix, i, count) for i in range(1, count + 1)]
+    return [output_dir / n for n in composite_file_names(basename, len(target.headers), split=target.is_split)]
 
 
 def _data_section(header: GGUFHeader) -> list[Segment]:

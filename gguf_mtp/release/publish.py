@@ -60,7 +60,7 @@ from gguf_mtp.errors import (
 )
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
-from gguf_mtp.format.header import align_up
+from gguf_mtp.format.header import GGUFHeader, align_up
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
@@ -163,12 +163,36 @@ class FileTransfer:
 
 @dataclass(frozen=True, kw_only=True)
 class PublishOptions:
-    """What a publish run was asked to do, as one object (see :func:`publish` for each field): built once by the
-    command line or by :func:`publish` from its keyword arguments, and read by the plan, the checks and the card.
+    """What a publish run was asked to do, as one object: built once by the command line or by :func:`publish` from
+    its keyword arguments, and read by the plan, the checks and the card.
 
-    ``copy_from`` (``--copy-from REPO[@REV]``; the pipeline passes its target repo at the commit it read): files
-    byte-identical to one of that repo's ``.gguf`` files at the pinned commit are copied on the Hub's side
-    instead of uploaded (:func:`plan_transfers`); the report says per file copied, uploaded or unchanged."""
+    Attributes:
+        repo: the Hub repo, ``OWNER/NAME``; created if missing.
+        private: create the repo private (an existing repo keeps its visibility).
+        revision: the branch to commit to (created if missing); default the main branch.
+        dry_run: plan, hash and render the card only: no token needed, no network used.
+        provenance: where the target and the head came from, for the card.
+        upload_mode: ``"auto"`` (by size and file count), ``"one-commit"`` or ``"resumable"``.
+        one_commit_max_bytes: with ``auto``, the largest set uploaded as one commit.
+        one_commit_max_files: with ``auto``, the most files (card included) uploaded as one commit.
+        progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
+        standalone: publish an MTP-only draft as a sidecar (named ``mtp-*``; its card shows both
+            ``--spec-draft-model`` and ``llama-server -hf``). Without it, a folder holding one model and
+            ``mtp-*.gguf`` sidecars is published as an untouched trunk beside its sidecars (:func:`find_models`).
+        path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
+            found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
+            (the one the Hub shows).
+        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.server.bench_rules.parse_bench_json`)
+            for the card's "Measured speed" table.
+        replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
+            such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
+        copy_from: a source repo, ``REPO[@REV]`` (:class:`CopySource`, ``--copy-from``; the pipeline passes its
+            target repo at the commit it read; pinned to the commit ``REV`` names when the run starts): a file whose
+            sha256 and size equal a ``.gguf`` file of it is copied on the Hub's side, 0 bytes uploaded
+            (:func:`plan_transfers`; huggingface_hub 1.17.0 and later, Xet-stored files; elsewhere uploaded, said
+            once in ``notes``); a dry run reads the source's listing (read-only) to say so per file. The report
+            says per file copied, uploaded or unchanged.
+    """
 
     repo: str
     revision: str | None = None
@@ -287,18 +311,19 @@ def why_new_files(model: ShardSet, standalone: bool, trunk: bool = False) -> lis
         return ["the trunk, unchanged"] * len(model.headers)
     if standalone:
         return ["the MTP head: a new file"] * len(model.headers)
-    trunk_blocks = model.trunk_block_count
-    reasons = []
-    for header in model.headers:
-        keys = [model.arch_key(k) for k in _COMPOSE_EDITED_KEYS]
-        edited = [k for k in keys if k in header.kvs]
-        blocks = sorted({int(m["block"]) for t in header.tensors if (m := BLOCK_TENSOR.match(t.name))
-                         and int(m["block"]) >= trunk_blocks})
-        why = f"its header changed ({', '.join(edited)})" if edited else "its header changed"
-        if blocks:
-            why += f" and it holds the NextN block ({', '.join(f'blk.{b}' for b in blocks)})"
-        reasons.append(f"a new file: {why}")
-    return reasons
+    keys = [model.arch_key(k) for k in _COMPOSE_EDITED_KEYS]
+    return [f"a new file: {_why_new_shard(header, keys, model.trunk_block_count)}" for header in model.headers]
+
+
+def _why_new_shard(header: GGUFHeader, edited_keys: Sequence[str], trunk_blocks: int) -> str:
+    """Why one composite shard is new: the edited KVs it carries, and the NextN block when it holds it."""
+    edited = [k for k in edited_keys if k in header.kvs]
+    blocks = sorted({int(m["block"]) for t in header.tensors if (m := BLOCK_TENSOR.match(t.name))
+                     and int(m["block"]) >= trunk_blocks})
+    why = f"its header changed ({', '.join(edited)})" if edited else "its header changed"
+    if blocks:
+        why += f" and it holds the NextN block ({', '.join(f'blk.{b}' for b in blocks)})"
+    return why
 
 
 def plan_transfers(
@@ -317,25 +342,29 @@ def plan_transfers(
     ``can_copy`` (the installed huggingface_hub copies between repos); else ``uploaded``, ``why_new`` saying why.
     """
     identical = {(r.sha256, r.size): r for r in source_files.values() if r.sha256 is not None}
-    transfers = []
-    for f, name, why in zip(files, names, why_new):
-        here, twin = held.get(name), identical.get((f.sha256, f.size))
-        if here is not None and here.sha256 == f.sha256 and here.size == f.size:
-            transfers.append(FileTransfer(name, f.size, "unchanged", "the repo already holds these bytes"))
-        elif twin is None:
-            elsewhere = why if source is None else f"{why}; not in {source}"
-            transfers.append(FileTransfer(name, f.size, "uploaded", elsewhere))
-        elif not can_copy:
-            transfers.append(FileTransfer(
-                name, f.size, "uploaded", f"identical to {twin.path} of {source}, but this huggingface_hub cannot "
-                f"copy between repos ({hub.SERVER_COPY_SINCE} and later can)"))
-        elif twin.xet_hash is None:
-            transfers.append(FileTransfer(
-                name, f.size, "uploaded", f"identical to {twin.path} of {source}, which is not stored in Xet (only "
-                "Xet files are copied between repos)"))
-        else:
-            transfers.append(FileTransfer(name, f.size, "copied", f"identical to {twin.path}", source, twin.path))
-    return transfers
+    return [
+        _transfer(f, name, why, held.get(name), identical.get((f.sha256, f.size)), source=source, can_copy=can_copy)
+        for f, name, why in zip(files, names, why_new)
+    ]
+
+
+def _transfer(f: FileDigest, name: str, why: str, here: hub.RemoteFile | None, twin: hub.RemoteFile | None, *,
+              source: str | None, can_copy: bool) -> FileTransfer:
+    """How one file reaches the repo, given the repo's file of its name (``here``) and the source's file of its
+    bytes (``twin``)."""
+    if here is not None and here.sha256 == f.sha256 and here.size == f.size:
+        return FileTransfer(name, f.size, "unchanged", "the repo already holds these bytes")
+    if twin is None:
+        return FileTransfer(name, f.size, "uploaded", why if source is None else f"{why}; not in {source}")
+    if not can_copy:
+        return FileTransfer(
+            name, f.size, "uploaded", f"identical to {twin.path} of {source}, but this huggingface_hub cannot "
+            f"copy between repos ({hub.SERVER_COPY_SINCE} and later can)")
+    if twin.xet_hash is None:
+        return FileTransfer(
+            name, f.size, "uploaded", f"identical to {twin.path} of {source}, which is not stored in Xet (only "
+            "Xet files are copied between repos)")
+    return FileTransfer(name, f.size, "copied", f"identical to {twin.path}", source, twin.path)
 
 
 @dataclass(frozen=True)
@@ -449,6 +478,18 @@ class PublishReport:
 
     def describe(self) -> list[str]:
         """Human-readable lines (the card itself is not included)."""
+        lines = self._file_lines()
+        if self.dry_run:
+            lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
+        else:
+            lines += self._check_lines()
+        if self.upload is not None:
+            lines += self.upload.describe(self.dry_run)
+        lines += [f"note: {n}" for n in self.notes]
+        return lines
+
+    def _file_lines(self) -> list[str]:
+        """What goes where and how: one line per file, the card, and the sidecars ``-hf`` pairs."""
         plan = self.plan
         how = "as one commit" if plan.mode == "one-commit" else "resumably (model card committed last)"
         where = plan.repo + (f"@{plan.revision}" if plan.revision else "")
@@ -461,19 +502,16 @@ class PublishReport:
         lines.append(f"    {plan.card_path}  {len(self.card.encode()):,} bytes (model card)")
         lines += [f"llama-server -hf {plan.repo}:{p.tag} pairs the trunk {p.trunk} with "
                   f"{p.sidecar or f'no {SIDECAR_KEYWORD} file'}" for p in plan.pairings]
-        if self.dry_run:
-            lines.append("dry run: nothing was uploaded; the token and the repo were not checked")
-        else:
-            bad = [c for c in self.checks if not c.ok]
-            if bad:
-                lines += [f"MISMATCH {c.name}: {c.detail}" for c in bad]
-            else:
-                lines.append(f"checked on the Hub: {len(self.checks)} file(s), sizes and hashes match")
-            lines.append(f"published: {self.commit_url or self.url}")
-        if self.upload is not None:
-            lines += self.upload.describe(self.dry_run)
-        lines += [f"note: {n}" for n in self.notes]
         return lines
+
+    def _check_lines(self) -> list[str]:
+        """What the Hub holds after the upload: every mismatch, or that all match; and the commit."""
+        bad = [c for c in self.checks if not c.ok]
+        if bad:
+            lines = [f"MISMATCH {c.name}: {c.detail}" for c in bad]
+        else:
+            lines = [f"checked on the Hub: {len(self.checks)} file(s), sizes and hashes match"]
+        return [*lines, f"published: {self.commit_url or self.url}"]
 
 
 def sidecar_name(name: str) -> str:
@@ -514,27 +552,37 @@ def find_models(path: str | os.PathLike[str]) -> tuple[ShardSet, tuple[ShardSet,
     p = Path(path)
     if p.is_file():
         return open_model(p), ()
-    if not p.is_dir():
-        raise BadGGUFError("no such file or folder", p)
-    models: dict[str, Path] = {}
-    for f in sorted(p.iterdir()):
-        if f.name.startswith(".") or f.suffix != ".gguf" or not f.is_file():
-            continue
-        match = SPLIT_NAME.match(f.name)
-        key = f"{match['prefix']}-*-of-{match['count']}.gguf" if match else f.name
-        models.setdefault(key, f)
-    if not models:
-        raise BadGGUFError("no .gguf file in this folder", p)
-    sidecars = [key for key in models if SIDECAR_KEYWORD in key]
+    models = _models_in_folder(p)
+    if len(models) == 1:
+        return open_model(next(iter(models.values()))), ()
+    sidecars = sorted(key for key in models if SIDECAR_KEYWORD in key)
     trunks = [key for key in models if key not in sidecars]
-    if len(models) > 1 and len(trunks) != 1:
+    if len(trunks) != 1:
         raise ShardSetError(
             f"holds {len(models)} models ({', '.join(sorted(models))}); pass the first file of the one to publish, "
             f"or keep one trunk and its {SIDECAR_KEYWORD}*.gguf sidecars in the folder", p
         )
-    if len(models) == 1:
-        return open_model(next(iter(models.values()))), ()
-    return open_model(models[trunks[0]]), tuple(open_model(models[key]) for key in sorted(sidecars))
+    return open_model(models[trunks[0]]), tuple(open_model(models[key]) for key in sidecars)
+
+
+def _models_in_folder(folder: Path) -> dict[str, Path]:
+    """The models of a folder, each by one key (``PREFIX-*-of-N.gguf`` for a split set, else its name) and its first
+    file found (sorted); hidden files and non-``.gguf`` files are not models.
+
+    Raises:
+        BadGGUFError: no such folder, or no ``.gguf`` file in it.
+    """
+    if not folder.is_dir():
+        raise BadGGUFError("no such file or folder", folder)
+    models: dict[str, Path] = {}
+    for f in sorted(folder.iterdir()):
+        if f.name.startswith(".") or f.suffix != ".gguf" or not f.is_file():
+            continue
+        match = SPLIT_NAME.match(f.name)
+        models.setdefault(f"{match['prefix']}-*-of-{match['count']}.gguf" if match else f.name, f)
+    if not models:
+        raise BadGGUFError("no .gguf file in this folder", folder)
+    return models
 
 
 def plan_publish(model: ShardSet, options: PublishOptions, sidecars: Sequence[ShardSet] = ()) -> PublishPlan:
@@ -558,12 +606,12 @@ def plan_publish(model: ShardSet, options: PublishOptions, sidecars: Sequence[Sh
             a NextN block (a composite) beside sidecars.
         IncompatibleDraftError: a sidecar that llama.cpp cannot load beside the trunk.
     """
-    repo, upload_mode, standalone = options.repo, options.upload_mode, options.standalone
+    repo, standalone = options.repo, options.standalone
     provenance = options.provenance
     target_files = provenance.target_files if provenance.target_repo == repo else ()
     hub.check_repo_id(repo)
-    if upload_mode not in _UPLOAD_MODES:
-        raise HubError(f"upload mode {upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
+    if options.upload_mode not in _UPLOAD_MODES:
+        raise HubError(f"upload mode {options.upload_mode!r}: use one of {', '.join(_UPLOAD_MODES)}")
     if sidecars:
         _check_sidecars(model, sidecars, standalone)
     elif model.nextn_predict_layers == 0:
@@ -571,6 +619,23 @@ def plan_publish(model: ShardSet, options: PublishOptions, sidecars: Sequence[Sh
             f"{model.arch_key('{arch}.nextn_predict_layers')} is 0 or missing: not an MTP composite (compose it first)",
             model.name,
         )
+    _check_draft_or_model(model, standalone)
+    path_in_repo, revision = options.path_in_repo, options.revision
+    folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
+    if standalone and target_files:
+        _check_sidecar_folder(folder, target_files[0])
+    return PublishPlan(
+        repo, revision if revision not in ("", None) else None, options.private, model,
+        _upload_mode(model, sidecars, options), standalone, folder, tuple(sidecars),
+    )
+
+
+def _check_draft_or_model(model: ShardSet, standalone: bool) -> None:
+    """An MTP-only draft is published only ``standalone``, and ``standalone`` publishes only such a draft.
+
+    Raises:
+        ParameterError: one without the other.
+    """
     draft = is_mtp_only(read_block_layout(model.first), model.block_indices())
     if draft and not standalone:
         raise ParameterError(
@@ -584,20 +649,16 @@ def plan_publish(model: ShardSet, options: PublishOptions, sidecars: Sequence[Sh
         raise ParameterError(
             "standalone publishes an MTP-only draft, but this is a whole model", model.name, "standalone"
         )
-    mode = upload_mode
-    if mode == "auto":
-        headers = [h for m in (model, *sidecars) for h in m.headers]
-        small = sum(h.file_size for h in headers) <= options.one_commit_max_bytes
-        few = len(headers) + 1 <= options.one_commit_max_files
-        mode = "one-commit" if small and few else "resumable"
-    path_in_repo, revision = options.path_in_repo, options.revision
-    folder = hub.check_path_in_repo(path_in_repo) if path_in_repo not in (None, "") else None
-    if standalone and target_files:
-        _check_sidecar_folder(folder, target_files[0])
-    return PublishPlan(
-        repo, revision if revision not in ("", None) else None, options.private, model, mode, standalone, folder,
-        tuple(sidecars),
-    )
+
+
+def _upload_mode(model: ShardSet, sidecars: Sequence[ShardSet], options: PublishOptions) -> str:
+    """The asked upload mode; for ``auto``, one commit when the set (card included) is within both limits."""
+    if options.upload_mode != "auto":
+        return options.upload_mode
+    headers = [h for m in (model, *sidecars) for h in m.headers]
+    small = sum(h.file_size for h in headers) <= options.one_commit_max_bytes
+    few = len(headers) + 1 <= options.one_commit_max_files
+    return "one-commit" if small and few else "resumable"
 
 
 def _check_sidecars(trunk: ShardSet, sidecars: Sequence[ShardSet], standalone: bool) -> None:
@@ -654,52 +715,35 @@ def compare_remote(
     Sizes are always compared; sha256 where the Hub reports one (LFS / Xet files); for the card, a plain
     git file, its git blob id.
     """
-    checks: list[RemoteCheck] = []
-    for f, name in zip(files, names if names is not None else [f.name for f in files]):
-        r = remote.get(name)
-        if r is None:
-            checks.append(RemoteCheck(name, f.size, None, f.sha256, None, False, "not on the Hub after the upload"))
-        elif r.size != f.size:
-            checks.append(
-                RemoteCheck(
-                    name,
-                    f.size,
-                    r.size,
-                    f.sha256,
-                    r.sha256,
-                    False,
-                    f"size on the Hub {r.size:,} bytes, local {f.size:,}",
-                )
-            )
-        elif r.sha256 is not None and r.sha256 != f.sha256:
-            checks.append(
-                RemoteCheck(
-                    name, f.size, r.size, f.sha256, r.sha256, False, f"sha256 on the Hub {r.sha256}, local {f.sha256}"
-                )
-            )
-        else:
-            detail = "size and sha256 match" if r.sha256 else "size matches (the Hub reports no sha256)"
-            checks.append(RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, True, detail))
+    shown = names if names is not None else [f.name for f in files]
+    checks = [_compare_file(f, name, remote.get(name)) for f, name in zip(files, shown)]
     if card is not None:
-        r = remote.get(card_path)
-        oid = git_blob_sha1(card)
-        if r is None:
-            checks.append(RemoteCheck(card_path, len(card), None, None, None, False, "not on the Hub after the upload"))
-        elif r.size != len(card) or (r.blob_id is not None and r.sha256 is None and r.blob_id != oid):
-            checks.append(
-                RemoteCheck(
-                    card_path,
-                    len(card),
-                    r.size,
-                    None,
-                    r.sha256,
-                    False,
-                    "the model card on the Hub differs from the one uploaded",
-                )
-            )
-        else:
-            checks.append(RemoteCheck(card_path, len(card), r.size, None, r.sha256, True, "matches"))
+        checks.append(_compare_card(card, card_path, remote.get(card_path)))
     return checks
+
+
+def _compare_file(f: FileDigest, name: str, r: hub.RemoteFile | None) -> RemoteCheck:
+    """One file against the Hub's record: its size, and its sha256 where the Hub reports one."""
+    if r is None:
+        return RemoteCheck(name, f.size, None, f.sha256, None, False, "not on the Hub after the upload")
+    if r.size != f.size:
+        return RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
+                           f"size on the Hub {r.size:,} bytes, local {f.size:,}")
+    if r.sha256 is not None and r.sha256 != f.sha256:
+        return RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, False,
+                           f"sha256 on the Hub {r.sha256}, local {f.sha256}")
+    detail = "size and sha256 match" if r.sha256 else "size matches (the Hub reports no sha256)"
+    return RemoteCheck(name, f.size, r.size, f.sha256, r.sha256, True, detail)
+
+
+def _compare_card(card: bytes, card_path: str, r: hub.RemoteFile | None) -> RemoteCheck:
+    """The card against the Hub's record: its size, and its git blob id (a plain git file has no sha256)."""
+    if r is None:
+        return RemoteCheck(card_path, len(card), None, None, None, False, "not on the Hub after the upload")
+    if r.size != len(card) or (r.blob_id is not None and r.sha256 is None and r.blob_id != git_blob_sha1(card)):
+        return RemoteCheck(card_path, len(card), r.size, None, r.sha256, False,
+                           "the model card on the Hub differs from the one uploaded")
+    return RemoteCheck(card_path, len(card), r.size, None, r.sha256, True, "matches")
 
 
 def _digests(paths: Sequence[Path], known: Mapping[str, FileDigest] | None, progress: bool) -> list[FileDigest]:
@@ -760,78 +804,103 @@ def _stage(files: Sequence[Path], card: bytes, names: Sequence[str], card_path: 
     return staging
 
 
+@dataclass(frozen=True)
+class _Upload:
+    """One upload's fixed parts: the report it fills, the Hub, the staging folder, the card and the message."""
+
+    report: PublishReport
+    api: HubApi
+    token: str | None
+    staging: Path
+    card: bytes
+    message: str
+
+    @property
+    def plan(self) -> PublishPlan:
+        return self.report.plan
+
+    def copies(self) -> list[tuple[str, str]]:
+        """``(source path, repo path)`` of every file copied on the Hub's side."""
+        return [(t.source_path, t.name) for t in self.report.transfers if t.how == "copied" and t.source_path]
+
+    def uploads(self) -> list[str]:
+        """The repo paths of every file uploaded (neither copied nor already held)."""
+        return [t.name for t in self.report.transfers if t.how == "uploaded"]
+
+    def remote(self, names: Sequence[str]) -> dict[str, hub.RemoteFile]:
+        """The Hub's record of ``names`` now."""
+        return hub.remote_files(self.api, self.plan.repo, names, token=self.token, revision=self.plan.revision)
+
+    def one_commit(self, names: Sequence[str], message: str) -> str | None:
+        """Upload ``names`` from staging as one commit; its URL."""
+        return hub.upload_one_commit(self.api, self.plan.repo, self.staging, [_exact(n) for n in names],
+                                     token=self.token, revision=self.plan.revision, message=message)
+
+
 def _upload(
     report: PublishReport, hub_api: HubApi, token: str | None, staging: Path, card_bytes: bytes, message: str
 ) -> None:
     """Copy what the source repo holds, upload the rest (one commit, or resumably with the card last); record the
     checks of every file against the Hub's record."""
+    upload = _Upload(report, hub_api, token, staging, card_bytes, message)
+    if report.plan.mode == "one-commit":
+        _upload_one_commit(upload)
+    else:
+        _upload_resumably(upload)
+
+
+def _upload_one_commit(upload: _Upload) -> None:
+    """Every file and the card in one commit (copies and uploads together), then checked on the Hub."""
+    report, plan = upload.report, upload.plan
+    copies, sent = upload.copies(), [*upload.uploads(), plan.card_path]
+    if copies:
+        report.commit_url = _commit_copies(report, upload.api, upload.token, copies, sent, upload.staging,
+                                           upload.message)
+        report.upload_method = "create_commit"
+    else:
+        report.commit_url = upload.one_commit(sent, upload.message)
+        report.upload_method = "upload_folder"
+    remote = upload.remote([*plan.names_in_repo, plan.card_path])
+    report.checks = compare_remote(report.files, upload.card, remote, names=plan.names_in_repo,
+                                   card_path=plan.card_path)
+
+
+def _upload_resumably(upload: _Upload) -> None:
+    """The files resumably (any earlier card removed first), checked on the Hub; the card last, only if they match."""
     from gguf_mtp._version import __version__
 
-    plan = report.plan
-    repo, files, names, card_path = plan.repo, report.files, plan.names_in_repo, plan.card_path
-    copies = [(t.source_path, t.name) for t in report.transfers if t.how == "copied" and t.source_path]
-    uploads = [t.name for t in report.transfers if t.how == "uploaded"]
-    if plan.mode == "one-commit":
-        if copies:
-            report.commit_url = _commit_copies(report, hub_api, token, copies, [*uploads, card_path], staging, message)
-            report.upload_method = "create_commit"
-        else:
-            report.commit_url = hub.upload_one_commit(
-                hub_api,
-                repo,
-                staging,
-                [_exact(n) for n in [*uploads, card_path]],
-                token=token,
-                revision=plan.revision,
-                message=message,
-            )
-            report.upload_method = "upload_folder"
-        remote = hub.remote_files(hub_api, repo, [*names, card_path], token=token, revision=plan.revision)
-        report.checks = compare_remote(files, card_bytes, remote, names=names, card_path=card_path)
+    report, plan = upload.report, upload.plan
+    _remove_earlier_card(upload)
+    copies, uploads = upload.copies(), upload.uploads()
+    if copies:
+        _commit_copies(report, upload.api, upload.token, copies, [], upload.staging, upload.message)
+    if uploads:
+        report.upload_method = hub.upload_resumable(
+            upload.api, plan.repo, upload.staging, [_exact(n) for n in uploads], token=upload.token,
+            revision=plan.revision, private=plan.private, message=upload.message,
+        )
     else:
-        # An earlier card would make a half-uploaded set look complete: remove it first, add the new one last.
-        before = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
-        if card_path in before:
-            hub.delete_remote_file(
-                hub_api,
-                repo,
-                card_path,
-                token=token,
-                revision=plan.revision,
-                message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
-            )
-            report.notes.append(f"removed the earlier {card_path} before uploading; the new one was added last")
-        if copies:
-            _commit_copies(report, hub_api, token, copies, [], staging, message)
-        if uploads:
-            report.upload_method = hub.upload_resumable(
-                hub_api,
-                repo,
-                staging,
-                [_exact(n) for n in uploads],
-                token=token,
-                revision=plan.revision,
-                private=plan.private,
-                message=message,
-            )
-        else:
-            report.upload_method = "create_commit" if copies else None
-        remote = hub.remote_files(hub_api, repo, names, token=token, revision=plan.revision)
-        report.checks = compare_remote(files, None, remote, names=names)
-        if all(c.ok for c in report.checks):
-            report.commit_url = hub.upload_one_commit(
-                hub_api,
-                repo,
-                staging,
-                [_exact(card_path)],
-                token=token,
-                revision=plan.revision,
-                message=f"Add the model card (gguf-mtp {__version__})",
-            )
-            remote = hub.remote_files(hub_api, repo, [card_path], token=token, revision=plan.revision)
-            report.checks += compare_remote([], card_bytes, remote, card_path=card_path)
-        else:
-            report.notes.append(f"{card_path} was not uploaded because the files on the Hub do not match")
+        report.upload_method = "create_commit" if copies else None
+    report.checks = compare_remote(report.files, None, upload.remote(plan.names_in_repo), names=plan.names_in_repo)
+    if not all(c.ok for c in report.checks):
+        report.notes.append(f"{plan.card_path} was not uploaded because the files on the Hub do not match")
+        return
+    report.commit_url = upload.one_commit([plan.card_path], f"Add the model card (gguf-mtp {__version__})")
+    report.checks += compare_remote([], upload.card, upload.remote([plan.card_path]), card_path=plan.card_path)
+
+
+def _remove_earlier_card(upload: _Upload) -> None:
+    """An earlier card would make a half-uploaded set look complete: remove it first (the new one is added last)."""
+    from gguf_mtp._version import __version__
+
+    plan, card_path = upload.plan, upload.plan.card_path
+    if card_path not in upload.remote([card_path]):
+        return
+    hub.delete_remote_file(
+        upload.api, plan.repo, card_path, token=upload.token, revision=plan.revision,
+        message=f"Remove the model card while new files are uploaded (gguf-mtp {__version__})",
+    )
+    upload.report.notes.append(f"removed the earlier {card_path} before uploading; the new one was added last")
 
 
 def _commit_copies(
@@ -948,10 +1017,7 @@ def _upload_size(
     plan: PublishPlan, files: Sequence[FileDigest], transfers: Sequence[FileTransfer], card_size: int
 ) -> UploadSize:
     """The bytes each way reaches the repo; only uploaded files (and the card) count as uploaded."""
-    if plan.sidecars:  # the trunk is the target's files as they are; the sidecars are new
-        beyond = [0] * len(plan.model.headers) + [f.size for f in files[len(plan.model.headers):]]
-    else:
-        beyond = [f.size for f in files] if plan.standalone else _bytes_beyond_target_per_shard(plan.model)
+    beyond = _bytes_beyond_target_per_file(plan, files)
     uploaded = [i for i, t in enumerate(transfers) if t.how == "uploaded"]
     return UploadSize(
         sum(files[i].size for i in uploaded) + card_size,
@@ -959,6 +1025,14 @@ def _upload_size(
         copied_bytes=sum(t.size for t in transfers if t.how == "copied"),
         unchanged_bytes=sum(t.size for t in transfers if t.how == "unchanged"),
     )
+
+
+def _bytes_beyond_target_per_file(plan: PublishPlan, files: Sequence[FileDigest]) -> list[int]:
+    """Each file's bytes that are not the target's: none of an untouched trunk's, all of a head's (a sidecar, a
+    standalone draft), a composite shard's header and NextN block."""
+    if plan.sidecars:
+        return [0] * len(plan.model.headers) + [f.size for f in files[len(plan.model.headers):]]
+    return [f.size for f in files] if plan.standalone else _bytes_beyond_target_per_shard(plan.model)
 
 
 def _check_bench_is_of(bench: BenchSummary, first_file: str) -> None:
@@ -993,37 +1067,15 @@ def publish(
 ) -> PublishReport:
     """Upload every file of the composite in ``outdir`` and a generated model card to ``repo``.
 
-    The keywords but ``api``, ``token`` and ``digests`` are the fields of one :class:`PublishOptions`, built here
-    and passed down (:func:`run` takes that object, as the command line and the pipeline do).
+    The keywords but ``api``, ``token`` and ``digests`` are the fields of one :class:`PublishOptions`, each
+    documented there (``copy_from`` may also be given as ``REPO[@REV]``); they are built into it here and passed
+    down (:func:`run` takes that object, as the command line and the pipeline do).
 
     Args:
         outdir: the folder holding the composite (exactly one model), or any of its files.
-        repo: the Hub repo, ``OWNER/NAME``; created if missing.
-        private: create the repo private (an existing repo keeps its visibility).
-        revision: the branch to commit to (created if missing); default the main branch.
-        dry_run: plan, hash and render the card only: no token needed, no network used.
         api: an ``HfApi``-like object (default: a real one holding the token).
-        provenance: where the target and the head came from, for the card.
         digests: already-known sha256 by path or file name (reused when the size still matches).
-        upload_mode: ``"auto"`` (by size and file count), ``"one-commit"`` or ``"resumable"``.
-        one_commit_max_bytes: with ``auto``, the largest set uploaded as one commit.
-        one_commit_max_files: with ``auto``, the most files (card included) uploaded as one commit.
-        progress: progress bars on stderr (hashing; huggingface_hub shows its own for uploads).
         token: the Hub token (default: ``HF_TOKEN``, else the stored login).
-        standalone: publish an MTP-only draft as a sidecar (named ``mtp-*``; its card shows both
-            ``--spec-draft-model`` and ``llama-server -hf``). Without it, a folder holding one model and
-            ``mtp-*.gguf`` sidecars is published as an untouched trunk beside its sidecars (:func:`find_models`).
-        path_in_repo: the repo folder the files go to (e.g. a quant's folder, next to which a sidecar is
-            found by ``llama-server -hf``); default the repo root. The card is the repo's root ``README.md``
-            (the one the Hub shows).
-        bench: a ``gguf-mtp bench --json`` report of these files (:func:`~gguf_mtp.server.bench_rules.parse_bench_json`)
-            for the card's "Measured speed" table.
-        replace_readme: replace the repo's ``README.md`` even when gguf-mtp did not write it (without it
-            such a file is refused before anything is hashed or uploaded; a card of ours is always replaced).
-        copy_from: a source repo, ``REPO[@REV]`` (:class:`CopySource`; pinned to the commit ``REV`` names when the
-            run starts): a file whose sha256 and size equal a ``.gguf`` file of it is copied on the Hub's side, 0
-            bytes uploaded (huggingface_hub 1.17.0 and later, Xet-stored files; elsewhere uploaded, said once in
-            ``notes``); a dry run reads the source's listing (read-only) to say so per file.
 
     Returns:
         A :class:`PublishReport` (its ``checks`` compare every uploaded file with the Hub's record).
@@ -1065,68 +1117,109 @@ def run(
 
     ``api``, ``token`` and ``digests`` as :func:`publish` takes them; returns and raises as :func:`publish`.
     """
-    from gguf_mtp._version import __version__
-
     started = time.perf_counter()
-    repo, dry_run, standalone, bench = options.repo, options.dry_run, options.standalone, options.bench
     model, sidecars = find_models(outdir)
     plan = plan_publish(model, options, sidecars)
-    if bench is not None:
-        _check_bench_is_of(bench, plan.files[0].name)
-    user = replaced = None
-    hub_api = None
-    if not dry_run:
-        token = token or hub_access.resolve_token()
-        hub_access.require_online(f"publish to {repo}")
-        if not token:
-            raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
-        hub_api = hub.make_api(api, token=token)
-        user = hub.check_write_access(hub_api, repo, token=token, private=options.private, revision=plan.revision)
-        replaced = check_card_replaceable(
-            hub_api, repo, token=token, revision=plan.revision, replace_readme=options.replace_readme
-        )
+    if options.bench is not None:
+        _check_bench_is_of(options.bench, plan.files[0].name)
+    access = None if options.dry_run else _check_access(plan, options, api, token)
     files = _digests(plan.files, digests, options.progress)
-    card = render_model_card(CardRequest(
-        repo=repo,
-        files=files,
-        facts=ModelFacts.from_model(plan.sidecars[0] if plan.sidecars else plan.model),
-        provenance=options.provenance,
-        version=__version__,
-        standalone=standalone,
-        names=plan.names_in_repo,
-        path_in_repo=plan.path_in_repo,
-        bench=bench,
-        pairings=plan.pairings,
-    ))
-    if hub_api is None and options.copy_from is not None:  # a dry run reads the source's listing, nothing else
-        token = token or hub_access.resolve_token()
-        hub_api = hub.make_api(api, token=token)
+    card = _card(plan, files, options)
+    hub_api, token = (access.api, access.token) if access is not None else _source_reader(options, api, token)
     copy_source, transfers = _transfers(plan, files, options, hub_api, token)
-    report = PublishReport(plan, dry_run, files, card, user=user, transfers=transfers, copy_source=copy_source)
+    report = PublishReport(plan, options.dry_run, files, card, user=access.user if access else None,
+                           transfers=transfers, copy_source=copy_source)
     report.upload = _upload_size(plan, files, transfers, len(card.encode()))
     if copy_source is not None and not hub.server_copy_supported():
         report.notes.append(
             f"huggingface_hub {_hub_version()} cannot copy files between repos on the Hub's side "
             f"({hub.SERVER_COPY_SINCE} and later can): files identical to {copy_source[0]}'s are uploaded"
         )
-    if dry_run:
-        report.seconds = time.perf_counter() - started
-        return report
-    if replaced:
-        report.notes.append(replaced)
-    card_bytes = card.encode()
+    if access is not None:
+        _send(report, access)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@dataclass(frozen=True)
+class _Access:
+    """The Hub as a real (not dry) run uses it: the api holding the token, the user, and the note a replaced
+    ``README.md`` gets."""
+
+    api: HubApi
+    token: str
+    user: str | None
+    replaced: str | None
+
+
+def _check_access(plan: PublishPlan, options: PublishOptions, api: HubApi | None, token: str | None) -> _Access:
+    """Before anything is hashed: online, a token, write access to the repo, and a ``README.md`` it may replace.
+
+    Raises:
+        HubError: offline, no token, no write access, or a ``README.md`` gguf-mtp did not write.
+    """
+    repo = options.repo
+    token = token or hub_access.resolve_token()
+    hub_access.require_online(f"publish to {repo}")
+    if not token:
+        raise HubError(f"cannot publish to {repo}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
+    hub_api = hub.make_api(api, token=token)
+    user = hub.check_write_access(hub_api, repo, token=token, private=options.private, revision=plan.revision)
+    replaced = check_card_replaceable(
+        hub_api, repo, token=token, revision=plan.revision, replace_readme=options.replace_readme
+    )
+    return _Access(hub_api, token, user, replaced)
+
+
+def _source_reader(
+    options: PublishOptions, api: HubApi | None, token: str | None
+) -> tuple[HubApi | None, str | None]:
+    """A dry run's Hub: only to read the copy source's listing (``None`` without ``copy_from``)."""
+    if options.copy_from is None:
+        return None, token
+    token = token or hub_access.resolve_token()
+    return hub.make_api(api, token=token), token
+
+
+def _card(plan: PublishPlan, files: Sequence[FileDigest], options: PublishOptions) -> str:
+    """The model card of the published files: the sidecar's facts when there are sidecars, else the model's."""
+    from gguf_mtp._version import __version__
+
+    return render_model_card(CardRequest(
+        repo=options.repo,
+        files=files,
+        facts=ModelFacts.from_model(plan.sidecars[0] if plan.sidecars else plan.model),
+        provenance=options.provenance,
+        version=__version__,
+        standalone=options.standalone,
+        names=plan.names_in_repo,
+        path_in_repo=plan.path_in_repo,
+        bench=options.bench,
+        pairings=plan.pairings,
+    ))
+
+
+def _send(report: PublishReport, access: _Access) -> None:
+    """Stage the files and the card, upload them, and refuse a Hub record that does not match what was sent.
+
+    Raises:
+        HubError: an upload failed, or the Hub's record of a file disagrees with the local file.
+    """
+    from gguf_mtp._version import __version__
+
+    plan = report.plan
+    if access.replaced:
+        report.notes.append(access.replaced)
+    card_bytes = report.card.encode()
     names = plan.names_in_repo
-    card_path = plan.card_path
-    staging = _stage(plan.files, card_bytes, names, card_path)
-    what = "MTP draft" if standalone else "trunk and MTP sidecars" if plan.sidecars else "GGUF with MTP head"
+    staging = _stage(plan.files, card_bytes, names, plan.card_path)
+    what = "MTP draft" if plan.standalone else "trunk and MTP sidecars" if plan.sidecars else "GGUF with MTP head"
     message = f"Upload {plan.model.arch} {what} ({len(names)} file(s), gguf-mtp {__version__})"
-    assert hub_api is not None  # made above unless dry_run
-    _upload(report, hub_api, token, staging, card_bytes, message)
+    _upload(report, access.api, access.token, staging, card_bytes, message)
     bad = [c for c in report.checks if not c.ok]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        held = "" if plan.mode == "one-commit" else f"; {card_path} was not uploaded"
-        raise HubError(f"after the upload, {bad[0].name} on the Hub does not match: {bad[0].detail}{more}{held}", repo)
+        held = "" if plan.mode == "one-commit" else f"; {plan.card_path} was not uploaded"
+        raise HubError(f"after the upload, {bad[0].name} on the Hub does not match: {bad[0].detail}{more}{held}",
+                       plan.repo)
     shutil.rmtree(staging, ignore_errors=True)
-    report.seconds = time.perf_counter() - started
-    return report

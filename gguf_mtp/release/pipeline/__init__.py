@@ -1,9 +1,10 @@
 """``gguf-mtp pipeline``: Hub target + MTP head -> draft -> composite -> verify -> publish, resumable.
 
-One subject, one module per part: the run itself (:mod:`.run`), its options (:mod:`.options`), its dry-run plan
-(:mod:`.plan`), its report (:mod:`.report`), the choice of the target's files, on the Hub or in a mounted folder
-(:mod:`.target`), the disk check before the first byte (:mod:`.disk`), the checked state file (:mod:`.state`) and
-the sources pinned to their commits, compared with the published card's by ``--if-changed`` (:mod:`.sources`).
+One subject, one module per part: the run itself (:mod:`.run`), each stage a record run by one reuse-or-run
+skeleton (:mod:`.stage`), its options (:mod:`.options`), its dry-run plan (:mod:`.plan`), its report (:mod:`.report`),
+the choice of the target's files, on the Hub or in a mounted folder (:mod:`.target`), the disk check before the
+first byte (:mod:`.disk`), the state file, written and read back checked (:mod:`.state`) and the sources pinned to
+their commits, compared with the published card's by ``--if-changed`` (:mod:`.sources`).
 The public names below are imported on first use (PEP 562), so importing one part does not import the run.
 """
 

@@ -13,12 +13,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gguf_mtp.constants import split_file_name
+from gguf_mtp.constants import SPLIT_NAME
 from gguf_mtp.files.workdir import claim_work_dir
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
+from gguf_mtp.jobs.compose_plan import composite_file_names
 from gguf_mtp.jobs.convert import draft_size_bound
 from gguf_mtp.text import human_bytes
 
@@ -99,13 +101,13 @@ def _disk_need(files: TargetFiles, cache_dir: str | os.PathLike[str] | None, wor
 
 
 def run_disk_need(
-    api: HubApi, token: str | None, options: PipelineOptions, *, head: Callable[[], HeadNeed], composite_done: bool
+    files: TargetFiles, options: PipelineOptions, *, head: Callable[[], HeadNeed], composite_done: bool
 ) -> DiskNeed | None:
-    """The disk a run needs (downloads, the head's byte ranges, the draft and the composite; no download from
-    ``target_dir``), or ``None`` where the sizes are unknown (offline, a file the cache does not hold).
+    """The disk a run needs for the target's ``files`` (:func:`target_files_of`: downloads, the head's byte ranges,
+    the draft and the composite; no download from ``target_dir``), or ``None`` where the sizes are unknown
+    (offline, a file the cache does not hold).
 
-    ``head()`` is asked once the target's files are known: a target the run refuses is refused first."""
-    files = target_files_of(api, token, options)
+    ``head()`` is asked only here, after the target's files are known: a target the run refuses is refused first."""
     return _disk_need(files, options.cache_dir, options.work_dir, composite_done, head())
 
 
@@ -147,80 +149,122 @@ def plan_pipeline(api: HubApi, token: str | None, options: PipelineOptions) -> P
         HubError: ``out_repo`` has a ``README.md`` gguf-mtp did not write and ``replace_readme`` is not set
             (online only; see :func:`~gguf_mtp.release.publish.check_card_replaceable`).
     """
-    work, target_repo, target_dir = options.work_dir, options.target_repo, options.target_dir
-    head_repo, out_repo = options.head_repo, options.out_repo
-    report = PipelineReport(work, dry_run=True)
+    report = PipelineReport(options.work_dir, dry_run=True)
+    _note_work_folder(report, options)
+    files = target_files_of(api, token, options)
+    outputs = _composite_names(options, files)
+    report.stages += [
+        _target_step(options, files), _draft_step(options), _compose_step(options, files, outputs),
+        StageResult("verify", _PLANNED, "structure, target and draft bytes, and llama.cpp when installed"),
+    ]
+    report.stages.append(_publish_step(report, api, token, options, outputs))
+    # A Hub head's size needs its shards' headers, fetched into the work folder: the dry run makes none.
+    local_head = Path(options.head_repo).expanduser()
+    head = HeadNeed(draft_size_bound(local_head, outtype=options.outtype)) if local_head.is_dir() else None
+    _note_disk(report, files, options, head)
+    report.planned = _planned_files(files, options, outputs)
+    return report
+
+
+def _note_work_folder(report: PipelineReport, options: PipelineOptions) -> None:
+    """Refuse the work folder a real run would refuse; note that it would be created, or what it holds."""
+    work = options.work_dir
     would_create = claim_work_dir(
         work, "pipeline", force=options.force, parameter="work_dir", also_ours=(STATE_NAME, LOCK_NAME), dry_run=True
     )
     if would_create:
         report.notes.append(f"the work folder {work} would be created")
-    else:
-        finished = sorted(load_stages(work / STATE_NAME, STATE_FORMAT))
-        if finished:
-            report.notes.append(
-                f"the state file records finished stages ({', '.join(finished)}): a run re-checks their files "
-                "(size, sha256) and reuses those that still match"
-            )
-
-    files = target_files_of(api, token, options)
-    names, sizes, target_bytes = files.names, files.sizes, files.total
-    if target_dir is not None:
-        report.stages.append(StageResult(
-            "target", _PLANNED,
-            f"read {len(names)} file(s) ({_size(target_bytes)}) from the mounted repo {target_dir}, not downloaded "
-            f"(checked against {target_repo}'s record on the Hub when online; never written to)",
-        ))
-    else:
-        report.stages.append(StageResult(
-            "target", _PLANNED,
-            f"download {len(files.to_download)} of {len(names)} file(s) of {target_repo} "
-            f"({_size(files.download_bytes)}; {len(names) - len(files.to_download)} already in the Hub cache)",
-        ))
-    local_head = Path(head_repo).expanduser()
-    report.stages.append(StageResult(
-        "draft", _PLANNED,
-        f"convert the MTP head in {local_head} -> {work / 'draft' / 'mtp-draft.gguf'}" if local_head.is_dir()
-        else f"download config.json, the index and the safetensors files holding the MTP head of {head_repo}, "
-        f"convert -> {work / 'draft' / 'mtp-draft.gguf'}",
-    ))
-    name = options.basename or basename_of(names[0])
-    outputs = [split_file_name(name, i, len(names)) for i in range(1, len(names) + 1)] if len(names) > 1 \
-        else [f"{name}.gguf"]
-    report.stages.append(StageResult(
-        "compose", _PLANNED,
-        f"write {len(outputs)} file(s) to {work / 'composite'}: {', '.join(outputs)} (about {_size(target_bytes)}"
-        " + the draft)",
-    ))
-    report.stages.append(StageResult(
-        "verify", _PLANNED, "structure, target and draft bytes, and llama.cpp when installed"
-    ))
-    if out_repo:
-        _check_out_readme(report, api, token, out_repo, options.out_revision, options.replace_readme)
-        report.stages.append(StageResult(
-            "publish", _PLANNED,
-            f"upload {len(outputs)} file(s) + README.md to {out_repo} (the token and write access are checked "
-            "before anything is downloaded)" + ("" if options.keep else "; then remove the draft and the composite"),
-        ))
-    else:
-        report.stages.append(StageResult("publish", "skipped", "no --out-repo given"))
-    # A Hub head's size needs its shards' headers, fetched into the work folder: the dry run makes none.
-    head = HeadNeed(draft_size_bound(local_head, outtype=options.outtype)) if local_head.is_dir() else None
-    need = _disk_need(files, options.cache_dir, work, composite_done=False, head=head)
-    if need is not None:
-        report.disk_needed = need.total
+        return
+    finished = sorted(load_stages(work / STATE_NAME, STATE_FORMAT))
+    if finished:
         report.notes.append(
-            f"disk needed: {'at most' if head else 'at least'} {need.describe()}"
-            + ("" if head else ", plus the head's byte ranges and the draft")
-            + ("" if need.shared or target_dir is not None else "; less on a reflink filesystem holding both")
+            f"the state file records finished stages ({', '.join(finished)}): a run re-checks their files "
+            "(size, sha256) and reuses those that still match"
         )
-    report.planned = {
-        "download": [] if target_dir is not None else
+
+
+def _composite_names(options: PipelineOptions, files: TargetFiles) -> list[str]:
+    """The composite's file names, as compose will write them (compose's one rule:
+    :func:`~gguf_mtp.jobs.compose_plan.composite_file_names`)."""
+    first = files.names[0].rpartition("/")[2]
+    return composite_file_names(options.basename or basename_of(first), len(files.names),
+                                split=SPLIT_NAME.match(first) is not None)
+
+
+def _target_step(options: PipelineOptions, files: TargetFiles) -> StageResult:
+    count = len(files.names)
+    if options.target_dir is not None:
+        return StageResult(
+            "target", _PLANNED,
+            f"read {count} file(s) ({_size(files.total)}) from the mounted repo {options.target_dir}, not downloaded "
+            f"(checked against {options.target_repo}'s record on the Hub when online; never written to)",
+        )
+    return StageResult(
+        "target", _PLANNED,
+        f"download {len(files.to_download)} of {count} file(s) of {options.target_repo} "
+        f"({_size(files.download_bytes)}; {count - len(files.to_download)} already in the Hub cache)",
+    )
+
+
+def _draft_path(options: PipelineOptions) -> Path:
+    return options.work_dir / "draft" / "mtp-draft.gguf"
+
+
+def _draft_step(options: PipelineOptions) -> StageResult:
+    local_head = Path(options.head_repo).expanduser()
+    if local_head.is_dir():
+        return StageResult("draft", _PLANNED, f"convert the MTP head in {local_head} -> {_draft_path(options)}")
+    return StageResult(
+        "draft", _PLANNED,
+        f"download config.json, the index and the safetensors files holding the MTP head of {options.head_repo}, "
+        f"convert -> {_draft_path(options)}",
+    )
+
+
+def _compose_step(options: PipelineOptions, files: TargetFiles, outputs: list[str]) -> StageResult:
+    return StageResult(
+        "compose", _PLANNED,
+        f"write {len(outputs)} file(s) to {options.work_dir / 'composite'}: {', '.join(outputs)} (about "
+        f"{_size(files.total)} + the draft)",
+    )
+
+
+def _publish_step(report: PipelineReport, api: HubApi, token: str | None, options: PipelineOptions,
+                  outputs: list[str]) -> StageResult:
+    out_repo = options.out_repo
+    if not out_repo:
+        return StageResult("publish", "skipped", "no --out-repo given")
+    _check_out_readme(report, api, token, out_repo, options.out_revision, options.replace_readme)
+    return StageResult(
+        "publish", _PLANNED,
+        f"upload {len(outputs)} file(s) + README.md to {out_repo} (the token and write access are checked "
+        "before anything is downloaded)" + ("" if options.keep else "; then remove the draft and the composite"),
+    )
+
+
+def _note_disk(report: PipelineReport, files: TargetFiles, options: PipelineOptions, head: HeadNeed | None) -> None:
+    """The disk a run needs, at most with a local head (its draft's bound known), else at least."""
+    need = _disk_need(files, options.cache_dir, options.work_dir, composite_done=False, head=head)
+    if need is None:
+        return
+    report.disk_needed = need.total
+    report.notes.append(
+        f"disk needed: {'at most' if head else 'at least'} {need.describe()}"
+        + ("" if head else ", plus the head's byte ranges and the draft")
+        + ("" if need.shared or options.target_dir is not None else "; less on a reflink filesystem holding both")
+    )
+
+
+def _planned_files(files: TargetFiles, options: PipelineOptions, outputs: list[str]) -> dict[str, Any]:
+    """The files a run would download or read, write and upload (``--json``'s ``planned``)."""
+    names, sizes, work = files.names, files.sizes, options.work_dir
+    from_folder = options.target_dir is not None
+    return {
+        "download": [] if from_folder else
         [{"path": n, "size": sizes[n], "cached": files.local[n] is not None} for n in names],
-        "read": [{"path": n, "size": sizes[n]} for n in names] if target_dir is not None else [],
-        "head": head_repo,
-        "write": [str(work / "draft" / "mtp-draft.gguf"), *(str(work / "composite" / o) for o in outputs)],
-        "upload": [*outputs, "README.md"] if out_repo else [],
-        "out_repo": out_repo,
+        "read": [{"path": n, "size": sizes[n]} for n in names] if from_folder else [],
+        "head": options.head_repo,
+        "write": [str(_draft_path(options)), *(str(work / "composite" / o) for o in outputs)],
+        "upload": [*outputs, "README.md"] if options.out_repo else [],
+        "out_repo": options.out_repo,
     }
-    return report

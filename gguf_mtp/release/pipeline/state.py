@@ -1,4 +1,5 @@
-"""Reading the pipeline's state file (``gguf-mtp-pipeline.json``) back, checked before it is trusted.
+"""The pipeline's state file (``gguf-mtp-pipeline.json``): its format, written (:class:`StateFile`) and read back,
+checked before it is trusted.
 
 The pipeline rewrites the file atomically after every stage, so anything that is not exactly what it
 writes -- a directory or a pipe under that name, a file too large, JSON nested too deep, a list
@@ -21,17 +22,23 @@ of a file it did not write can be trusted).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gguf_mtp.errors import GGUFMTPError
-from gguf_mtp.files.json_io import load_json_file
+from gguf_mtp.files.digests import FileDigest
+from gguf_mtp.files.json_io import load_json_file, write_json_file
 
 __all__ = [
     "DETAILS", "LOCK_NAME", "MAX_OUTPUTS", "MAX_STATE_BYTES", "OUTPUT_COUNTS", "STAGES", "STATE_FORMAT", "STATE_NAME",
-    "StateFileError", "check_state", "load_stages",
+    "StateFile", "StateFileError", "check_state", "load_stages", "stage_key",
 ]
 
 #: A state file records a few dozen files; a megabyte-sized one was not written by gguf-mtp.
@@ -101,12 +108,8 @@ def _check_output(path: Path, where: str, output: Any) -> None:
         raise _problem(path, f"{where}.sha256 is not a sha256")
 
 
-def _check_record(path: Path, stage: str, record: Any) -> None:
-    where = f"stages.{stage}"
-    if not isinstance(record, dict):
-        raise _problem(path, f"{where} is not an object")
-    if not isinstance(record.get("key"), str):
-        raise _problem(path, f"{where}.key is not a string")
+def _check_outputs(path: Path, where: str, record: dict[str, Any]) -> list[Any]:
+    """The record's outputs list, each output checked; no file listed twice."""
     if "outputs" not in record:
         raise _problem(path, f"{where} has no outputs list")
     outputs = record["outputs"]
@@ -119,6 +122,11 @@ def _check_record(path: Path, stage: str, record: Any) -> None:
     paths = [o["path"] for o in outputs]
     if len(set(paths)) != len(paths):
         raise _problem(path, f"{where}.outputs lists a file twice")
+    return outputs
+
+
+def _check_detail(path: Path, where: str, stage: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The record's detail object, each of its stage's fields of its kind (:data:`DETAILS`)."""
     if "detail" not in record:
         raise _problem(path, f"{where} has no detail object")
     detail = record["detail"]
@@ -128,14 +136,30 @@ def _check_record(path: Path, stage: str, record: Any) -> None:
         what, fits = _KINDS[kind]
         if (required or name in detail) and not fits(detail.get(name)):
             raise _problem(path, f"{where}.detail.{name} is not {_NAMED_KIND.get(name, what)}")
-    if not isinstance(record.get("finished"), str):
-        raise _problem(path, f"{where}.finished is not a time")
+    return detail
+
+
+def _check_output_count(path: Path, where: str, stage: str, outputs: list[Any], detail: dict[str, Any]) -> None:
+    """The stage's number of outputs (:data:`OUTPUT_COUNTS`); a target names one file per output."""
     fewest, most = OUTPUT_COUNTS[stage]
     if not fewest <= len(outputs) <= most:
         wanted = f"exactly {fewest}" if fewest == most else f"{fewest} or more"
         raise _problem(path, f"{where} records {len(outputs)} outputs; a {stage} stage has {wanted}")
     if stage == "target" and len(detail["files"]) != len(outputs):
         raise _problem(path, f"{where}.detail.files names {len(detail['files'])} files for {len(outputs)} outputs")
+
+
+def _check_record(path: Path, stage: str, record: Any) -> None:
+    where = f"stages.{stage}"
+    if not isinstance(record, dict):
+        raise _problem(path, f"{where} is not an object")
+    if not isinstance(record.get("key"), str):
+        raise _problem(path, f"{where}.key is not a string")
+    outputs = _check_outputs(path, where, record)
+    detail = _check_detail(path, where, stage, record)
+    if not isinstance(record.get("finished"), str):
+        raise _problem(path, f"{where}.finished is not a time")
+    _check_output_count(path, where, stage, outputs, detail)
 
 
 def check_state(path: Path, doc: Any, state_format: int) -> dict[str, dict[str, Any]]:
@@ -176,3 +200,56 @@ def load_stages(path: str | os.PathLike[str], state_format: int) -> dict[str, di
     doc = load_json_file(path, max_bytes=MAX_STATE_BYTES, error=StateFileError,
                          what="not a pipeline state file gguf-mtp wrote", unique_keys=True)
     return check_state(path, doc, state_format)
+
+
+# ----------------------------------------------------------------------------------- writing it
+
+
+def stage_key(stage: str, params: dict[str, Any], inputs: Sequence[FileDigest] = ()) -> str:
+    """A stage's identity, recorded as its ``key``: its parameters and the sha256 of its inputs."""
+    doc = {"stage": stage, "params": params, "inputs": [[d.name, d.size, d.sha256] for d in inputs]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class StateFile:
+    """A work folder's record of finished stages: read checked (:func:`load_stages`), rewritten atomically after
+    each change."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.path = work_dir / STATE_NAME
+        # A state file of any other shape (or a directory, a pipe) is refused with one line: it is not ours.
+        self.stages: dict[str, dict[str, Any]] = load_stages(self.path, STATE_FORMAT)
+
+    def record(self, stage: str, key: str, outputs: Sequence[FileDigest], detail: dict[str, Any]) -> None:
+        """Record ``stage`` as finished, with its key, outputs and detail fields (:data:`DETAILS`)."""
+        self.stages[stage] = {
+            "key": key,
+            "finished": _now(),
+            "outputs": [self._relative(d) for d in outputs],
+            "detail": detail,
+        }
+        self._save()
+
+    def _relative(self, digest: FileDigest) -> dict[str, Any]:
+        # Outputs inside the work folder are recorded relative to it, so the folder can be moved.
+        entry = digest.to_dict()
+        with contextlib.suppress(ValueError):
+            entry["path"] = digest.path.resolve().relative_to(self.path.parent.resolve()).as_posix()
+        return entry
+
+    def outputs(self, record: dict[str, Any]) -> list[FileDigest]:
+        """A record's outputs with their paths resolved."""
+        digests = [FileDigest.from_dict(o) for o in record.get("outputs", [])]
+        return [FileDigest(self.path.parent / d.path, d.size, d.sha256) for d in digests]
+
+    def forget(self, stage: str) -> None:
+        """Drop ``stage``'s record (it no longer holds), rewriting the file only if there was one."""
+        if self.stages.pop(stage, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        write_json_file(self.path, {"format": STATE_FORMAT, "stages": self.stages})

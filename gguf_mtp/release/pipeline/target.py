@@ -56,22 +56,45 @@ def select_target_files(repo_files: Iterable[str], pattern: str) -> list[str]:
         ShardSetError: nothing matches, several models match, or the split set is incomplete.
     """
     available = set(repo_files)
-    folder, _, base = pattern.rpartition("/")
-    if base.endswith(_SPLIT_GLOB_TAIL) and not _GLOB_CHARS.search(base[: -len(_SPLIT_GLOB_TAIL)] + folder):
-        prefix = base[: -len(_SPLIT_GLOB_TAIL)]
-        counts = sorted({k[2] for f in available if (k := _group_key(f)) and k[:2] == (folder, prefix)})
-        if not counts:
-            raise ShardSetError(f"{pattern!r} matches no file of the repo")
-        if len(counts) > 1:
-            raise ShardSetError(f"{pattern!r} matches split sets of {' and '.join(map(str, counts))} shards")
-        return _complete_set(folder, prefix, counts[0], available, pattern)
+    split_glob = _split_glob(pattern)
+    if split_glob is not None:
+        return _split_glob_set(*split_glob, available, pattern)
     if not _GLOB_CHARS.search(pattern):
-        key = _group_key(pattern)
-        if key is not None:
-            return _complete_set(*key, available, pattern)
-        if pattern not in available:
-            raise ShardSetError(f"{pattern!r} is not a file of the repo")
-        return [pattern]
+        return _named_model(pattern, available)
+    return _globbed_model(pattern, available)
+
+
+def _split_glob(pattern: str) -> tuple[str, str] | None:
+    """``(folder, prefix)`` of a pattern ``DIR/NAME-*-of-*.gguf`` with no other glob character, else ``None``."""
+    folder, _, base = pattern.rpartition("/")
+    if not base.endswith(_SPLIT_GLOB_TAIL):
+        return None
+    prefix = base[: -len(_SPLIT_GLOB_TAIL)]
+    return None if _GLOB_CHARS.search(prefix + folder) else (folder, prefix)
+
+
+def _split_glob_set(folder: str, prefix: str, available: set[str], pattern: str) -> list[str]:
+    """The one complete split set whose prefix is exactly ``prefix`` in ``folder``."""
+    counts = sorted({k[2] for f in available if (k := _group_key(f)) and k[:2] == (folder, prefix)})
+    if not counts:
+        raise ShardSetError(f"{pattern!r} matches no file of the repo")
+    if len(counts) > 1:
+        raise ShardSetError(f"{pattern!r} matches split sets of {' and '.join(map(str, counts))} shards")
+    return _complete_set(folder, prefix, counts[0], available, pattern)
+
+
+def _named_model(name: str, available: set[str]) -> list[str]:
+    """The model one exact file name belongs to: a shard's whole set, or that single file."""
+    key = _group_key(name)
+    if key is not None:
+        return _complete_set(*key, available, name)
+    if name not in available:
+        raise ShardSetError(f"{name!r} is not a file of the repo")
+    return [name]
+
+
+def _globbed_model(pattern: str, available: set[str]) -> list[str]:
+    """The files of the one model (a split set or a single file) whose ``.gguf`` files any glob matches."""
     groups: dict[tuple[str, str, int] | str, list[str]] = {}
     for f in sorted(available):
         if fnmatch.fnmatchcase(f, pattern) and f.endswith(".gguf"):
