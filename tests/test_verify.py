@@ -129,7 +129,7 @@ def test_skipped_llama_check_is_reported_as_skipped_not_passed(split_composite: 
 
 
 def test_missing_llama_cpp_python_says_how_to_install(split_composite: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify"), "llama_cpp_available", lambda: False)
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify.llama"), "llama_cpp_available", lambda: False)
     when_installed = verify(split_composite, llama=None, progress=False).check("llama.cpp")
     assert when_installed.status == "skip"
     assert INSTALL_HINT in when_installed.detail
