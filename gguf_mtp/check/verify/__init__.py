@@ -91,12 +91,6 @@ def verify(
         HubError: a remote composite could not be reached.
     """
     started = time.perf_counter()
-    if not 0.0 <= floor <= 1.0:
-        raise ParameterError(f"floor {floor:g}: give an acceptance from 0 to 1", parameter="floor")
-    if is_hub_path(composite) and (target is not None or draft is not None):
-        raise BadGGUFError("comparing bytes with --target/--draft needs the composite on disk", str(composite))
-    model = scan_model(composite)
-    started = time.perf_counter()
     _refuse_parameters(composite, target, draft, floor)
     model = scan_model(composite)
     model.require_readable_headers()  # a file that is not a GGUF: one line, as inspect and compose say it
