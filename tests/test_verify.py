@@ -248,6 +248,20 @@ def test_target_stating_zero_nextn_layers_may_change_it(
     assert "nextn_predict_layers 0->1" in metadata.detail
 
 
+def test_target_key_without_a_dot_is_compared_like_any_other(
+    nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
+) -> None:
+    target = copy_model(nemotron_split, tmp_path / "target")
+    add_raw_kvs(target, [encode_kv("undotted", GGUFValueType.UINT32, 7)])
+    composite = _compose(target, nemotron_draft0, tmp_path / "out")
+    metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
+    assert metadata.ok, metadata.detail
+    assert metadata.detail == (  # the 37 KVs of the target, and "undotted"
+        "all 38 target KVs unchanged except block_count 3->4, attention.head_count_kv extended, "
+        "feed_forward_length extended, split.tensors.count 26->44, nextn_predict_layers = 1"
+    )
+
+
 def test_compose_verify_accepts_the_keys_set_kv_changed(
     nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
 ) -> None:
