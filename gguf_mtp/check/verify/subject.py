@@ -19,11 +19,11 @@ __all__ = ["CheckGroup", "Subject", "VerifyOptions", "is_mtp_draft", "read_layou
 class VerifyOptions:
     """How to verify (the keywords of :func:`gguf_mtp.check.verify.verify`, which documents each)."""
 
-    llama: bool | None = None
-    progress: bool = True
-    allow_kv: tuple[str, ...] = ()
-    acceptance: bool = False
-    floor: float = 0.0
+    llama: bool | None
+    progress: bool
+    allow_kv: tuple[str, ...]
+    acceptance: bool
+    floor: float
 
 
 @dataclass(frozen=True)
