@@ -38,11 +38,11 @@ def bytes_group(subject: Subject, report: VerifyReport) -> None:
     with progress_bar(_bytes_to_read(subject), "verify", enabled=subject.options.progress) as bar:
         if subject.target is not None:
             result = _compare_tensors(subject.target, composite, None, bar.update)
-            _count(report, result)
+            _add_bytes(report, result)
             report.checks.append(_target_tensors_check(result))
         if subject.draft is not None:
             result = _compare_tensors(subject.draft, composite, subject.renames, bar.update)
-            _count(report, result)
+            _add_bytes(report, result)
             report.checks.append(_draft_tensors_check(result, subject.renames, subject.dropped))
 
 
@@ -56,7 +56,8 @@ def _bytes_to_read(subject: Subject) -> int:
     return total
 
 
-def _count(report: VerifyReport, result: _ByteComparison) -> None:
+def _add_bytes(report: VerifyReport, result: _ByteComparison) -> None:
+    """Count a comparison's bytes in the report (the ``--json`` totals)."""
     report.bytes_compared += result.nbytes
     report.bytes_shared += result.shared
 
