@@ -47,7 +47,7 @@ def _metadata_check(
         # tensors the composite has and the target has not: what compose added to split.tensors.count
         added = len({t.name for h in model.headers for t in h.tensors} - set(target.tensor_locations))
         # gguf_mtp.pad may come and go: it only places the data section (gguf_mtp.format.layout)
-        tally = _kv_problems(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
+        tally = _compare_target_kvs(target, model, layout, added, {*allow_kv, PAD_KEY, SET_ID_KEY})
     except GGUFMTPError as e:
         return Check("target metadata", False, str(e)), None
     compared = [h for h, shard in zip(target.headers, model.shards) if shard.header is not None]
@@ -94,8 +94,6 @@ class _KVRules:
     layout_blocks: int | None
 
 
-
-
 @dataclass
 class _KVTally:
     """What comparing the KVs found."""
@@ -110,7 +108,7 @@ class _KVTally:
             self.settable.append(key)
 
 
-def _kv_problems(
+def _compare_target_kvs(
     target: ShardSet, model: ScannedModel, layout: BlockLayout | None, added: int, allowed: set[str]
 ) -> _KVTally:
     """Every target KV compared with the composite's, shard by shard."""
