@@ -107,7 +107,6 @@ class VerifyReport:
         return lines
 
 
-
 def _summary(problems: list[str]) -> str:
     shown = "; ".join(problems[:SHOWN])
     more = len(problems) - SHOWN

@@ -227,8 +227,6 @@ def _compare_tensors(
     return result
 
 
-
-
 def _nextn_start(draft: ShardSet) -> int | None:
     """Where the NextN blocks of a whole model with MTP start (a graft source given as the draft)."""
     try:
