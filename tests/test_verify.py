@@ -129,7 +129,7 @@ def test_skipped_llama_check_is_reported_as_skipped_not_passed(split_composite: 
 
 
 def test_missing_llama_cpp_python_says_how_to_install(split_composite: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify"), "llama_cpp_available", lambda: False)
+    monkeypatch.setattr(importlib.import_module("gguf_mtp.check.verify.llama"), "llama_cpp_available", lambda: False)
     when_installed = verify(split_composite, llama=None, progress=False).check("llama.cpp")
     assert when_installed.status == "skip"
     assert INSTALL_HINT in when_installed.detail
@@ -246,6 +246,20 @@ def test_target_stating_zero_nextn_layers_may_change_it(
     metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
     assert metadata.ok, metadata.detail
     assert "nextn_predict_layers 0->1" in metadata.detail
+
+
+def test_target_key_without_a_dot_is_compared_like_any_other(
+    nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
+) -> None:
+    target = copy_model(nemotron_split, tmp_path / "target")
+    add_raw_kvs(target, [encode_kv("undotted", GGUFValueType.UINT32, 7)])
+    composite = _compose(target, nemotron_draft0, tmp_path / "out")
+    metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
+    assert metadata.ok, metadata.detail
+    assert metadata.detail == (  # the 37 KVs of the target, and "undotted"
+        "all 38 target KVs unchanged except block_count 3->4, attention.head_count_kv extended, "
+        "feed_forward_length extended, split.tensors.count 26->44, nextn_predict_layers = 1"
+    )
 
 
 def test_compose_verify_accepts_the_keys_set_kv_changed(

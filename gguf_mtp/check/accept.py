@@ -172,45 +172,72 @@ class AcceptReport:
         }
 
     def describe(self) -> list[str]:
-        """The human-readable report, one line per item."""
-        what = self.model if self.draft is None else f"{self.model} with the sidecar {self.draft}"
-        lines = [f"accept: {what}: {self.heads} NextN block{'s' * (self.heads > 1)}"
-                 + (" (chained: block k drafts token k)" if self.chained else ""),
-                 f"predicted with {self.llama_cpp_build or 'a llama.cpp that does not say its build'}"]
-        if self.mode == "text":
-            agree = [p.agreement or (0, 0) for p in self.prompts]
-            for p, (a, n) in zip(self.prompts, agree, strict=True):
-                lines.append(f"  {p.name}: the head agrees with the trunk on {a} of {n} tokens "
-                             f"({a / n:.2f})" if n else f"  {p.name}: nothing scored")
-            a, n = sum(x for x, _ in agree), sum(y for _, y in agree)
-            lines.append(f"teacher forcing on the given text: the head's first draft agrees with the trunk's own "
-                         f"next token on {a} of {n} positions ({a / n:.2f}) — an estimate of acceptance at n-max 1, "
-                         "not a server prediction" if n else "nothing scored")
-            return lines + [f"note: {line}" for line in self.notes()]
-        lines.append(f"predicted llama-server counts (greedy, {self.tokens} tokens per prompt, context {self.n_ctx}):")
-        for p in self.prompts:
-            parts = [f"n-max {r.n_max}: {r.draft_n_accepted}/{r.draft_n}"
-                     + (f" ({r.acceptance:.2f})" if r.acceptance is not None else "") for r in p.runs]
-            lines.append(f"  {p.name}: " + ", ".join(parts))
-        for r in self.runs:
-            positions = " ".join(f"{x:.2f}" if x is not None else "-" for x in r.by_position())
-            speed = self.speedup(r)
-            lines.append(
-                f"n-max {r.n_max}: draft_n {r.draft_n}, draft_n_accepted {r.draft_n_accepted}"
-                + (f", acceptance {r.acceptance:.2f}" if r.acceptance is not None else "")
-                + f", by position {positions}, {r.tokens_per_step or 0:.2f} tokens per trunk step"
-                + (f", speed-up estimate {speed:.2f}x" if speed is not None else "")
-            )
+        """The human-readable report, one line per item: what was measured with which llama.cpp, then the text
+        mode's agreement (teacher forcing) or the greedy mode's predicted llama-server counts."""
+        render = self._text_lines if self.mode == "text" else self._greedy_lines
+        return self._heading_lines() + render()
+
+    def _heading_lines(self) -> list[str]:
+        return _heading_lines(self.model, self.draft, self.heads, self.llama_cpp_build, chained=self.chained)
+
+    def _note_lines(self) -> list[str]:
+        return [f"note: {line}" for line in self.notes()]
+
+    def _text_lines(self) -> list[str]:
+        """Teacher forcing on the given text: how often the head's first draft agrees with the trunk, per prompt
+        and over all of them."""
+        agree = [p.agreement or (0, 0) for p in self.prompts]
+        lines = [f"  {p.name}: the head agrees with the trunk on {a} of {n} tokens ({a / n:.2f})" if n
+                 else f"  {p.name}: nothing scored" for p, (a, n) in zip(self.prompts, agree, strict=True)]
+        a, n = sum(x for x, _ in agree), sum(y for _, y in agree)
+        lines.append(f"teacher forcing on the given text: the head's first draft agrees with the trunk's own "
+                     f"next token on {a} of {n} positions ({a / n:.2f}) — an estimate of acceptance at n-max 1, "
+                     "not a server prediction" if n else "nothing scored")
+        return lines + self._note_lines()
+
+    def _greedy_lines(self) -> list[str]:
+        """The predicted llama-server counts per prompt and per n-max, the speed-up estimate and the n-max it
+        recommends."""
+        lines = [f"predicted llama-server counts (greedy, {self.tokens} tokens per prompt, context {self.n_ctx}):"]
+        lines += [f"  {p.name}: " + ", ".join(f"n-max {r.n_max}: {r.draft_n_accepted}/{r.draft_n}"
+                                              + _acceptance_suffix(r, " ({:.2f})") for r in p.runs)
+                  for p in self.prompts]
+        lines += [self._run_line(r) for r in self.runs]
         lines.append(f"speed-up estimate = tokens per trunk step / (1 + n-max x c), c = {self.draft_cost:.3f} (the "
                      "head's weights read per draft step over the trunk's per token); it assumes a verify batch costs "
                      "one trunk step: an estimate, measure tokens/s with gguf-mtp bench")
-        lines += [f"note: {line}" for line in self.notes()]
+        lines += self._note_lines()
         if self.batched_disagreements:
             lines.append(f"note: at {self.batched_disagreements} positions the batched trunk pass chose another token "
                          "than the one-token greedy decode (near ties): the server's counts may differ there")
         rec = self.recommended_n_max
         lines.append(f"recommended n-max (estimate): {rec}" if rec is not None else "nothing was drafted")
         return lines
+
+    def _run_line(self, run: Replay) -> str:
+        """One n-max over every prompt: its counts, acceptance by draft position and speed-up estimate."""
+        positions = " ".join(f"{x:.2f}" if x is not None else "-" for x in run.by_position())
+        speed = self.speedup(run)
+        return (
+            f"n-max {run.n_max}: draft_n {run.draft_n}, draft_n_accepted {run.draft_n_accepted}"
+            + _acceptance_suffix(run, ", acceptance {:.2f}")
+            + f", by position {positions}, {run.tokens_per_step or 0:.2f} tokens per trunk step"
+            + (f", speed-up estimate {speed:.2f}x" if speed is not None else "")
+        )
+
+
+def _heading_lines(model: str, draft: str | None, heads: int, build: str | None, *, chained: bool = False) -> list[str]:
+    """Every accept report's first lines: what was measured (the model, its sidecar, its NextN blocks) and with
+    which llama.cpp."""
+    what = model if draft is None else f"{model} with the sidecar {draft}"
+    return [f"accept: {what}: {heads} NextN block{'s' * (heads > 1)}"
+            + (" (chained: block k drafts token k)" if chained else ""),
+            f"predicted with {build or 'a llama.cpp that does not say its build'}"]
+
+
+def _acceptance_suffix(run: Replay, template: str) -> str:
+    """``template`` filled with ``run``'s acceptance; nothing when it drafted nothing."""
+    return template.format(run.acceptance) if run.acceptance is not None else ""
 
 
 def draft_cost(target: ShardSet, mtp: ShardSet) -> float:
@@ -450,12 +477,11 @@ class SampledReport:
     def describe(self) -> list[str]:
         """The human-readable report."""
         s = self.sampling
-        lines = [f"accept: {self.model}" + (f" with the sidecar {self.draft}" if self.draft else "")
-                 + f": {self.heads} NextN block{'s' * (self.heads > 1)}",
-                 f"predicted with {self.llama_cpp_build or 'a llama.cpp that does not say its build'}",
-                 f"predicted llama-server acceptance (--spec-draft-sampling probabilistic, temperature {s.temp:g}, "
-                 f"top-k {s.top_k}, top-p {s.top_p:g}, min-p {s.min_p:g}; {self.tokens} tokens per prompt, context "
-                 f"{self.n_ctx}), over {s.draws} sampled texts per prompt x {s.replicates} replays, seed {s.seed}:"]
+        lines = _heading_lines(self.model, self.draft, self.heads, self.llama_cpp_build)
+        lines.append(f"predicted llama-server acceptance (--spec-draft-sampling probabilistic, temperature {s.temp:g}, "
+                     f"top-k {s.top_k}, top-p {s.top_p:g}, min-p {s.min_p:g}; {self.tokens} tokens per prompt, "
+                     f"context {self.n_ctx}), over {s.draws} sampled texts per prompt x {s.replicates} replays, "
+                     f"seed {s.seed}:")
         for r in self.runs:
             if r.interval is None or r.acceptance_mean is None:
                 lines.append(f"  n-max {r.n_max}: nothing drafted")

@@ -35,7 +35,7 @@ from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import LlamaCppBuild
 from gguf_mtp.server.bench_rules import SPEC_DRAFT_SAMPLING, RequestSampling
 
-from .accept_schedule import Limits, replay
+from .accept_schedule import Limits, column_sums, replay
 
 __all__ = [
     "CONFIDENCE", "DRAFT_TOP_K", "Distribution", "SampledRun", "SampledText", "Sampling", "check_probabilistic_support",
@@ -176,6 +176,11 @@ def _ratio(accepted: int, drafted: int) -> float:
     return accepted / drafted if drafted else 0.0
 
 
+def _summed_over_prompts(per_prompt: Sequence[Sequence[tuple[int, int]]]) -> list[tuple[int, ...]]:
+    """Run i of every prompt summed into run i of the whole set: ``(draft_n_accepted, draft_n)`` each."""
+    return [column_sums(column) for column in zip(*per_prompt, strict=True)]
+
+
 def simulate(texts: Sequence[Sequence[SampledText]], limits: Sequence[Limits], n_max: int, drafted_max: int,
              sampling: Sampling) -> SampledRun:
     """Simulate ``draws x replicates`` server requests of every prompt (:func:`_prompt_runs`) and sum them over the
@@ -195,9 +200,8 @@ def simulate(texts: Sequence[Sequence[SampledText]], limits: Sequence[Limits], n
     runs = sampling.replicates * sampling.draws
     per_prompt = [_prompt_runs(prompt_texts, limit, drafted_max, runs, np.random.default_rng([sampling.seed, n_max, i]))
                   for i, (prompt_texts, limit) in enumerate(zip(texts, limits, strict=True))]
-    independent = [tuple(map(sum, zip(*column, strict=True))) for column in zip(*per_prompt, strict=True)]
-    together = [tuple(map(sum, zip(*column, strict=True)))
-                for column in zip(*(sorted(p, key=lambda ad: _ratio(*ad)) for p in per_prompt), strict=True)]
+    independent = _summed_over_prompts(per_prompt)
+    together = _summed_over_prompts([sorted(p, key=lambda ad: _ratio(*ad)) for p in per_prompt])
     if not any(d for _, d in independent):
         return SampledRun(n_max, 0.0, 0.0, None, 0.0, None)
     mean = fmean(_ratio(a, d) for a, d in independent)

@@ -83,20 +83,44 @@ def draft_globals_check(first: GGUFHeader, headers: Sequence[GGUFHeader]) -> Dra
         for name in needed
         if name not in tensors
     ]
+    if isinstance(width, int) and vocab is not None:
+        problems += _global_shape_problems(tensors, present, width, vocab, width_key)
+    else:
+        problems += _unstated_size_problems(arch, width_key, width, vocab)
+    detail = _globals_detail(tensors, present) + f"; {width_key} {width}, {vocab} tokens: loadable beside its " \
+        "target as the drafter"
+    return DraftGlobals(tuple(problems), detail, sidecar=all(name in tensors for name in needed))
+
+
+def _globals_detail(tensors: dict[str, TensorInfo], present: Sequence[str]) -> str:
+    """The global tensors a sidecar carries, and ``output``'s absence (tied to the embedding)."""
+    shown = [_describe(tensors[name]) for name in present]
+    if OUTPUT not in tensors:
+        shown.append(f"no {OUTPUT} (tied to {TOKEN_EMBD})")
+    return "; ".join(shown)
+
+
+def _unstated_size_problems(arch: object, width_key: str, width: object, vocab: int | None) -> list[str]:
+    """The sizes the global tensors' shapes are checked against, where the file does not state them."""
+    problems = []
     if not isinstance(width, int):
         problems.append(f"states no {width_key}")
     if vocab is None:
         problems.append(f"states no vocabulary size ({arch}.vocab_size or {KEY_TOKENS})")
+    return problems
+
+
+def _global_shape_problems(
+    tensors: dict[str, TensorInfo], present: Sequence[str], width: int, vocab: int, width_key: str
+) -> list[str]:
+    """The global tensors whose shapes the stated width and vocabulary do not make."""
     expected = {TOKEN_EMBD: [width, vocab], OUTPUT: [width, vocab], OUTPUT_NORM: [width]}
+    problems = []
     for name in present:
         shape = _dims(tensors[name].shape)
-        if isinstance(width, int) and vocab is not None and shape != expected[name]:
+        if shape != expected[name]:
             problems.append(f"{name} is {shape}, but {width_key} and the vocabulary make it {expected[name]}")
-    shown = [_describe(tensors[name]) for name in present]
-    if OUTPUT not in tensors:
-        shown.append(f"no {OUTPUT} (tied to {TOKEN_EMBD})")
-    detail = "; ".join(shown) + f"; {width_key} {width}, {vocab} tokens: loadable beside its target as the drafter"
-    return DraftGlobals(tuple(problems), detail, sidecar=all(name in tensors for name in needed))
+    return problems
 
 
 def tokens_digest(header: GGUFHeader) -> str | None:
@@ -114,12 +138,22 @@ def target_fit_check(target: ShardSet, first: GGUFHeader, headers: Sequence[GGUF
     """(problems, what matched) of a draft beside ``target``: the same architecture and embedding width,
     ``token_embd``/``output`` of the target's shapes (their types may differ: each model computes with its
     own), the same vocabulary size and, where both carry one, the same token list and tokenizer model."""
-    problems: list[str] = []
-    matched: list[str] = []
     arch, draft_arch = target.arch, first.get(KEY_ARCHITECTURE)
     if draft_arch != arch:
         return [f"the draft is for architecture {draft_arch!r}, the target is {arch!r}"], ""
-    width_key = KEY_EMBEDDING_LENGTH.format(arch=arch)
+    problems: list[str] = []
+    matched: list[str] = []
+    for fit in (_size_fit(target, first), _tokenizer_fit(target, first), _global_tensors_fit(target, headers)):
+        problems += fit[0]
+        matched += fit[1]
+    return problems, "beside the target: " + ", ".join(matched)
+
+
+def _size_fit(target: ShardSet, first: GGUFHeader) -> tuple[list[str], list[str]]:
+    """(problems, matched): the embedding width and the vocabulary size."""
+    problems: list[str] = []
+    matched: list[str] = []
+    width_key = KEY_EMBEDDING_LENGTH.format(arch=target.arch)
     width, draft_width = target.get(width_key), first.get(width_key)
     if width != draft_width:
         problems.append(f"{width_key} is {draft_width!r} in the draft, {width!r} in the target")
@@ -130,6 +164,13 @@ def target_fit_check(target: ShardSet, first: GGUFHeader, headers: Sequence[GGUF
         problems.append(f"the draft's vocabulary has {draft_vocab} tokens, the target's {target_vocab}")
     else:
         matched.append(f"{draft_vocab} tokens")
+    return problems, matched
+
+
+def _tokenizer_fit(target: ShardSet, first: GGUFHeader) -> tuple[list[str], list[str]]:
+    """(problems, matched): the token list (by its sha256) and the tokenizer model, where both carry them."""
+    problems: list[str] = []
+    matched: list[str] = []
     ours, theirs = tokens_digest(first), tokens_digest(target.first)
     if ours is not None and theirs is not None:
         if ours != theirs:
@@ -139,6 +180,14 @@ def target_fit_check(target: ShardSet, first: GGUFHeader, headers: Sequence[GGUF
     model, target_model = first.get(_TOKENIZER_MODEL), target.get(_TOKENIZER_MODEL)
     if model is not None and target_model is not None and model != target_model:
         problems.append(f"{_TOKENIZER_MODEL} is {model!r} in the draft, {target_model!r} in the target")
+    return problems, matched
+
+
+def _global_tensors_fit(target: ShardSet, headers: Sequence[GGUFHeader]) -> tuple[list[str], list[str]]:
+    """(problems, matched): ``token_embd``/``output`` of the target's shapes, where both carry them (their types
+    may differ)."""
+    problems: list[str] = []
+    matched: list[str] = []
     draft_tensors = _tensors(headers)
     target_tensors = {name: tensor for name, (_, tensor) in target.tensor_locations.items()}
     for name in (TOKEN_EMBD, OUTPUT):
@@ -151,4 +200,4 @@ def target_fit_check(target: ShardSet, first: GGUFHeader, headers: Sequence[GGUF
             matched.append(f"{name} {list(ours_t.shape)} ({ours_t.type_name}; the target's is {theirs_t.type_name})")
         else:
             matched.append(f"{name} {list(ours_t.shape)} {ours_t.type_name}")
-    return problems, "beside the target: " + ", ".join(matched)
+    return problems, matched

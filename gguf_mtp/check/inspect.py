@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -226,18 +227,11 @@ class ModelSummary:
             "standalone": self.standalone,
             "mtp_verdict": self.mtp_verdict,
             "nextn_graph_note": self.graph_note,
-            "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds)
-            if self.layer_kinds
-            else None,
-            "layer_kind_list": list(self.layer_kinds) if self.layer_kinds else None,
+            **self._layer_kinds_fields(),
             "files": [s.to_dict() for s in self.shards],
             "tensor_count": self.tensor_count,
             "total_size": self.total_size,
-            "types": [t.to_dict() for t in self.types],
-            "nextn_types": [t.to_dict() for t in self.nextn_types],
-            "nextn_size": sum(t.nbytes for t in self.nextn_types),
-            "trunk_types": [t.to_dict() for t in self.rest_types],
-            "trunk_size": sum(t.nbytes for t in self.rest_types),
+            **self._type_fields(),
             "alignment": self.alignment,
             "consistent": not self.problems,
             "problems": list(self.problems),
@@ -251,11 +245,40 @@ class ModelSummary:
             result["tensors"] = [t.to_dict() for t in self.tensors]
         return result
 
+    def _type_fields(self) -> dict[str, Any]:
+        """The type histogram, and its split between the NextN blocks and the rest (the trunk and the globals)."""
+        return {
+            "types": [t.to_dict() for t in self.types],
+            "nextn_types": [t.to_dict() for t in self.nextn_types],
+            "nextn_size": sum(t.nbytes for t in self.nextn_types),
+            "trunk_types": [t.to_dict() for t in self.rest_types],
+            "trunk_size": sum(t.nbytes for t in self.rest_types),
+        }
+
+    def _layer_kinds_fields(self) -> dict[str, Any]:
+        """The per-layer kinds as one string (a kind of several letters bracketed) and as a list; None for a
+        model without them."""
+        if not self.layer_kinds:
+            return {"layer_kinds": None, "layer_kind_list": None}
+        return {
+            "layer_kinds": "".join(k if len(k) == 1 else f"[{k}]" for k in self.layer_kinds),
+            "layer_kind_list": list(self.layer_kinds),
+        }
+
     def describe(self) -> list[str]:
-        """The human-readable report, one line per fact."""
-        lines = [self.source]
+        """The human-readable report, one line per fact: the model, its blocks, its files, its tensor types, the
+        head, the tensors (``--tensors``), what a remote read cost, warnings, and last the MTP verdict."""
+        sections = (self._model_lines, self._block_lines, self._file_lines, self._type_lines, self._head_lines,
+                    self._tensor_lines, self._remote_lines, self._warning_lines)
+        return [self.source, *(line for section in sections for line in section()), self.mtp_verdict]
+
+    def _model_lines(self) -> list[str]:
         arch = self.architecture or "(no general.architecture)"
-        lines.append(f"architecture: {arch}" + (f"  ({self.model_name})" if self.model_name else ""))
+        return [f"architecture: {arch}" + (f"  ({self.model_name})" if self.model_name else "")]
+
+    def _block_lines(self) -> list[str]:
+        """The block count, an MTP-only file's kind, what is wrong with the NextN blocks, the per-layer kinds."""
+        lines = []
         if self.block_count is not None:
             blocks = f"blocks: {self.block_count} = {self.trunk_blocks} trunk + {self.nextn_predict_layers} NextN"
             if self.nextn_blocks:
@@ -264,50 +287,70 @@ class ModelSummary:
         if self.mtp_only:
             extra = f", with {', '.join(sidecar_globals(self.architecture))}" if self.standalone else ""
             lines.append(f"kind: MTP draft (NextN block tensors only, none of a trunk block{extra})")
-        if self.graph_note:
-            lines.append(f"  note: {self.graph_note}")
+        lines += self._nextn_problem_lines()
+        if self.layer_kinds:
+            lines.append(f"layers: {_kinds_line(self.layer_kinds, self.trunk_blocks or 0)}")
+        return lines
+
+    def _nextn_problem_lines(self) -> list[str]:
+        lines = [f"  note: {self.graph_note}"] if self.graph_note else []
         for block, names in self.nextn_missing.items():
             lines.append(f"  blk.{block} lacks {', '.join(n.split('.', 2)[2] for n in names)}")
         if self.stray_blocks:
             lines.append(f"  tensors of blocks beyond block_count: {', '.join(f'blk.{b}' for b in self.stray_blocks)}")
-        if self.layer_kinds:
-            lines.append(f"layers: {_kinds_line(self.layer_kinds, self.trunk_blocks or 0)}")
+        return lines
+
+    def _file_lines(self) -> list[str]:
+        """The files with their sizes and ``split.*`` keys, then whether they agree."""
         files = f"{len(self.shards)} files" if len(self.shards) > 1 else "1 file"
-        lines.append(
+        lines = [
             f"files: {files}, {human_bytes(self.total_size)}, {self.tensor_count} tensors"
             + (f", alignment {self.alignment}" if self.alignment else "")
-        )
-        for shard in self.shards:
-            lines.append("  " + _shard_line(shard, len(self.shards)))
+        ]
+        lines += ["  " + _shard_line(shard, len(self.shards)) for shard in self.shards]
         lines.append("consistency: ok" if not self.problems else f"problems ({len(self.problems)}):")
         lines.extend(f"  {p}" for p in self.problems)
-        lines.append(
-            "tensor types: "
-            + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in self.types)
-        )
+        return lines
+
+    def _type_lines(self) -> list[str]:
+        """The tensor type histogram; for a file with NextN blocks, also split between them and the rest."""
+        lines = ["tensor types: " + _types_text(self.types)]
         if self.nextn_types:
             for what, usage in (("NextN block", self.nextn_types), ("the rest", self.rest_types)):
                 if usage:
-                    lines.append(f"  {what}: {human_bytes(sum(t.nbytes for t in usage))}: "
-                                 + ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in usage))
-        if self.head is not None:
-            lines.extend(self.head.describe())
-        if self.tensors is not None:
-            lines.append("tensors:")
-            width = max((len(t.name) for t in self.tensors), default=0)
-            for t in self.tensors:
-                shape = "x".join(str(d) for d in t.shape)
-                where = f"  shard {t.shard}" if len(self.shards) > 1 else ""
-                lines.append(f"  {t.name:<{width}}  {t.type_name:<7} {shape:<18} {human_bytes(t.nbytes):>10}{where}")
-        if self.remote:
-            lines.append(
-                f"fetched {human_bytes(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
-                f"the files hold {human_bytes(self.total_size)}"
-            )
-        if self.uncommitted:
-            lines.append(f"warning: {uncommitted_line(self.uncommitted)}")
-        lines.append(self.mtp_verdict)
+                    lines.append(f"  {what}: {human_bytes(sum(t.nbytes for t in usage))}: " + _types_text(usage))
         return lines
+
+    def _head_lines(self) -> list[str]:
+        return self.head.describe() if self.head is not None else []
+
+    def _tensor_lines(self) -> list[str]:
+        """Every tensor, one line each (``--tensors``)."""
+        if self.tensors is None:
+            return []
+        lines = ["tensors:"]
+        width = max((len(t.name) for t in self.tensors), default=0)
+        for t in self.tensors:
+            shape = "x".join(str(d) for d in t.shape)
+            where = f"  shard {t.shard}" if len(self.shards) > 1 else ""
+            lines.append(f"  {t.name:<{width}}  {t.type_name:<7} {shape:<18} {human_bytes(t.nbytes):>10}{where}")
+        return lines
+
+    def _remote_lines(self) -> list[str]:
+        if not self.remote:
+            return []
+        return [
+            f"fetched {human_bytes(self.bytes_fetched or 0)} of header in {self.http_requests} range request(s); "
+            f"the files hold {human_bytes(self.total_size)}"
+        ]
+
+    def _warning_lines(self) -> list[str]:
+        return [f"warning: {uncommitted_line(self.uncommitted)}"] if self.uncommitted else []
+
+
+def _types_text(usage: Iterable[TypeUsage]) -> str:
+    """``Q4_K 12 (1.5 MiB), ...``: a type histogram's entries."""
+    return ", ".join(f"{t.type_name} {t.count} ({human_bytes(t.nbytes)})" for t in usage)
 
 
 def _kinds_line(kinds: tuple[str, ...], trunk: int) -> str:
@@ -338,25 +381,26 @@ def _shard_line(shard: ShardSummary, count: int) -> str:
 
 
 def _shard_summaries(model: ScannedModel) -> tuple[ShardSummary, ...]:
-    summaries = []
-    for shard in model.shards:
-        header = shard.header
-        summaries.append(
-            ShardSummary(
-                number=shard.number,
-                name=shard.name,
-                size=shard.size,
-                tensors=len(header.tensors) if header else 0,
-                tensor_bytes=sum(t.nbytes for t in header.tensors) if header else 0,
-                header_bytes=header.data_offset if header else 0,
-                version=header.version if header else None,
-                alignment=header.alignment if header else None,
-                split_no=header.get(KEY_SPLIT_NO) if header else None,
-                split_count=header.get(KEY_SPLIT_COUNT) if header else None,
-                split_tensors_count=header.get(KEY_SPLIT_TENSORS_COUNT) if header else None,
-            )
-        )
-    return tuple(summaries)
+    return tuple(_shard_summary(shard.number, shard.name, shard.size, shard.header) for shard in model.shards)
+
+
+def _shard_summary(number: int, name: str, size: int | None, header: GGUFHeader | None) -> ShardSummary:
+    """One file's summary; a file without a readable header has no tensors, version, alignment or split keys."""
+    if header is None:
+        return ShardSummary(number, name, size, 0, 0, 0, None, None, None, None, None)
+    return ShardSummary(
+        number=number,
+        name=name,
+        size=size,
+        tensors=len(header.tensors),
+        tensor_bytes=sum(t.nbytes for t in header.tensors),
+        header_bytes=header.data_offset,
+        version=header.version,
+        alignment=header.alignment,
+        split_no=header.get(KEY_SPLIT_NO),
+        split_count=header.get(KEY_SPLIT_COUNT),
+        split_tensors_count=header.get(KEY_SPLIT_TENSORS_COUNT),
+    )
 
 
 def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
@@ -376,6 +420,7 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
     problems += [f"tensors of blk.{block}, beyond block_count {blocks.count}" for block in stray]
     nextn_blocks = blocks.nextn_blocks
     tally = _tally_types(model, nextn_blocks, tensors=tensors)
+    nextn_types, rest_types = (_by_bytes(tally.nextn_usage), _by_bytes(tally.rest_usage)) if nextn_blocks else ((), ())
     return ModelSummary(
         source=model.source,
         remote=model.remote,
@@ -399,10 +444,9 @@ def summarize(model: ScannedModel, *, tensors: bool = False) -> ModelSummary:
         mtp_only=blocks.mtp_only,
         standalone=blocks.mtp_only and all(name in names for name in sidecar_globals(arch)),
         graph_note=nextn_graph_note(arch, blocks.nextn),
-        nextn_types=_by_bytes(tally.nextn_usage) if nextn_blocks else (),
-        rest_types=_by_bytes(tally.rest_usage) if nextn_blocks else (),
-        head=_head_report(names, blocks, _by_bytes(tally.nextn_usage) if nextn_blocks else (),
-                          _acceptance_command(model, blocks)),
+        nextn_types=nextn_types,
+        rest_types=rest_types,
+        head=_head_report(names, blocks, nextn_types, _acceptance_command(model, blocks)),
     )
 
 
@@ -422,18 +466,12 @@ def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, 
     """The head report of a file with declared NextN blocks or ``nextn.*`` tensors (``None`` for neither);
     ``measure`` says how to measure the head (:func:`_acceptance_command`)."""
     declared = blocks.nextn_blocks
-    holding = set(declared) & set(block_indices(names))
-    holding |= {b for name in names if ".nextn." in name and (b := block_index(name)) is not None}
-    if not declared and not holding:
+    with_tensors = _blocks_with_nextn_tensors(names, declared)
+    if not declared and not with_tensors:
         return None
-    with_tensors = tuple(sorted(holding))
     weak = tuple(t.name for t in weak_head_types(t.type_name for t in types))
     main = types[0].type_name if types else None
-    if blocks.mtp_only:
-        fix = "extract or convert it again with --outtype q8_0"
-    else:
-        fix = "replace it in one pass: gguf-mtp compose MODEL Q8_0-DRAFT.gguf --replace-head -o OUTDIR (or graft " \
-              "--from A-Q8_0-QUANT --into MODEL --replace-head)"
+    fix = _head_fix(blocks.mtp_only)
     if weak:
         suggestion = f"a {main} head usually drafts nothing accepted: {fix}"
     elif with_tensors != declared:
@@ -441,6 +479,21 @@ def _head_report(names: list[str], blocks: _BlockFacts, types: tuple[TypeUsage, 
     else:
         suggestion = f"{measure}; if it is low, {fix}"
     return HeadReport(declared, types, weak, blocks.nextn, with_tensors, suggestion)
+
+
+def _blocks_with_nextn_tensors(names: list[str], declared: tuple[int, ...]) -> tuple[int, ...]:
+    """The blocks that hold NextN tensors: declared ones with any tensor, and any block with ``nextn.*`` ones."""
+    holding = set(declared) & set(block_indices(names))
+    holding |= {b for name in names if ".nextn." in name and (b := block_index(name)) is not None}
+    return tuple(sorted(holding))
+
+
+def _head_fix(mtp_only: bool) -> str:
+    """How to give a file a better head: a draft is made again, a model's head replaced."""
+    if mtp_only:
+        return "extract or convert it again with --outtype q8_0"
+    return "replace it in one pass: gguf-mtp compose MODEL Q8_0-DRAFT.gguf --replace-head -o OUTDIR (or graft " \
+           "--from A-Q8_0-QUANT --into MODEL --replace-head)"
 
 
 def _text_kv(header: GGUFHeader | None, key: str) -> str | None:

@@ -139,13 +139,17 @@ class LlamaCheck:
         if self.trunk_decode_ok is not None:
             parts.append("trunk decode " + ("ok" if self.trunk_decode_ok else "FAILED"))
         if self.mtp_decode_ok is not None:
-            finite = "" if self.mtp_logits_finite in (None, True) else " (non-finite logits)"
-            blocks = f" through {self.mtp_blocks_decoded} NextN blocks" if (self.mtp_blocks_decoded or 0) > 1 else ""
-            rows = " on the target's hidden rows" if self.beside else ""
-            parts.append("MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + blocks + rows + finite)
+            parts.append(self._mtp_part())
         if self.error:
             parts.append(self.error)
         return "llama.cpp loaded it: " + ", ".join(parts)
+
+    def _mtp_part(self) -> str:
+        """``MTP decode ok`` or ``FAILED``, through how many blocks, on whose rows, with what logits."""
+        finite = "" if self.mtp_logits_finite in (None, True) else " (non-finite logits)"
+        blocks = f" through {self.mtp_blocks_decoded} NextN blocks" if (self.mtp_blocks_decoded or 0) > 1 else ""
+        rows = " on the target's hidden rows" if self.beside else ""
+        return "MTP decode " + ("ok" if self.mtp_decode_ok else "FAILED") + blocks + rows + finite
 
 
 _INVALID_DATA = "found tensors with invalid data"
@@ -193,12 +197,17 @@ def llama_reason(stderr: str) -> str | None:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     loader = next((i for i in range(len(lines) - 1, -1, -1) if _LOADER_ERROR in lines[i]), None)
     if loader is None:
-        complaints = [line for line in lines if _is_complaint(line)]
-        return complaints[-1] if complaints else (lines[-1] if lines else None)
+        return _last_complaint(lines)
     why = lines[loader].split(_LOADER_ERROR, 1)[1].strip()
     if _WRAPPER.search(why) is None:
         return _named_tensors(why, lines)
     return _wrapped_cause(lines[:loader], why)
+
+
+def _last_complaint(lines: list[str]) -> str | None:
+    """The last complaint in the log's ``lines``, else its last line (None for an empty log)."""
+    complaints = [line for line in lines if _is_complaint(line)]
+    return complaints[-1] if complaints else (lines[-1] if lines else None)
 
 
 def _wrapped_cause(before: list[str], wrapper: str) -> str:
@@ -540,6 +549,8 @@ def import_bindings() -> Any:
 
 
 def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict[str, Any]:
+    """The check itself, in the child: load ``path`` (with its NextN blocks when ``mtp``), then run the decode steps
+    asked for (:func:`_decode_steps`); what llama.cpp did, as the report's fields."""
     llama = import_bindings()
     llama.llama_backend_init()
     ran = {"llama_cpp_build": build_of(llama), "llama_cpp_library": library_of(llama)}
@@ -555,61 +566,83 @@ def _child(path: str, mtp: bool, trunk: bool, beside: str | None = None) -> dict
         "n_layer": llama.llama_model_n_layer(model),
         "n_layer_nextn": llama.llama_model_n_layer_nextn(model),
     }
+    _decode_steps(llama, model, out, mtp=mtp, trunk=trunk, beside=beside)
+    llama.llama_model_free(model)
+    return out
+
+
+def _decode_steps(llama: Any, model: Any, out: dict[str, Any], *, mtp: bool, trunk: bool, beside: str | None) -> None:
+    """The trunk's decode step (``trunk``), then an MTP decode step through each NextN block (``mtp``): on the hidden
+    rows of ``beside``'s trunk decode where given (a sidecar beside its target), else on synthetic rows."""
     # The rows an MTP step takes are the trunk's output rows: n_embd_out wide (qwen4exp's are its hc streams,
     # hc x n_embd; llama.cpp reads that many floats a token from the batch, so narrower rows would overrun it).
     n_embd = llama.llama_model_n_embd_out(model)
     n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))
     tokens = [t % max(n_vocab, 1) for t in (1, 2, 3)]
-
     if trunk:
-        emit_report(out, "trunk")
-        ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
-        if not ctx:
-            out["trunk_decode_ok"] = False
-            out["error"] = "could not create a context"
-        else:
-            rc, finite, out["trunk_logits_sha256"] = _decode(llama, ctx, tokens, None, n_vocab)
-            out["trunk_decode_ok"] = rc == 0 and finite
-            llama.llama_free(ctx)
+        _trunk_step(llama, model, tokens, n_vocab, out)
+    if mtp and out["n_layer_nextn"] > 0:
+        _mtp_steps(llama, model, tokens, n_embd, n_vocab, out, beside)
+    elif mtp:
+        out["mtp_decode_ok"] = None
+
+
+def _mtp_steps(
+    llama: Any, model: Any, tokens: list[int], n_embd: int, n_vocab: int, out: dict[str, Any], beside: str | None
+) -> None:
+    """An MTP decode step through each NextN block in turn, up to the first that fails."""
     hidden = [[0.01 * math.sin(0.1 * (i + 1) * (j + 1)) for j in range(n_embd)] for i in range(len(tokens))]
-    if mtp and beside is not None and out["n_layer_nextn"] > 0:
+    if beside is not None:
         out["beside"] = beside
         emit_report(out, "target")
         rows, error = _target_rows(llama, beside, tokens, n_embd, n_vocab)
         if rows is None:
             out["mtp_decode_ok"] = False
             out["error"] = error
-            llama.llama_model_free(model)
-            return out
+            return
         hidden = rows
-    if mtp and out["n_layer_nextn"] > 0:
-        out["mtp_blocks_decoded"] = 0
-        for offset in range(out["n_layer_nextn"]):  # one MTP decode step through each NextN block
-            emit_report(out, "mtp")
-            ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_MTP)
-            if not ctx:
-                out["mtp_decode_ok"] = False
-                out["error"] = "could not create an MTP context"
-                break
-            if offset:
-                from llama_cpp import llama_cpp_ext  # the selector of the NextN block (llama-ext.h)
+    out["mtp_blocks_decoded"] = 0
+    for offset in range(out["n_layer_nextn"]):  # one MTP decode step through each NextN block
+        emit_report(out, "mtp")
+        if not _mtp_step(llama, model, tokens, hidden, n_vocab, offset, out):
+            break
+        out["mtp_blocks_decoded"] += 1
 
-                llama_cpp_ext.llama_set_nextn_layer_offset(ctx, offset)
-            rc, finite, digest = _decode(llama, ctx, tokens, hidden, n_vocab)
-            llama.llama_free(ctx)
-            if offset == 0:
-                out["mtp_logits_sha256"] = digest
-            out["mtp_decode_ok"] = rc == 0 and out.get("mtp_decode_ok", True)
-            out["mtp_logits_finite"] = finite and out.get("mtp_logits_finite", True)
-            if rc != 0:
-                if out["n_layer_nextn"] > 1:
-                    out["error"] = f"the MTP decode step through NextN block {offset} failed (llama_decode: {rc})"
-                break
-            out["mtp_blocks_decoded"] += 1
-    elif mtp:
-        out["mtp_decode_ok"] = None
-    llama.llama_model_free(model)
-    return out
+
+def _trunk_step(llama: Any, model: Any, tokens: list[int], n_vocab: int, out: dict[str, Any]) -> None:
+    emit_report(out, "trunk")
+    ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_DEFAULT)
+    if not ctx:
+        out["trunk_decode_ok"] = False
+        out["error"] = "could not create a context"
+        return
+    rc, finite, out["trunk_logits_sha256"] = _decode(llama, ctx, tokens, None, n_vocab)
+    out["trunk_decode_ok"] = rc == 0 and finite
+    llama.llama_free(ctx)
+
+
+def _mtp_step(
+    llama: Any, model: Any, tokens: list[int], hidden: Any, n_vocab: int, offset: int, out: dict[str, Any]
+) -> bool:
+    """One MTP decode step through the NextN block at ``offset``, recorded in ``out``; whether it succeeded."""
+    ctx = _context(llama, model, llama.LLAMA_CONTEXT_TYPE_MTP)
+    if not ctx:
+        out["mtp_decode_ok"] = False
+        out["error"] = "could not create an MTP context"
+        return False
+    if offset:
+        from llama_cpp import llama_cpp_ext  # the selector of the NextN block (llama-ext.h)
+
+        llama_cpp_ext.llama_set_nextn_layer_offset(ctx, offset)
+    rc, finite, digest = _decode(llama, ctx, tokens, hidden, n_vocab)
+    llama.llama_free(ctx)
+    if offset == 0:
+        out["mtp_logits_sha256"] = digest
+    out["mtp_decode_ok"] = rc == 0 and out.get("mtp_decode_ok", True)
+    out["mtp_logits_finite"] = finite and out.get("mtp_logits_finite", True)
+    if rc != 0 and out["n_layer_nextn"] > 1:
+        out["error"] = f"the MTP decode step through NextN block {offset} failed (llama_decode: {rc})"
+    return rc == 0
 
 
 def main(argv: list[str] | None = None) -> int:
