@@ -24,8 +24,9 @@ import pytest
 from support.helpers import pid_alive
 
 from gguf_mtp.errors import LlamaServerError
+from gguf_mtp.model.drafting import MAX_COUNT
 from gguf_mtp.server import process as llama_server
-from gguf_mtp.server.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics
+from gguf_mtp.server.bench_rules import PositionCounts, parse_completion, parse_metrics
 from gguf_mtp.server.process import ServerHandle
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,13 +30,18 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
-from gguf_mtp.llama_build import child_environment, chosen
-from gguf_mtp.model.blocks import block_index
+from gguf_mtp.llama_build import child_environment, chosen, die_with_parent, last_lines, read_log_end
+from gguf_mtp.model.drafting import (
+    BenchModel,
+    Threads,
+    check_count_options,
+    check_model,
+    check_n_max,
+    pool_share,
+    shared_threads,
+)
+from gguf_mtp.model.prompts import Prompt, builtin_prompts, check_prompts
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model, check_prompts
-from gguf_mtp.server.bench_rules import check_count_options, check_n_max
-from gguf_mtp.server.options import Threads, pool_share, shared_threads
-from gguf_mtp.server.process import die_with_parent
 
 from .accept_sampling import (
     CONFIDENCE,
@@ -52,10 +57,6 @@ from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_r
 
 __all__ = ["AcceptReport", "PromptScore", "SampledReport", "accept", "accept_sampled", "draft_cost", "slot_context"]
 
-#: Lines of llama.cpp's log shown when the child fails.
-LOG_TAIL_LINES = 12
-#: The most bytes of llama.cpp's log read back for them.
-LOG_TAIL_BYTES = 64 * 1024
 _STAGES = {"load": "loading the model", "score": "scoring", None: "starting"}
 
 
@@ -217,15 +218,12 @@ def draft_cost(target: ShardSet, mtp: ShardSet) -> float:
     """c, the cost of one draft step in trunk steps, from the bytes each reads per token: the NextN block(s) and
     the output matrix for the head; every trunk tensor but the NextN blocks and the token embedding (a lookup of one
     row) for the trunk. A rough figure for MoE models, where a token reads only some experts of either."""
-    def in_head(name: str, model: ShardSet) -> bool:
-        block = block_index(name)
-        return block is not None and block >= model.trunk_block_count
-
-    nextn = sum(t.nbytes for _, t in mtp.iter_tensors() if in_head(t.name, mtp))
+    nextn = sum(t.nbytes for _, t in mtp.head_tensors())
     heads = max(mtp.nextn_predict_layers, 1)
     sizes = {t.name: t.nbytes for _, t in target.iter_tensors()}
     output = sizes.get("output.weight", sizes.get("token_embd.weight", 0))  # tied to the embedding without one
-    trunk = sum(size for name, size in sizes.items() if name != "token_embd.weight" and not in_head(name, target))
+    target_head = {t.name for _, t in target.head_tensors()}
+    trunk = sum(size for name, size in sizes.items() if name != "token_embd.weight" and name not in target_head)
     return (nextn / heads + output) / trunk if trunk else 1.0
 
 
@@ -269,8 +267,7 @@ def _run_child(request: dict[str, Any], model: str, say: Callable[[str], None]) 
             raise
         finally:
             proc.wait()
-        log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-        stderr = log.read().decode("utf-8", "replace")
+        stderr = read_log_end(log)
     return _child_report(proc.returncode, stdout, stderr, model)
 
 
@@ -296,7 +293,7 @@ def _talk(proc: subprocess.Popen[str], request: str, prompts: int, say: Callable
 def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict[str, Any]:
     """The child's report, or the error its exit status and log say."""
     report = last_report(stdout)
-    tail = tuple(line for line in stderr.splitlines() if line.strip())[-LOG_TAIL_LINES:]
+    tail = last_lines(stderr)
     stage = (report or {}).get("stage")
     if returncode == 0 and report is not None and stage == "done":
         if report.get("refused"):
@@ -321,7 +318,7 @@ def _check_sizes(tokens: int, n_max: Sequence[int], threads: int | None, n_gpu_l
 
 
 def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
-    """The child's thread count by bench's rule (:func:`gguf_mtp.server.options.shared_threads`), warned of when
+    """The child's thread count by bench's rule (:func:`gguf_mtp.model.drafting.shared_threads`), warned of when
     its two pools (the trunk's and the head's contexts) oversubscribe the free cores."""
     threads = shared_threads(given, free_cores(), "--threads")
     warning = threads.warning(f"give --threads {pool_share(threads.free)}, or leave it out")
@@ -377,7 +374,7 @@ def accept(
         text: score the prompts themselves as text (teacher forcing: an estimate, not a server prediction).
         ctx_size: llama-server's ``-c`` (default: the model's training context); see :func:`slot_context`.
         threads: CPU threads of each of llama.cpp's two pools, the trunk's and the head's (default: half the free
-            cores each, at least 1, as bench gives llama-server: :func:`gguf_mtp.server.options.shared_threads`).
+            cores each, at least 1, as bench gives llama-server: :func:`gguf_mtp.model.drafting.shared_threads`).
         n_gpu_layers: layers to offload (``-ngl``), with a GPU build of llama-cpp-python.
         fit_context: cut a prompt to what fits the context with room to generate, rather than refuse it (a
             measure of the head, not a prediction for those prompts); the report says so.

@@ -10,8 +10,9 @@ kept). With ``return_tokens`` it also returns the generated token ids, which the
 (``llamacpp:spec_decode_num_drafts_total``) and the drafted tokens accepted at each draft position
 (``llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, from 0).
 
-Nothing read from the server is trusted: every count is bounded (:data:`MAX_COUNT`), every duration finite and
-bounded, and every float option of bench is checked in one place (:func:`check_float_options`).
+Nothing read from the server is trusted: every count is bounded (:data:`gguf_mtp.model.drafting.MAX_COUNT`), every
+duration finite and bounded, and every float option of bench is checked in one place (:func:`check_float_options`);
+the count options and draft lengths bench shares with ``accept`` are :mod:`gguf_mtp.model.drafting`'s.
 """
 
 from __future__ import annotations
@@ -27,17 +28,14 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS
 from gguf_mtp.errors import LlamaServerError, ParameterError
+from gguf_mtp.llama_server import SPEC_DRAFT_SAMPLING
+from gguf_mtp.model.drafting import MAX_COUNT, MAX_N_MAX, SEED, RequestSampling
 
 __all__ = [
-    "COUNT_OPTIONS",
     "DEFAULT_HEALTH_TIMEOUT",
     "DEFAULT_N_MAX",
     "DEFAULT_TOKENS",
     "FLOAT_OPTIONS",
-    "MAX_COUNT",
-    "MAX_N_MAX",
-    "SEED",
-    "SPEC_DRAFT_SAMPLING",
     "WORTHWHILE_SPEEDUP",
     "BenchReport",
     "BenchRow",
@@ -46,11 +44,8 @@ __all__ = [
     "Completion",
     "Difference",
     "PositionCounts",
-    "RequestSampling",
     "acceptance_rate",
-    "check_count_options",
     "check_float_options",
-    "check_n_max",
     "completion_request",
     "first_difference",
     "parse_bench_json",
@@ -62,40 +57,10 @@ __all__ = [
     "speedup",
 ]
 
-#: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
-SEED = 42
-
-#: llama-server's option for sampled drafts verified by rejection (llama.cpp b11434's ``common/arg.cpp``; not in
-#: 0c1e570): ``--spec-draft-sampling {greedy,probabilistic}``.
-SPEC_DRAFT_SAMPLING = "--spec-draft-sampling"
-
-#: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
-MAX_N_MAX = 16
-
 #: MTP is recommended only when its best run is at least this much faster than the run without it
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
 WORTHWHILE_SPEEDUP = 1.03
 
-#: The most tokens one request may ask for (bench's and accept's --tokens).
-MAX_TOKENS = 1 << 16
-#: The most threads llama.cpp runs: ggml.h's GGML_MAX_N_THREADS (more crash it; thousands only crawl).
-MAX_THREADS = 512
-#: The most layers offloaded: far above any model's (llama.cpp offloads every layer for any larger value).
-MAX_GPU_LAYERS = 1 << 16
-#: The largest slot context asked for: far above any model's training context (which caps it anyway).
-MAX_CONTEXT = 1 << 24
-
-#: Every count option of bench and accept, with its range (lowest, highest); checked by
-#: :func:`check_count_options` and nowhere else.
-COUNT_OPTIONS: dict[str, tuple[int, int]] = {
-    "tokens": (1, MAX_TOKENS),
-    "threads": (1, MAX_THREADS),
-    "n_gpu_layers": (0, MAX_GPU_LAYERS),
-    "ctx_size": (8, MAX_CONTEXT),
-}
-
-#: The most any count read from llama-server may be (tokens, drafts): far above any run, and exact as a float.
-MAX_COUNT = 2**48
 #: The longest duration (milliseconds) a ``/completion`` timing may report: a year.
 MAX_MILLISECONDS = 365 * 86400 * 1000.0
 
@@ -123,28 +88,6 @@ def check_float_options(**values: float) -> None:
             bound = "at least" if low_included else "more than"
             raise ParameterError(f"{name} {value!r}: give a finite number {bound} {low:g} and at most {high:g}",
                                  parameter=name)
-
-
-def check_count_options(**values: int | None) -> None:
-    """Refuse a count option outside its :data:`COUNT_OPTIONS` range (``None``: not given, nothing to check).
-
-    Raises:
-        ParameterError: one line naming the option and its range.
-    """
-    for name, value in values.items():
-        low, high = COUNT_OPTIONS[name]
-        if value is not None and not low <= value <= high:
-            raise ParameterError(f"{name} {value}: give {low} to {high}", parameter=name)
-
-
-def check_n_max(n_max: Sequence[int]) -> None:
-    """Refuse an empty list of draft lengths, or one outside 1 to :data:`MAX_N_MAX`.
-
-    Raises:
-        ParameterError: one line.
-    """
-    if not n_max or any(not 1 <= n <= MAX_N_MAX for n in n_max):
-        raise ParameterError(f"n_max: draft lengths from 1 to {MAX_N_MAX}", parameter="n_max")
 
 
 def parse_n_max_list(text: str) -> tuple[int, ...]:
@@ -182,36 +125,6 @@ def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra
         if probabilistic:
             args += [SPEC_DRAFT_SAMPLING, "probabilistic"]
     return args + list(extra)
-
-
-@dataclass(frozen=True)
-class RequestSampling:
-    """Sampled requests, as llama-server's ``/completion`` takes them (its defaults but the temperature), for
-    ``--spec-draft-sampling probabilistic``: above temperature 0 the server samples the draft and verifies it by
-    rejection (b11434 ``server-context.cpp``, ``use_spec_rejection``)."""
-
-    temp: float
-    seed: int = SEED
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    def check(self) -> None:
-        """Raises :class:`ParameterError` for a value that does not sample by rejection."""
-        if not (math.isfinite(self.temp) and 0 < self.temp <= 100):
-            raise ParameterError("temp: probabilistic drafting needs a temperature above 0 (at 0 llama-server "
-                                 "verifies greedily: leave --spec-draft-sampling greedy), at most 100",
-                                 parameter="temp")
-        if not (0 < self.top_p <= 1 and 0 <= self.min_p < 1 and 0 <= self.top_k <= MAX_COUNT):
-            raise ParameterError(f"top-p must be in (0, 1], min-p in [0, 1), top-k in [0, {MAX_COUNT}]",
-                                 parameter="top_p")
-        if not 0 <= self.seed < 1 << 32:
-            raise ParameterError("seed must be 0..2^32-1", parameter="seed")
-
-    def fields(self) -> dict[str, Any]:
-        """The ``/completion`` fields that sample."""
-        return {"temperature": self.temp, "seed": self.seed, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p}
 
 
 def completion_request(prompt: str, tokens: int, sampling: RequestSampling | None = None) -> dict[str, Any]:
