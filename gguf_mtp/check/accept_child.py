@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .accept_schedule import draft_length, fitted_prompt_length
+from .accept_schedule import draft_length, draft_room, fitted_prompt_length
 from .llama_check import (
     CONTEXT_PARAMS,
     MODEL_PARAMS,
@@ -320,8 +320,8 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predi
     lap("mtp_pass")
     chains: list[list[int]] = []
     for j in range(n):
-        # a step from greedy[j] drafts at most min(n_remaining - 1, n_ctx - n_prompt_tokens - 2) tokens
-        length = min(k_max, n_predict - j - 2, runner.n_ctx - (start + j) - 2)
+        # greedy[j] is the last accepted token: at position start + j, with j + 1 tokens generated
+        length = min(k_max, draft_room(runner.n_ctx, start + j, n_predict - (j + 1)))
         if length <= 0:
             chains.append([])
         elif length == 1:
