@@ -293,14 +293,22 @@ def _talk(proc: subprocess.Popen[str], request: str, prompts: int, say: Callable
 def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict[str, Any]:
     """The child's report, or the error its exit status and log say."""
     report = last_report(stdout)
-    tail = last_lines(stderr)
-    stage = (report or {}).get("stage")
-    if returncode == 0 and report is not None and stage == "done":
+    if returncode == 0 and report is not None and report.get("stage") == "done":
         if report.get("refused"):
-            refused = str(report["refused"])
-            reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
-            raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
+            raise _refusal(str(report["refused"]), stderr, model)
         return report
+    raise _failure(returncode, report, stderr, model)
+
+
+def _refusal(refused: str, stderr: str, model: str) -> ParameterError:
+    """The child's refusal of the input, with llama.cpp's reason when llama.cpp refused."""
+    reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
+    return ParameterError(f"{refused}: {reason}" if reason else refused, model)
+
+
+def _failure(returncode: int, report: dict[str, Any] | None, stderr: str, model: str) -> LlamaCppError:
+    """The child's failure: the stage it reached, how it ended, llama.cpp's reason and last log lines."""
+    stage = (report or {}).get("stage")
     where = _STAGES.get(stage, str(stage))
     if stage == "score" and report is not None:
         where = f"scoring {report.get('prompt')}"
@@ -309,12 +317,28 @@ def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict
     else:
         how = f"llama.cpp failed (exit status {returncode}) while {where}"
     reason = llama_reason(stderr)
-    raise LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=tail)
+    return LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=last_lines(stderr))
 
 
-def _check_sizes(tokens: int, n_max: Sequence[int], threads: int | None, n_gpu_layers: int, n_ctx: int | None) -> None:
-    check_count_options(tokens=tokens, threads=threads, n_gpu_layers=n_gpu_layers, ctx_size=n_ctx)
-    check_n_max(n_max)
+@dataclass(frozen=True)
+class _Asked:
+    """What :func:`accept` and :func:`accept_sampled` are asked in common (their keyword arguments, n-max sorted and
+    each once), before anything is checked."""
+
+    model: str | os.PathLike[str]
+    draft: str | os.PathLike[str] | None
+    prompts: Sequence[Prompt] | None
+    tokens: int
+    n_max: tuple[int, ...]
+    ctx_size: int | None
+    threads: int | None
+    n_gpu_layers: int
+
+    def check_sizes(self) -> None:
+        """Refuse a count outside :data:`~gguf_mtp.model.drafting.COUNT_OPTIONS` or a bad n-max (one line)."""
+        check_count_options(tokens=self.tokens, threads=self.threads, n_gpu_layers=self.n_gpu_layers,
+                            ctx_size=self.ctx_size)
+        check_n_max(self.n_max)
 
 
 def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
@@ -327,23 +351,21 @@ def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
     return threads
 
 
-def _prepare(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None, prompts: Sequence[Prompt] | None,
-             tokens: int, n_max: Sequence[int], ctx_size: int | None, threads: int | None, n_gpu_layers: int,
-             warn: Callable[[str], None] | None, say: Callable[[str], None]
+def _prepare(asked: _Asked, warn: Callable[[str], None] | None, say: Callable[[str], None]
              ) -> tuple[BenchModel, ShardSet, ShardSet, dict[str, Any]]:
     """Every check before llama.cpp starts, and the child's request without its mode."""
-    _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
-    info, target, mtp = _check_inputs(model, draft)
-    n_ctx = slot_context(ctx_size, info.context_length)
-    prompts = check_prompts(prompts, "prompts") if prompts is not None else builtin_prompts()
+    asked.check_sizes()
+    info, target, mtp = _check_inputs(asked.model, asked.draft)
+    n_ctx = slot_context(asked.ctx_size, info.context_length)
+    prompts = check_prompts(asked.prompts, "prompts") if asked.prompts is not None else builtin_prompts()
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-    pools = _threads(threads, warn)
+    pools = _threads(asked.threads, warn)
     say(pools.describe("--threads"))
     request = {
         "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
-        "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx, "threads": pools.trunk, "n_gpu_layers": n_gpu_layers,
-        "fit": False,
+        "tokens": asked.tokens, "k_max": max(asked.n_max), "n_ctx": n_ctx, "threads": pools.trunk,
+        "n_gpu_layers": asked.n_gpu_layers, "fit": False,
     }
     return info, target, mtp, request
 
@@ -392,8 +414,8 @@ def accept(
     began = time.monotonic()
     say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))
-    info, target, mtp, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers,
-                                          warn, say)
+    info, target, mtp, request = _prepare(_Asked(model, draft, prompts, tokens, n_max, ctx_size, threads,
+                                                 n_gpu_layers), warn, say)
     n_ctx = int(request["n_ctx"])
     request |= {"mode": "text" if text else "greedy", "fit": fit_context}
     report = _run_child(request, info.path, say)
@@ -489,7 +511,8 @@ def accept_sampled(
     n_max = tuple(sorted(set(n_max)))
     sampling.check()
     check_probabilistic_support(chosen())
-    info, _, _, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers, warn, say)
+    info, _, _, request = _prepare(_Asked(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers),
+                                   warn, say)
     request |= {"mode": "sampled", "sampling": sampling.to_dict()}
     report = _run_child(request, info.path, say)
     heads = int(report["heads"])
