@@ -177,6 +177,11 @@ def _ratio(accepted: int, drafted: int) -> float:
     return accepted / drafted if drafted else 0.0
 
 
+def _server_runs(per_prompt: Sequence[Sequence[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """Simulated server runs, ``(draft_n_accepted, draft_n)`` each: the i-th request of every prompt, summed."""
+    return [(sum(a for a, _ in column), sum(d for _, d in column)) for column in zip(*per_prompt, strict=True)]
+
+
 def simulate(texts: Sequence[Sequence[SampledText]], limits: Sequence[Limits], n_max: int, drafted_max: int,
              sampling: Sampling) -> SampledRun:
     """Simulate ``draws x replicates`` server requests of every prompt (:func:`_prompt_runs`) and sum them over the
@@ -196,9 +201,8 @@ def simulate(texts: Sequence[Sequence[SampledText]], limits: Sequence[Limits], n
     runs = sampling.replicates * sampling.draws
     per_prompt = [_prompt_runs(prompt_texts, limit, drafted_max, runs, np.random.default_rng([sampling.seed, n_max, i]))
                   for i, (prompt_texts, limit) in enumerate(zip(texts, limits, strict=True))]
-    independent = [tuple(map(sum, zip(*column, strict=True))) for column in zip(*per_prompt, strict=True)]
-    together = [tuple(map(sum, zip(*column, strict=True)))
-                for column in zip(*(sorted(p, key=lambda ad: _ratio(*ad)) for p in per_prompt), strict=True)]
+    independent = _server_runs(per_prompt)
+    together = _server_runs([sorted(p, key=lambda ad: _ratio(*ad)) for p in per_prompt])
     if not any(d for _, d in independent):
         return SampledRun(n_max, 0.0, 0.0, None, 0.0, None)
     mean = fmean(_ratio(a, d) for a, d in independent)

@@ -21,7 +21,7 @@ and the server never replays a step from a checkpoint: this module has no replay
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Limits", "Replay", "draft_length", "draft_room", "first_draft_agreement", "fitted_prompt_length", "replay",
@@ -171,6 +171,11 @@ def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, l
     )
 
 
+def _by_position(rows: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    """Per-position counts of several replays of one n-max, position by position."""
+    return tuple(map(sum, zip(*rows, strict=True)))
+
+
 def total(replays: Sequence[Replay]) -> Replay:
     """The sum of several requests' replays at the same ``n_max``."""
     if not replays:
@@ -178,15 +183,17 @@ def total(replays: Sequence[Replay]) -> Replay:
     n_max = replays[0].n_max
     if any(r.n_max != n_max for r in replays):
         raise ValueError("replays of different n_max")
+    draft_n, draft_n_accepted, steps, generated, target_decodes = map(sum, zip(
+        *((r.draft_n, r.draft_n_accepted, r.steps, r.generated, r.target_decodes) for r in replays), strict=True))
     return Replay(
         n_max=n_max,
-        draft_n=sum(r.draft_n for r in replays),
-        draft_n_accepted=sum(r.draft_n_accepted for r in replays),
-        steps=sum(r.steps for r in replays),
-        generated=sum(r.generated for r in replays),
-        target_decodes=sum(r.target_decodes for r in replays),
-        drafted_per_pos=tuple(map(sum, zip(*(r.drafted_per_pos for r in replays), strict=True))),
-        accepted_per_pos=tuple(map(sum, zip(*(r.accepted_per_pos for r in replays), strict=True))),
+        draft_n=draft_n,
+        draft_n_accepted=draft_n_accepted,
+        steps=steps,
+        generated=generated,
+        target_decodes=target_decodes,
+        drafted_per_pos=_by_position(r.drafted_per_pos for r in replays),
+        accepted_per_pos=_by_position(r.accepted_per_pos for r in replays),
     )
 
 
