@@ -18,13 +18,12 @@ Layer = tuple[str, tuple[str, ...]]
 #: to exactly one layer.
 TIERS: tuple[tuple[Layer, ...], ...] = (
     (("base", ("gguf_mtp._gguf_tables", "gguf_mtp._layers", "gguf_mtp._version", "gguf_mtp.constants",
-               "gguf_mtp.errors", "gguf_mtp.llama_build", "gguf_mtp.text")),),
+               "gguf_mtp.errors", "gguf_mtp.llama_build", "gguf_mtp.llama_server", "gguf_mtp.text")),),
     (("files", ("gguf_mtp.files",)),),
     (("format", ("gguf_mtp.format",)), ("write", ("gguf_mtp.write",))),
     (("hub", ("gguf_mtp.hub",)), ("testing", ("gguf_mtp.testing",))),
     (("model", ("gguf_mtp.model",)),),
-    (("conversion", ("gguf_mtp.conversion",)), ("server", ("gguf_mtp.server",))),
-    (("check", ("gguf_mtp.check",)),),
+    (("conversion", ("gguf_mtp.conversion",)), ("server", ("gguf_mtp.server",)), ("check", ("gguf_mtp.check",))),
     (("jobs", ("gguf_mtp.jobs",)),),
     (("release", ("gguf_mtp.release",)),),
     (("demo", ("gguf_mtp.demo",)), ("api", ("gguf_mtp",))),  # api: the package itself, the lazy public names

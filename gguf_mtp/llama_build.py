@@ -27,13 +27,17 @@ token for token, in b11434's (b11434 only adds declarations, and a session-file 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import mmap
 import os
+import signal
 import struct
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from .constants import ENV_LLAMA_CPP
 from .errors import ParameterError
@@ -42,16 +46,25 @@ __all__ = [
     "GGML_FUNCTIONS",
     "LIB_SUBFOLDERS",
     "LLAMA_FUNCTIONS",
+    "LOG_TAIL_BYTES",
+    "LOG_TAIL_LINES",
     "MTP_HELPERS",
     "TOOL_SUBFOLDERS",
     "LlamaCppBuild",
     "child_environment",
     "chosen",
+    "die_with_parent",
     "dynamic_symbols",
+    "last_lines",
     "missing_functions",
+    "read_log_end",
     "resolve",
 ]
 
+#: Lines of a llama.cpp child's log shown when it fails (llama-server's, accept's child's).
+LOG_TAIL_LINES = 12
+#: The most bytes of a child's log read back for them.
+LOG_TAIL_BYTES = 64 * 1024
 #: The variable llama-cpp-python reads: the folder its ``libllama`` is loaded from.
 LIB_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"
 #: Where a build folder's libraries may be, in the order looked at (cmake: build/bin).
@@ -172,6 +185,33 @@ def child_environment(base: Mapping[str, str] | None = None, **extra: str) -> di
     if build is not None:
         environ[LIB_PATH_VARIABLE] = str(build.lib_dir)
     return environ
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when we die (no orphan even after SIGKILL)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    prctl = libc.prctl
+
+    def set_pdeathsig() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    return set_pdeathsig
+
+
+def read_log_end(log: IO[bytes]) -> str:
+    """The last :data:`LOG_TAIL_BYTES` of a child's log file, as text (a log may be any size)."""
+    log.seek(max(0, os.fstat(log.fileno()).st_size - LOG_TAIL_BYTES))
+    return log.read().decode("utf-8", "replace")
+
+
+def last_lines(text: str, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+    """The last ``lines`` non-empty lines of a child's log."""
+    return tuple(line for line in text.splitlines() if line.strip())[-lines:]
 
 
 # ------------------------------------------------------------------------------------------- symbols

@@ -28,7 +28,7 @@ from gguf_mtp.check.accept import accept
 from gguf_mtp.check.accept_schedule import Limits, replay
 from gguf_mtp.errors import LlamaCppError, NoNextNBlockError, ParameterError
 from gguf_mtp.format.header import encode_kv
-from gguf_mtp.server.bench import Prompt
+from gguf_mtp.model.prompts import Prompt
 from gguf_mtp.testing.cycle_model import CycleModel, damage_head, write_cycle_model
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target

@@ -31,11 +31,11 @@ from gguf_mtp.check.accept_sampling import (
 from gguf_mtp.check.accept_schedule import Limits
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import LlamaCppBuild
+from gguf_mtp.model.drafting import RequestSampling
 from gguf_mtp.server.bench_rules import (
     BenchReport,
     BenchRun,
     Completion,
-    RequestSampling,
     completion_request,
     server_arguments,
 )
@@ -250,7 +250,7 @@ def heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def measured(llama_b11434: Path, heads: dict[str, Path]) -> dict[tuple[str, int], float]:
     """b11434's llama-server on the designed composite: draft_n_accepted / draft_n over the prompts, per setting
     and n-max."""
-    from gguf_mtp.server.bench import builtin_prompts
+    from gguf_mtp.model.prompts import builtin_prompts
     from gguf_mtp.server.bench_rules import completion_request, parse_completion, server_arguments
     from gguf_mtp.server.process import free_port, running_server
 
@@ -276,7 +276,7 @@ def measured(llama_b11434: Path, heads: dict[str, Path]) -> dict[tuple[str, int]
 def predicted(llama_b11434: Path, heads: dict[str, Path]) -> dict[tuple[str, str], object]:
     """accept's prediction through b11434's libllama, per head and setting."""
     from gguf_mtp.check.accept import accept_sampled
-    from gguf_mtp.server.bench import builtin_prompts
+    from gguf_mtp.model.prompts import builtin_prompts
 
     os.environ["GGUF_MTP_LLAMA_CPP"] = str(llama_b11434)
     try:

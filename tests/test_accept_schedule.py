@@ -9,6 +9,7 @@ from gguf_mtp.check.accept_schedule import (
     Limits,
     Replay,
     draft_length,
+    draft_room,
     first_draft_agreement,
     fitted_prompt_length,
     replay,
@@ -185,3 +186,60 @@ def test_the_child_builds_no_chain_longer_than_the_blocks_of_a_chain_of_heads(mo
                                "threads": 1, "n_gpu_layers": 0})
     capsys.readouterr()
     assert max(lengths) == 2 and all(len(chain) <= 2 for chain in report["prompts"][0]["chains"])
+
+
+def test_draft_room_near_the_end_of_n_predict_is_the_tokens_left_but_one() -> None:
+    assert draft_room(n_ctx=4096, prompt_tokens=10, remaining=3) == 2
+
+
+def test_draft_room_near_a_full_slot_keeps_two_cells() -> None:
+    assert draft_room(n_ctx=100, prompt_tokens=90, remaining=50) == 8
+
+
+def test_draft_room_is_none_rather_than_negative() -> None:
+    assert (draft_room(n_ctx=100, prompt_tokens=99, remaining=50), draft_room(n_ctx=4096, prompt_tokens=1,
+                                                                             remaining=0)) == (0, 0)
+
+
+def test_the_greedy_child_drafts_chains_as_long_as_the_replay_drafts(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from gguf_mtp.check import accept_child
+
+    class OneHead:
+        heads, chained, n_vocab, n_ctx = 1, False, 8, 12
+        llama = None
+
+        def __init__(self, request: dict) -> None:
+            pass
+
+        def tokenize(self, text: str) -> list[int]:
+            return [1, 2, 3]
+
+        def open_contexts(self, cells: int) -> None:
+            pass
+
+        def greedy(self, prompt: list[int], n: int) -> list[int]:
+            return [4] * n
+
+        def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
+            return np.zeros((len(tokens), 1)), [4] * (len(tokens) - score_from)
+
+        def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
+            return [4] * (len(tokens) - score_from), np.zeros((len(tokens) - score_from, 1))
+
+        def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
+                  length: int) -> list[int]:
+            return [4] * length
+
+        def first_eog(self, tokens: list[int]) -> None:
+            return None
+
+    monkeypatch.setattr(accept_child, "_Runner", OneHead)
+    report = accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "k_max": 3, "n_ctx": 12,
+                               "threads": 1, "n_gpu_layers": 0})
+    capsys.readouterr()
+    # 9 tokens fit the slot of 12 after 3 prompt tokens; the step from token j starts at position 3 + j
+    assert [len(chain) for chain in report["prompts"][0]["chains"]] == [3, 3, 3, 3, 3, 2, 1, 0, 0] \
+        == [min(3, draft_room(12, 3 + j, 16 - (j + 1))) for j in range(9)]

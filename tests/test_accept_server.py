@@ -27,7 +27,8 @@ from gguf_mtp import extract, strip
 from gguf_mtp.check.accept import AcceptReport, accept
 from gguf_mtp.constants import ENV_LLAMA_CPP
 from gguf_mtp.llama_build import resolve
-from gguf_mtp.server.bench import bench, builtin_prompts
+from gguf_mtp.model.prompts import builtin_prompts
+from gguf_mtp.server.bench import bench
 from gguf_mtp.server.bench_rules import BenchReport, completion_request, parse_completion, server_arguments
 from gguf_mtp.server.process import free_port, running_server
 from gguf_mtp.testing.cycle_model import EMBEDDING_SCALE, write_cycle_model

@@ -22,11 +22,11 @@ import pytest
 from support.helpers import pid_alive
 
 from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
-from gguf_mtp.server.bench import builtin_prompts, check_model, load_prompts
+from gguf_mtp.llama_server import probe_server
+from gguf_mtp.model.drafting import MAX_N_MAX, SEED, Threads, check_model
+from gguf_mtp.model.prompts import builtin_prompts, load_prompts
 from gguf_mtp.server.bench_rules import (
     FLOAT_OPTIONS,
-    MAX_N_MAX,
-    SEED,
     BenchReport,
     BenchRun,
     check_float_options,
@@ -38,8 +38,7 @@ from gguf_mtp.server.bench_rules import (
     recommend_n_max,
     server_arguments,
 )
-from gguf_mtp.server.options import ServerOptions, Threads, check_extra_arguments, choose_threads, option_name
-from gguf_mtp.server.process import probe_server
+from gguf_mtp.server.options import ServerOptions, check_extra_arguments, choose_threads, option_name
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_target
 

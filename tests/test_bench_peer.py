@@ -24,8 +24,9 @@ import pytest
 from support.helpers import pid_alive
 
 from gguf_mtp.errors import LlamaServerError
+from gguf_mtp.model.drafting import MAX_COUNT
 from gguf_mtp.server import process as llama_server
-from gguf_mtp.server.bench_rules import MAX_COUNT, PositionCounts, parse_completion, parse_metrics
+from gguf_mtp.server.bench_rules import PositionCounts, parse_completion, parse_metrics
 from gguf_mtp.server.process import ServerHandle
 
 REPO = Path(__file__).resolve().parent.parent
@@ -425,3 +426,20 @@ def test_per_position_acceptance_from_metrics(pair: tuple[Path, Path], standin: 
     text, _ = bench_cmd(pair, standin, "", "--n-max", "2")
     assert text.returncode == 0, text.stderr
     assert "n-max 2: acceptance by draft position 1.00, 0.90 (of 10 drafts, llama-server --metrics)" in text.stdout
+
+
+def test_a_servers_log_tail_and_accepts_are_the_last_non_empty_lines_of_the_last_64_kib(tmp_path: Path) -> None:
+    import tempfile
+
+    from gguf_mtp.llama_build import LOG_TAIL_BYTES, LOG_TAIL_LINES, last_lines, read_log_end
+    from gguf_mtp.server.process import log_tail
+
+    lines = [f"line {i}" for i in range(10_000)]
+    text = "\n\n".join(lines) + "\n"  # blank lines between: never shown
+    log = tmp_path / "llama-server.log"
+    log.write_text(text)
+    with tempfile.TemporaryFile() as child_log:  # accept's child writes its log to such a file
+        child_log.write(text.encode())
+        end = read_log_end(child_log)
+    assert end == text[-LOG_TAIL_BYTES:]
+    assert log_tail(log) == last_lines(end) == tuple(lines[-LOG_TAIL_LINES:]) and LOG_TAIL_LINES == 12

@@ -29,7 +29,7 @@ from support.helpers import pid_alive
 
 from gguf_mtp import compose, extract
 from gguf_mtp.format.header import read_header
-from gguf_mtp.server.bench import builtin_prompts
+from gguf_mtp.model.prompts import builtin_prompts
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import GLM4MOE, NEMOTRON_H_MOE, write_draft, write_target
 
@@ -335,8 +335,8 @@ OWNED = ["-m", "--model", "-mu", "--model-url", "-dr", "--docker-repo", "-hf", "
 
 
 def test_reserved_flags_from_the_real_help(llama_server_tool: Path) -> None:
+    from gguf_mtp.llama_server import probe_server
     from gguf_mtp.server.options import ServerOptions
-    from gguf_mtp.server.process import probe_server
 
     text = probe_server(str(llama_server_tool))
     recorded = (REPO / "tests" / "support" / "llama_server_help.txt").read_text()

@@ -39,9 +39,9 @@ from gguf_mtp.llama_build import (
     missing_functions,
     resolve,
 )
-from gguf_mtp.server.bench import Prompt
+from gguf_mtp.llama_server import server_build
+from gguf_mtp.model.prompts import Prompt
 from gguf_mtp.server.bench_rules import BenchReport
-from gguf_mtp.server.process import server_build
 from gguf_mtp.testing.cycle_model import CycleModel, write_cycle_model
 from gguf_mtp.testing.tiny_models import GLM4MOE, write_draft, write_target
 

@@ -497,3 +497,42 @@ def test_a_card_request_renders_its_sections_in_reading_order() -> None:
     assert "| NextN block | `blk.4`: 5 tensors (Q8\\_0), 4.1 KB |" in card
     assert "2 file(s), 40 tensors, 1.0 KB in all." in card
     assert "gguf-mtp verify M-00001-of-00002.gguf\n" in card
+
+
+def _model_with_a_hostile_block_number(tmp_path: Path) -> Path:
+    """One file, two blocks of which the last is the NextN block (``blk.1``), and a tensor claiming block
+    99999999999: past any block, and more digits than :func:`gguf_mtp.model.blocks.block_index` reads."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "hostile.gguf"
+    writer = GGUFWriter(path, "glm4moe")
+    writer.add_block_count(2)
+    writer.add_uint32("glm4moe.nextn_predict_layers", 1)
+    for name, rows in (("blk.0.attn_norm.weight", 4), ("blk.1.attn_norm.weight", 8),
+                       ("blk.99999999999.attn_norm.weight", 16)):
+        writer.add_tensor(name, np.ones(rows, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_tensor_past_every_block_is_not_in_the_cards_head(tmp_path: Path) -> None:
+    from gguf_mtp.model.shards import open_model
+    from gguf_mtp.release.card import ModelFacts
+
+    facts = ModelFacts.from_model(open_model(_model_with_a_hostile_block_number(tmp_path)))
+    assert (facts.nextn_tensors, facts.nextn_bytes, facts.nextn_types) == (1, 8 * 4, ("F32",))
+
+
+def test_a_tensor_past_every_block_is_not_published_as_the_head(tmp_path: Path) -> None:
+    from gguf_mtp.model.shards import open_model
+    from gguf_mtp.release.publish import bytes_beyond_target, why_new_files
+
+    model = open_model(_model_with_a_hostile_block_number(tmp_path))
+    assert why_new_files(model, standalone=False)[0].endswith("and it holds the NextN block (blk.1)")
+    # the target's bytes: blk.0 (16 bytes) and the hostile tensor (64 bytes), each padded to the alignment of 32
+    assert model.first.alignment == 32
+    assert bytes_beyond_target(model) == model.first.file_size - (32 + 64)

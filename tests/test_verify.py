@@ -16,8 +16,8 @@ from gguf_mtp.check.verify import Check, VerifyReport, verify
 from gguf_mtp.cli import main
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.format.header import encode_kv
+from gguf_mtp.model.drafting import check_model
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.server.bench import check_model
 from gguf_mtp.testing.server_models import with_test_tokenizer
 from gguf_mtp.testing.tiny_models import add_raw_kvs
 

@@ -30,13 +30,18 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
-from gguf_mtp.llama_build import child_environment, chosen
-from gguf_mtp.model.blocks import block_index
+from gguf_mtp.llama_build import child_environment, chosen, die_with_parent, last_lines, read_log_end
+from gguf_mtp.model.drafting import (
+    BenchModel,
+    Threads,
+    check_count_options,
+    check_model,
+    check_n_max,
+    pool_share,
+    shared_threads,
+)
+from gguf_mtp.model.prompts import Prompt, builtin_prompts, check_prompts
 from gguf_mtp.model.shards import ShardSet, open_model
-from gguf_mtp.server.bench import BenchModel, Prompt, builtin_prompts, check_model, check_prompts
-from gguf_mtp.server.bench_rules import check_count_options, check_n_max
-from gguf_mtp.server.options import Threads, pool_share, shared_threads
-from gguf_mtp.server.process import die_with_parent
 
 from .accept_sampling import (
     CONFIDENCE,
@@ -52,10 +57,6 @@ from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_r
 
 __all__ = ["AcceptReport", "PromptScore", "SampledReport", "accept", "accept_sampled", "draft_cost", "slot_context"]
 
-#: Lines of llama.cpp's log shown when the child fails.
-LOG_TAIL_LINES = 12
-#: The most bytes of llama.cpp's log read back for them.
-LOG_TAIL_BYTES = 64 * 1024
 _STAGES = {"load": "loading the model", "score": "scoring", None: "starting"}
 
 
@@ -244,15 +245,12 @@ def draft_cost(target: ShardSet, mtp: ShardSet) -> float:
     """c, the cost of one draft step in trunk steps, from the bytes each reads per token: the NextN block(s) and
     the output matrix for the head; every trunk tensor but the NextN blocks and the token embedding (a lookup of one
     row) for the trunk. A rough figure for MoE models, where a token reads only some experts of either."""
-    def in_head(name: str, model: ShardSet) -> bool:
-        block = block_index(name)
-        return block is not None and block >= model.trunk_block_count
-
-    nextn = sum(t.nbytes for _, t in mtp.iter_tensors() if in_head(t.name, mtp))
+    nextn = sum(t.nbytes for _, t in mtp.head_tensors())
     heads = max(mtp.nextn_predict_layers, 1)
     sizes = {t.name: t.nbytes for _, t in target.iter_tensors()}
     output = sizes.get("output.weight", sizes.get("token_embd.weight", 0))  # tied to the embedding without one
-    trunk = sum(size for name, size in sizes.items() if name != "token_embd.weight" and not in_head(name, target))
+    target_head = {t.name for _, t in target.head_tensors()}
+    trunk = sum(size for name, size in sizes.items() if name != "token_embd.weight" and name not in target_head)
     return (nextn / heads + output) / trunk if trunk else 1.0
 
 
@@ -296,8 +294,7 @@ def _run_child(request: dict[str, Any], model: str, say: Callable[[str], None]) 
             raise
         finally:
             proc.wait()
-        log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-        stderr = log.read().decode("utf-8", "replace")
+        stderr = read_log_end(log)
     return _child_report(proc.returncode, stdout, stderr, model)
 
 
@@ -323,14 +320,22 @@ def _talk(proc: subprocess.Popen[str], request: str, prompts: int, say: Callable
 def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict[str, Any]:
     """The child's report, or the error its exit status and log say."""
     report = last_report(stdout)
-    tail = tuple(line for line in stderr.splitlines() if line.strip())[-LOG_TAIL_LINES:]
-    stage = (report or {}).get("stage")
-    if returncode == 0 and report is not None and stage == "done":
+    if returncode == 0 and report is not None and report.get("stage") == "done":
         if report.get("refused"):
-            refused = str(report["refused"])
-            reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
-            raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
+            raise _refusal(str(report["refused"]), stderr, model)
         return report
+    raise _failure(returncode, report, stderr, model)
+
+
+def _refusal(refused: str, stderr: str, model: str) -> ParameterError:
+    """The child's refusal of the input, with llama.cpp's reason when llama.cpp refused."""
+    reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
+    return ParameterError(f"{refused}: {reason}" if reason else refused, model)
+
+
+def _failure(returncode: int, report: dict[str, Any] | None, stderr: str, model: str) -> LlamaCppError:
+    """The child's failure: the stage it reached, how it ended, llama.cpp's reason and last log lines."""
+    stage = (report or {}).get("stage")
     where = _STAGES.get(stage, str(stage))
     if stage == "score" and report is not None:
         where = f"scoring {report.get('prompt')}"
@@ -339,16 +344,32 @@ def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict
     else:
         how = f"llama.cpp failed (exit status {returncode}) while {where}"
     reason = llama_reason(stderr)
-    raise LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=tail)
+    return LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=last_lines(stderr))
 
 
-def _check_sizes(tokens: int, n_max: Sequence[int], threads: int | None, n_gpu_layers: int, n_ctx: int | None) -> None:
-    check_count_options(tokens=tokens, threads=threads, n_gpu_layers=n_gpu_layers, ctx_size=n_ctx)
-    check_n_max(n_max)
+@dataclass(frozen=True)
+class _Asked:
+    """What :func:`accept` and :func:`accept_sampled` are asked in common (their keyword arguments, n-max sorted and
+    each once), before anything is checked."""
+
+    model: str | os.PathLike[str]
+    draft: str | os.PathLike[str] | None
+    prompts: Sequence[Prompt] | None
+    tokens: int
+    n_max: tuple[int, ...]
+    ctx_size: int | None
+    threads: int | None
+    n_gpu_layers: int
+
+    def check_sizes(self) -> None:
+        """Refuse a count outside :data:`~gguf_mtp.model.drafting.COUNT_OPTIONS` or a bad n-max (one line)."""
+        check_count_options(tokens=self.tokens, threads=self.threads, n_gpu_layers=self.n_gpu_layers,
+                            ctx_size=self.ctx_size)
+        check_n_max(self.n_max)
 
 
 def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
-    """The child's thread count by bench's rule (:func:`gguf_mtp.server.options.shared_threads`), warned of when
+    """The child's thread count by bench's rule (:func:`gguf_mtp.model.drafting.shared_threads`), warned of when
     its two pools (the trunk's and the head's contexts) oversubscribe the free cores."""
     threads = shared_threads(given, free_cores(), "--threads")
     warning = threads.warning(f"give --threads {pool_share(threads.free)}, or leave it out")
@@ -357,23 +378,21 @@ def _threads(given: int | None, warn: Callable[[str], None] | None) -> Threads:
     return threads
 
 
-def _prepare(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None, prompts: Sequence[Prompt] | None,
-             tokens: int, n_max: Sequence[int], ctx_size: int | None, threads: int | None, n_gpu_layers: int,
-             warn: Callable[[str], None] | None, say: Callable[[str], None]
+def _prepare(asked: _Asked, warn: Callable[[str], None] | None, say: Callable[[str], None]
              ) -> tuple[BenchModel, ShardSet, ShardSet, dict[str, Any]]:
     """Every check before llama.cpp starts, and the child's request without its mode."""
-    _check_sizes(tokens, n_max, threads, n_gpu_layers, ctx_size)
-    info, target, mtp = _check_inputs(model, draft)
-    n_ctx = slot_context(ctx_size, info.context_length)
-    prompts = check_prompts(prompts, "prompts") if prompts is not None else builtin_prompts()
+    asked.check_sizes()
+    info, target, mtp = _check_inputs(asked.model, asked.draft)
+    n_ctx = slot_context(asked.ctx_size, info.context_length)
+    prompts = check_prompts(asked.prompts, "prompts") if asked.prompts is not None else builtin_prompts()
     if not llama_cpp_available():
         raise RuntimeError(f"llama-cpp-python is not installed: {INSTALL_HINT}")
-    pools = _threads(threads, warn)
+    pools = _threads(asked.threads, warn)
     say(pools.describe("--threads"))
     request = {
         "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
-        "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx, "threads": pools.trunk, "n_gpu_layers": n_gpu_layers,
-        "fit": False,
+        "tokens": asked.tokens, "k_max": max(asked.n_max), "n_ctx": n_ctx, "threads": pools.trunk,
+        "n_gpu_layers": asked.n_gpu_layers, "fit": False,
     }
     return info, target, mtp, request
 
@@ -404,7 +423,7 @@ def accept(
         text: score the prompts themselves as text (teacher forcing: an estimate, not a server prediction).
         ctx_size: llama-server's ``-c`` (default: the model's training context); see :func:`slot_context`.
         threads: CPU threads of each of llama.cpp's two pools, the trunk's and the head's (default: half the free
-            cores each, at least 1, as bench gives llama-server: :func:`gguf_mtp.server.options.shared_threads`).
+            cores each, at least 1, as bench gives llama-server: :func:`gguf_mtp.model.drafting.shared_threads`).
         n_gpu_layers: layers to offload (``-ngl``), with a GPU build of llama-cpp-python.
         fit_context: cut a prompt to what fits the context with room to generate, rather than refuse it (a
             measure of the head, not a prediction for those prompts); the report says so.
@@ -422,8 +441,8 @@ def accept(
     began = time.monotonic()
     say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))
-    info, target, mtp, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers,
-                                          warn, say)
+    info, target, mtp, request = _prepare(_Asked(model, draft, prompts, tokens, n_max, ctx_size, threads,
+                                                 n_gpu_layers), warn, say)
     n_ctx = int(request["n_ctx"])
     request |= {"mode": "text" if text else "greedy", "fit": fit_context}
     report = _run_child(request, info.path, say)
@@ -518,7 +537,8 @@ def accept_sampled(
     n_max = tuple(sorted(set(n_max)))
     sampling.check()
     check_probabilistic_support(chosen())
-    info, _, _, request = _prepare(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers, warn, say)
+    info, _, _, request = _prepare(_Asked(model, draft, prompts, tokens, n_max, ctx_size, threads, n_gpu_layers),
+                                   warn, say)
     request |= {"mode": "sampled", "sampling": sampling.to_dict()}
     report = _run_child(request, info.path, say)
     heads = int(report["heads"])

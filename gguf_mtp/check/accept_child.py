@@ -31,11 +31,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .accept_schedule import draft_length, fitted_prompt_length
+from .accept_schedule import draft_length, draft_room, fitted_prompt_length
 from .llama_check import (
     CONTEXT_PARAMS,
     MODEL_PARAMS,
@@ -320,8 +320,8 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predi
     lap("mtp_pass")
     chains: list[list[int]] = []
     for j in range(n):
-        # a step from greedy[j] drafts at most min(n_remaining - 1, n_ctx - n_prompt_tokens - 2) tokens
-        length = min(k_max, n_predict - j - 2, runner.n_ctx - (start + j) - 2)
+        # greedy[j] is the last accepted token: at position start + j, with j + 1 tokens generated
+        length = min(k_max, draft_room(runner.n_ctx, start + j, n_predict - (j + 1)))
         if length <= 0:
             chains.append([])
         elif length == 1:
@@ -349,6 +349,50 @@ def _runner(request: dict[str, Any]) -> Any:
     return _Runner(request)
 
 
+class _Prompt(NamedTuple):
+    """A prompt as the child scores it: its tokens (cut to fit, with ``fit``), the tokens to generate, and its length
+    before the cut, if it was cut."""
+
+    name: str
+    tokens: list[int]
+    generate: int
+    cut_from: int | None
+
+
+def _fitted(runner: _Runner, request: dict[str, Any], name: str, text: str, k_max: int) -> _Prompt:
+    """``text`` tokenized, cut to fit the context when the request says ``fit``, with what to generate after it.
+
+    Raises:
+        Refusal: too few tokens to score, or more than the context holds (llama-server refuses such a request).
+    """
+    text_mode = request["mode"] == "text"
+    tokens = runner.tokenize(text)
+    keep = fitted_prompt_length(len(tokens), runner.n_ctx, request["tokens"], k_max) if request.get("fit") \
+        else len(tokens)
+    cut_from = len(tokens) if keep < len(tokens) else None
+    tokens = tokens[:keep]
+    if len(tokens) < (3 if text_mode else 1):
+        raise Refusal(f"{name}: too few tokens ({len(tokens)}) to score")
+    if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
+        raise Refusal(f"{name}: {len(tokens)} prompt tokens do not fit the context of {runner.n_ctx} (and leave room "
+                      "for one more)")
+    # the server stops at a full context: no more is generated than fits
+    generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
+    return _Prompt(name, tokens, generate, cut_from)
+
+
+def _score(runner: Any, request: dict[str, Any], prompt: _Prompt, k_max: int) -> dict[str, Any]:
+    """One prompt scored in the request's mode (greedy, text or sampled), with its cut; ``runner`` is
+    :func:`_runner`'s (a sampling runner in sampled mode)."""
+    if request["mode"] == "text":
+        scored = _score_text(runner, prompt.name, prompt.tokens)
+    elif request["mode"] == "sampled":
+        scored = runner.score(prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
+    else:
+        scored = _score_greedy(runner, prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
+    return scored | {"cut_from": prompt.cut_from}
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Score every prompt of ``request``; the report the parent reads (see :mod:`gguf_mtp.check.accept`)."""
     report: dict[str, Any] = {"prompts": []}
@@ -359,34 +403,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return report | {"refused": str(e)}
     report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
                "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
-    text_mode = request["mode"] == "text"
     k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
-    tokenized = []
-    cut_from: list[int | None] = []  # per prompt: its length before it was cut to fit, if it was
-    for name, text in request["prompts"]:
-        tokens = runner.tokenize(text)
-        keep = fitted_prompt_length(len(tokens), runner.n_ctx, request["tokens"], k_max) if request.get("fit") \
-            else len(tokens)
-        cut_from.append(len(tokens) if keep < len(tokens) else None)
-        tokens = tokens[:keep]
-        if len(tokens) < (3 if text_mode else 1):
-            return report | {"refused": f"{name}: too few tokens ({len(tokens)}) to score"}
-        if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
-            return report | {"refused": f"{name}: {len(tokens)} prompt tokens do not fit the context of "
-                             f"{runner.n_ctx} (and leave room for one more)"}
-        # the server stops at a full context: no more is generated than fits
-        generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
-        tokenized.append((name, tokens, generate))
-    runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized))
-    for (name, tokens, generate), cut in zip(tokenized, cut_from, strict=True):
-        emit_report({"prompt": name}, "score")
-        if text_mode:
-            report["prompts"].append(_score_text(runner, name, tokens))
-        elif request["mode"] == "sampled":
-            report["prompts"].append(runner.score(name, tokens, generate, request["tokens"], k_max))
-        else:
-            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], k_max))
-        report["prompts"][-1]["cut_from"] = cut
+    try:
+        prompts = [_fitted(runner, request, name, text, k_max) for name, text in request["prompts"]]
+    except Refusal as e:
+        return report | {"refused": str(e)}
+    runner.open_contexts(max(len(p.tokens) + p.generate + 1 for p in prompts))
+    for prompt in prompts:
+        emit_report({"prompt": prompt.name}, "score")
+        report["prompts"].append(_score(runner, request, prompt, k_max))
     return report
 
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from gguf_mtp.errors import ParameterError
 from gguf_mtp.llama_build import LlamaCppBuild
-from gguf_mtp.server.bench_rules import SPEC_DRAFT_SAMPLING, RequestSampling
+from gguf_mtp.llama_server import SPEC_DRAFT_SAMPLING, offers_probabilistic, parse_help, probe_server
+from gguf_mtp.model.drafting import RequestSampling
 
 from .accept_schedule import Limits, column_sums, replay
 
@@ -220,9 +221,6 @@ def check_probabilistic_support(build: LlamaCppBuild | None) -> None:
         ParameterError: one line naming the llama.cpp and what it lacks.
         LlamaServerError: the build's llama-server does not run.
     """
-    from gguf_mtp.server.options import ServerOptions
-    from gguf_mtp.server.process import probe_server
-
     if build is None:
         raise ParameterError(f"spec-draft-sampling probabilistic: the llama.cpp llama-cpp-python ships (0c1e570) has "
                              f"no probabilistic drafting (no {SPEC_DRAFT_SAMPLING}); name a newer build (b11434 or "
@@ -230,7 +228,7 @@ def check_probabilistic_support(build: LlamaCppBuild | None) -> None:
     if build.server is None:
         raise ParameterError(f"spec-draft-sampling probabilistic: this build has no llama-server, whose --help would "
                              f"say whether it has {SPEC_DRAFT_SAMPLING}", build.folder, "spec_draft_sampling")
-    if not ServerOptions.from_help(probe_server(str(build.server))).probabilistic:
+    if not offers_probabilistic(parse_help(probe_server(str(build.server)))):
         raise ParameterError(f"spec-draft-sampling probabilistic: this llama-server's --help has no "
                              f"'{SPEC_DRAFT_SAMPLING} probabilistic' (b11434 or later has it)", build.server,
                              "spec_draft_sampling")

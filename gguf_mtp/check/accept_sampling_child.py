@@ -17,6 +17,7 @@ import numpy as np
 
 from .accept_child import CHUNK, _Runner
 from .accept_sampling import Distribution, Sampling, draft_distribution, keep_probability, target_distribution
+from .accept_schedule import draft_room
 
 __all__ = ["SamplingRunner"]
 
@@ -101,7 +102,7 @@ class SamplingRunner(_Runner):
             keeps = []
             for j in range(n):
                 # as the greedy child: the longest draft a step from text[j] may make
-                length = max(0, min(k_max, n_predict - j - 2, self.n_ctx - (start + j) - 2))
+                length = min(k_max, draft_room(self.n_ctx, start + j, n_predict - (j + 1)))
                 qs = [self.head_q[j]][:length]
                 if length > 1:
                     qs += self.forced_chain(tokens, rows, start + j, head_rows[j], length)

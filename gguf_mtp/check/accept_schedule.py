@@ -7,8 +7,8 @@ generation as llama-server (``tools/server/server-context.cpp`` of the reference
 
 * the first token comes from the prompt's own decode (no draft);
 * every later step drafts ``min(n_max, n_draft_max)`` tokens from the last accepted token, where
-  ``n_draft_max = min(n_ctx - n_prompt_tokens - 2, n_remaining - 1)`` (``server_slot::get_n_draft_max``: fewer
-  drafts near the end of ``n_predict`` and of the slot's context; none when it is not positive);
+  ``n_draft_max`` is :func:`draft_room` (``server_slot::get_n_draft_max``: fewer drafts near the end of
+  ``n_predict`` and of the slot's context; none when it is not positive);
 * the trunk verifies the draft in one batch and keeps the longest prefix equal to its own greedy choices, plus one
   token of its own (``common_sampler_sample_and_accept_n``); ``draft_n`` grows by the drafted tokens,
   ``draft_n_accepted`` by the kept ones, and the per-position counter by one for each kept position;
@@ -24,7 +24,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Limits", "Replay", "draft_length", "first_draft_agreement", "fitted_prompt_length", "replay", "total"]
+__all__ = ["Limits", "Replay", "draft_length", "draft_room", "first_draft_agreement", "fitted_prompt_length", "replay",
+           "total"]
+
+
+def draft_room(n_ctx: int, prompt_tokens: int, remaining: int) -> int:
+    """The most tokens llama-server drafts in one step (``server_slot::get_n_draft_max``): ``min(n_ctx -
+    prompt_tokens - 2, remaining - 1)``, with ``prompt_tokens`` the slot's tokens before the last accepted one and
+    ``remaining`` the tokens ``n_predict`` still allows (the last accepted one included); none when not positive.
+    The greedy and the sampling children size their draft chains by it, the replay its drafts."""
+    return max(0, min(n_ctx - prompt_tokens - 2, remaining - 1))
 
 
 def draft_length(n_max: int, heads: int) -> int:
@@ -135,8 +144,7 @@ def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, l
     while going:
         last = generated - 1  # the last accepted token, not yet in the slot's prompt
         prompt_tokens = limits.prompt_tokens + last
-        n_draft_max = min(limits.n_ctx - prompt_tokens - 2, limits.n_predict - generated - 1)
-        k = min(n_max, n_draft_max) if n_draft_max > 0 else 0
+        k = min(n_max, draft_room(limits.n_ctx, prompt_tokens, limits.n_predict - generated))
         a = 0
         if k:
             chain = chains[last] if last < len(chains) else ()

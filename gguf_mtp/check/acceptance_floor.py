@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 from gguf_mtp.errors import GGUFMTPError, ParameterError
+from gguf_mtp.model.drafting import tokenizer_refusal
 from gguf_mtp.model.shards import open_model
-from gguf_mtp.server.bench import tokenizer_refusal
 
 from .accept import accept
 

@@ -33,9 +33,9 @@ from gguf_mtp.model.blocks import (
     missing_nextn_by_block,
     per_layer_problems,
 )
+from gguf_mtp.model.drafting import tokenizer_refusal
 from gguf_mtp.model.head_types import weak_head_types
 from gguf_mtp.model.shard_scan import ScannedModel, consistency_problems, scan_model
-from gguf_mtp.server.bench import tokenizer_refusal
 from gguf_mtp.text import human_bytes
 
 __all__ = ["HeadReport", "ModelSummary", "ShardSummary", "TensorRow", "TypeUsage", "inspect", "summarize"]

@@ -78,7 +78,7 @@ def _sampling(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.check.accept import accept
     from gguf_mtp.errors import LlamaCppError, ParameterError
-    from gguf_mtp.server.bench import load_prompts
+    from gguf_mtp.model.prompts import load_prompts
     from gguf_mtp.server.bench_rules import parse_n_max_list
     from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt

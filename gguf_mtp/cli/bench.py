@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from gguf_mtp.errors import LlamaServerError
-    from gguf_mtp.server.bench import bench, load_prompts
+    from gguf_mtp.model.prompts import load_prompts
+    from gguf_mtp.server.bench import bench
     from gguf_mtp.server.bench_rules import parse_n_max_list
     from gguf_mtp.text import printable
     from gguf_mtp.write import signals_as_interrupt
@@ -126,7 +127,7 @@ def _server(given: str | None) -> str:
     """
     from gguf_mtp.errors import ParameterError
     from gguf_mtp.llama_build import chosen
-    from gguf_mtp.server.process import BUILD_HINT
+    from gguf_mtp.llama_server import BUILD_HINT
 
     if given:
         return given

@@ -17,7 +17,7 @@ from gguf_mtp.text import human_bytes, json_safe, printable, short
 
 if TYPE_CHECKING:
     from gguf_mtp.jobs.runner import WriteReport
-    from gguf_mtp.server.bench_rules import RequestSampling
+    from gguf_mtp.model.drafting import RequestSampling
 
 __all__ = [
     "CONVERT_HOW",
@@ -185,7 +185,7 @@ def request_sampling(args: argparse.Namespace) -> RequestSampling | None:
         ParameterError: ``--temp`` missing in probabilistic mode or given in greedy mode, or a bad value.
     """
     from gguf_mtp.errors import ParameterError
-    from gguf_mtp.server.bench_rules import SEED, RequestSampling
+    from gguf_mtp.model.drafting import SEED, RequestSampling
 
     if args.spec_draft_sampling == "greedy":
         if args.temp is not None:

@@ -57,8 +57,8 @@ def _bench_command(args: argparse.Namespace, kind: str) -> str | None:
 
     from gguf_mtp.hub.remote import is_hub_path
     from gguf_mtp.llama_build import chosen
+    from gguf_mtp.model.drafting import tokenizer_refusal
     from gguf_mtp.model.shards import open_model
-    from gguf_mtp.server.bench import tokenizer_refusal
 
     model_path = args.target if kind == "mtp-draft" else args.composite
     if model_path is not None and not is_hub_path(model_path) and tokenizer_refusal(open_model(model_path)):

@@ -19,7 +19,6 @@ from typing import Any
 
 from gguf_mtp.check.accept import AcceptReport, accept
 from gguf_mtp.errors import ParameterError
-from gguf_mtp.model.blocks import block_index
 from gguf_mtp.model.shards import open_model
 
 from .extract import extract
@@ -91,8 +90,7 @@ class TypeSweep:
 
 def _head_bytes(path: str | os.PathLike[str]) -> int:
     sidecar = open_model(path)
-    return sum(t.nbytes for _, t in sidecar.iter_tensors()
-               if (block := block_index(t.name)) is not None and block >= sidecar.trunk_block_count)
+    return sum(t.nbytes for _, t in sidecar.head_tensors())
 
 
 def sweep_head_types(

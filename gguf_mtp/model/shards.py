@@ -31,7 +31,7 @@ from gguf_mtp.constants import (
 from gguf_mtp.errors import BadGGUFError, GGUFNotFoundError, ShardSetError
 from gguf_mtp.format.header import TYPE_BY_NAME, GGUFHeader, KeyValue, TensorInfo, read_header
 
-from .blocks import read_block_layout
+from .blocks import block_index, read_block_layout
 
 __all__ = [
     "SPLIT_KEYS",
@@ -158,6 +158,15 @@ class ShardSet:
             if match:
                 blocks.add(int(match["block"]))
         return blocks
+
+    def head_tensors(self) -> Iterator[tuple[int, TensorInfo]]:
+        """(shard index, tensor) for every tensor of the NextN (MTP) blocks, in file order: ``blk.N.*`` with N from
+        :attr:`trunk_block_count` to ``block_count - 1``. A name whose number is past the declared blocks (or has
+        more digits than any block: :func:`~gguf_mtp.model.blocks.block_index`) is no tensor of the head."""
+        head = range(self.trunk_block_count, self.block_count)
+        for index, tensor in self.iter_tensors():
+            if block_index(tensor.name) in head:
+                yield index, tensor
 
 
 #: The ``split.*`` keys llama.cpp's loader reads (gguf-split writes u16, u16, i32).

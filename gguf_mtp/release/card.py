@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
-from gguf_mtp.constants import BLOCK_TENSOR
 from gguf_mtp.files.digests import FileDigest
 from gguf_mtp.model.shards import ShardSet
 from gguf_mtp.text import markdown_code, markdown_text, printable
@@ -155,14 +154,9 @@ class ModelFacts:
     def from_model(cls, model: ShardSet) -> ModelFacts:
         """Read the facts from a model's headers (shard 1 holds the model KVs)."""
         trunk = model.trunk_block_count
-        nextn_types: set[str] = set()
-        nextn_tensors = nextn_bytes = 0
-        for _, tensor in model.iter_tensors():
-            match = BLOCK_TENSOR.match(tensor.name)
-            if match and int(match["block"]) >= trunk:
-                nextn_tensors += 1
-                nextn_bytes += tensor.nbytes
-                nextn_types.add(tensor.type_name)
+        head = [tensor for _, tensor in model.head_tensors()]
+        nextn_tensors, nextn_bytes = len(head), sum(t.nbytes for t in head)
+        nextn_types = {t.type_name for t in head}
         repo_url = model.get(Keys.General.BASE_MODEL_REPO_URL.format(id=0))
         base = None
         if isinstance(repo_url, str) and repo_url.startswith(_HF_URL):

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 
 from gguf_mtp.check.draft_checks import draft_globals_check, target_fit_check
 from gguf_mtp.constants import (
-    BLOCK_TENSOR,
     KEY_BLOCK_COUNT,
     KEY_NEXTN_PREDICT_LAYERS,
     KEY_SPLIT_TENSORS_COUNT,
@@ -60,12 +59,12 @@ from gguf_mtp.errors import (
 )
 from gguf_mtp.files.create import create_exclusive, write_all
 from gguf_mtp.files.digests import FileDigest, digest_files, git_blob_sha1
-from gguf_mtp.format.header import GGUFHeader, align_up
+from gguf_mtp.format.header import GGUFHeader, TensorInfo, align_up
 from gguf_mtp.hub import access as hub_access
 from gguf_mtp.hub import client as hub
 from gguf_mtp.hub.hub_api import HubApi
 from gguf_mtp.jobs.sidecar_pairing import TrunkPairing, pair_listing
-from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
+from gguf_mtp.model.blocks import block_index, is_mtp_only, read_block_layout
 from gguf_mtp.model.set_id import SET_ID_KEY
 from gguf_mtp.model.shards import ShardSet, open_model
 from gguf_mtp.model.sidecar_names import SIDECAR_KEYWORD
@@ -286,14 +285,10 @@ def bytes_beyond_target(model: ShardSet) -> int:
 
 def _bytes_beyond_target_per_shard(model: ShardSet) -> list[int]:
     """:func:`bytes_beyond_target`, one figure per shard."""
-    trunk_blocks = model.trunk_block_count
+    head = {(shard, t.name) for shard, t in model.head_tensors()}
     figures = []
-    for header in model.headers:
-        trunk = 0
-        for tensor in header.tensors:
-            match = BLOCK_TENSOR.match(tensor.name)
-            if match is None or int(match["block"]) < trunk_blocks:
-                trunk += align_up(tensor.nbytes, header.alignment)
+    for shard, header in enumerate(model.headers):
+        trunk = sum(align_up(t.nbytes, header.alignment) for t in header.tensors if (shard, t.name) not in head)
         figures.append(header.file_size - min(trunk, header.data_size))
     return figures
 
@@ -312,14 +307,20 @@ def why_new_files(model: ShardSet, standalone: bool, trunk: bool = False) -> lis
     if standalone:
         return ["the MTP head: a new file"] * len(model.headers)
     keys = [model.arch_key(k) for k in _COMPOSE_EDITED_KEYS]
-    return [f"a new file: {_why_new_shard(header, keys, model.trunk_block_count)}" for header in model.headers]
+    head = list(model.head_tensors())
+    return [f"a new file: {_why_new_shard(header, keys, _head_blocks(head, shard))}"
+            for shard, header in enumerate(model.headers)]
 
 
-def _why_new_shard(header: GGUFHeader, edited_keys: Sequence[str], trunk_blocks: int) -> str:
-    """Why one composite shard is new: the edited KVs it carries, and the NextN block when it holds it."""
+def _head_blocks(head: Sequence[tuple[int, TensorInfo]], shard: int) -> list[int]:
+    """The NextN blocks whose tensors ``shard`` holds (``head``: :meth:`ShardSet.head_tensors`)."""
+    return sorted({block for where, tensor in head
+                   if where == shard and (block := block_index(tensor.name)) is not None})
+
+
+def _why_new_shard(header: GGUFHeader, edited_keys: Sequence[str], blocks: Sequence[int]) -> str:
+    """Why one composite shard is new: the edited KVs it carries, and the NextN blocks it holds."""
     edited = [k for k in edited_keys if k in header.kvs]
-    blocks = sorted({int(m["block"]) for t in header.tensors if (m := BLOCK_TENSOR.match(t.name))
-                     and int(m["block"]) >= trunk_blocks})
     why = f"its header changed ({', '.join(edited)})" if edited else "its header changed"
     if blocks:
         why += f" and it holds the NextN block ({', '.join(f'blk.{b}' for b in blocks)})"

@@ -2,40 +2,40 @@
 which n-max? The model's metadata is checked first (a NextN block or an MTP-only ``draft``, a tokenizer, room
 in the context); then llama-server runs once without speculative decoding and once per n-max with
 ``--spec-type draft-mtp``, answering the same prompts greedily; the rules that read its answers are in
-:mod:`gguf_mtp.server.bench_rules`, the process handling in :mod:`gguf_mtp.server.process`.
+:mod:`gguf_mtp.server.bench_rules`, the process handling in :mod:`gguf_mtp.server.process`; the model check, the
+request bounds and the prompts it shares with ``accept`` in :mod:`gguf_mtp.model.drafting` and
+:mod:`gguf_mtp.model.prompts`.
 """
 
 from __future__ import annotations
 
-import importlib.resources
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gguf_mtp.constants import free_cores
-from gguf_mtp.errors import LlamaServerError, NoNextNBlockError, ParameterError
-from gguf_mtp.files.json_io import load_json_file
-from gguf_mtp.files.regular_file import NotARegularFileError, open_regular
-from gguf_mtp.format.header import GGUFHeader
-from gguf_mtp.model.blocks import is_mtp_only, read_block_layout
-from gguf_mtp.model.shards import ShardSet, open_model
+from gguf_mtp.errors import LlamaServerError, ParameterError
+from gguf_mtp.llama_server import SPEC_DRAFT_SAMPLING, probe_server, server_build
+from gguf_mtp.model.drafting import (
+    BenchModel,
+    RequestSampling,
+    Threads,
+    check_count_options,
+    check_model,
+    check_n_max,
+)
+from gguf_mtp.model.prompts import Prompt, builtin_prompts
 
 from .bench_rules import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_N_MAX,
     DEFAULT_TOKENS,
-    SPEC_DRAFT_SAMPLING,
     BenchReport,
     BenchRun,
     Completion,
     PositionCounts,
-    RequestSampling,
-    check_count_options,
     check_float_options,
-    check_n_max,
     completion_request,
     first_difference,
     parse_completion,
@@ -43,169 +43,14 @@ from .bench_rules import (
     server_arguments,
 )
 from .options import ServerOptions, check_extra_arguments, choose_threads
-from .process import ServerHandle, free_port, probe_server, running_server, server_build
+from .process import ServerHandle, free_port, running_server
 
-__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "BenchModel", "bench", "builtin_prompts", "check_model", "check_prompts",
-           "load_prompts", "tokenizer_refusal"]
+__all__ = ["DEFAULT_N_MAX", "DEFAULT_TOKENS", "bench"]
 
-#: The most prompts a run sends.
-MAX_PROMPTS = 64
-#: The largest ``--prompts`` file read.
-MAX_PROMPTS_BYTES = 4 * 1024 * 1024
 #: Seconds one whole ``/completion`` answer may take (a big model on CPU is slow; a dead server is noticed sooner).
 REQUEST_TIMEOUT = 3600.0
 #: Seconds one whole answer of ``/props``, ``/tokenize`` or ``/metrics`` may take.
 SMALL_REQUEST_TIMEOUT = 60.0
-_NO_TOKENIZER = ("no_vocab", "none")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt bench sends, and the name its report gives it (``prompt 2``, or the name in a JSON file)."""
-
-    name: str
-    text: str
-
-
-def builtin_prompts() -> tuple[Prompt, ...]:
-    """The prompts shipped with gguf-mtp: code, prose and a chat, a few hundred tokens each."""
-    text = importlib.resources.files("gguf_mtp").joinpath("data/bench_prompts.json").read_text("utf-8")
-    return _prompts_from_json(json.loads(text), "built-in prompts")
-
-
-def _prompts_from_json(document: Any, where: str) -> tuple[Prompt, ...]:
-    items = document.get("prompts") if isinstance(document, dict) else document
-    if not isinstance(items, list):
-        raise ParameterError("prompts: a JSON prompts file is a list of strings (or {\"prompts\": [...]})", where,
-                             "prompts")
-    prompts = []
-    for i, item in enumerate(items):
-        if isinstance(item, dict):
-            name, text = item.get("name", f"prompt {i + 1}"), item.get("text")
-        else:
-            name, text = f"prompt {i + 1}", item
-        if not isinstance(text, str) or not text.strip() or not isinstance(name, str):
-            raise ParameterError(f"prompts: prompt {i + 1} is not a non-empty string", where, "prompts")
-        prompts.append(Prompt(name, text))
-    return check_prompts(prompts, where)
-
-
-def check_prompts(prompts: Sequence[Prompt], where: str) -> tuple[Prompt, ...]:
-    """``prompts``, if llama.cpp can be given them: one at least, at most :data:`MAX_PROMPTS`, each UTF-8 text
-    (a JSON string may hold a lone surrogate, which no UTF-8 encoder takes).
-
-    Raises:
-        ParameterError: one line naming ``where`` (the file) and, for a bad text, the prompt and the character.
-    """
-    if not prompts:
-        raise ParameterError("prompts: no prompt in the file", where, "prompts")
-    if len(prompts) > MAX_PROMPTS:
-        raise ParameterError(f"prompts: {len(prompts)} prompts, more than the {MAX_PROMPTS} bench sends", where,
-                             "prompts")
-    for prompt in prompts:
-        try:
-            prompt.text.encode("utf-8")  # as the server's client and accept's child encode it
-        except UnicodeEncodeError as e:
-            raise ParameterError(f"prompts: {prompt.name}: character {e.start + 1} (U+{ord(prompt.text[e.start]):04X}) "
-                                 f"cannot be encoded as UTF-8 ({e.reason})", where, "prompts") from None
-    return tuple(prompts)
-
-
-def load_prompts(path: str | os.PathLike[str]) -> tuple[Prompt, ...]:
-    """Prompts from a file: ``.json`` (a list of strings, or ``{"prompts": [{"name", "text"}...]}``), else
-    UTF-8 text with prompts separated by lines holding only ``---``.
-
-    Raises:
-        ParameterError: missing, unreadable, too large, or no prompt in it (one line naming the file).
-    """
-    where = os.fspath(path)
-    if where.lower().endswith(".json"):
-        return _prompts_from_json(load_json_file(path, max_bytes=MAX_PROMPTS_BYTES, error=ParameterError), where)
-    try:
-        fd, info = open_regular(path)
-    except FileNotFoundError:
-        raise ParameterError("prompts: no such file", where, "prompts") from None
-    except (IsADirectoryError, NotARegularFileError):
-        raise ParameterError("prompts: not a regular file", where, "prompts") from None
-    except OSError as e:
-        raise ParameterError(f"prompts: cannot open: {e.strerror}", where, "prompts") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_PROMPTS_BYTES + 1)
-    if len(data) > MAX_PROMPTS_BYTES or info.st_size > MAX_PROMPTS_BYTES:
-        raise ParameterError(f"prompts: larger than the {MAX_PROMPTS_BYTES:,} bytes bench reads", where, "prompts")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ParameterError("prompts: not UTF-8 text", where, "prompts") from None
-    chunks: list[str] = []
-    current: list[str] = []
-    for line in text.splitlines(keepends=True):
-        if line.strip() == "---":
-            chunks.append("".join(current))
-            current = []
-        else:
-            current.append(line)
-    chunks.append("".join(current))
-    parts = [c.strip("\n") for c in chunks if c.strip()]
-    return check_prompts([Prompt(f"prompt {i + 1}", t) for i, t in enumerate(parts)], where)
-
-
-@dataclass(frozen=True)
-class BenchModel:
-    """What bench needs to know of the model before starting anything."""
-
-    path: str
-    draft: str | None
-    nextn: int  # NextN blocks of the model, or of the draft when one is given
-    context_length: int | None  # the training context ({arch}.context_length)
-
-
-def tokenizer_refusal(model: ShardSet | GGUFHeader) -> str | None:
-    """Why bench cannot measure ``model`` (llama-server cannot tokenize its prompts), or None when it can; a
-    header is enough (its first shard's)."""
-    tokenizer = model.get("tokenizer.ggml.model")
-    if tokenizer is None or tokenizer in _NO_TOKENIZER:
-        return f"model has no tokenizer (tokenizer.ggml.model = {tokenizer!r}): llama-server cannot tokenize prompts"
-    return None
-
-
-def check_model(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None) -> BenchModel:
-    """Read the model (and draft) headers: MTP must be there to measure, and llama-server must be able to
-    tokenize.
-
-    Raises:
-        BadGGUFError, ShardSetError: a file is not a readable GGUF model.
-        NoNextNBlockError: no NextN block in the model and no ``draft``, or a ``draft`` without one.
-        ParameterError: the model has no tokenizer, or is an MTP-only sidecar (to give as ``draft``).
-    """
-    target = open_model(model)
-    if is_mtp_only(read_block_layout(target.first), target.block_indices()):
-        raise ParameterError("an MTP-only sidecar, not a model: give the model it drafts for, and this file as draft",
-                             target.name, "draft")
-    refusal = tokenizer_refusal(target)
-    if refusal is not None:
-        raise ParameterError(refusal, target.name)
-    if draft is None:
-        nextn = target.nextn_predict_layers
-        if nextn == 0:
-            raise NoNextNBlockError(
-                "no NextN (MTP) block (nextn_predict_layers = 0) and no draft: compose one in, or give the "
-                "MTP-only sidecar as draft",
-                target.name,
-                "draft",
-            )
-    else:
-        sidecar = open_model(draft)
-        nextn = sidecar.nextn_predict_layers
-        if nextn == 0:
-            raise NoNextNBlockError("draft has no NextN (MTP) block", sidecar.name, "draft")
-    context = target.get(target.arch_key("{arch}.context_length"))
-    return BenchModel(
-        path=target.name,
-        draft=None if draft is None else os.fspath(draft),
-        nextn=nextn,
-        context_length=context if isinstance(context, int) and context > 0 else None,
-    )
 
 
 def _check_context(handle: ServerHandle, prompts: Sequence[Prompt], tokens: int, n_max: int, model: str) -> None:
@@ -302,6 +147,28 @@ def bench(
     head's) gets half the free cores, in every run (:func:`gguf_mtp.server.options.choose_threads`).
     """
     began = time.monotonic()
+    info = _check_request(model, draft, n_max, tokens, health_timeout, sampling)
+    prompts = tuple(prompts) if prompts is not None else builtin_prompts()
+    options = _server_options(server, server_args, sampling)
+    say = progress or (lambda line: None)
+    threads = _threads(server_args, options, info, say, warn)
+    session = _Session(server, info, options, threads, prompts, tokens, max(n_max), tuple(server_args),
+                       health_timeout, options.server_environment(os.environ), say, sampling)
+    configurations = (0, *n_max)
+    runs = [_run(session, i, len(configurations), k) for i, k in enumerate(configurations, 1)]
+    baseline = runs[0]
+    differences = () if sampling is not None else \
+        tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
+    return BenchReport(
+        model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
+        differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
+        threads=threads.arguments + threads.draft_arguments, llama_cpp_build=server_build(server), sampling=sampling,
+    )
+
+
+def _check_request(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None, n_max: Sequence[int],
+                   tokens: int, health_timeout: float, sampling: RequestSampling | None) -> BenchModel:
+    """Every check of bench's own arguments and of the model, before any server starts."""
     check_count_options(tokens=tokens)
     check_n_max(n_max)
     check_float_options(health_timeout=health_timeout)
@@ -311,50 +178,72 @@ def bench(
             f"tokens {tokens} + n-max {max(n_max)} do not fit the model's context of {info.context_length} tokens",
             info.path, "tokens",
         )
-    prompts = tuple(prompts) if prompts is not None else builtin_prompts()
     if sampling is not None:
         sampling.check()
+    return info
+
+
+def _server_options(server: str, server_args: Sequence[str], sampling: RequestSampling | None) -> ServerOptions:
+    """The server's options from its ``--help``, refusing one that cannot do what was asked and extra arguments
+    that set what bench sets (before any server starts)."""
     options = ServerOptions.from_help(probe_server(server))
     if sampling is not None and not options.probabilistic:
         raise LlamaServerError(f"its --help has no '{SPEC_DRAFT_SAMPLING} probabilistic' (llama.cpp b11434 or later "
                                "has it)", server, "server")
-    check_extra_arguments(server_args, options)  # before any server starts
-    environment = options.server_environment(os.environ)
-    say = progress or (lambda line: None)
+    check_extra_arguments(server_args, options)
+    return options
+
+
+def _threads(server_args: Sequence[str], options: ServerOptions, info: BenchModel, say: Callable[[str], None],
+             warn: Callable[[str], None] | None) -> Threads:
+    """:func:`~gguf_mtp.server.options.choose_threads`, said, and warned of when the user's oversubscribe."""
     threads = choose_threads(server_args, options, free_cores(), draft=info.draft is not None)
     say(threads.describe(f"-t{' and -td' if info.draft is not None else ''} after --"))
     warning = threads.warning("give -t, and -td for a sidecar, after --")
     if warning is not None and warn is not None:
         warn(warning)
-    configurations = (0, *n_max)
-    runs: list[BenchRun] = []
-    for i, k in enumerate(configurations, 1):
-        what = "without MTP" if k == 0 else f"MTP n-max {k}"
-        step = f"run {i}/{len(configurations)}: {what}"
-        port = free_port()
-        extra = [*threads.arguments, *(threads.draft_arguments if k else ()), *server_args]
-        args = server_arguments(info.path, port, k, info.draft, extra, metrics=options.metrics,
-                                probabilistic=sampling is not None)
+    return threads
 
-        def started(handle: ServerHandle, step: str = step) -> None:
-            say(f"{step}: llama-server pid {handle.pid} on 127.0.0.1:{handle.port}, loading the model")
 
-        with running_server(
-            server, args, port=port, health_timeout=health_timeout, label=f"llama-server ({what})",
-            on_start=started, env=environment,
-        ) as handle:
-            _check_context(handle, prompts, tokens, max(n_max), info.path)
-            completions = _measure(handle, prompts, tokens, say, step, sampling)
-            positions = _positions(handle) if k and options.metrics else None
-            run = BenchRun(k, completions, positions)
-        runs.append(run)
-        acceptance = "" if run.acceptance is None else f", acceptance {run.acceptance:.2f}"
-        say(f"{step}: {run.predicted_n} tokens, {run.predicted_per_second:.1f} tokens/s{acceptance}")
-    baseline = runs[0]
-    differences = () if sampling is not None else \
-        tuple(d for run in runs[1:] if (d := first_difference(baseline, run)) is not None)
-    return BenchReport(
-        model=info.path, draft=info.draft, server=server, prompts=len(prompts), tokens=tokens, runs=tuple(runs),
-        differences=differences, seconds=time.monotonic() - began, server_args=tuple(server_args),
-        threads=threads.arguments + threads.draft_arguments, llama_cpp_build=server_build(server), sampling=sampling,
-    )
+@dataclass(frozen=True)
+class _Session:
+    """What every run of one bench shares: the server, the model, the requests, the threads."""
+
+    server: str
+    info: BenchModel
+    options: ServerOptions
+    threads: Threads
+    prompts: tuple[Prompt, ...]
+    tokens: int
+    largest_n_max: int
+    server_args: tuple[str, ...]
+    health_timeout: float
+    environment: dict[str, str]
+    say: Callable[[str], None]
+    sampling: RequestSampling | None
+
+
+def _run(session: _Session, i: int, count: int, k: int) -> BenchRun:
+    """Run ``i`` of ``count``: one server (``k`` 0: without MTP, else MTP at n-max ``k``), every prompt answered."""
+    what = "without MTP" if k == 0 else f"MTP n-max {k}"
+    step = f"run {i}/{count}: {what}"
+    port = free_port()
+    threads = session.threads
+    extra = [*threads.arguments, *(threads.draft_arguments if k else ()), *session.server_args]
+    args = server_arguments(session.info.path, port, k, session.info.draft, extra, metrics=session.options.metrics,
+                            probabilistic=session.sampling is not None)
+
+    def started(handle: ServerHandle) -> None:
+        session.say(f"{step}: llama-server pid {handle.pid} on 127.0.0.1:{handle.port}, loading the model")
+
+    with running_server(
+        session.server, args, port=port, health_timeout=session.health_timeout, label=f"llama-server ({what})",
+        on_start=started, env=session.environment,
+    ) as handle:
+        _check_context(handle, session.prompts, session.tokens, session.largest_n_max, session.info.path)
+        completions = _measure(handle, session.prompts, session.tokens, session.say, step, session.sampling)
+        positions = _positions(handle) if k and session.options.metrics else None
+        run = BenchRun(k, completions, positions)
+    acceptance = "" if run.acceptance is None else f", acceptance {run.acceptance:.2f}"
+    session.say(f"{step}: {run.predicted_n} tokens, {run.predicted_per_second:.1f} tokens/s{acceptance}")
+    return run

@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gguf_mtp.constants import install_hint
 from gguf_mtp.errors import OutputWriteError, ParameterError, UnsafeOutputError
@@ -17,6 +18,9 @@ from gguf_mtp.files.create import create_exclusive, temporary_name
 from gguf_mtp.text import printable
 
 from .bench_rules import BenchReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["INSTALL_HINT", "check_plot_target", "plot_title", "write_plot"]
 
@@ -63,7 +67,17 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    target = Path(path)
+    fig = _figure(report)
+    try:
+        _save_png(fig, Path(path), force=force)
+    finally:
+        plt.close(fig)
+
+
+def _figure(report: BenchReport) -> Figure:
+    """The plot of ``report``: tokens/s and acceptance by n-max, titled."""
+    import matplotlib.pyplot as plt
+
     runs = sorted(report.runs, key=lambda r: r.n_max)
     fig, speed_axis = plt.subplots(figsize=(6, 4), dpi=100)
     speed_axis.plot([r.n_max for r in runs], [r.predicted_per_second for r in runs], "o-", color="tab:blue")
@@ -77,6 +91,17 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
     acceptance_axis.set_ylim(0, 1.05)
     speed_axis.set_title(plot_title(report))
     fig.tight_layout()
+    return fig
+
+
+def _save_png(fig: Figure, target: Path, *, force: bool) -> None:
+    """Write ``fig`` as a PNG at ``target``: through a temporary name created exclusively, then linked (or, with
+    ``force``, renamed) into place.
+
+    Raises:
+        UnsafeOutputError: the file appeared meanwhile and ``force`` is off.
+        OutputWriteError: the file could not be written.
+    """
     partial = temporary_name(target)
     try:
         fd = create_exclusive(partial)  # never through a link planted at that name
@@ -96,5 +121,3 @@ def write_plot(report: BenchReport, path: str | os.PathLike[str], *, force: bool
         raise
     except OSError as e:
         raise OutputWriteError(f"plot: cannot write: {e.strerror}", target, "plot") from None
-    finally:
-        plt.close(fig)

@@ -10,8 +10,9 @@ kept). With ``return_tokens`` it also returns the generated token ids, which the
 (``llamacpp:spec_decode_num_drafts_total``) and the drafted tokens accepted at each draft position
 (``llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``, from 0).
 
-Nothing read from the server is trusted: every count is bounded (:data:`MAX_COUNT`), every duration finite and
-bounded, and every float option of bench is checked in one place (:func:`check_float_options`).
+Nothing read from the server is trusted: every count is bounded (:data:`gguf_mtp.model.drafting.MAX_COUNT`), every
+duration finite and bounded, and every float option of bench is checked in one place (:func:`check_float_options`);
+the count options and draft lengths bench shares with ``accept`` are :mod:`gguf_mtp.model.drafting`'s.
 """
 
 from __future__ import annotations
@@ -27,17 +28,14 @@ from typing import Any
 
 from gguf_mtp.constants import DEFAULT_HEALTH_TIMEOUT, DEFAULT_N_MAX, DEFAULT_TOKENS
 from gguf_mtp.errors import LlamaServerError, ParameterError
+from gguf_mtp.llama_server import SPEC_DRAFT_SAMPLING
+from gguf_mtp.model.drafting import MAX_COUNT, MAX_N_MAX, SEED, RequestSampling
 
 __all__ = [
-    "COUNT_OPTIONS",
     "DEFAULT_HEALTH_TIMEOUT",
     "DEFAULT_N_MAX",
     "DEFAULT_TOKENS",
     "FLOAT_OPTIONS",
-    "MAX_COUNT",
-    "MAX_N_MAX",
-    "SEED",
-    "SPEC_DRAFT_SAMPLING",
     "WORTHWHILE_SPEEDUP",
     "BenchReport",
     "BenchRow",
@@ -46,11 +44,8 @@ __all__ = [
     "Completion",
     "Difference",
     "PositionCounts",
-    "RequestSampling",
     "acceptance_rate",
-    "check_count_options",
     "check_float_options",
-    "check_n_max",
     "completion_request",
     "first_difference",
     "parse_bench_json",
@@ -62,40 +57,10 @@ __all__ = [
     "speedup",
 ]
 
-#: The fixed sampling seed of every request (greedy decoding does not use it; it keeps runs comparable anyway).
-SEED = 42
-
-#: llama-server's option for sampled drafts verified by rejection (llama.cpp b11434's ``common/arg.cpp``; not in
-#: 0c1e570): ``--spec-draft-sampling {greedy,probabilistic}``.
-SPEC_DRAFT_SAMPLING = "--spec-draft-sampling"
-
-#: The largest n-max measured: llama.cpp takes any, but drafting more than this is never faster.
-MAX_N_MAX = 16
-
 #: MTP is recommended only when its best run is at least this much faster than the run without it
 #: (a smaller gain is within the noise of one short run, and costs the head's memory for nothing).
 WORTHWHILE_SPEEDUP = 1.03
 
-#: The most tokens one request may ask for (bench's and accept's --tokens).
-MAX_TOKENS = 1 << 16
-#: The most threads llama.cpp runs: ggml.h's GGML_MAX_N_THREADS (more crash it; thousands only crawl).
-MAX_THREADS = 512
-#: The most layers offloaded: far above any model's (llama.cpp offloads every layer for any larger value).
-MAX_GPU_LAYERS = 1 << 16
-#: The largest slot context asked for: far above any model's training context (which caps it anyway).
-MAX_CONTEXT = 1 << 24
-
-#: Every count option of bench and accept, with its range (lowest, highest); checked by
-#: :func:`check_count_options` and nowhere else.
-COUNT_OPTIONS: dict[str, tuple[int, int]] = {
-    "tokens": (1, MAX_TOKENS),
-    "threads": (1, MAX_THREADS),
-    "n_gpu_layers": (0, MAX_GPU_LAYERS),
-    "ctx_size": (8, MAX_CONTEXT),
-}
-
-#: The most any count read from llama-server may be (tokens, drafts): far above any run, and exact as a float.
-MAX_COUNT = 2**48
 #: The longest duration (milliseconds) a ``/completion`` timing may report: a year.
 MAX_MILLISECONDS = 365 * 86400 * 1000.0
 
@@ -123,28 +88,6 @@ def check_float_options(**values: float) -> None:
             bound = "at least" if low_included else "more than"
             raise ParameterError(f"{name} {value!r}: give a finite number {bound} {low:g} and at most {high:g}",
                                  parameter=name)
-
-
-def check_count_options(**values: int | None) -> None:
-    """Refuse a count option outside its :data:`COUNT_OPTIONS` range (``None``: not given, nothing to check).
-
-    Raises:
-        ParameterError: one line naming the option and its range.
-    """
-    for name, value in values.items():
-        low, high = COUNT_OPTIONS[name]
-        if value is not None and not low <= value <= high:
-            raise ParameterError(f"{name} {value}: give {low} to {high}", parameter=name)
-
-
-def check_n_max(n_max: Sequence[int]) -> None:
-    """Refuse an empty list of draft lengths, or one outside 1 to :data:`MAX_N_MAX`.
-
-    Raises:
-        ParameterError: one line.
-    """
-    if not n_max or any(not 1 <= n <= MAX_N_MAX for n in n_max):
-        raise ParameterError(f"n_max: draft lengths from 1 to {MAX_N_MAX}", parameter="n_max")
 
 
 def parse_n_max_list(text: str) -> tuple[int, ...]:
@@ -182,36 +125,6 @@ def server_arguments(model: str, port: int, n_max: int, draft: str | None, extra
         if probabilistic:
             args += [SPEC_DRAFT_SAMPLING, "probabilistic"]
     return args + list(extra)
-
-
-@dataclass(frozen=True)
-class RequestSampling:
-    """Sampled requests, as llama-server's ``/completion`` takes them (its defaults but the temperature), for
-    ``--spec-draft-sampling probabilistic``: above temperature 0 the server samples the draft and verifies it by
-    rejection (b11434 ``server-context.cpp``, ``use_spec_rejection``)."""
-
-    temp: float
-    seed: int = SEED
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    def check(self) -> None:
-        """Raises :class:`ParameterError` for a value that does not sample by rejection."""
-        if not (math.isfinite(self.temp) and 0 < self.temp <= 100):
-            raise ParameterError("temp: probabilistic drafting needs a temperature above 0 (at 0 llama-server "
-                                 "verifies greedily: leave --spec-draft-sampling greedy), at most 100",
-                                 parameter="temp")
-        if not (0 < self.top_p <= 1 and 0 <= self.min_p < 1 and 0 <= self.top_k <= MAX_COUNT):
-            raise ParameterError(f"top-p must be in (0, 1], min-p in [0, 1), top-k in [0, {MAX_COUNT}]",
-                                 parameter="top_p")
-        if not 0 <= self.seed < 1 << 32:
-            raise ParameterError("seed must be 0..2^32-1", parameter="seed")
-
-    def fields(self) -> dict[str, Any]:
-        """The ``/completion`` fields that sample."""
-        return {"temperature": self.temp, "seed": self.seed, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p}
 
 
 def completion_request(prompt: str, tokens: int, sampling: RequestSampling | None = None) -> dict[str, Any]:
@@ -254,6 +167,31 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:24] + f"... ({len(text)} characters)"
 
 
+def _duration(timings: Mapping[str, Any]) -> float:
+    """``timings.predicted_ms``: 0, or a finite duration from a microsecond to :data:`MAX_MILLISECONDS`.
+
+    Raises:
+        LlamaServerError: anything else.
+    """
+    predicted_ms = timings.get("predicted_ms")
+    if (
+        not isinstance(predicted_ms, (int, float))
+        or isinstance(predicted_ms, bool)
+        or not math.isfinite(predicted_ms)
+        or not (predicted_ms == 0 or 1e-3 <= predicted_ms <= MAX_MILLISECONDS)
+    ):
+        raise LlamaServerError(f"/completion answered timings.predicted_ms = {_short(predicted_ms)}, not a duration")
+    return float(predicted_ms)
+
+
+def _token_ids(answer: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The generated token ids (``return_tokens``), or ``None`` when the answer has no list of them."""
+    tokens = answer.get("tokens")
+    if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        return tuple(tokens)
+    return None
+
+
 def parse_completion(answer: object) -> Completion:
     """Read llama-server's ``/completion`` answer (JSON already decoded).
 
@@ -265,14 +203,7 @@ def parse_completion(answer: object) -> Completion:
     if not isinstance(answer, Mapping) or not isinstance(answer.get("timings"), Mapping):
         raise LlamaServerError("/completion answered without timings: is this llama-server?")
     timings = answer["timings"]
-    predicted_ms = timings.get("predicted_ms")
-    if (
-        not isinstance(predicted_ms, (int, float))
-        or isinstance(predicted_ms, bool)
-        or not math.isfinite(predicted_ms)
-        or not (predicted_ms == 0 or 1e-3 <= predicted_ms <= MAX_MILLISECONDS)
-    ):
-        raise LlamaServerError(f"/completion answered timings.predicted_ms = {_short(predicted_ms)}, not a duration")
+    predicted_ms = _duration(timings)
     draft_n = _count(timings, "draft_n", required=False)
     accepted = _count(timings, "draft_n_accepted", required=False)
     if accepted > draft_n:
@@ -280,17 +211,13 @@ def parse_completion(answer: object) -> Completion:
     content = answer.get("content")
     if not isinstance(content, str):
         raise LlamaServerError("/completion answered without content")
-    tokens = answer.get("tokens")
-    ids: tuple[int, ...] | None = None
-    if isinstance(tokens, list) and tokens and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        ids = tuple(tokens)
     return Completion(
         predicted_n=_count(timings, "predicted_n", required=True),
-        predicted_ms=float(predicted_ms),
+        predicted_ms=predicted_ms,
         draft_n=draft_n,
         draft_n_accepted=accepted,
         content=content,
-        tokens=ids,
+        tokens=_token_ids(answer),
     )
 
 
@@ -333,6 +260,59 @@ def _metric_count(name: str, text: str) -> int:
     return round(value)
 
 
+def _sample(line: str) -> tuple[str, str | None, str] | None:
+    """(name, position, value) of a ``/metrics`` line of a counter bench reads; ``None`` for any other line.
+
+    Raises:
+        LlamaServerError: such a counter's line that is not a sample.
+    """
+    if not line.startswith((_DRAFTS, _PER_POSITION)):
+        return None
+    match = _SAMPLE.fullmatch(line)
+    if match is None:
+        raise LlamaServerError(f"/metrics answered {_short(line)}, not a count")
+    name, position, value = match.groups()
+    return name, position, value
+
+
+def _counters(data: bytes) -> tuple[int | None, dict[int, int]]:
+    """The verification steps and the accepted tokens by position that ``/metrics`` counts (bounded, each once).
+
+    Raises:
+        LlamaServerError: too many lines, a counter that is not a bounded count, or a position given twice.
+    """
+    drafts: int | None = None
+    positions: dict[int, int] = {}
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines()):
+        if number >= _MAX_METRICS_LINES:
+            raise LlamaServerError(f"/metrics answered more than {_MAX_METRICS_LINES} lines")
+        sample = _sample(line.strip())
+        if sample is None:
+            continue
+        name, position, value = sample
+        if name == _DRAFTS and position is None:
+            drafts = _metric_count(name, value)
+        elif name == _PER_POSITION and position is not None:
+            if int(position) in positions:
+                raise LlamaServerError(f"/metrics answered {name} for position {position} twice")
+            positions[int(position)] = _metric_count(name, value)
+    return drafts, positions
+
+
+def _position_counts(drafts: int, positions: Mapping[int, int]) -> PositionCounts:
+    """The counts, if they can be: positions 0, 1, ..., each accepted at most as often as the one before it.
+
+    Raises:
+        LlamaServerError: one line.
+    """
+    if sorted(positions) != list(range(len(positions))):
+        raise LlamaServerError(f"/metrics answered {_PER_POSITION} for positions {sorted(positions)}, not 0, 1, ...")
+    accepted = tuple(positions[i] for i in range(len(positions)))
+    if any(a > drafts for a in accepted) or any(b > a for a, b in itertools.pairwise(accepted)):
+        raise LlamaServerError(f"/metrics answered {accepted} accepted by position of {drafts} drafts: impossible")
+    return PositionCounts(drafts, accepted)
+
+
 def parse_metrics(data: bytes) -> PositionCounts | None:
     """The per-position acceptance in llama-server's ``/metrics`` answer (Prometheus text); ``None`` when the
     server does not count it (an older llama-server, or nothing drafted yet).
@@ -340,32 +320,10 @@ def parse_metrics(data: bytes) -> PositionCounts | None:
     Raises:
         LlamaServerError: a counter that is not a bounded count, or positions that are not 0, 1, ... (one line).
     """
-    drafts: int | None = None
-    positions: dict[int, int] = {}
-    for number, line in enumerate(data.decode("utf-8", "replace").splitlines()):
-        if number >= _MAX_METRICS_LINES:
-            raise LlamaServerError(f"/metrics answered more than {_MAX_METRICS_LINES} lines")
-        line = line.strip()
-        if not line.startswith((_DRAFTS, _PER_POSITION)):
-            continue
-        match = _SAMPLE.fullmatch(line)
-        if match is None:
-            raise LlamaServerError(f"/metrics answered {_short(line)}, not a count")
-        name, position, value = match.groups()
-        if name == _DRAFTS and position is None:
-            drafts = _metric_count(name, value)
-        elif name == _PER_POSITION and position is not None:
-            if int(position) in positions:
-                raise LlamaServerError(f"/metrics answered {name} for position {position} twice")
-            positions[int(position)] = _metric_count(name, value)
+    drafts, positions = _counters(data)
     if drafts is None or not positions:
         return None
-    if sorted(positions) != list(range(len(positions))):
-        raise LlamaServerError(f"/metrics answered {_PER_POSITION} for positions {sorted(positions)}, not 0, 1, ...")
-    accepted = tuple(positions[i] for i in range(len(positions)))
-    if any(a > drafts for a in accepted) or any(b > a for a, b in itertools.pairwise(accepted)):
-        raise LlamaServerError(f"/metrics answered {accepted} accepted by position of {drafts} drafts: impossible")
-    return PositionCounts(drafts, accepted)
+    return _position_counts(drafts, positions)
 
 
 def acceptance_rate(accepted: int, drafted: int) -> float | None:
@@ -551,50 +509,63 @@ class BenchReport:
             "seconds": round(self.seconds, 3),
         }
 
+    def table_row(self, r: BenchRun) -> tuple[str, str, str, str, str]:
+        """``r``'s row of :meth:`table`: n-max, acceptance, tokens/s, speed-up, tokens."""
+        acceptance = "-" if r.acceptance is None else f"{r.acceptance:.2f} ({r.draft_n_accepted}/{r.draft_n})"
+        if r.n_max and r.acceptance is None:
+            acceptance = "nothing drafted"
+        speedup = self.speedup(r)
+        return (
+            "0 (no MTP)" if r.n_max == 0 else str(r.n_max),
+            acceptance,
+            f"{r.predicted_per_second:.1f}",
+            "-" if speedup is None else f"{speedup:.2f}x",
+            str(r.predicted_n),
+        )
+
     def table(self) -> list[str]:
         """The measured table, one row per run."""
-        rows = [("n-max", "acceptance", "tokens/s", "speed-up", "tokens")]
-        for r in self.runs:
-            acceptance = "-" if r.acceptance is None else f"{r.acceptance:.2f} ({r.draft_n_accepted}/{r.draft_n})"
-            if r.n_max and r.acceptance is None:
-                acceptance = "nothing drafted"
-            speedup = self.speedup(r)
-            rows.append((
-                "0 (no MTP)" if r.n_max == 0 else str(r.n_max),
-                acceptance,
-                f"{r.predicted_per_second:.1f}",
-                "-" if speedup is None else f"{speedup:.2f}x",
-                str(r.predicted_n),
-            ))
+        rows = [("n-max", "acceptance", "tokens/s", "speed-up", "tokens"), *(self.table_row(r) for r in self.runs)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
-    def describe(self) -> list[str]:
-        """The table, the lossless verdict and the recommendation."""
-        lines = [f"bench {self.model}" + (f" + {self.draft}" if self.draft else "")
-                 + f", measured with {self.llama_cpp_build or self.server}", *self.table()]
+    def position_lines(self) -> list[str]:
+        """Acceptance by draft position, one line per run whose server counted it."""
+        lines = []
         for r in self.runs:
             if r.positions is not None and r.positions.drafts:
                 rates = ", ".join(f"{rate:.2f}" for rate in r.positions.rates)
                 lines.append(f"n-max {r.n_max}: acceptance by draft position {rates} (of {r.positions.drafts} "
                              "drafts, llama-server --metrics)")
+        return lines
+
+    def verdict_lines(self) -> list[str]:
+        """The lossless verdict: sampled (not checked), lossless, or each difference."""
         if self.sampling is not None:
-            lines.append(f"sampled requests (temperature {self.sampling.temp:g}, seed {self.sampling.seed}), drafts "
-                         f"verified by rejection ({SPEC_DRAFT_SAMPLING} probabilistic): the texts differ with and "
-                         "without MTP, so losslessness is not checked token by token")
-        elif self.lossless:
-            lines.append(f"lossless: every MTP run generated exactly the tokens of the run without MTP "
-                         f"({self.prompts} prompts, up to {self.tokens} tokens each)")
-        else:
-            lines += [f"NOT lossless: {d.describe()}" for d in self.differences]
+            return [f"sampled requests (temperature {self.sampling.temp:g}, seed {self.sampling.seed}), drafts "
+                    f"verified by rejection ({SPEC_DRAFT_SAMPLING} probabilistic): the texts differ with and "
+                    "without MTP, so losslessness is not checked token by token"]
+        if self.lossless:
+            return [f"lossless: every MTP run generated exactly the tokens of the run without MTP "
+                    f"({self.prompts} prompts, up to {self.tokens} tokens each)"]
+        return [f"NOT lossless: {d.describe()}" for d in self.differences]
+
+    def recommendation_lines(self) -> list[str]:
+        """The recommended n-max with its speed-up, MTP off, or nothing (not lossless)."""
         best = self.recommended_n_max
         if best:
             speedup = self.speedup(next(r for r in self.runs if r.n_max == best))
-            lines.append(f"recommended: --spec-type draft-mtp --spec-draft-n-max {best} ({speedup:.2f}x)")
-        elif best == 0:
-            lines.append("recommended: no MTP on this machine with these settings (no run was "
-                         f"{(WORTHWHILE_SPEEDUP - 1) * 100:.0f}% faster)")
-        return lines
+            return [f"recommended: --spec-type draft-mtp --spec-draft-n-max {best} ({speedup:.2f}x)"]
+        if best == 0:
+            return ["recommended: no MTP on this machine with these settings (no run was "
+                    f"{(WORTHWHILE_SPEEDUP - 1) * 100:.0f}% faster)"]
+        return []
+
+    def describe(self) -> list[str]:
+        """The table, the lossless verdict and the recommendation."""
+        return [f"bench {self.model}" + (f" + {self.draft}" if self.draft else "")
+                + f", measured with {self.llama_cpp_build or self.server}", *self.table(), *self.position_lines(),
+                *self.verdict_lines(), *self.recommendation_lines()]
 
 
 @dataclass(frozen=True)
@@ -638,6 +609,69 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], whe
     return value
 
 
+def _bench_row(run: Any, where: str) -> BenchRow:
+    """One run of a ``bench --json`` report, with counts that can be.
+
+    Raises:
+        ParameterError: not such a run (one line naming ``where``).
+    """
+    if not isinstance(run, Mapping):
+        raise ParameterError("a run is not an object", where)
+    rate = _field(run, "predicted_per_second", (int, float), where)
+    row = BenchRow(
+        n_max=_field(run, "n_max", int, where),
+        draft_n=_field(run, "draft_n", int, where),
+        draft_n_accepted=_field(run, "draft_n_accepted", int, where),
+        predicted_n=_field(run, "predicted_n", int, where),
+        predicted_per_second=float(rate),
+    )
+    if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
+            or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
+        raise ParameterError(f"the run with n_max {row.n_max} has impossible counts", where)
+    return row
+
+
+def _bench_rows(document: Mapping[str, Any], where: str) -> tuple[BenchRow, ...]:
+    """The runs of a ``bench --json`` report: 2 to 1 + :data:`MAX_N_MAX`, n-max 0 first, then increasing.
+
+    Raises:
+        ParameterError: one line naming ``where``.
+    """
+    runs = _field(document, "runs", list, where)
+    if not 2 <= len(runs) <= 1 + MAX_N_MAX:
+        raise ParameterError(f"{len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where)
+    rows = tuple(_bench_row(run, where) for run in runs)
+    if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
+        raise ParameterError("runs are not n_max 0 (without MTP) then increasing n-max", where)
+    return rows
+
+
+def _recommended_n_max(document: Mapping[str, Any], rows: Sequence[BenchRow], where: str) -> int | None:
+    """The report's ``recommended_n_max``: none, or one of the measured n-max.
+
+    Raises:
+        ParameterError: one line naming ``where``.
+    """
+    recommended = document.get("recommended_n_max")
+    if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
+                                    or recommended not in {r.n_max for r in rows}):
+        raise ParameterError(f"recommended_n_max = {recommended!r} is not a measured n-max", where)
+    return recommended
+
+
+def _server_args(document: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The report's ``server_args``: at most 256 strings.
+
+    Raises:
+        ParameterError: one line naming ``where``.
+    """
+    server_args = document.get("server_args", [])
+    if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
+            or len(server_args) > 256:
+        raise ParameterError("server_args is not a list of strings", where)
+    return tuple(server_args)
+
+
 def parse_bench_json(document: Any, where: str) -> BenchSummary:
     """Check and read a ``gguf-mtp bench --json`` report (bounded: at most 1 + :data:`MAX_N_MAX` runs).
 
@@ -646,44 +680,18 @@ def parse_bench_json(document: Any, where: str) -> BenchSummary:
     """
     if not isinstance(document, Mapping) or document.get("command") != "bench":
         raise ParameterError("not a gguf-mtp bench --json report", where)
-    runs = _field(document, "runs", list, where)
-    if not 2 <= len(runs) <= 1 + MAX_N_MAX:
-        raise ParameterError(f"{len(runs)} runs, not 2 to {1 + MAX_N_MAX}", where)
-    rows = []
-    for run in runs:
-        if not isinstance(run, Mapping):
-            raise ParameterError("a run is not an object", where)
-        rate = _field(run, "predicted_per_second", (int, float), where)
-        row = BenchRow(
-            n_max=_field(run, "n_max", int, where),
-            draft_n=_field(run, "draft_n", int, where),
-            draft_n_accepted=_field(run, "draft_n_accepted", int, where),
-            predicted_n=_field(run, "predicted_n", int, where),
-            predicted_per_second=float(rate),
-        )
-        if not 0 <= row.n_max <= MAX_N_MAX or not 0 <= row.draft_n_accepted <= row.draft_n or row.predicted_n < 0 \
-                or not math.isfinite(row.predicted_per_second) or row.predicted_per_second < 0:
-            raise ParameterError(f"the run with n_max {row.n_max} has impossible counts", where)
-        rows.append(row)
-    if [r.n_max for r in rows] != sorted({r.n_max for r in rows}) or rows[0].n_max != 0:
-        raise ParameterError("runs are not n_max 0 (without MTP) then increasing n-max", where)
-    recommended = document.get("recommended_n_max")
-    if recommended is not None and (not isinstance(recommended, int) or isinstance(recommended, bool)
-                                    or recommended not in {r.n_max for r in rows}):
-        raise ParameterError(f"recommended_n_max = {recommended!r} is not a measured n-max", where)
+    rows = _bench_rows(document, where)
+    recommended = _recommended_n_max(document, rows, where)
     model = _field(document, "model", str, where)
     draft = document.get("draft")
-    server_args = document.get("server_args", [])
-    if not isinstance(server_args, list) or not all(isinstance(a, str) for a in server_args) \
-            or len(server_args) > 256:
-        raise ParameterError("server_args is not a list of strings", where)
+    server_args = _server_args(document, where)
     return BenchSummary(
         model=model,
         draft=draft if isinstance(draft, str) else None,
-        rows=tuple(rows),
+        rows=rows,
         lossless=_field(document, "lossless", bool, where),
         recommended_n_max=recommended,
         tokens=_field(document, "tokens", int, where),
         prompts=_field(document, "prompts", int, where),
-        server_args=tuple(server_args),
+        server_args=server_args,
     )

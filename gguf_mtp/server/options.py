@@ -2,13 +2,11 @@
 bench sets itself (refused in the user's extra arguments under every spelling the server accepts), and the thread
 counts of the trunk and the MTP head.
 
-llama.cpp's ``common_arg::to_string`` prints one option per entry: its spellings on a line that starts in column 0
-(``-hf,   -hfr, --hf-repo <user>/<model>[:quant]``), then the value hint, then the help text, indented, ending with
-``(env: LLAMA_ARG_...)`` when an environment variable sets the same thing. Reading the aliases from there, rather
-than from a list of our own, follows the server the user actually has: a spelling added in a later llama.cpp is
-refused the day it appears.
+The options are read from the help by :func:`gguf_mtp.llama_server.parse_help`. Reading the aliases from there,
+rather than from a list of our own, follows the server the user actually has: a spelling added in a later llama.cpp
+is refused the day it appears.
 
-Pure: no process. :func:`gguf_mtp.server.process.probe_server` runs ``--help``.
+Pure: no process. :func:`gguf_mtp.llama_server.probe_server` runs ``--help``.
 """
 
 from __future__ import annotations
@@ -19,20 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gguf_mtp.errors import ParameterError
-
-from .bench_rules import SPEC_DRAFT_SAMPLING
+from gguf_mtp.llama_server import offers_probabilistic, parse_help
+from gguf_mtp.model.drafting import Threads, pool_share
 
 __all__ = [
     "OWNED_OPTIONS",
-    "ServerOption",
     "ServerOptions",
-    "Threads",
     "check_extra_arguments",
     "choose_threads",
     "option_name",
-    "parse_help",
-    "pool_share",
-    "shared_threads",
 ]
 
 #: The options bench sets itself, each by one of its spellings (every alias the server prints is refused too):
@@ -57,46 +50,6 @@ _DOWNLOADS = "download weights from the internet"
 #: The options that size the trunk's and the draft model's thread pools, by one spelling each.
 TRUNK_THREADS = "--threads"
 DRAFT_THREADS = "--spec-draft-threads"
-
-_OPTION_LINE = re.compile(r"(-[\w.-]+(?:,\s*-[\w.-]+)*)")
-_ENV = re.compile(r"\(env: ([A-Z0-9_]+)\)")
-
-
-@dataclass(frozen=True)
-class ServerOption:
-    """One option of llama-server: every spelling it accepts, its environment variable, its help text."""
-
-    flags: tuple[str, ...]
-    env: str | None
-    help: str
-
-
-def parse_help(text: str) -> tuple[ServerOption, ...]:
-    """The options of a llama.cpp program's ``--help`` (``common_arg::to_string``'s layout)."""
-    options: list[ServerOption] = []
-    flags: tuple[str, ...] | None = None
-    lines: list[str] = []
-
-    def close() -> None:
-        if flags:
-            body = " ".join(lines)
-            env = _ENV.search(body)
-            options.append(ServerOption(flags, env.group(1) if env else None, body))
-
-    for line in text.splitlines():
-        match = _OPTION_LINE.match(line)
-        if match and line.startswith("-"):
-            close()
-            flags = tuple(f.strip() for f in match.group(1).split(","))
-            lines = [line[match.end():].strip()]
-        elif line.startswith(" ") and flags:
-            lines.append(line.strip())
-        else:
-            close()
-            flags, lines = None, []
-    close()
-    return tuple(options)
-
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -136,7 +89,7 @@ class ServerOptions:
             reserved=frozenset(reserved), reserved_env=frozenset(reserved_env), trunk_threads=trunk | {"-t"},
             draft_threads=draft | {"-td"}, thread_env=trunk_env | draft_env,  # the spellings bench itself gives
             metrics=any("--metrics" in o.flags for o in options),
-            probabilistic=any(SPEC_DRAFT_SAMPLING in o.flags and "probabilistic" in o.help for o in options),
+            probabilistic=offers_probabilistic(options),
         )
 
     def server_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
@@ -176,47 +129,6 @@ def check_extra_arguments(extra: Sequence[str], options: ServerOptions) -> None:
             )
 
 
-@dataclass(frozen=True)
-class Threads:
-    """The thread counts of a bench: ``arguments`` bench adds (empty when the user chose), the threads the trunk's
-    and the head's pools use in an MTP run, and the free cores they were sized to."""
-
-    arguments: tuple[str, ...]
-    draft_arguments: tuple[str, ...]
-    trunk: int | None
-    head: int | None
-    free: int
-
-    @property
-    def oversubscribed(self) -> bool:
-        """The user's thread counts give the two pools of an MTP run more threads than there are free cores
-        (one thread each, the least there is, never counts as too many)."""
-        return not self.arguments and self.trunk is not None and self.head is not None \
-            and self.trunk + self.head > max(2, self.free)
-
-    def warning(self, remedy: str) -> str | None:
-        """The warning for :attr:`oversubscribed` counts (``None`` when they fit); ``remedy`` says how to give
-        fewer."""
-        if not self.oversubscribed:
-            return None
-        return (f"threads: an MTP run's two thread pools hold {self.trunk} + {self.head} threads for {self.free} "
-                f"free core(s): it may run many times slower than it would with fewer ({remedy})")
-
-    def describe(self, flags: str) -> str:
-        """The progress line saying the counts: chosen (``flags`` is how the user gives their own) or given."""
-        if not self.arguments:
-            return f"threads: as given ({self.free} free core(s))"
-        return (f"threads: {' '.join((*self.arguments, *self.draft_arguments))} in every run (an MTP run's two "
-                f"thread pools, the trunk's and the head's, get half of the {self.free} free core(s) each, at least "
-                f"1; give {flags} to choose)")
-
-
-def pool_share(free: int) -> int:
-    """The threads each of an MTP run's two pools gets of ``free`` cores when the user chose none: half, at
-    least 1 (with every core in both, each pool waits on the other)."""
-    return max(1, free // 2)
-
-
 def _given(extra: Sequence[str], flags: frozenset[str], default: int | None) -> int | None:
     """The thread count the last of ``flags`` in ``extra`` sets (``default`` when absent; llama.cpp's
     hardware concurrency for 0 or less); ``None`` when its value is not a number (llama-server refuses it)."""
@@ -251,12 +163,3 @@ def choose_threads(extra: Sequence[str], options: ServerOptions, free: int, *, d
     trunk = _given(extra, options.trunk_threads, os.cpu_count() or 1)
     head = _given(extra, options.draft_threads, trunk) if draft else trunk
     return Threads((), (), trunk, head, free)
-
-
-def shared_threads(given: int | None, free: int, flag: str) -> Threads:
-    """The threads of a process whose trunk and MTP head pools take one count (``gguf-mtp accept``'s llama.cpp
-    child, ``flag`` its option): ``given`` as the user chose it, else :func:`pool_share` of ``free``."""
-    if given is not None:
-        return Threads((), (), given, given, free)
-    each = pool_share(free)
-    return Threads((flag, str(each)), (), each, each, free)

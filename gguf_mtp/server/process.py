@@ -1,7 +1,6 @@
 """The user's own ``llama-server``, started and always stopped: for ``gguf-mtp bench``.
 
-:func:`probe_server` tells llama-server (recent enough for ``--spec-type draft-mtp``) from anything else by
-its ``--help``. :func:`running_server` starts it on 127.0.0.1 at a free port, in its own process group, with
+:func:`running_server` starts it on 127.0.0.1 at a free port, in its own process group, with
 its output in a log file; waits for ``/health`` up to a deadline; and stops it however the block ends
 (success, error, Ctrl-C, SIGTERM): SIGTERM to the group, SIGKILL after a grace period, waited for, so no
 process is left and the port is free again. On Linux the server also dies with us if we are killed outright
@@ -15,7 +14,6 @@ JSON reader (:func:`gguf_mtp.files.json_io.parse_json`: no recursion, no overflo
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import http.client
 import io
 import json
@@ -23,7 +21,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,72 +30,16 @@ from typing import Any
 
 from gguf_mtp.errors import GGUFMTPError, LlamaServerError
 from gguf_mtp.files.json_io import parse_json
-from gguf_mtp.text import printable
+from gguf_mtp.llama_build import die_with_parent, last_lines, read_log_end
+from gguf_mtp.llama_server import MAX_ANSWER_BYTES
 
-__all__ = ["BUILD_HINT", "LOG_TAIL_LINES", "ServerHandle", "die_with_parent", "probe_server", "running_server",
-           "server_build"]
+__all__ = ["ServerHandle", "running_server"]
 
-#: Lines of the server's log shown with an error.
-LOG_TAIL_LINES = 12
 #: Seconds llama-server gets to exit after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 15.0
-#: Seconds ``--help`` may take.
-PROBE_TIMEOUT_SECONDS = 60.0
-#: The most bytes read from ``--help`` or from one HTTP answer.
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: The longest one ``/health`` probe may take (the whole wait has its own deadline).
 HEALTH_PROBE_SECONDS = 5.0
 _POLL_SECONDS = 0.2
-#: Where a llama-server that runs MTP comes from: the first llama.cpp release whose ``--spec-type`` has
-#: ``draft-mtp``, built by cmake as llama.cpp's docs/build.md says; a user without one may have no checkout of
-#: gguf-mtp (scripts/build_llama_tools.py, behind ``make tools``, is not installed), hence llama.cpp's own build.
-BUILD_HINT = ("llama.cpp b11025 or later: `cmake -B build && cmake --build build --target llama-server` in its "
-              "checkout makes build/bin/llama-server; in a gguf-mtp checkout `make tools` builds one and prints "
-              "its path")
-
-
-def probe_server(binary: str) -> str:
-    """Check that ``binary`` is llama-server and knows ``--spec-type draft-mtp``, from its ``--help``; that text.
-
-    Raises:
-        LlamaServerError: not an executable file, not llama-server, or too old for MTP (one line).
-    """
-    path = Path(binary)
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise LlamaServerError("server: not an executable file", binary, "server")
-    try:
-        proc = subprocess.run(
-            [binary, "--help"], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS
-        )
-    except subprocess.TimeoutExpired:
-        raise LlamaServerError(
-            f"'--help' did not finish in {PROBE_TIMEOUT_SECONDS:.0f} s: not llama-server?", binary, "server"
-        ) from None
-    except OSError as e:
-        raise LlamaServerError(f"cannot run: {e.strerror}", binary, "server") from None
-    text = (proc.stdout[:MAX_ANSWER_BYTES] + proc.stderr[:MAX_ANSWER_BYTES]).decode("utf-8", "replace")
-    if not all(flag in text for flag in ("--port", "--host", "--model")):
-        raise LlamaServerError("not llama-server: its --help lists no --model, --host and --port", binary, "server")
-    if "--spec-type" not in text or "draft-mtp" not in text:
-        raise LlamaServerError(
-            f"llama-server too old for MTP: its --help has no '--spec-type draft-mtp' (needed: {BUILD_HINT})",
-            binary,
-            "server",
-        )
-    return text
-
-
-def server_build(binary: str) -> str | None:
-    """The build ``binary`` (llama-server) says it is, from its ``--version`` (``version: 0.5.0-dev (build 1, commit
-    0c1e570)``): that line without its label, or ``None`` when it prints none."""
-    try:
-        proc = subprocess.run([binary, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=PROBE_TIMEOUT_SECONDS)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    text = (proc.stdout[:MAX_ANSWER_BYTES] + proc.stderr[:MAX_ANSWER_BYTES]).decode("utf-8", "replace")
-    line = next((line for line in text.splitlines() if line.startswith("version:")), None)
-    return None if line is None else printable(f"llama-server {line.removeprefix('version:').strip()}")[:200]
 
 
 def free_port() -> int:
@@ -268,31 +209,13 @@ class _DeadlineConnection(http.client.HTTPConnection):
         self.sock = _DeadlineSocket(self.sock, self._deadline)
 
 
-def log_tail(log: Path, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
-    """The last ``lines`` non-empty lines of a log (read from its last 64 KiB)."""
+def log_tail(log: Path) -> tuple[str, ...]:
+    """The last non-empty lines of a server's log (:func:`gguf_mtp.llama_build.last_lines`)."""
     try:
         with open(log, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
-            text = f.read().decode("utf-8", "replace")
+            return last_lines(read_log_end(f))
     except OSError:
         return ()
-    return tuple(line for line in text.splitlines() if line.strip())[-lines:]
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGKILL the child when we die (no orphan even after SIGKILL)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    prctl = libc.prctl
-
-    def set_pdeathsig() -> None:
-        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-    return set_pdeathsig
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
