@@ -105,3 +105,23 @@ def test_no_source_cites_notes_that_are_not_in_the_repository() -> None:
 def test_every_docs_page_a_source_cites_exists() -> None:
     cited = {(_relative(p), page) for p in SOURCES for page in _DOCS_CITED.findall(p.read_text(encoding="utf-8"))}
     assert [(source, page) for source, page in sorted(cited) if not (ROOT / page).is_file()] == []
+
+
+def reachable(start: Path) -> set[Path]:
+    """The pages reached from ``start`` by following relative links between pages (a folder's link reaches its
+    README.md)."""
+    seen, todo = set(), [start.resolve()]
+    while todo:
+        page = todo.pop()
+        if page in seen or page.suffix != ".md" or not page.is_file():
+            continue
+        seen.add(page)
+        for _, target in links(page):
+            goal = (page.parent / target.partition("#")[0]).resolve()
+            todo.append(goal / "README.md" if goal.is_dir() else goal)
+    return seen
+
+
+def test_every_docs_page_is_reached_from_the_readme() -> None:
+    orphans = [_relative(p) for p in PAGES if p.resolve() not in reachable(ROOT / "README.md")]
+    assert orphans == []
