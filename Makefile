@@ -72,7 +72,7 @@ demo: $(DEMO_STAMP)
 test: $(TEST_STAMP) $(UPSTREAM_STAMP)
 	@$(MAKE) --no-print-directory run-steps STEPS="$(TEST_STEPS)"
 
-# The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; README, "Testing"), on
+# The whole suite, llama.cpp's tools and converter included (markers in pyproject.toml; docs/development/tests.md), on
 # $(PYTEST_WORKERS) pytest-xdist workers: one module, or the tests of one shared ParitySet, per worker at a time
 # (tests/support/scheduling.py).
 test-pytest: $(TEST_STAMP) $(UPSTREAM_STAMP)

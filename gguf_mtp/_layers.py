@@ -3,8 +3,9 @@
 The order is partial, as the imports are: the layers of one tier sit side by side (none imports another), each
 on the tier just below it (it imports at least one layer there: no layer is declared higher than its imports
 put it). A module may import only from its own layer or from a layer of a lower tier, at any level (module,
-function or ``TYPE_CHECKING`` block): a type-only import still couples the two layers. The README's "How it is
-built" table lists the same tiers and layers in the same order, and the test checks that it does.
+function or ``TYPE_CHECKING`` block): a type-only import still couples the two layers. docs/design.md's layer table
+lists the same tiers and layers in the same order, its module table puts every module in its layer, and the test
+checks that they do.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ TIERS: tuple[tuple[Layer, ...], ...] = (
     (("cli", ("gguf_mtp.cli", "gguf_mtp.__main__")),),
 )
 
-#: Every layer, bottom up, tier by tier (the order of the README's table).
+#: Every layer, bottom up, tier by tier (the order of docs/design.md's layer table).
 LAYERS: tuple[Layer, ...] = tuple(layer for tier in TIERS for layer in tier)
 
 

@@ -40,7 +40,7 @@ from gguf_mtp.text import human_bytes
 __all__ = ["run_demo"]
 
 TARGET_NAME = "Tiny-Nemotron-UD-Q4_K_XL"
-#: The designed model's file stem: ``cycle.gguf`` in the demo's folder, the README's ``accept`` example.
+#: The designed model's file stem: ``cycle.gguf`` in the demo's folder, docs/commands.md's ``accept`` example.
 CYCLE_NAME = "cycle"
 #: Tokens per prompt of the demo's prediction: enough for a hundred drafts over the built-in prompts, in seconds.
 ACCEPT_TOKENS = 64

@@ -33,7 +33,8 @@ from gguf_mtp.testing.tiny_models import GLM4MOE, relabel_arch, write_draft, wri
 
 ARR, BOOL, I32, F32 = GGUFValueType.ARRAY, GGUFValueType.BOOL, GGUFValueType.INT32, GGUFValueType.FLOAT32
 
-#: Every architecture with a NextN draft graph in llama.cpp 0c1e570 (mtp-families.md, overview table), and qwen4exp.
+#: Every architecture with a NextN draft graph in llama.cpp 0c1e570 (``graph_mtp`` in its src/models/models.h;
+#: docs/families.md, "MTP architectures by llama.cpp build"), and qwen4exp.
 MTP_ARCHS = (
     "nemotron_h_moe", "glm4moe", "deepseek2", "deepseek32", "glm-dsa", "qwen35", "qwen35moe", "qwen3next",
     "step35", "mimo2", "hy_v3", "cohere2moe", "bailingmoe3", "deepseek4",

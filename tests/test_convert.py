@@ -1,7 +1,7 @@
 """convert: a synthetic NVIDIA-style MTPv2 head -> a GGUF draft, checked tensor by tensor and value by value.
 
-The expected names come from the table in nemotron-mtp.md, the expected bytes from the checkpoint read
-naively (``convert_support``), the output through gguf-py's own ``GGUFReader`` (``helpers``).
+The expected names come from docs/families.md's table of Nemotron 3 Super's head, the expected bytes from the
+checkpoint read naively (``convert_support``), the output through gguf-py's own ``GGUFReader`` (``helpers``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ ARCH = "nemotron_h_moe"
 BLOCK = 3  # the conftest targets have the trunk pattern M*E
 Q = GGMLQuantizationType
 
-#: nemotron-mtp.md's table: GGUF name (block-relative) -> checkpoint tensors (several: stacked experts).
+#: docs/families.md's table of Nemotron 3 Super's head: GGUF name (block-relative) -> checkpoint tensors (several:
+#: stacked experts).
 MTP_TABLE: dict[str, list[str]] = {
     "nextn.enorm.weight": ["mtp.layers.0.enorm.weight"],
     "nextn.hnorm.weight": ["mtp.layers.0.hnorm.weight"],

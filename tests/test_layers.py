@@ -234,15 +234,32 @@ def test_the_checker_sees_a_package_cycle() -> None:
     assert package_cycles(edges) == [["gguf_mtp.files", "gguf_mtp.write"]]
 
 
-def readme_layer_table() -> list[tuple[int, str, list[str]]]:
-    """(tier, layer, [module names]) of the README's "How it is built" table, in its order."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## How it is built", 1)[1].split("\n## ", 1)[0]
+#: The page that describes the layers and every module (the README's "How it is built" moved there, issue 40 item 5).
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def design_section(title: str) -> str:
+    """The ``## title`` section of docs/design.md, up to the next ``##`` heading."""
+    return DESIGN.read_text(encoding="utf-8").split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(section: str) -> list[list[str]]:
+    """The body rows of the markdown tables in ``section``, each as its stripped cells (header and rule left out)."""
     rows = []
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 4 or cells[0] in ("tier", "") or set(cells[0]) <= set("-:"):
+        if not line.startswith("|"):
             continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if set("".join(cells)) <= set("-: ") or cells[0] in ("tier", "layer"):
+            continue
+        rows.append(cells)
+    return rows
+
+
+def design_layer_table() -> list[tuple[int, str, list[str]]]:
+    """(tier, layer, [module names]) of docs/design.md's layer table, in its order."""
+    rows = []
+    for cells in table_rows(design_section("The layers")):
         paths = re.findall(r"`([^`]+)`", cells[2])
         folder = paths[0].rpartition("/")[0] if paths else ""
         modules = []
@@ -253,8 +270,19 @@ def readme_layer_table() -> list[tuple[int, str, list[str]]]:
     return rows
 
 
-def test_readme_table_is_the_declared_order() -> None:
-    table = readme_layer_table()
+def design_module_table() -> list[tuple[str, str, str]]:
+    """(layer, module path, description) of docs/design.md's table of every module, in its order."""
+    rows = []
+    for cells in table_rows(design_section("Every module")):
+        assert len(cells) == 3, cells
+        path = re.fullmatch(r"`(gguf_mtp/[^`]+\.py)`", cells[1])
+        assert path is not None, f"not a module path: {cells[1]!r}"
+        rows.append((cells[0], path[1], cells[2]))
+    return rows
+
+
+def test_design_layer_table_is_the_declared_order() -> None:
+    table = design_layer_table()
     assert [(tier, layer) for tier, layer, _ in table] == [(t, name) for t, tier in enumerate(TIERS)
                                                             for name, _ in tier]
 
@@ -263,4 +291,25 @@ def test_readme_table_is_the_declared_order() -> None:
         return not last.startswith("_") or last.startswith("__")
 
     for (_, layer, listed), (_, members) in zip(table, LAYERS):
-        assert set(listed) == {m for m in members if public(m)}, f"README row {layer!r}"
+        assert set(listed) == {m for m in members if public(m)}, f"docs/design.md row {layer!r}"
+
+
+def test_every_module_of_the_package_is_described_once() -> None:
+    described = [path for _, path, _ in design_module_table()]
+    missing = sorted({p.relative_to(ROOT).as_posix() for p in package_modules().values()} - set(described))
+    assert missing == [], f"modules without a row in docs/design.md's module table: {missing}"
+    assert len(described) == len(set(described)), "a module described twice"
+
+
+def test_every_described_module_exists_in_the_layer_the_declaration_puts_it() -> None:
+    for layer, path, description in design_module_table():
+        assert (ROOT / path).is_file(), f"docs/design.md describes {path}, which does not exist"
+        index = layer_of(module_name(ROOT / path))
+        assert index is not None and LAYERS[index][0] == layer, (path, layer)
+        assert description, f"{path}: no description"
+
+
+def test_the_module_table_follows_the_layer_table() -> None:
+    order = [name for name, _ in LAYERS]
+    layers = [order.index(layer) for layer, _, _ in design_module_table()]
+    assert layers == sorted(layers)

@@ -1,5 +1,5 @@
 """The table of MTP architectures by llama.cpp build (:mod:`gguf_mtp.model.mtp_builds`, issue 38 item 4): what it
-says agrees with gguf-mtp's converters and refusals, with the README's table, and with every llama.cpp build that
+says agrees with gguf-mtp's converters and refusals, with docs/families.md's table, and with every llama.cpp build that
 can be read here: 0c1e570's and b11434's source trees (the cached sdists tests/test_citations.py reads) and b11739's
 prebuilt ``libllama.so`` (the cached ``llama-cpp-py-sync`` wheel: its exported ``graph_mtp`` constructors).
 
@@ -105,12 +105,12 @@ def test_supported_heads_are_proven_at_a_build_with_their_graph() -> None:
     assert MTP_BUILDS["qwen4exp"].proven_at == (SOURCE_BUILD,)
 
 
-# ------------------------------------------------------------------------ the README
+# ------------------------------------------------------------------------ the docs
 
 
-def test_the_readme_table_is_the_package_table() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### MTP architectures by llama.cpp build\n", 1)[1]
+def test_the_families_page_table_is_the_package_table() -> None:
+    text = (ROOT / "docs" / "families.md").read_text()
+    section = text.split("\n## MTP architectures by llama.cpp build\n", 1)[1]
     table = section.split("\n\n")[1]  # after the sentence pointing at it
     assert table == markdown_table()
     assert "| `mellum` | after b11434, by b11739 | refused: its graph is newer than b11434 | — |" in table

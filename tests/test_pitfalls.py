@@ -1,4 +1,5 @@
-"""One test (or more) per pitfall of earlier MTP-splicing tools (shared/reference/pitfalls.md, 1-11)."""
+"""One test (or more) per pitfall of earlier MTP-splicing tools (docs/reliability.md, "Pitfalls of earlier
+MTP-splicing tools", 1-11)."""
 
 from __future__ import annotations
 

@@ -113,12 +113,13 @@ def test_the_outtype_choices_are_the_head_types() -> None:
     assert head_type("Q4_K") == head_type("q4_k") == Q.Q4_K
 
 
-def test_the_readme_lists_the_outtype_choices_of_the_one_table() -> None:
-    """README's list of ``--outtype`` types is :data:`gguf_mtp.constants.OUTTYPE_NAMES`, in its order (issue 33
-    item 4: one table per fact; the prose copy is checked against it)."""
-    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8").split())
-    match = re.search(r"TYPE is one of `([a-z0-9_ ]+)`", readme)
-    assert match is not None, "README.md no longer says which types --outtype takes"
+def test_the_command_reference_lists_the_outtype_choices_of_the_one_table() -> None:
+    """docs/commands.md's list of ``--outtype`` types is :data:`gguf_mtp.constants.OUTTYPE_NAMES`, in its order
+    (issue 33 item 4: one table per fact; the prose copy is checked against it)."""
+    page = Path(__file__).resolve().parent.parent / "docs" / "commands.md"
+    text = " ".join(page.read_text(encoding="utf-8").split())
+    match = re.search(r"TYPE is one of `([a-z0-9_ ]+)`", text)
+    assert match is not None, "docs/commands.md no longer says which types --outtype takes"
     assert tuple(match[1].split()) == OUTTYPE_NAMES
 
 

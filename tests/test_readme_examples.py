@@ -1,10 +1,12 @@
-"""Every output example in README.md is what the tool really prints, so the README cannot drift.
+"""Every output example in README.md and docs/ is what the tool really prints, so the docs cannot drift.
 
-Each ```` ```text ```` block of the README starts with ``$ COMMAND`` and shows that command's output. The
+Each ```` ```text ```` block of README.md and of every page under docs/ starts with ``$ COMMAND`` and shows that
+command's output. The
 test runs the command (``gguf-mtp ...`` and ``python -m gguf_mtp ...`` both as ``python -m gguf_mtp``) on
 the demo's files (``python -m gguf_mtp demo --dir DIR`` builds them; the command runs in DIR), and compares
 its output, line for line, with the block. Both sides are normalised first: the demo's temporary folder
-becomes ``/tmp/gguf-mtp-demo-…``, durations become ``N s``, terminal colours and trailing spaces go.
+becomes ``/tmp/gguf-mtp-demo-…``, durations become ``N s``, terminal colours and trailing spaces go. Every
+relative link of those pages leads to a file of the repository, and every ``#anchor`` to a heading of its page.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The pages whose examples are run: the README and every page of docs/ (the reference moved there, issue 40 item 5).
+PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
 TEMP_DEMO = "/tmp/gguf-mtp-demo-…"
-#: The examples the README must keep (its first words after ``$``): dropping one is a change to notice.
+#: The examples the pages must keep (their first words after ``$``): dropping one is a change to notice.
 EXPECTED = ("python -m gguf_mtp demo", "gguf-mtp compose", "gguf-mtp verify", "gguf-mtp accept")
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]  # the demo and verify print llama.cpp's verdict
@@ -29,8 +34,9 @@ pytestmark = [pytest.mark.llama, pytest.mark.slow]  # the demo and verify print 
 
 @dataclass(frozen=True)
 class Example:
-    """One README output block: the command line after ``$`` and the lines it shows."""
+    """One output block of a page: the command line after ``$`` and the lines it shows."""
 
+    page: str
     line: int
     command: str
     output: tuple[str, ...]
@@ -42,11 +48,11 @@ class Example:
             return [sys.executable, "-m", "gguf_mtp", *words[1:]]
         if words[:3] in (["python", "-m", "gguf_mtp"], ["python3", "-m", "gguf_mtp"]):
             return [sys.executable, *words[1:]]
-        raise AssertionError(f"README.md:{self.line}: cannot run {self.command!r} (gguf-mtp or python -m gguf_mtp)")
+        raise AssertionError(f"{self.page}:{self.line}: cannot run {self.command!r} (gguf-mtp or python -m gguf_mtp)")
 
 
-def readme_examples(text: str) -> list[Example]:
-    """The ```` ```text ```` blocks of a README, each as an :class:`Example`."""
+def readme_examples(text: str, page: str = "README.md") -> list[Example]:
+    """The ```` ```text ```` blocks of a page (``page``: its path, for messages), each as an :class:`Example`."""
     examples = []
     lines = text.splitlines()
     i = 0
@@ -56,8 +62,8 @@ def readme_examples(text: str) -> list[Example]:
             end = next(j for j in range(start, len(lines)) if lines[j].strip() == "```")
             block = lines[start:end]
             if not block or not block[0].startswith("$ "):
-                raise AssertionError(f"README.md:{start + 1}: a text block must start with '$ COMMAND'")
-            examples.append(Example(start + 1, block[0][2:].strip(), tuple(block[1:])))
+                raise AssertionError(f"{page}:{start + 1}: a text block must start with '$ COMMAND'")
+            examples.append(Example(page, start + 1, block[0][2:].strip(), tuple(block[1:])))
             i = end
         i += 1
     return examples
@@ -95,7 +101,11 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
     return done.stdout.splitlines()
 
 
-EXAMPLES = readme_examples(README.read_text(encoding="utf-8"))
+def _relative(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+EXAMPLES = [example for page in PAGES for example in readme_examples(page.read_text(encoding="utf-8"), _relative(page))]
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +137,8 @@ def test_readme_example_output_is_the_real_output(example: Example, demo_dir: Pa
     else:
         got = _run(example.argv, demo_dir, _env(tmp_path))
     replacements = {str(demo_dir) + "/": "", str(demo_dir): "."}
-    assert normalise(got, replacements) == normalise(example.output), f"README.md:{example.line}: {example.command}"
+    where = f"{example.page}:{example.line}: {example.command}"
+    assert normalise(got, replacements) == normalise(example.output), where
 
 
 def test_readme_says_how_to_get_gguf_mtp_on_path_before_first_using_it() -> None:

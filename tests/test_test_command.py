@@ -333,7 +333,9 @@ def test_a_failing_session_leaves_only_what_failed(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------- issue 29 item 13
 
 README = ROOT / "README.md"
-#: How far the README's rounded test counts may drift while tests are added, before this test asks for new ones.
+#: The suite's own page: ``make test`` step by step, the markers, the quick loop.
+TESTS_PAGE = ROOT / "docs" / "development" / "tests.md"
+#: How far the docs' rounded test counts may drift while tests are added, before this test asks for new ones.
 COUNT_TOLERANCE = 0.15
 COUNTER = """
 import json
@@ -345,8 +347,9 @@ def pytest_collection_finish(session):
 """
 
 
-def _section(title: str) -> str:
-    text = README.read_text()
+def _section(title: str, page: Path = README) -> str:
+    """The ``## title`` section of ``page``, up to the next ``##`` heading."""
+    text = page.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end != -1 else None]
@@ -371,27 +374,37 @@ def _about(text: str, what: str) -> list[int]:
     return [int(n.replace(",", "")) for n in re.findall(rf"about ([\d,]+) {what}", text)]
 
 
+#: The title of the tests page's table of ``make test``'s steps.
+STEPS = "`make test`, step by step"
+
+
 def _row(step: str) -> str:
-    """The Quick start table's row of ``make test``'s step ``step``."""
-    return next(line for line in _section("Quick start").splitlines() if line.startswith(f"| `{step}`"))
+    """The steps table's row of ``make test``'s step ``step``."""
+    return next(line for line in _section(STEPS, TESTS_PAGE).splitlines() if line.startswith(f"| `{step}`"))
 
 
-def test_the_readmes_test_counts_are_what_pytest_collects(tmp_path: Path) -> None:
+def _make_test_line() -> str:
+    """The README's Quick start line that gives the test command, ``make test``."""
+    return next(line for line in _section("Quick start").splitlines() if line.startswith("make test "))
+
+
+def test_the_docs_test_counts_are_what_pytest_collects(tmp_path: Path) -> None:
     counts = _collected_counts(tmp_path)
-    stated = {"all": _about(_row("test-pytest"), "tests") + _about(_section("Tests"), "tests"),
-              "floor": _about(_row("test-floor"), "tests"), "quick": _about(_section("Tests"), "quick tests")}
-    assert [len(stated["all"]), len(stated["floor"]), len(stated["quick"])] == [2, 1, 1], stated
+    runs, quick = _section("What `make test` runs", TESTS_PAGE), _section("The quick loop", TESTS_PAGE)
+    stated = {"all": _about(_make_test_line(), "tests") + _about(_row("test-pytest"), "tests") + _about(runs, "tests"),
+              "floor": _about(_row("test-floor"), "tests"), "quick": _about(quick, "quick tests")}
+    assert [len(stated["all"]), len(stated["floor"]), len(stated["quick"])] == [3, 1, 1], stated
     for part, figures in stated.items():
         for figure in figures:
             assert abs(figure - counts[part]) <= COUNT_TOLERANCE * counts[part], (part, figure, counts)
 
 
-def test_the_quick_start_table_names_every_step_of_make_test_and_the_prerequisites_what_they_need() -> None:
+def test_the_steps_table_names_every_step_of_make_test_and_the_prerequisites_what_they_need() -> None:
     done = subprocess.run([_make(), "-n", "--no-print-directory", "test"], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env=_make_env())
     steps = [line.removeprefix("gguf-mtp: make ") for line in done.stdout.splitlines()
              if line.startswith("gguf-mtp: make ")]
-    rows = {name.strip("` ") for line in _section("Quick start").splitlines() if line.startswith("| `")
+    rows = {name.strip("` ") for line in _section(STEPS, TESTS_PAGE).splitlines() if line.startswith("| `")
             for name in line.split("|")[1].split(",")}
     assert set(steps) <= rows, set(steps) - rows
     prerequisites = _section("Prerequisites")

@@ -2,7 +2,8 @@
 
 :data:`FAMILY_MODULES` says which module handles which Hugging Face architecture (the
 ``architectures`` entry of ``config.json``); importing a module registers its :class:`HeadModel`
-subclass through ``@HeadModel.register(...)``. Adding a family is one new module and one line here.
+subclass through ``@HeadModel.register(...)``. Adding a family is one new module and one line here; the
+rest it touches (its rules, its tests, its docs) is listed in docs/development/adding-a-family.md.
 """
 
 from __future__ import annotations

@@ -223,7 +223,8 @@ def _target_block_index(target: ShardSet, block: int | None, standalone: bool) -
 
 
 def _replacing_a_head(trunk: int, standalone: bool) -> str:
-    """How to convert a head for a model that carries one already (a weak one, often: README, --replace-head)."""
+    """How to convert a head for a model that carries one already (a weak one, often: docs/commands.md,
+    --replace-head)."""
     if standalone:
         # A standalone file takes its embeddings and tokenizer from target, so target stays: without its head.
         return "to convert another head as a standalone file, give a copy without it as target (gguf-mtp strip)"

@@ -3,7 +3,8 @@
 One flat table, in the spirit of gguf-py's ``MODEL_TENSORS``: for each GGUF architecture llama.cpp
 runs a NextN draft graph for, which per-layer keys get which value for each appended NextN block.
 The facts come from llama.cpp 0c1e570's loaders and converters (``src/models/*.cpp``,
-``conversion/*.py``; see ``shared/reference/mtp-families.md``):
+``conversion/*.py``; each rule names its source line, which ``tests/test_citations.py`` finds in that tree; the
+architectures, by llama.cpp build: docs/families.md):
 
 * :attr:`NextNValue.FROM_DRAFT`: the array is read with the length ``n_layer_all`` (``block_count``,
   NextN blocks included) and its NextN entries differ per model, so they come from the draft (a draft

