@@ -8,10 +8,10 @@ follows over those is replayed in :mod:`gguf_mtp.check.accept_schedule`. The chi
 (a GGML assert): the parent turns that into one line with llama.cpp's last log lines; Ctrl-C (or SIGTERM, which the
 command line turns into Ctrl-C) kills it, and no child is left.
 
-What the prediction assumes: llama-server's greedy text equals the trunk's greedy continuation computed here, and
-the trunk's and the head's argmax at every position are what the server computes in its (differently batched)
-decodes. On a model with near-ties the last bits of a batched decode can change a choice: the report counts the
-positions where the batched trunk pass disagrees with the one-token greedy decode, the visible sign of that.
+What the prediction assumes: llama-server's greedy text equals the trunk's greedy continuation computed here
+(generated as the server generates it at the largest n-max asked: drafted by the head, verified in batches), and
+the trunk's and the head's argmax at every position are what the server computes in its (at other n-max,
+differently batched) decodes. On a model with near-ties the last bits of a batched decode can change a choice.
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ class PromptScore:
     tokens: int  #: tokens generated (greedy mode) or scored (text mode)
     runs: tuple[Replay, ...]
     agreement: tuple[int, int] | None = None  #: text mode: (agreeing, scored) first drafts
-    batched_disagreements: int = 0  #: positions where the batched trunk pass and the greedy decode differ
+    #: positions where a batched trunk pass and the greedy decode differed (0 since the greedy text is generated
+    #: in the server's verification batches: the child makes no second, differently batched pass)
+    batched_disagreements: int = 0
     greedy: tuple[int, ...] = ()  #: greedy mode: the trunk's greedy continuation (token ids)
-    seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, passes, chains)
+    seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, chains)
     cut_from: int | None = None  #: the prompt's tokens before it was cut to fit the context (``fit_context``)
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,8 +347,8 @@ def _prepare(model: str | os.PathLike[str], draft: str | os.PathLike[str] | None
     say(pools.describe("--threads"))
     request = {
         "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
-        "tokens": tokens, "k_max": max(n_max), "n_ctx": n_ctx, "threads": pools.trunk, "n_gpu_layers": n_gpu_layers,
-        "fit": False,
+        "tokens": tokens, "k_max": max(n_max), "n_max": list(n_max), "n_ctx": n_ctx, "threads": pools.trunk,
+        "n_gpu_layers": n_gpu_layers, "fit": False,
     }
     return info, target, mtp, request
 

@@ -6,22 +6,28 @@ lines on stdout (:func:`gguf_mtp.check.llama_check.emit_report`), the last one w
 in a child because a failed GGML assert aborts the whole process (the parent, :mod:`gguf_mtp.check.accept`, then
 names the stage and shows llama.cpp's last log lines).
 
-Per prompt, in greedy mode:
+Per prompt, in greedy mode, the trunk's greedy continuation of ``tokens`` tokens is generated as llama-server
+generates it with draft-mtp at the largest n-max asked (:meth:`_Runner.speculative_greedy`):
 
-1. the trunk's greedy continuation of ``tokens`` tokens, one decode per token (as llama-server without MTP);
-2. one batched trunk pass over prompt + continuation with ``llama_set_embeddings_nextn(ctx, true, false)``: the
-   hidden row ``h_p`` the MTP graph takes, for every position (and the trunk's batched argmax, which must equal the
-   one-token greedy choice: a difference is a near tie, reported);
-3. one batched pass of the MTP context over the pairs (token ``p``, row ``p - 1``), the first token paired with a
-   zero row (draft-mtp's initial ``pending_h``): its argmax at position ``p`` is the first draft token when token
-   ``p`` is the last accepted one; for chained heads (more than one NextN block) each block decodes the pairs in
-   turn (``llama_set_nextn_layer_offset``), as ``process()`` does;
-4. for ``k_max > 1``, the rest of each chain in a second sequence that shares the first's cache up to the start:
-   a single head is re-fed its own output row with the token it drafted; a chain of heads decodes the whole draft
-   prefix again under head ``i`` for draft token ``i + 1``.
+1. the prompt in chunks, the trunk's hidden row ``h_p`` of every position kept
+   (``llama_set_embeddings_nextn(ctx, true, false)``) and its argmax the first token;
+2. per step, the MTP context decodes the pairs (token ``p``, row ``p - 1``) not yet decoded, the first token paired
+   with a zero row (draft-mtp's initial ``pending_h``), as ``process()`` does; its argmax at the last accepted
+   token's position is the first draft token; for chained heads (more than one NextN block) each block decodes
+   the pairs in turn (``llama_set_nextn_layer_offset``);
+3. the rest of the draft chain in a second sequence that shares the first's cache up to the start: a single head
+   is re-fed its own output row with the token it drafted; a chain of heads decodes the whole draft prefix again
+   under head ``i`` for draft token ``i + 1``;
+4. the trunk verifies [last token, drafts...] in one batch and keeps the longest prefix equal to its own argmax,
+   plus its own next token, and the rows of the kept positions; the rejected ones leave its cache.
 
-In text mode the text is scored as it is (teacher forcing): steps 2 and 3 only, with the trunk's argmax at every
-position as the reference.
+Greedy verification is lossless: the text is the trunk's greedy text, made of the batches the server makes at
+that n-max (not of one-token decodes, which may differ in the last bits), with one trunk decode per step rather
+than per token. The replays at every n-max asked then draft chains only where one of their steps starts, and
+reuse a longer chain drafted there (a shorter one is its prefix).
+
+In text mode the text is scored as it is (teacher forcing): one batched trunk pass over it (the rows, and the
+trunk's argmax at every position as the reference) and one batched MTP pass over its pairs (the first drafts).
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ import ctypes
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .accept_schedule import draft_length, fitted_prompt_length
+from .accept_schedule import Limits, draft_length, fitted_prompt_length, matching_prefix, replay
 from .llama_check import (
     CONTEXT_PARAMS,
     MODEL_PARAMS,
@@ -57,6 +64,24 @@ CHAIN_ROOM = 32
 
 class Refusal(Exception):
     """Bad input found in the child (a prompt longer than the context): reported, not a crash."""
+
+
+@dataclass
+class Generation:
+    """One prompt's speculative greedy generation (:meth:`_Runner.speculative_greedy`): the text, and what its trunk
+    and MTP decodes computed on the way, which the replays reuse."""
+
+    prompt_tokens: int
+    rows: np.ndarray  #: per position, the trunk's hidden row (from the batch that kept the token)
+    tokens: list[int] = field(default_factory=list)  #: prompt + continuation
+    firsts: list[int] = field(default_factory=list)  #: per position p, the first draft when token p is the last kept
+    head_rows: list[np.ndarray] = field(default_factory=list)  #: per position, the head's output row there
+    chains: dict[int, list[int]] = field(default_factory=dict)  #: per continuation index, the longest chain drafted
+    fed: int = 0  #: the positions the MTP context has decoded
+
+    @property
+    def continuation(self) -> list[int]:
+        return self.tokens[self.prompt_tokens :]
 
 
 class _Batch:
@@ -201,21 +226,77 @@ class _Runner:
 
     # ------------------------------------------------------------------------------------------- passes
 
-    def greedy(self, prompt: list[int], n: int) -> list[int]:
-        """The trunk's greedy continuation: the prompt in chunks, then one decode per token."""
+    def _decode_prompt(self, prompt: list[int], rows: np.ndarray | None = None) -> int:
+        """Decode ``prompt`` in the trunk context, in chunks, logits at its last token (the batch entry to read);
+        ``rows``: keep each position's hidden row there."""
         self._clear(self.tgt)
-        out: list[int] = []
         for start in range(0, len(prompt), CHUNK):
             part = prompt[start : start + CHUNK]
             last = start + len(part) == len(prompt)
             self.tgt_batch.fill(part, start, 0, [last and i == len(part) - 1 for i in range(len(part))])
             self._decode(self.tgt, self.tgt_batch, "the prompt's decode")
-        out.append(self._argmax(self.tgt, len(part) - 1))
-        while len(out) < n:
-            self.tgt_batch.fill([out[-1]], len(prompt) + len(out) - 1, 0, [True])
-            self._decode(self.tgt, self.tgt_batch, "the greedy generation")
-            out.append(self._argmax(self.tgt, 0))
-        return out
+            if rows is not None:
+                rows[start : start + len(part)] = self._trunk_rows(len(part))
+        return len(part) - 1
+
+    def _trunk_rows(self, n: int) -> np.ndarray:
+        """The trunk context's hidden rows of its last batch's first ``n`` tokens (every token's: unmasked)."""
+        return np.ctypeslib.as_array(self.ext.llama_get_embeddings_nextn(self.tgt), shape=(n, self.n_embd))
+
+    def speculative_greedy(self, prompt: list[int], n: int, k: int) -> Generation:
+        """The trunk's greedy continuation, ``n`` tokens, drafted by the head ``k`` tokens a step and verified in one
+        trunk batch per step, as llama-server generates with draft-mtp at n-max ``k`` (greedy verification keeps
+        the text: the drafts only save trunk decodes); and what it computed on the way (see :class:`Generation`)."""
+        tokens = list(prompt)
+        made = Generation(len(prompt), np.zeros((len(prompt) + n + k + 1, self.n_embd), dtype=np.float32))
+        self._clear(self.dft)
+        tokens.append(self._argmax(self.tgt, self._decode_prompt(prompt, made.rows)))
+        while len(tokens) - made.prompt_tokens < n:
+            p = len(tokens) - 1  # the last accepted token's position: not yet decoded by the trunk
+            self._feed_mtp(tokens, made, p + 1)
+            length = min(k, n - (len(tokens) - made.prompt_tokens) - 1)
+            draft = self._draft(tokens, made, p, length)
+            tokens += self._verify(tokens[p], draft, p, made.rows)
+        self._feed_mtp(tokens, made, len(tokens))
+        made.tokens = tokens
+        return made
+
+    def _feed_mtp(self, tokens: list[int], made: Generation, end: int) -> None:
+        """Decode the MTP context's pairs (token p, row p - 1) up to position ``end``, as draft-mtp's ``process()``
+        does after each trunk batch; keep each position's first draft and the head's row."""
+        zero = np.zeros((1, self.n_embd), dtype=np.float32)
+        for start in range(made.fed, end, CHUNK):
+            stop = min(start + CHUNK, end)
+            shifted = np.vstack([zero, made.rows[: stop - 1]])[start:stop]
+
+            def read(part: int = stop - start) -> None:
+                for i in range(part):
+                    made.firsts.append(self._argmax(self.dft, i))
+                    made.head_rows.append(self._row(i))
+
+            self._mtp_decode(tokens[start:stop], start, shifted, read)
+        made.fed = max(made.fed, end)
+
+    def _draft(self, tokens: list[int], made: Generation, p: int, length: int) -> list[int]:
+        """The head's draft of ``length`` tokens from position ``p`` (kept for the replays)."""
+        if length <= 0:
+            return []
+        first = made.firsts[p]
+        draft = [first] if length == 1 else self.chain(tokens, made.rows, p, first, made.head_rows[p], length)
+        made.chains[p - made.prompt_tokens] = draft
+        return draft
+
+    def _verify(self, last: int, draft: list[int], p: int, rows: np.ndarray) -> list[int]:
+        """One trunk batch [``last``, draft...] at position ``p``: the accepted drafts and the trunk's own next
+        token (``common_sampler_sample_and_accept_n``); the rejected positions leave the trunk's cache."""
+        batch = [last, *draft]
+        self.tgt_batch.fill(batch, p, 0, [True] * len(batch))
+        self._decode(self.tgt, self.tgt_batch, "the greedy generation")
+        choices = [self._argmax(self.tgt, i) for i in range(len(batch))]
+        kept = matching_prefix(draft, choices)
+        rows[p : p + kept + 1] = self._trunk_rows(kept + 1)
+        self.llama.llama_memory_seq_rm(self.llama.llama_get_memory(self.tgt), 0, p + kept + 1, -1)
+        return [*draft[:kept], choices[kept]]
 
     def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
         """Rows ``h_p`` for every position, and the trunk's argmax at positions ``score_from`` and later."""
@@ -235,31 +316,39 @@ class _Runner:
     def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
         """The MTP context over (token p, row p - 1): the first draft token from each position ``score_from`` and
         later, and the head's own output row there (what a single head is re-fed)."""
-        llama = self.llama
         self._clear(self.dft)
-        mem = llama.llama_get_memory(self.dft)
         shifted = np.vstack([np.zeros((1, self.n_embd), dtype=np.float32), rows])[: len(tokens)]
         firsts: list[int] = []
         head_rows = np.empty((max(len(tokens) - score_from, 0), self.n_embd), dtype=np.float32)
         for start in range(0, len(tokens), CHUNK):
             part = tokens[start : start + CHUNK]
-            wanted = [start + i >= score_from for i in range(len(part))]
-            # every token an output: in masked mode llama.cpp copies the first n_outputs rows of the graph's
-            # h_nextn, which holds one row per token (so rows match outputs only when every token is one)
-            self.dft_batch.fill(part, start, 0, [True] * len(part), shifted[start : start + len(part)])
-            for head in range(self.heads if self.chained else 1):
-                if self.chained:
-                    llama.llama_memory_seq_rm(mem, 0, start, -1)
-                    self.ext.llama_set_nextn_layer_offset(self.dft, head)
-                self._decode(self.dft, self.dft_batch, f"the batched MTP pass (NextN block {head})")
-                if head == 0:
-                    for i in range(len(part)):
-                        if wanted[i]:
-                            firsts.append(self._argmax(self.dft, i))
-                            head_rows[start + i - score_from] = self._row(i)
+
+            def read(part: list[int] = part, start: int = start) -> None:
+                for i in range(len(part)):
+                    if start + i >= score_from:
+                        firsts.append(self._argmax(self.dft, i))
+                        head_rows[start + i - score_from] = self._row(i)
+
+            self._mtp_decode(part, start, shifted[start : start + len(part)], read)
+        return firsts, head_rows
+
+    def _mtp_decode(self, part: list[int], start: int, part_rows: np.ndarray, read: Callable[[], None]) -> None:
+        """Decode the pairs (``part``, ``part_rows``) at positions ``start``... in the MTP context's sequence 0, each
+        NextN block of a chain in turn as ``process()`` does; ``read`` the outputs of the first block's decode."""
+        llama = self.llama
+        mem = llama.llama_get_memory(self.dft)
+        # every token an output: in masked mode llama.cpp copies the first n_outputs rows of the graph's
+        # h_nextn, which holds one row per token (so rows match outputs only when every token is one)
+        self.dft_batch.fill(part, start, 0, [True] * len(part), part_rows)
+        for head in range(self.heads if self.chained else 1):
+            if self.chained:
+                llama.llama_memory_seq_rm(mem, 0, start, -1)
+                self.ext.llama_set_nextn_layer_offset(self.dft, head)
+            self._decode(self.dft, self.dft_batch, f"the batched MTP pass (NextN block {head})")
+            if head == 0:
+                read()
         if self.chained:
             self.ext.llama_set_nextn_layer_offset(self.dft, 0)
-        return firsts, head_rows
 
     def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
               length: int) -> list[int]:
@@ -297,9 +386,29 @@ class _Runner:
         return next((i for i, t in enumerate(tokens) if self.llama.llama_vocab_is_eog(self.vocab, t)), None)
 
 
-def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predict: int, k_max: int
+class _Chains:
+    """The draft chains of a replay at one n-max (``chains[j]``: from continuation index ``j``), each computed on
+    first use, or taken from a longer one already drafted there: only the steps' starting points cost decodes."""
+
+    def __init__(self, runner: _Runner, made: Generation, n_max: int) -> None:
+        self.runner, self.made, self.n_max = runner, made, n_max
+
+    def __len__(self) -> int:
+        return len(self.made.continuation)
+
+    def __getitem__(self, j: int) -> list[int]:
+        made, p = self.made, self.made.prompt_tokens + j
+        chain = made.chains.get(j, [made.firsts[p]])
+        if len(chain) < self.n_max:
+            chain = self.runner.chain(made.tokens, made.rows, p, made.firsts[p], made.head_rows[p], self.n_max)
+            made.chains[j] = chain
+        return chain[: self.n_max]
+
+
+def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predict: int, n_maxes: Sequence[int]
                   ) -> dict[str, Any]:
-    """Generate ``n`` tokens (``n_predict``, or what fits the context) and the draft chains a step may need."""
+    """Generate ``n`` tokens (``n_predict``, or what fits the context) and the draft chains the replays at
+    ``n_maxes`` (already clipped to the blocks) start a step from: the parent replays them again over the same."""
     clock = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -309,28 +418,16 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predi
         seconds[phase] = round(now - clock, 4)
         clock = now
 
-    greedy = runner.greedy(prompt, n)
+    made = runner.speculative_greedy(prompt, n, max(n_maxes))
+    greedy = made.continuation
     lap("greedy")
-    text_tokens = prompt + greedy
-    rows, batched = runner.trunk_pass(text_tokens[:-1], len(prompt) - 1)
-    disagreements = sum(1 for a, b in zip(batched, greedy, strict=True) if a != b)
-    lap("trunk_pass")
-    start = len(prompt)  # greedy[0] sits at this position
-    firsts, head_rows = runner.mtp_pass(text_tokens, rows, start)
-    lap("mtp_pass")
-    chains: list[list[int]] = []
-    for j in range(n):
-        # a step from greedy[j] drafts at most min(n_remaining - 1, n_ctx - n_prompt_tokens - 2) tokens
-        length = min(k_max, n_predict - j - 2, runner.n_ctx - (start + j) - 2)
-        if length <= 0:
-            chains.append([])
-        elif length == 1:
-            chains.append([firsts[j]])
-        else:
-            chains.append(runner.chain(text_tokens, rows, start + j, firsts[j], head_rows[j], length))
+    limits = Limits(len(prompt), n_predict, runner.n_ctx, runner.first_eog(greedy))
+    for k in sorted(set(n_maxes), reverse=True):  # the longest first: a shorter chain is its prefix
+        replay(greedy, _Chains(runner, made, k), k, limits)
+    chains = [made.chains.get(j, [made.firsts[len(prompt) + j]]) for j in range(len(greedy))]
     lap("chains")
     return {"name": name, "prompt_tokens": len(prompt), "greedy": greedy, "chains": chains,
-            "eog_at": runner.first_eog(greedy), "batched_disagreements": disagreements, "seconds": seconds}
+            "eog_at": limits.eog_at, "batched_disagreements": 0, "seconds": seconds}
 
 
 def _score_text(runner: _Runner, name: str, tokens: list[int]) -> dict[str, Any]:
@@ -361,6 +458,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
     text_mode = request["mode"] == "text"
     k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
+    n_maxes = [draft_length(k, runner.heads) for k in request.get("n_max", [request["k_max"]])]
     tokenized = []
     cut_from: list[int | None] = []  # per prompt: its length before it was cut to fit, if it was
     for name, text in request["prompts"]:
@@ -385,7 +483,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         elif request["mode"] == "sampled":
             report["prompts"].append(runner.score(name, tokens, generate, request["tokens"], k_max))
         else:
-            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], k_max))
+            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], n_maxes))
         report["prompts"][-1]["cut_from"] = cut
     return report
 
@@ -393,8 +491,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     """The child: a JSON request on stdin (``model``, ``draft``, ``prompts`` as ``[name, text]`` pairs, ``mode``
     ``greedy``, ``text`` or ``sampled`` (with ``sampling``, :mod:`gguf_mtp.check.accept_sampling_child`),
-    ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the
-    context); JSON lines out."""
+    ``tokens``, ``k_max``, ``n_max``: the draft lengths replayed (greedy mode; default ``[k_max]``), ``n_ctx``,
+    ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the context); JSON lines out."""
     request = json.loads(sys.stdin.read())
     report = run(request)
     sys.stdout.write(json.dumps(report | {"stage": "done"}) + "\n")

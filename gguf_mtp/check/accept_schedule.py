@@ -23,8 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["Limits", "Replay", "draft_length", "first_draft_agreement", "fitted_prompt_length", "replay", "total"]
+__all__ = ["DraftChains", "Limits", "Replay", "draft_length", "first_draft_agreement", "fitted_prompt_length",
+           "matching_prefix", "replay", "total"]
+
+
+class DraftChains(Protocol):
+    """What :func:`replay` reads of the draft chains: a list of them, or chains drafted when first asked for."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Sequence[int]: ...
 
 
 def draft_length(n_max: int, heads: int) -> int:
@@ -83,7 +93,8 @@ class Replay:
         return tuple(a / d if d else None for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True))
 
 
-def _matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
+def matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
+    """How many of ``draft``'s first tokens equal ``truth``'s: what a greedy verification keeps."""
     n = 0
     for drafted, actual in zip(draft, truth, strict=False):
         if drafted != actual:
@@ -92,7 +103,7 @@ def _matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
     return n
 
 
-def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, limits: Limits) -> Replay:
+def replay(greedy: Sequence[int], chains: DraftChains, n_max: int, limits: Limits) -> Replay:
     """Replay llama-server's draft-mtp schedule over ``greedy`` (the trunk's greedy continuation).
 
     Args:
@@ -142,7 +153,7 @@ def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, l
             chain = chains[last] if last < len(chains) else ()
             if len(chain) < k:
                 raise ValueError(f"the draft chain at position {last} has {len(chain)} tokens; the step needs {k}")
-            a = _matching_prefix(chain[:k], greedy[last + 1 : last + 1 + k])
+            a = matching_prefix(chain[:k], greedy[last + 1 : last + 1 + k])
             steps += 1
             draft_n += k
             draft_accepted += a
