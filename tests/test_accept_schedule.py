@@ -159,7 +159,7 @@ class FakeRunner:
     def tokenize(self, text: str) -> list[int]:
         return [1, 2, 3]
 
-    def open_contexts(self, cells: int) -> None:
+    def open_contexts(self, cells: int, *, drafts: int = 0) -> None:
         pass
 
     def speculative_greedy(self, prompt: list[int], n: int, k: int) -> Generation:
@@ -168,8 +168,7 @@ class FakeRunner:
         from gguf_mtp.check.accept_child import Generation
 
         tokens = [*prompt, *[4] * n]
-        return Generation(len(prompt), np.zeros((len(tokens), 1)), tokens, [4] * len(tokens),
-                          [np.zeros(1)] * len(tokens))
+        return Generation(len(prompt), np.zeros((len(tokens), 1)), tokens, [4] * n, [np.zeros(1)] * n)
 
     def chain(self, tokens: list[int], rows: Any, p0: int, first: int, first_row: Any, length: int) -> list[int]:
         self.lengths.append(length)

@@ -36,7 +36,7 @@ import ctypes
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,14 +74,27 @@ class Generation:
     prompt_tokens: int
     rows: np.ndarray  #: per position, the trunk's hidden row (from the batch that kept the token)
     tokens: list[int] = field(default_factory=list)  #: prompt + continuation
-    firsts: list[int] = field(default_factory=list)  #: per position p, the first draft when token p is the last kept
-    head_rows: list[np.ndarray] = field(default_factory=list)  #: per position, the head's output row there
+    #: per continuation index j, the first draft when token j is the last kept, and the head's output row there
+    firsts: list[int] = field(default_factory=list)
+    head_rows: list[np.ndarray] = field(default_factory=list)
     chains: dict[int, list[int]] = field(default_factory=dict)  #: per continuation index, the longest chain drafted
     fed: int = 0  #: the positions the MTP context has decoded
 
     @property
     def continuation(self) -> list[int]:
         return self.tokens[self.prompt_tokens :]
+
+    def drafted_from(self, j: int) -> list[int]:
+        """The longest chain drafted from continuation index ``j``, or the first draft alone."""
+        return self.chains.get(j, [self.firsts[j]])
+
+
+def _previous_rows(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The row of position p - 1 for each position p from ``start`` to ``stop``: what draft-mtp pairs token p with,
+    a zero row for the first token (its initial ``pending_h``)."""
+    if start > 0:
+        return rows[start - 1 : stop - 1]
+    return np.vstack([np.zeros((1, rows.shape[1]), dtype=np.float32), rows[: stop - 1]])
 
 
 class _Batch:
@@ -139,10 +152,12 @@ class _Runner:
         self.threads = int(request["threads"])
         self.offload = int(request["n_gpu_layers"])
 
-    def open_contexts(self, cells: int) -> None:
-        """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains)."""
+    def open_contexts(self, cells: int, *, drafts: int = 0) -> None:
+        """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains); the trunk's rolls back
+        up to ``drafts`` rejected tokens of a recurrent state in place, as llama-server asks for draft-mtp
+        (``n_rs_seq = n_max``)."""
         llama = self.llama
-        self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells)
+        self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells, rollback=drafts)
         self.dft = self._context(llama.LLAMA_CONTEXT_TYPE_MTP, self.mtp_model, seqs=2, cells=cells)
         self._want_nextn_rows(self.tgt, masked=False)
         self._want_nextn_rows(self.dft, masked=True)
@@ -176,10 +191,11 @@ class _Runner:
             raise Refusal(f"llama.cpp could not load {path}")
         return model
 
-    def _context(self, ctx_type: int, model: Any, *, seqs: int, cells: int) -> Any:
+    def _context(self, ctx_type: int, model: Any, *, seqs: int, cells: int, rollback: int = 0) -> Any:
         llama = self.llama
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = cells + CHAIN_ROOM
+        cparams.n_rs_seq = rollback
         cparams.n_batch = cparams.n_ubatch = max(CHUNK, CHAIN_ROOM)
         cparams.n_seq_max = seqs
         cparams.kv_unified = True  # the chains' sequence shares the cells of the text's
@@ -264,26 +280,22 @@ class _Runner:
     def _feed_mtp(self, tokens: list[int], made: Generation, end: int) -> None:
         """Decode the MTP context's pairs (token p, row p - 1) up to position ``end``, as draft-mtp's ``process()``
         does after each trunk batch; keep each position's first draft and the head's row."""
-        zero = np.zeros((1, self.n_embd), dtype=np.float32)
         for start in range(made.fed, end, CHUNK):
             stop = min(start + CHUNK, end)
-            shifted = np.vstack([zero, made.rows[: stop - 1]])[start:stop]
-
-            def read(part: int = stop - start) -> None:
-                for i in range(part):
-                    made.firsts.append(self._argmax(self.dft, i))
-                    made.head_rows.append(self._row(i))
-
-            self._mtp_decode(tokens[start:stop], start, shifted, read)
+            drafts, outputs = self._mtp_decode(tokens[start:stop], start, _previous_rows(made.rows, start, stop),
+                                               keep_from=made.prompt_tokens)  # no step starts inside the prompt
+            made.firsts += drafts
+            made.head_rows += outputs
         made.fed = max(made.fed, end)
 
     def _draft(self, tokens: list[int], made: Generation, p: int, length: int) -> list[int]:
         """The head's draft of ``length`` tokens from position ``p`` (kept for the replays)."""
         if length <= 0:
             return []
-        first = made.firsts[p]
-        draft = [first] if length == 1 else self.chain(tokens, made.rows, p, first, made.head_rows[p], length)
-        made.chains[p - made.prompt_tokens] = draft
+        j = p - made.prompt_tokens
+        first = made.firsts[j]
+        draft = [first] if length == 1 else self.chain(tokens, made.rows, p, first, made.head_rows[j], length)
+        made.chains[j] = draft
         return draft
 
     def _verify(self, last: int, draft: list[int], p: int, rows: np.ndarray) -> list[int]:
@@ -295,7 +307,8 @@ class _Runner:
         choices = [self._argmax(self.tgt, i) for i in range(len(batch))]
         kept = matching_prefix(draft, choices)
         rows[p : p + kept + 1] = self._trunk_rows(kept + 1)
-        self.llama.llama_memory_seq_rm(self.llama.llama_get_memory(self.tgt), 0, p + kept + 1, -1)
+        if not self.llama.llama_memory_seq_rm(self.llama.llama_get_memory(self.tgt), 0, p + kept + 1, -1):
+            raise RuntimeError("llama.cpp could not roll the rejected drafts back (llama_memory_seq_rm)")
         return [*draft[:kept], choices[kept]]
 
     def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
@@ -313,42 +326,44 @@ class _Runner:
             choices += [self._argmax(self.tgt, i) for i in range(len(part)) if wanted[i]]
         return rows, choices
 
-    def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
+    def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], list[np.ndarray]]:
         """The MTP context over (token p, row p - 1): the first draft token from each position ``score_from`` and
         later, and the head's own output row there (what a single head is re-fed)."""
         self._clear(self.dft)
-        shifted = np.vstack([np.zeros((1, self.n_embd), dtype=np.float32), rows])[: len(tokens)]
         firsts: list[int] = []
-        head_rows = np.empty((max(len(tokens) - score_from, 0), self.n_embd), dtype=np.float32)
+        head_rows: list[np.ndarray] = []
         for start in range(0, len(tokens), CHUNK):
-            part = tokens[start : start + CHUNK]
-
-            def read(part: list[int] = part, start: int = start) -> None:
-                for i in range(len(part)):
-                    if start + i >= score_from:
-                        firsts.append(self._argmax(self.dft, i))
-                        head_rows[start + i - score_from] = self._row(i)
-
-            self._mtp_decode(part, start, shifted[start : start + len(part)], read)
+            stop = min(start + CHUNK, len(tokens))
+            drafts, outputs = self._mtp_decode(tokens[start:stop], start, _previous_rows(rows, start, stop),
+                                               keep_from=score_from)
+            firsts += drafts
+            head_rows += outputs
         return firsts, head_rows
 
-    def _mtp_decode(self, part: list[int], start: int, part_rows: np.ndarray, read: Callable[[], None]) -> None:
+    def _mtp_decode(self, part: list[int], start: int, part_rows: np.ndarray, *, keep_from: int
+                    ) -> tuple[list[int], list[np.ndarray]]:
         """Decode the pairs (``part``, ``part_rows``) at positions ``start``... in the MTP context's sequence 0, each
-        NextN block of a chain in turn as ``process()`` does; ``read`` the outputs of the first block's decode."""
+        NextN block of a chain in turn as ``process()`` does; the first block's draft token and output row at each
+        position from ``keep_from`` on."""
         llama = self.llama
         mem = llama.llama_get_memory(self.dft)
         # every token an output: in masked mode llama.cpp copies the first n_outputs rows of the graph's
         # h_nextn, which holds one row per token (so rows match outputs only when every token is one)
         self.dft_batch.fill(part, start, 0, [True] * len(part), part_rows)
+        kept = range(max(keep_from - start, 0), len(part))
+        drafts: list[int] = []
+        outputs: list[np.ndarray] = []
         for head in range(self.heads if self.chained else 1):
             if self.chained:
                 llama.llama_memory_seq_rm(mem, 0, start, -1)
                 self.ext.llama_set_nextn_layer_offset(self.dft, head)
             self._decode(self.dft, self.dft_batch, f"the batched MTP pass (NextN block {head})")
             if head == 0:
-                read()
+                drafts = [self._argmax(self.dft, i) for i in kept]
+                outputs = [self._row(i) for i in kept]
         if self.chained:
             self.ext.llama_set_nextn_layer_offset(self.dft, 0)
+        return drafts, outputs
 
     def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
               length: int) -> list[int]:
@@ -397,10 +412,11 @@ class _Chains:
         return len(self.made.continuation)
 
     def __getitem__(self, j: int) -> list[int]:
-        made, p = self.made, self.made.prompt_tokens + j
-        chain = made.chains.get(j, [made.firsts[p]])
+        made = self.made
+        chain = made.drafted_from(j)
         if len(chain) < self.n_max:
-            chain = self.runner.chain(made.tokens, made.rows, p, made.firsts[p], made.head_rows[p], self.n_max)
+            chain = self.runner.chain(made.tokens, made.rows, made.prompt_tokens + j, made.firsts[j],
+                                      made.head_rows[j], self.n_max)
             made.chains[j] = chain
         return chain[: self.n_max]
 
@@ -424,7 +440,7 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predi
     limits = Limits(len(prompt), n_predict, runner.n_ctx, runner.first_eog(greedy))
     for k in sorted(set(n_maxes), reverse=True):  # the longest first: a shorter chain is its prefix
         replay(greedy, _Chains(runner, made, k), k, limits)
-    chains = [made.chains.get(j, [made.firsts[len(prompt) + j]]) for j in range(len(greedy))]
+    chains = [made.drafted_from(j) for j in range(len(greedy))]
     lap("chains")
     return {"name": name, "prompt_tokens": len(prompt), "greedy": greedy, "chains": chains,
             "eog_at": limits.eog_at, "batched_disagreements": 0, "seconds": seconds}
@@ -475,7 +491,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         # the server stops at a full context: no more is generated than fits
         generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
         tokenized.append((name, tokens, generate))
-    runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized))
+    runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized),
+                         drafts=0 if text_mode or request["mode"] == "sampled" else max(n_maxes))
     for (name, tokens, generate), cut in zip(tokenized, cut_from, strict=True):
         emit_report({"prompt": name}, "score")
         if text_mode:
