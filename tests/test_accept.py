@@ -147,6 +147,19 @@ def test_the_greedy_text_costs_one_trunk_decode_per_server_step_not_one_per_toke
     assert sum(steps) == widest.draft_n + len(steps)  # every draft the server's step makes, and its last token
 
 
+def test_the_command_itself_loads_no_numpy_in_greedy_mode(cycle: CycleModel) -> None:
+    # numpy is about 15 MiB of the command's peak memory beside the llama.cpp child's: only the child and the
+    # probabilistic mode use it
+    script = ("import sys\n"
+              "from gguf_mtp.cli import main\n"
+              f"code = main(['accept', {str(cycle.path)!r}, '--tokens', '8', '--n-max', '1,2', '--threads', '1', "
+              "'-q'])\n"
+              "print('exit', code, 'numpy loaded' if 'numpy' in sys.modules else 'no numpy')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.stdout.splitlines()[-1] == "exit 0 no numpy", proc.stderr
+
+
 @pytest.mark.parametrize(("load", "threads"), [(3.0, 1), (0.4, 2)])
 def test_llama_cpp_runs_on_half_the_free_cores_unless_told(cycle: CycleModel, monkeypatch: pytest.MonkeyPatch,
                                                       load: float, threads: int) -> None:

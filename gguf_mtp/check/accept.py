@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
@@ -38,17 +38,12 @@ from gguf_mtp.server.bench_rules import check_count_options, check_n_max
 from gguf_mtp.server.options import Threads, pool_share, shared_threads
 from gguf_mtp.server.process import die_with_parent
 
-from .accept_sampling import (
-    CONFIDENCE,
-    SampledRun,
-    SampledText,
-    Sampling,
-    check_probabilistic_support,
-    simulate,
-)
 from .accept_schedule import Limits, Replay, draft_length, first_draft_agreement, replay, total
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
+
+if TYPE_CHECKING:  # the sampled mode's module, and numpy with it, load only in that mode: greedy's parent needs neither
+    from .accept_sampling import SampledRun, Sampling
 
 __all__ = ["AcceptReport", "PromptScore", "SampledReport", "accept", "accept_sampled", "draft_cost", "slot_context"]
 
@@ -451,6 +446,8 @@ class SampledReport:
 
     def describe(self) -> list[str]:
         """The human-readable report."""
+        from .accept_sampling import CONFIDENCE
+
         s = self.sampling
         lines = [f"accept: {self.model}" + (f" with the sidecar {self.draft}" if self.draft else "")
                  + f": {self.heads} NextN block{'s' * (self.heads > 1)}",
@@ -489,6 +486,8 @@ def accept_sampled(
     chosen llama.cpp (``--llama-cpp`` / ``GGUF_MTP_LLAMA_CPP``) has no probabilistic drafting or ``sampling`` has a
     value llama-server would not take.
     """
+    from .accept_sampling import SampledText, check_probabilistic_support, simulate
+
     began = time.monotonic()
     say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))
