@@ -293,14 +293,25 @@ def _talk(proc: subprocess.Popen[str], request: str, prompts: int, say: Callable
 def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict[str, Any]:
     """The child's report, or the error its exit status and log say."""
     report = last_report(stdout)
+    if returncode == 0 and report is not None and report.get("stage") == "done":
+        return _finished(report, stderr, model)
+    raise _child_failure(returncode, report, stderr, model)
+
+
+def _finished(report: dict[str, Any], stderr: str, model: str) -> dict[str, Any]:
+    """A finished child's report, or the :class:`ParameterError` of an input it refused (with llama.cpp's reason
+    where llama.cpp refused it)."""
+    if not report.get("refused"):
+        return report
+    refused = str(report["refused"])
+    reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
+    raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
+
+
+def _child_failure(returncode: int, report: dict[str, Any] | None, stderr: str, model: str) -> LlamaCppError:
+    """The error of a child that died or failed: the stage it was in, llama.cpp's reason and last log lines."""
     tail = tuple(line for line in stderr.splitlines() if line.strip())[-LOG_TAIL_LINES:]
     stage = (report or {}).get("stage")
-    if returncode == 0 and report is not None and stage == "done":
-        if report.get("refused"):
-            refused = str(report["refused"])
-            reason = llama_reason(stderr) if refused.startswith("llama.cpp") else None
-            raise ParameterError(f"{refused}: {reason}" if reason else refused, model)
-        return report
     where = _STAGES.get(stage, str(stage))
     if stage == "score" and report is not None:
         where = f"scoring {report.get('prompt')}"
@@ -309,7 +320,7 @@ def _child_report(returncode: int, stdout: str, stderr: str, model: str) -> dict
     else:
         how = f"llama.cpp failed (exit status {returncode}) while {where}"
     reason = llama_reason(stderr)
-    raise LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=tail)
+    return LlamaCppError(f"{how}: {reason}" if reason else how, model, log_tail=tail)
 
 
 def _check_sizes(tokens: int, n_max: Sequence[int], threads: int | None, n_gpu_layers: int, n_ctx: int | None) -> None:

@@ -462,46 +462,67 @@ def _runner(request: dict[str, Any]) -> Any:
     return _Runner(request)
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """One prompt of the request, tokenized and fitted: what the child scores."""
+
+    name: str
+    tokens: list[int]
+    generate: int  #: tokens to generate (none in text mode): no more than the context holds
+    cut_from: int | None  #: its length before it was cut to fit, if it was
+
+
+def _prompt(runner: Any, request: dict[str, Any], name: str, text: str, k_max: int) -> _Prompt:
+    """``text`` tokenized as llama-server does, cut to fit when the request says so.
+
+    Raises:
+        Refusal: too few tokens to score, or more than the context takes.
+    """
+    text_mode = request["mode"] == "text"
+    tokens = runner.tokenize(text)
+    keep = fitted_prompt_length(len(tokens), runner.n_ctx, request["tokens"], k_max) if request.get("fit") \
+        else len(tokens)
+    cut_from = len(tokens) if keep < len(tokens) else None
+    tokens = tokens[:keep]
+    if len(tokens) < (3 if text_mode else 1):
+        raise Refusal(f"{name}: too few tokens ({len(tokens)}) to score")
+    if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
+        raise Refusal(f"{name}: {len(tokens)} prompt tokens do not fit the context of {runner.n_ctx} (and leave room "
+                      "for one more)")
+    # the server stops at a full context: no more is generated than fits
+    generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
+    return _Prompt(name, tokens, generate, cut_from)
+
+
+def _score(runner: Any, request: dict[str, Any], prompt: _Prompt, k_max: int, n_maxes: Sequence[int]
+           ) -> dict[str, Any]:
+    """One prompt's report in the request's mode."""
+    if request["mode"] == "text":
+        return _score_text(runner, prompt.name, prompt.tokens)
+    if request["mode"] == "sampled":
+        report: dict[str, Any] = runner.score(prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
+        return report
+    return _score_greedy(runner, prompt.name, prompt.tokens, prompt.generate, request["tokens"], n_maxes)
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Score every prompt of ``request``; the report the parent reads (see :mod:`gguf_mtp.check.accept`)."""
     report: dict[str, Any] = {"prompts": []}
     emit_report({}, "load")
     try:
         runner = _runner(request)
+        report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
+                   "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
+        k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block not there
+        n_maxes = [draft_length(k, runner.heads) for k in request.get("n_max", [request["k_max"]])]
+        prompts = [_prompt(runner, request, name, text, k_max) for name, text in request["prompts"]]
     except (Refusal, BindingError) as e:
         return report | {"refused": str(e)}
-    report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
-               "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
-    text_mode = request["mode"] == "text"
-    k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
-    n_maxes = [draft_length(k, runner.heads) for k in request.get("n_max", [request["k_max"]])]
-    tokenized = []
-    cut_from: list[int | None] = []  # per prompt: its length before it was cut to fit, if it was
-    for name, text in request["prompts"]:
-        tokens = runner.tokenize(text)
-        keep = fitted_prompt_length(len(tokens), runner.n_ctx, request["tokens"], k_max) if request.get("fit") \
-            else len(tokens)
-        cut_from.append(len(tokens) if keep < len(tokens) else None)
-        tokens = tokens[:keep]
-        if len(tokens) < (3 if text_mode else 1):
-            return report | {"refused": f"{name}: too few tokens ({len(tokens)}) to score"}
-        if len(tokens) + 1 >= runner.n_ctx:  # llama-server refuses such a request
-            return report | {"refused": f"{name}: {len(tokens)} prompt tokens do not fit the context of "
-                             f"{runner.n_ctx} (and leave room for one more)"}
-        # the server stops at a full context: no more is generated than fits
-        generate = 0 if text_mode else min(request["tokens"], runner.n_ctx - len(tokens))
-        tokenized.append((name, tokens, generate))
-    runner.open_contexts(max(len(tokens) + generate + 1 for _, tokens, generate in tokenized),
-                         drafts=0 if text_mode or request["mode"] == "sampled" else max(n_maxes))
-    for (name, tokens, generate), cut in zip(tokenized, cut_from, strict=True):
-        emit_report({"prompt": name}, "score")
-        if text_mode:
-            report["prompts"].append(_score_text(runner, name, tokens))
-        elif request["mode"] == "sampled":
-            report["prompts"].append(runner.score(name, tokens, generate, request["tokens"], k_max))
-        else:
-            report["prompts"].append(_score_greedy(runner, name, tokens, generate, request["tokens"], n_maxes))
-        report["prompts"][-1]["cut_from"] = cut
+    runner.open_contexts(max(len(p.tokens) + p.generate + 1 for p in prompts),
+                         drafts=max(n_maxes) if request["mode"] == "greedy" else 0)
+    for prompt in prompts:
+        emit_report({"prompt": prompt.name}, "score")
+        report["prompts"].append(_score(runner, request, prompt, k_max, n_maxes) | {"cut_from": prompt.cut_from})
     return report
 
 
