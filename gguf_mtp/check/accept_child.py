@@ -82,6 +82,7 @@ class Generation:
 
     @property
     def continuation(self) -> list[int]:
+        """The generated tokens."""
         return self.tokens[self.prompt_tokens :]
 
     def drafted_from(self, j: int) -> list[int]:
@@ -263,38 +264,35 @@ class _Runner:
         """The trunk's greedy continuation, ``n`` tokens, drafted by the head ``k`` tokens a step and verified in one
         trunk batch per step, as llama-server generates with draft-mtp at n-max ``k`` (greedy verification keeps
         the text: the drafts only save trunk decodes); and what it computed on the way (see :class:`Generation`)."""
-        tokens = list(prompt)
-        made = Generation(len(prompt), np.zeros((len(prompt) + n + k + 1, self.n_embd), dtype=np.float32))
+        made = Generation(len(prompt), np.zeros((len(prompt) + n + k + 1, self.n_embd), dtype=np.float32), [*prompt])
         self._clear(self.dft)
-        tokens.append(self._argmax(self.tgt, self._decode_prompt(prompt, made.rows)))
-        while len(tokens) - made.prompt_tokens < n:
-            p = len(tokens) - 1  # the last accepted token's position: not yet decoded by the trunk
-            self._feed_mtp(tokens, made, p + 1)
-            length = min(k, n - (len(tokens) - made.prompt_tokens) - 1)
-            draft = self._draft(tokens, made, p, length)
-            tokens += self._verify(tokens[p], draft, p, made.rows)
-        self._feed_mtp(tokens, made, len(tokens))
-        made.tokens = tokens
+        made.tokens.append(self._argmax(self.tgt, self._decode_prompt(prompt, made.rows)))
+        while len(made.continuation) < n:
+            p = len(made.tokens) - 1  # the last accepted token's position: not yet decoded by the trunk
+            self._feed_mtp(made, p + 1)
+            draft = self._draft(made, p, min(k, n - len(made.continuation) - 1))
+            made.tokens += self._verify(made.tokens[p], draft, p, made.rows)
+        self._feed_mtp(made, len(made.tokens))
         return made
 
-    def _feed_mtp(self, tokens: list[int], made: Generation, end: int) -> None:
+    def _feed_mtp(self, made: Generation, end: int) -> None:
         """Decode the MTP context's pairs (token p, row p - 1) up to position ``end``, as draft-mtp's ``process()``
         does after each trunk batch; keep each position's first draft and the head's row."""
         for start in range(made.fed, end, CHUNK):
             stop = min(start + CHUNK, end)
-            drafts, outputs = self._mtp_decode(tokens[start:stop], start, _previous_rows(made.rows, start, stop),
+            drafts, outputs = self._mtp_decode(made.tokens[start:stop], start, _previous_rows(made.rows, start, stop),
                                                keep_from=made.prompt_tokens)  # no step starts inside the prompt
             made.firsts += drafts
             made.head_rows += outputs
         made.fed = max(made.fed, end)
 
-    def _draft(self, tokens: list[int], made: Generation, p: int, length: int) -> list[int]:
+    def _draft(self, made: Generation, p: int, length: int) -> list[int]:
         """The head's draft of ``length`` tokens from position ``p`` (kept for the replays)."""
         if length <= 0:
             return []
         j = p - made.prompt_tokens
         first = made.firsts[j]
-        draft = [first] if length == 1 else self.chain(tokens, made.rows, p, first, made.head_rows[j], length)
+        draft = [first] if length == 1 else self.chain(made.tokens, made.rows, p, first, made.head_rows[j], length)
         made.chains[j] = draft
         return draft
 
