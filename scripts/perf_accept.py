@@ -114,7 +114,7 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
               "it at the largest n-max, the head drafting and the trunk verifying each draft in one batch, which "
               "also gives every row and first draft the replays need) and the draft chains the other n-max start a "
               "step from (`chains`); `accept --json` gives the split (`phase_seconds`). On this model the head "
-              "costs as much as a trunk step (c 0.84), so drafting saves little of the generation itself; on a "
+              "costs about as much as a trunk step (c 0.90), so drafting saves little of the generation itself; on a "
               "real model (c a few hundredths) it saves most of it. Its memory beyond the model is two Python "
               "interpreters, numpy only in the llama.cpp child (llama-cpp-python imports it). On a tiny model both "
               "sides are mostly start-up (Python, llama-cpp-python, four server starts).", ""]
