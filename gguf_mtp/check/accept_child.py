@@ -365,7 +365,7 @@ class _Runner:
 
     def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
               length: int) -> list[int]:
-        """The draft chain from position ``p0`` (``tokens[p0]`` the last accepted token): ``first`` (from the batched
+        """The draft chain from position ``p0`` (``tokens[p0]`` the last accepted token): ``first`` (from the MTP
         pass) and ``length - 1`` more, in sequence 1, which shares sequence 0's cache below ``p0``."""
         llama, ext = self.llama, self.ext
         mem = llama.llama_get_memory(self.dft)
