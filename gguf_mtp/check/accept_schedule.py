@@ -174,15 +174,24 @@ def replay(greedy: Sequence[int], chains: DraftChains, n_max: int, limits: Limit
     )
 
 
-def total(replays: Sequence[Replay]) -> Replay:
-    """The sum of several requests' replays at the same ``n_max``."""
+def _common_n_max(replays: Sequence[Replay]) -> int:
+    """The ``n_max`` all of ``replays`` were made at.
+
+    Raises:
+        ValueError: no replays, or replays at different ``n_max``.
+    """
     if not replays:
         raise ValueError("nothing to add up")
     n_max = replays[0].n_max
     if any(r.n_max != n_max for r in replays):
         raise ValueError("replays of different n_max")
+    return n_max
+
+
+def total(replays: Sequence[Replay]) -> Replay:
+    """The sum of several requests' replays at the same ``n_max``."""
     return Replay(
-        n_max=n_max,
+        n_max=_common_n_max(replays),
         draft_n=sum(r.draft_n for r in replays),
         draft_n_accepted=sum(r.draft_n_accepted for r in replays),
         steps=sum(r.steps for r in replays),
