@@ -7,9 +7,10 @@ the server four times and generates every prompt four times), and its peak RSS s
 
 The model is the designed test model of :mod:`gguf_mtp.testing.cycle_model` (a head right on about 70 % of
 tokens, so the runs draft and accept as a working head does): tiny (6 MiB) in a quick run, about 1 GB in a full
-one. accept's time splits between the greedy generation (sequential), the batched passes and the draft chains
-(see the report's note). llama-server is the one ``scripts/build_llama_tools.py``
-builds from the llama.cpp vendored in the pinned llama-cpp-python.
+one. accept's time splits between the greedy generation (drafted by the head and verified in batches, as the server
+generates at the largest n-max) and the draft chains the other n-max start a step from (see the report's note).
+llama-server is the one ``scripts/build_llama_tools.py`` builds from the llama.cpp vendored in the pinned
+llama-cpp-python.
 """
 
 from __future__ import annotations
@@ -109,14 +110,14 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
         *conditions_and_summary(results, bytes_out=False),
     ]
     lines += ["", *goals_table(results["targets"], "issue 30"),
-              "accept's time splits between the greedy generation (one trunk decode per token, sequential, as "
-              "the server's run without MTP), the batched trunk and MTP passes, and the draft chains (one MTP "
-              "decode per draft token after the first, per position); `accept --json` gives the split "
-              "(`phase_seconds`). bench generates every prompt four times, but its MTP runs are faster than a "
-              "plain one when the head works, so accept cannot go below about a quarter of bench's time while it "
-              "generates the greedy text without speculation. Its memory beyond the model is two Python "
-              "interpreters with numpy (the command and the llama.cpp child). On a tiny model both sides are "
-              "mostly start-up (Python, llama-cpp-python, four server starts).", ""]
+              "accept's time splits between the greedy generation (`greedy`: generated as llama-server generates "
+              "it at the largest n-max, the head drafting and the trunk verifying each draft in one batch, which "
+              "also gives every row and first draft the replays need) and the draft chains the other n-max start a "
+              "step from (`chains`); `accept --json` gives the split (`phase_seconds`). On this model the head "
+              "costs about as much as a trunk step (c 0.90), so drafting saves little of the generation itself; on a "
+              "real model (c a few hundredths) it saves most of it. Its memory beyond the model is two Python "
+              "interpreters, numpy only in the llama.cpp child (llama-cpp-python imports it). On a tiny model both "
+              "sides are mostly start-up (Python, llama-cpp-python, four server starts).", ""]
     return "\n".join(lines)
 
 

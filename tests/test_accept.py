@@ -25,6 +25,7 @@ from support.helpers import pid_alive, rewrite_gguf
 from gguf_mtp import extract, strip
 from gguf_mtp.check import accept as accept_module
 from gguf_mtp.check.accept import accept
+from gguf_mtp.check.accept_child import CHUNK
 from gguf_mtp.check.accept_schedule import Limits, replay
 from gguf_mtp.errors import LlamaCppError, NoNextNBlockError, ParameterError
 from gguf_mtp.format.header import encode_kv
@@ -117,6 +118,46 @@ def test_trunk_and_sidecar_predict_what_the_composite_predicts(cycle: CycleModel
     apart = accept(trunk, draft=sidecar, prompts=PROMPTS, tokens=TOKENS, n_max=(1, 2), threads=1, ctx_size=1024)
     assert [p.runs for p in apart.prompts] == [p.runs for p in together.prompts]
     assert apart.draft == str(sidecar)
+
+
+def test_the_greedy_text_costs_one_trunk_decode_per_server_step_not_one_per_token(
+    cycle: CycleModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # generated as llama-server generates it at the largest n-max: each step drafts with the head and the trunk
+    # verifies [last token + drafts] in one batch (one decode per token would be TOKENS - 1 after the prompt's)
+    batches_file = tmp_path / "trunk-batches.json"
+    script = ("import json\n"
+              "from gguf_mtp.check import accept_child\n"
+              "batches = []\n"
+              "decode = accept_child._Runner._decode\n"
+              "def counted(self, ctx, batch, what):\n"
+              "    if ctx is self.tgt:\n"
+              "        batches.append(batch.batch.n_tokens)\n"
+              "    decode(self, ctx, batch, what)\n"
+              "accept_child._Runner._decode = counted\n"
+              "try:\n"
+              "    accept_child.main()\n"
+              "finally:\n"
+              f"    open({str(batches_file)!r}, 'w').write(json.dumps(batches))\n")
+    monkeypatch.setattr(accept_module, "_child_command", lambda: [sys.executable, "-c", script])
+    report = accept(cycle.path, prompts=PROMPTS[:1], tokens=TOKENS, n_max=(1, 3), threads=1, ctx_size=1024)
+    score, widest = report.prompts[0], report.prompts[0].runs[-1]
+    steps = json.loads(batches_file.read_text())[-(-score.prompt_tokens // CHUNK) :]
+    assert len(steps) == widest.target_decodes - 1 < TOKENS // 2
+    assert sum(steps) == widest.draft_n + len(steps)  # every draft the server's step makes, and its last token
+
+
+def test_the_command_itself_loads_no_numpy_in_greedy_mode(cycle: CycleModel) -> None:
+    # numpy is about 15 MiB of the command's peak memory beside the llama.cpp child's: only the child and the
+    # probabilistic mode use it
+    script = ("import sys\n"
+              "from gguf_mtp.cli import main\n"
+              f"code = main(['accept', {str(cycle.path)!r}, '--tokens', '8', '--n-max', '1,2', '--threads', '1', "
+              "'-q'])\n"
+              "print('exit', code, 'numpy loaded' if 'numpy' in sys.modules else 'no numpy')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.stdout.splitlines()[-1] == "exit 0 no numpy", proc.stderr
 
 
 @pytest.mark.parametrize(("load", "threads"), [(3.0, 1), (0.4, 2)])

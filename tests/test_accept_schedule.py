@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import pytest
 
 from gguf_mtp.check.accept_schedule import (
@@ -15,6 +17,9 @@ from gguf_mtp.check.accept_schedule import (
     replay,
     total,
 )
+
+if TYPE_CHECKING:
+    from gguf_mtp.check.accept_child import Generation
 
 GREEDY = list(range(100, 200))
 
@@ -141,50 +146,57 @@ def test_a_generation_longer_than_the_context_keeps_half_of_it_for_the_prompt() 
     assert fitted_prompt_length(5, 8, 512, 1) == 4
 
 
+class FakeRunner:
+    """The child's runner without llama.cpp: a 3-token prompt, a continuation of 4s, a head that drafts 4 (always
+    right); it records the length of every draft chain it is asked for."""
+
+    heads, chained, n_vocab, n_ctx = 1, False, 8, 512
+    llama = None  # no llama-cpp-python module: the report names no build
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.lengths: list[int] = []
+        FakeRunner.last = self
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1, 2, 3]
+
+    def open_contexts(self, cells: int, *, drafts: int = 0) -> None:
+        pass
+
+    def speculative_greedy(self, prompt: list[int], n: int, k: int) -> Generation:
+        import numpy as np
+
+        from gguf_mtp.check.accept_child import Generation
+
+        tokens = [*prompt, *[4] * n]
+        return Generation(len(prompt), np.zeros((len(tokens), 1)), tokens, [4] * n, [np.zeros(1)] * n)
+
+    def chain(self, tokens: list[int], rows: Any, p0: int, first: int, first_row: Any, length: int) -> list[int]:
+        self.lengths.append(length)
+        return [4] * length
+
+    def first_eog(self, tokens: list[int]) -> None:
+        return None
+
+
+def run_child(monkeypatch: pytest.MonkeyPatch, runner: type[FakeRunner], **request: Any) -> dict[str, Any]:
+    from gguf_mtp.check import accept_child
+
+    monkeypatch.setattr(accept_child, "_Runner", runner)
+    return accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "n_ctx": 512, "threads": 1,
+                             "n_gpu_layers": 0} | request)
+
+
 def test_the_child_builds_no_chain_longer_than_the_blocks_of_a_chain_of_heads(monkeypatch: pytest.MonkeyPatch,
                                                                               capsys: pytest.CaptureFixture[str]
                                                                               ) -> None:
     # llama.cpp aborts (nextn_layer_offset out of range) when asked for a block past the last one
-    import numpy as np
+    class TwoBlocks(FakeRunner):
+        heads, chained = 2, True
 
-    from gguf_mtp.check import accept_child
-
-    lengths: list[int] = []
-
-    class TwoBlocks:
-        heads, chained, n_vocab, n_ctx = 2, True, 8, 512
-        llama = None  # no llama-cpp-python module: the report names no build
-
-        def __init__(self, request: dict) -> None:
-            pass
-
-        def tokenize(self, text: str) -> list[int]:
-            return [1, 2, 3]
-
-        def open_contexts(self, cells: int) -> None:
-            pass
-
-        def greedy(self, prompt: list[int], n: int) -> list[int]:
-            return [4] * n
-
-        def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
-            return np.zeros((len(tokens), 1)), [4] * (len(tokens) - score_from)
-
-        def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
-            return [4] * (len(tokens) - score_from), np.zeros((len(tokens) - score_from, 1))
-
-        def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
-                  length: int) -> list[int]:
-            lengths.append(length)
-            return [4] * length
-
-        def first_eog(self, tokens: list[int]) -> None:
-            return None
-
-    monkeypatch.setattr(accept_child, "_Runner", TwoBlocks)
-    report = accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "k_max": 3, "n_ctx": 512,
-                               "threads": 1, "n_gpu_layers": 0})
+    report = run_child(monkeypatch, TwoBlocks, k_max=3, n_max=[3])
     capsys.readouterr()
+    lengths = FakeRunner.last.lengths
     assert max(lengths) == 2 and all(len(chain) <= 2 for chain in report["prompts"][0]["chains"])
 
 
@@ -201,45 +213,13 @@ def test_draft_room_is_none_rather_than_negative() -> None:
                                                                              remaining=0)) == (0, 0)
 
 
-def test_the_greedy_child_drafts_chains_as_long_as_the_replay_drafts(monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    import numpy as np
-
-    from gguf_mtp.check import accept_child
-
-    class OneHead:
-        heads, chained, n_vocab, n_ctx = 1, False, 8, 12
-        llama = None
-
-        def __init__(self, request: dict) -> None:
-            pass
-
-        def tokenize(self, text: str) -> list[int]:
-            return [1, 2, 3]
-
-        def open_contexts(self, cells: int) -> None:
-            pass
-
-        def greedy(self, prompt: list[int], n: int) -> list[int]:
-            return [4] * n
-
-        def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
-            return np.zeros((len(tokens), 1)), [4] * (len(tokens) - score_from)
-
-        def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
-            return [4] * (len(tokens) - score_from), np.zeros((len(tokens) - score_from, 1))
-
-        def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
-                  length: int) -> list[int]:
-            return [4] * length
-
-        def first_eog(self, tokens: list[int]) -> None:
-            return None
-
-    monkeypatch.setattr(accept_child, "_Runner", OneHead)
-    report = accept_child.run({"prompts": [["p", "x"]], "mode": "greedy", "tokens": 16, "k_max": 3, "n_ctx": 12,
-                               "threads": 1, "n_gpu_layers": 0})
+def test_the_child_drafts_chains_only_where_a_replayed_step_starts(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # an always-right head at n-max 3 over 16 tokens: steps start after tokens 0, 4, 8 and 12 (that one drafts 2,
+    # the end of n_predict, from the same chain); n-max 1 needs first drafts only, which the MTP pass gives
+    report = run_child(monkeypatch, FakeRunner, k_max=3, n_max=[1, 3])
     capsys.readouterr()
-    # 9 tokens fit the slot of 12 after 3 prompt tokens; the step from token j starts at position 3 + j
-    assert [len(chain) for chain in report["prompts"][0]["chains"]] == [3, 3, 3, 3, 3, 2, 1, 0, 0] \
-        == [min(3, draft_room(12, 3 + j, 16 - (j + 1))) for j in range(9)]
+    assert FakeRunner.last.lengths == [3, 3, 3, 3]
+    chains = report["prompts"][0]["chains"]
+    assert [j for j, chain in enumerate(chains) if len(chain) == 3] == [0, 4, 8, 12]
+    assert all(chain == [4] for j, chain in enumerate(chains) if j not in (0, 4, 8, 12))

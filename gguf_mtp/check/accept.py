@@ -8,10 +8,10 @@ follows over those is replayed in :mod:`gguf_mtp.check.accept_schedule`. The chi
 (a GGML assert): the parent turns that into one line with llama.cpp's last log lines; Ctrl-C (or SIGTERM, which the
 command line turns into Ctrl-C) kills it, and no child is left.
 
-What the prediction assumes: llama-server's greedy text equals the trunk's greedy continuation computed here, and
-the trunk's and the head's argmax at every position are what the server computes in its (differently batched)
-decodes. On a model with near-ties the last bits of a batched decode can change a choice: the report counts the
-positions where the batched trunk pass disagrees with the one-token greedy decode, the visible sign of that.
+What the prediction assumes: llama-server's greedy text equals the trunk's greedy continuation computed here
+(generated as the server generates it at the largest n-max asked: drafted by the head, verified in batches), and
+the trunk's and the head's argmax at every position are what the server computes in its (at other n-max,
+differently batched) decodes. On a model with near-ties the last bits of a batched decode can change a choice.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf_mtp.constants import DEFAULT_N_MAX, DEFAULT_TOKENS, free_cores
 from gguf_mtp.errors import LlamaCppError, ParameterError
@@ -43,17 +43,12 @@ from gguf_mtp.model.drafting import (
 from gguf_mtp.model.prompts import Prompt, builtin_prompts, check_prompts
 from gguf_mtp.model.shards import ShardSet, open_model
 
-from .accept_sampling import (
-    CONFIDENCE,
-    SampledRun,
-    SampledText,
-    Sampling,
-    check_probabilistic_support,
-    simulate,
-)
 from .accept_schedule import Limits, Replay, draft_length, first_draft_agreement, replay, total
 from .draft_checks import target_fit_check
 from .llama_check import INSTALL_HINT, last_report, llama_cpp_available, llama_reason, signal_name
+
+if TYPE_CHECKING:  # the sampled mode's module, and numpy with it, load only in that mode: greedy's parent needs neither
+    from .accept_sampling import SampledRun, Sampling
 
 __all__ = ["AcceptReport", "PromptScore", "SampledReport", "accept", "accept_sampled", "draft_cost", "slot_context"]
 
@@ -69,9 +64,11 @@ class PromptScore:
     tokens: int  #: tokens generated (greedy mode) or scored (text mode)
     runs: tuple[Replay, ...]
     agreement: tuple[int, int] | None = None  #: text mode: (agreeing, scored) first drafts
-    batched_disagreements: int = 0  #: positions where the batched trunk pass and the greedy decode differ
+    #: positions where a batched trunk pass and the greedy decode differed (0 since the greedy text is generated
+    #: in the server's verification batches: the child makes no second, differently batched pass)
+    batched_disagreements: int = 0
     greedy: tuple[int, ...] = ()  #: greedy mode: the trunk's greedy continuation (token ids)
-    seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, passes, chains)
+    seconds: dict[str, float] = field(default_factory=dict)  #: the child's time per phase (greedy, chains)
     cut_from: int | None = None  #: the prompt's tokens before it was cut to fit the context (``fit_context``)
 
     def to_dict(self) -> dict[str, Any]:
@@ -391,8 +388,8 @@ def _prepare(asked: _Asked, warn: Callable[[str], None] | None, say: Callable[[s
     say(pools.describe("--threads"))
     request = {
         "model": info.path, "draft": info.draft, "prompts": [[p.name, p.text] for p in prompts],
-        "tokens": asked.tokens, "k_max": max(asked.n_max), "n_ctx": n_ctx, "threads": pools.trunk,
-        "n_gpu_layers": asked.n_gpu_layers, "fit": False,
+        "tokens": asked.tokens, "k_max": max(asked.n_max), "n_max": list(asked.n_max), "n_ctx": n_ctx,
+        "threads": pools.trunk, "n_gpu_layers": asked.n_gpu_layers, "fit": False,
     }
     return info, target, mtp, request
 
@@ -495,6 +492,8 @@ class SampledReport:
 
     def describe(self) -> list[str]:
         """The human-readable report."""
+        from .accept_sampling import CONFIDENCE
+
         s = self.sampling
         lines = _heading_lines(self.model, self.draft, self.heads, self.llama_cpp_build)
         lines.append(f"predicted llama-server acceptance (--spec-draft-sampling probabilistic, temperature {s.temp:g}, "
@@ -532,6 +531,8 @@ def accept_sampled(
     chosen llama.cpp (``--llama-cpp`` / ``GGUF_MTP_LLAMA_CPP``) has no probabilistic drafting or ``sampling`` has a
     value llama-server would not take.
     """
+    from .accept_sampling import SampledText, check_probabilistic_support, simulate
+
     began = time.monotonic()
     say = progress or (lambda line: None)
     n_max = tuple(sorted(set(n_max)))

@@ -6,22 +6,28 @@ lines on stdout (:func:`gguf_mtp.check.llama_check.emit_report`), the last one w
 in a child because a failed GGML assert aborts the whole process (the parent, :mod:`gguf_mtp.check.accept`, then
 names the stage and shows llama.cpp's last log lines).
 
-Per prompt, in greedy mode:
+Per prompt, in greedy mode, the trunk's greedy continuation of ``tokens`` tokens is generated as llama-server
+generates it with draft-mtp at the largest n-max asked (:meth:`_Runner.speculative_greedy`):
 
-1. the trunk's greedy continuation of ``tokens`` tokens, one decode per token (as llama-server without MTP);
-2. one batched trunk pass over prompt + continuation with ``llama_set_embeddings_nextn(ctx, true, false)``: the
-   hidden row ``h_p`` the MTP graph takes, for every position (and the trunk's batched argmax, which must equal the
-   one-token greedy choice: a difference is a near tie, reported);
-3. one batched pass of the MTP context over the pairs (token ``p``, row ``p - 1``), the first token paired with a
-   zero row (draft-mtp's initial ``pending_h``): its argmax at position ``p`` is the first draft token when token
-   ``p`` is the last accepted one; for chained heads (more than one NextN block) each block decodes the pairs in
-   turn (``llama_set_nextn_layer_offset``), as ``process()`` does;
-4. for ``k_max > 1``, the rest of each chain in a second sequence that shares the first's cache up to the start:
-   a single head is re-fed its own output row with the token it drafted; a chain of heads decodes the whole draft
-   prefix again under head ``i`` for draft token ``i + 1``.
+1. the prompt in chunks, the trunk's hidden row ``h_p`` of every position kept
+   (``llama_set_embeddings_nextn(ctx, true, false)``) and its argmax the first token;
+2. per step, the MTP context decodes the pairs (token ``p``, row ``p - 1``) not yet decoded, the first token paired
+   with a zero row (draft-mtp's initial ``pending_h``), as ``process()`` does; its argmax at the last accepted
+   token's position is the first draft token; for chained heads (more than one NextN block) each block decodes
+   the pairs in turn (``llama_set_nextn_layer_offset``);
+3. the rest of the draft chain in a second sequence that shares the first's cache up to the start: a single head
+   is re-fed its own output row with the token it drafted; a chain of heads decodes the whole draft prefix again
+   under head ``i`` for draft token ``i + 1``;
+4. the trunk verifies [last token, drafts...] in one batch and keeps the longest prefix equal to its own argmax,
+   plus its own next token, and the rows of the kept positions; the rejected ones leave its cache.
 
-In text mode the text is scored as it is (teacher forcing): steps 2 and 3 only, with the trunk's argmax at every
-position as the reference.
+Greedy verification is lossless: the text is the trunk's greedy text, made of the batches the server makes at
+that n-max (not of one-token decodes, which may differ in the last bits), with one trunk decode per step rather
+than per token. The replays at every n-max asked then draft chains only where one of their steps starts, and
+reuse a longer chain drafted there (a shorter one is its prefix).
+
+In text mode the text is scored as it is (teacher forcing): one batched trunk pass over it (the rows, and the
+trunk's argmax at every position as the reference) and one batched MTP pass over its pairs (the first drafts).
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from .accept_schedule import draft_length, draft_room, fitted_prompt_length
+from .accept_schedule import Limits, draft_length, draft_room, fitted_prompt_length, matching_prefix, replay
 from .llama_check import (
     CONTEXT_PARAMS,
     MODEL_PARAMS,
@@ -57,6 +64,38 @@ CHAIN_ROOM = 32
 
 class Refusal(Exception):
     """Bad input found in the child (a prompt longer than the context): reported, not a crash."""
+
+
+@dataclass
+class Generation:
+    """One prompt's speculative greedy generation (:meth:`_Runner.speculative_greedy`): the text, and what its trunk
+    and MTP decodes computed on the way, which the replays reuse."""
+
+    prompt_tokens: int
+    rows: np.ndarray  #: per position, the trunk's hidden row (from the batch that kept the token)
+    tokens: list[int] = field(default_factory=list)  #: prompt + continuation
+    #: per continuation index j, the first draft when token j is the last kept, and the head's output row there
+    firsts: list[int] = field(default_factory=list)
+    head_rows: list[np.ndarray] = field(default_factory=list)
+    chains: dict[int, list[int]] = field(default_factory=dict)  #: per continuation index, the longest chain drafted
+    fed: int = 0  #: the positions the MTP context has decoded
+
+    @property
+    def continuation(self) -> list[int]:
+        """The generated tokens."""
+        return self.tokens[self.prompt_tokens :]
+
+    def drafted_from(self, j: int) -> list[int]:
+        """The longest chain drafted from continuation index ``j``, or the first draft alone."""
+        return self.chains.get(j, [self.firsts[j]])
+
+
+def _previous_rows(rows: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """The row of position p - 1 for each position p from ``start`` to ``stop``: what draft-mtp pairs token p with,
+    a zero row for the first token (its initial ``pending_h``)."""
+    if start > 0:
+        return rows[start - 1 : stop - 1]
+    return np.vstack([np.zeros((1, rows.shape[1]), dtype=np.float32), rows[: stop - 1]])
 
 
 class _Batch:
@@ -114,10 +153,12 @@ class _Runner:
         self.threads = int(request["threads"])
         self.offload = int(request["n_gpu_layers"])
 
-    def open_contexts(self, cells: int) -> None:
-        """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains)."""
+    def open_contexts(self, cells: int, *, drafts: int = 0) -> None:
+        """The trunk and MTP contexts, ``cells`` tokens long (plus room for the chains); the trunk's rolls back
+        up to ``drafts`` rejected tokens of a recurrent state in place, as llama-server asks for draft-mtp
+        (``n_rs_seq = n_max``)."""
         llama = self.llama
-        self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells)
+        self.tgt = self._context(llama.LLAMA_CONTEXT_TYPE_DEFAULT, self.model, seqs=1, cells=cells, rollback=drafts)
         self.dft = self._context(llama.LLAMA_CONTEXT_TYPE_MTP, self.mtp_model, seqs=2, cells=cells)
         self._want_nextn_rows(self.tgt, masked=False)
         self._want_nextn_rows(self.dft, masked=True)
@@ -151,10 +192,11 @@ class _Runner:
             raise Refusal(f"llama.cpp could not load {path}")
         return model
 
-    def _context(self, ctx_type: int, model: Any, *, seqs: int, cells: int) -> Any:
+    def _context(self, ctx_type: int, model: Any, *, seqs: int, cells: int, rollback: int = 0) -> Any:
         llama = self.llama
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = cells + CHAIN_ROOM
+        cparams.n_rs_seq = rollback
         cparams.n_batch = cparams.n_ubatch = max(CHUNK, CHAIN_ROOM)
         cparams.n_seq_max = seqs
         cparams.kv_unified = True  # the chains' sequence shares the cells of the text's
@@ -201,21 +243,71 @@ class _Runner:
 
     # ------------------------------------------------------------------------------------------- passes
 
-    def greedy(self, prompt: list[int], n: int) -> list[int]:
-        """The trunk's greedy continuation: the prompt in chunks, then one decode per token."""
+    def _decode_prompt(self, prompt: list[int], rows: np.ndarray | None = None) -> int:
+        """Decode ``prompt`` in the trunk context, in chunks, logits at its last token (the batch entry to read);
+        ``rows``: keep each position's hidden row there."""
         self._clear(self.tgt)
-        out: list[int] = []
         for start in range(0, len(prompt), CHUNK):
             part = prompt[start : start + CHUNK]
             last = start + len(part) == len(prompt)
             self.tgt_batch.fill(part, start, 0, [last and i == len(part) - 1 for i in range(len(part))])
             self._decode(self.tgt, self.tgt_batch, "the prompt's decode")
-        out.append(self._argmax(self.tgt, len(part) - 1))
-        while len(out) < n:
-            self.tgt_batch.fill([out[-1]], len(prompt) + len(out) - 1, 0, [True])
-            self._decode(self.tgt, self.tgt_batch, "the greedy generation")
-            out.append(self._argmax(self.tgt, 0))
-        return out
+            if rows is not None:
+                rows[start : start + len(part)] = self._trunk_rows(len(part))
+        return len(part) - 1
+
+    def _trunk_rows(self, n: int) -> np.ndarray:
+        """The trunk context's hidden rows of its last batch's first ``n`` tokens (every token's: unmasked)."""
+        return np.ctypeslib.as_array(self.ext.llama_get_embeddings_nextn(self.tgt), shape=(n, self.n_embd))
+
+    def speculative_greedy(self, prompt: list[int], n: int, k: int) -> Generation:
+        """The trunk's greedy continuation, ``n`` tokens, drafted by the head ``k`` tokens a step and verified in one
+        trunk batch per step, as llama-server generates with draft-mtp at n-max ``k`` (greedy verification keeps
+        the text: the drafts only save trunk decodes); and what it computed on the way (see :class:`Generation`)."""
+        made = Generation(len(prompt), np.zeros((len(prompt) + n + k + 1, self.n_embd), dtype=np.float32), [*prompt])
+        self._clear(self.dft)
+        made.tokens.append(self._argmax(self.tgt, self._decode_prompt(prompt, made.rows)))
+        while len(made.continuation) < n:
+            p = len(made.tokens) - 1  # the last accepted token's position: not yet decoded by the trunk
+            self._feed_mtp(made, p + 1)
+            draft = self._draft(made, p, min(k, draft_room(self.n_ctx, p, n - len(made.continuation))))
+            made.tokens += self._verify(made.tokens[p], draft, p, made.rows)
+        self._feed_mtp(made, len(made.tokens))
+        return made
+
+    def _feed_mtp(self, made: Generation, end: int) -> None:
+        """Decode the MTP context's pairs (token p, row p - 1) up to position ``end``, as draft-mtp's ``process()``
+        does after each trunk batch; keep each position's first draft and the head's row."""
+        for start in range(made.fed, end, CHUNK):
+            stop = min(start + CHUNK, end)
+            drafts, outputs = self._mtp_decode(made.tokens[start:stop], start, _previous_rows(made.rows, start, stop),
+                                               keep_from=made.prompt_tokens)  # no step starts inside the prompt
+            made.firsts += drafts
+            made.head_rows += outputs
+        made.fed = max(made.fed, end)
+
+    def _draft(self, made: Generation, p: int, length: int) -> list[int]:
+        """The head's draft of ``length`` tokens from position ``p`` (kept for the replays)."""
+        if length <= 0:
+            return []
+        j = p - made.prompt_tokens
+        first = made.firsts[j]
+        draft = [first] if length == 1 else self.chain(made.tokens, made.rows, p, first, made.head_rows[j], length)
+        made.chains[j] = draft
+        return draft
+
+    def _verify(self, last: int, draft: list[int], p: int, rows: np.ndarray) -> list[int]:
+        """One trunk batch [``last``, draft...] at position ``p``: the accepted drafts and the trunk's own next
+        token (``common_sampler_sample_and_accept_n``); the rejected positions leave the trunk's cache."""
+        batch = [last, *draft]
+        self.tgt_batch.fill(batch, p, 0, [True] * len(batch))
+        self._decode(self.tgt, self.tgt_batch, "the greedy generation")
+        choices = [self._argmax(self.tgt, i) for i in range(len(batch))]
+        kept = matching_prefix(draft, choices)
+        rows[p : p + kept + 1] = self._trunk_rows(kept + 1)
+        if not self.llama.llama_memory_seq_rm(self.llama.llama_get_memory(self.tgt), 0, p + kept + 1, -1):
+            raise RuntimeError("llama.cpp could not roll the rejected drafts back (llama_memory_seq_rm)")
+        return [*draft[:kept], choices[kept]]
 
     def trunk_pass(self, tokens: list[int], score_from: int) -> tuple[np.ndarray, list[int]]:
         """Rows ``h_p`` for every position, and the trunk's argmax at positions ``score_from`` and later."""
@@ -232,38 +324,48 @@ class _Runner:
             choices += [self._argmax(self.tgt, i) for i in range(len(part)) if wanted[i]]
         return rows, choices
 
-    def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], np.ndarray]:
+    def mtp_pass(self, tokens: list[int], rows: np.ndarray, score_from: int) -> tuple[list[int], list[np.ndarray]]:
         """The MTP context over (token p, row p - 1): the first draft token from each position ``score_from`` and
         later, and the head's own output row there (what a single head is re-fed)."""
-        llama = self.llama
         self._clear(self.dft)
-        mem = llama.llama_get_memory(self.dft)
-        shifted = np.vstack([np.zeros((1, self.n_embd), dtype=np.float32), rows])[: len(tokens)]
         firsts: list[int] = []
-        head_rows = np.empty((max(len(tokens) - score_from, 0), self.n_embd), dtype=np.float32)
+        head_rows: list[np.ndarray] = []
         for start in range(0, len(tokens), CHUNK):
-            part = tokens[start : start + CHUNK]
-            wanted = [start + i >= score_from for i in range(len(part))]
-            # every token an output: in masked mode llama.cpp copies the first n_outputs rows of the graph's
-            # h_nextn, which holds one row per token (so rows match outputs only when every token is one)
-            self.dft_batch.fill(part, start, 0, [True] * len(part), shifted[start : start + len(part)])
-            for head in range(self.heads if self.chained else 1):
-                if self.chained:
-                    llama.llama_memory_seq_rm(mem, 0, start, -1)
-                    self.ext.llama_set_nextn_layer_offset(self.dft, head)
-                self._decode(self.dft, self.dft_batch, f"the batched MTP pass (NextN block {head})")
-                if head == 0:
-                    for i in range(len(part)):
-                        if wanted[i]:
-                            firsts.append(self._argmax(self.dft, i))
-                            head_rows[start + i - score_from] = self._row(i)
+            stop = min(start + CHUNK, len(tokens))
+            drafts, outputs = self._mtp_decode(tokens[start:stop], start, _previous_rows(rows, start, stop),
+                                               keep_from=score_from)
+            firsts += drafts
+            head_rows += outputs
+        return firsts, head_rows
+
+    def _mtp_decode(self, part: list[int], start: int, part_rows: np.ndarray, *, keep_from: int
+                    ) -> tuple[list[int], list[np.ndarray]]:
+        """Decode the pairs (``part``, ``part_rows``) at positions ``start``... in the MTP context's sequence 0, each
+        NextN block of a chain in turn as ``process()`` does; the first block's draft token and output row at each
+        position from ``keep_from`` on."""
+        llama = self.llama
+        mem = llama.llama_get_memory(self.dft)
+        # every token an output: in masked mode llama.cpp copies the first n_outputs rows of the graph's
+        # h_nextn, which holds one row per token (so rows match outputs only when every token is one)
+        self.dft_batch.fill(part, start, 0, [True] * len(part), part_rows)
+        kept = range(max(keep_from - start, 0), len(part))
+        drafts: list[int] = []
+        outputs: list[np.ndarray] = []
+        for head in range(self.heads if self.chained else 1):
+            if self.chained:
+                llama.llama_memory_seq_rm(mem, 0, start, -1)
+                self.ext.llama_set_nextn_layer_offset(self.dft, head)
+            self._decode(self.dft, self.dft_batch, f"the batched MTP pass (NextN block {head})")
+            if head == 0:
+                drafts = [self._argmax(self.dft, i) for i in kept]
+                outputs = [self._row(i) for i in kept]
         if self.chained:
             self.ext.llama_set_nextn_layer_offset(self.dft, 0)
-        return firsts, head_rows
+        return drafts, outputs
 
     def chain(self, tokens: list[int], rows: np.ndarray, p0: int, first: int, first_row: np.ndarray,
               length: int) -> list[int]:
-        """The draft chain from position ``p0`` (``tokens[p0]`` the last accepted token): ``first`` (from the batched
+        """The draft chain from position ``p0`` (``tokens[p0]`` the last accepted token): ``first`` (from the MTP
         pass) and ``length - 1`` more, in sequence 1, which shares sequence 0's cache below ``p0``."""
         llama, ext = self.llama, self.ext
         mem = llama.llama_get_memory(self.dft)
@@ -297,9 +399,30 @@ class _Runner:
         return next((i for i, t in enumerate(tokens) if self.llama.llama_vocab_is_eog(self.vocab, t)), None)
 
 
-def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predict: int, k_max: int
+class _Chains:
+    """The draft chains of a replay at one n-max (``chains[j]``: from continuation index ``j``), each computed on
+    first use, or taken from a longer one already drafted there: only the steps' starting points cost decodes."""
+
+    def __init__(self, runner: _Runner, made: Generation, n_max: int) -> None:
+        self.runner, self.made, self.n_max = runner, made, n_max
+
+    def __len__(self) -> int:
+        return len(self.made.continuation)
+
+    def __getitem__(self, j: int) -> list[int]:
+        made = self.made
+        chain = made.drafted_from(j)
+        if len(chain) < self.n_max:
+            chain = self.runner.chain(made.tokens, made.rows, made.prompt_tokens + j, made.firsts[j],
+                                      made.head_rows[j], self.n_max)
+            made.chains[j] = chain
+        return chain[: self.n_max]
+
+
+def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predict: int, n_maxes: Sequence[int]
                   ) -> dict[str, Any]:
-    """Generate ``n`` tokens (``n_predict``, or what fits the context) and the draft chains a step may need."""
+    """Generate ``n`` tokens (``n_predict``, or what fits the context) and the draft chains the replays at
+    ``n_maxes`` (already clipped to the blocks) start a step from: the parent replays them again over the same."""
     clock = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -309,28 +432,16 @@ def _score_greedy(runner: _Runner, name: str, prompt: list[int], n: int, n_predi
         seconds[phase] = round(now - clock, 4)
         clock = now
 
-    greedy = runner.greedy(prompt, n)
+    made = runner.speculative_greedy(prompt, n, max(n_maxes))
+    greedy = made.continuation
     lap("greedy")
-    text_tokens = prompt + greedy
-    rows, batched = runner.trunk_pass(text_tokens[:-1], len(prompt) - 1)
-    disagreements = sum(1 for a, b in zip(batched, greedy, strict=True) if a != b)
-    lap("trunk_pass")
-    start = len(prompt)  # greedy[0] sits at this position
-    firsts, head_rows = runner.mtp_pass(text_tokens, rows, start)
-    lap("mtp_pass")
-    chains: list[list[int]] = []
-    for j in range(n):
-        # greedy[j] is the last accepted token: at position start + j, with j + 1 tokens generated
-        length = min(k_max, draft_room(runner.n_ctx, start + j, n_predict - (j + 1)))
-        if length <= 0:
-            chains.append([])
-        elif length == 1:
-            chains.append([firsts[j]])
-        else:
-            chains.append(runner.chain(text_tokens, rows, start + j, firsts[j], head_rows[j], length))
+    limits = Limits(len(prompt), n_predict, runner.n_ctx, runner.first_eog(greedy))
+    for k in sorted(set(n_maxes), reverse=True):  # the longest first: a shorter chain is its prefix
+        replay(greedy, _Chains(runner, made, k), k, limits)
+    chains = [made.drafted_from(j) for j in range(len(greedy))]
     lap("chains")
     return {"name": name, "prompt_tokens": len(prompt), "greedy": greedy, "chains": chains,
-            "eog_at": runner.first_eog(greedy), "batched_disagreements": disagreements, "seconds": seconds}
+            "eog_at": limits.eog_at, "batched_disagreements": 0, "seconds": seconds}
 
 
 def _score_text(runner: _Runner, name: str, tokens: list[int]) -> dict[str, Any]:
@@ -349,21 +460,21 @@ def _runner(request: dict[str, Any]) -> Any:
     return _Runner(request)
 
 
-class _Prompt(NamedTuple):
-    """A prompt as the child scores it: its tokens (cut to fit, with ``fit``), the tokens to generate, and its length
-    before the cut, if it was cut."""
+@dataclass(frozen=True)
+class _Prompt:
+    """One prompt of the request, tokenized and fitted: what the child scores."""
 
     name: str
     tokens: list[int]
-    generate: int
-    cut_from: int | None
+    generate: int  #: tokens to generate (none in text mode): no more than the context holds
+    cut_from: int | None  #: its length before it was cut to fit, if it was
 
 
-def _fitted(runner: _Runner, request: dict[str, Any], name: str, text: str, k_max: int) -> _Prompt:
-    """``text`` tokenized, cut to fit the context when the request says ``fit``, with what to generate after it.
+def _prompt(runner: Any, request: dict[str, Any], name: str, text: str, k_max: int) -> _Prompt:
+    """``text`` tokenized as llama-server does, cut to fit when the request says so.
 
     Raises:
-        Refusal: too few tokens to score, or more than the context holds (llama-server refuses such a request).
+        Refusal: too few tokens to score, or more than the context takes.
     """
     text_mode = request["mode"] == "text"
     tokens = runner.tokenize(text)
@@ -381,16 +492,15 @@ def _fitted(runner: _Runner, request: dict[str, Any], name: str, text: str, k_ma
     return _Prompt(name, tokens, generate, cut_from)
 
 
-def _score(runner: Any, request: dict[str, Any], prompt: _Prompt, k_max: int) -> dict[str, Any]:
-    """One prompt scored in the request's mode (greedy, text or sampled), with its cut; ``runner`` is
-    :func:`_runner`'s (a sampling runner in sampled mode)."""
+def _score(runner: Any, request: dict[str, Any], prompt: _Prompt, k_max: int, n_maxes: Sequence[int]
+           ) -> dict[str, Any]:
+    """One prompt's report in the request's mode."""
     if request["mode"] == "text":
-        scored = _score_text(runner, prompt.name, prompt.tokens)
-    elif request["mode"] == "sampled":
-        scored = runner.score(prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
-    else:
-        scored = _score_greedy(runner, prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
-    return scored | {"cut_from": prompt.cut_from}
+        return _score_text(runner, prompt.name, prompt.tokens)
+    if request["mode"] == "sampled":
+        report: dict[str, Any] = runner.score(prompt.name, prompt.tokens, prompt.generate, request["tokens"], k_max)
+        return report
+    return _score_greedy(runner, prompt.name, prompt.tokens, prompt.generate, request["tokens"], n_maxes)
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -399,27 +509,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     emit_report({}, "load")
     try:
         runner = _runner(request)
+        report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
+                   "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
+        k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block not there
+        n_maxes = [draft_length(k, runner.heads) for k in request.get("n_max", [request["k_max"]])]
+        prompts = [_prompt(runner, request, name, text, k_max) for name, text in request["prompts"]]
     except (Refusal, BindingError) as e:
         return report | {"refused": str(e)}
-    report |= {"heads": runner.heads, "chained": runner.chained, "n_vocab": runner.n_vocab,
-               "llama_cpp_build": build_of(runner.llama), "llama_cpp_library": library_of(runner.llama)}
-    k_max = draft_length(request["k_max"], runner.heads)  # a longer chain would ask for a block that is not there
-    try:
-        prompts = [_fitted(runner, request, name, text, k_max) for name, text in request["prompts"]]
-    except Refusal as e:
-        return report | {"refused": str(e)}
-    runner.open_contexts(max(len(p.tokens) + p.generate + 1 for p in prompts))
+    runner.open_contexts(max(len(p.tokens) + p.generate + 1 for p in prompts),
+                         drafts=max(n_maxes) if request["mode"] == "greedy" else 0)
     for prompt in prompts:
         emit_report({"prompt": prompt.name}, "score")
-        report["prompts"].append(_score(runner, request, prompt, k_max))
+        report["prompts"].append(_score(runner, request, prompt, k_max, n_maxes) | {"cut_from": prompt.cut_from})
     return report
 
 
 def main() -> int:
     """The child: a JSON request on stdin (``model``, ``draft``, ``prompts`` as ``[name, text]`` pairs, ``mode``
     ``greedy``, ``text`` or ``sampled`` (with ``sampling``, :mod:`gguf_mtp.check.accept_sampling_child`),
-    ``tokens``, ``k_max``, ``n_ctx``, ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the
-    context); JSON lines out."""
+    ``tokens``, ``k_max``, ``n_max``: the draft lengths replayed (greedy mode; default ``[k_max]``), ``n_ctx``,
+    ``threads``, ``n_gpu_layers``, ``fit``: cut a prompt to what fits the context); JSON lines out."""
     request = json.loads(sys.stdin.read())
     report = run(request)
     sys.stdout.write(json.dumps(report | {"stage": "done"}) + "\n")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .accept_child import CHUNK, _Runner
+from .accept_child import _Runner
 from .accept_sampling import Distribution, Sampling, draft_distribution, keep_probability, target_distribution
 from .accept_schedule import draft_room
 
@@ -41,13 +41,7 @@ class SamplingRunner(_Runner):
 
     def sample_text(self, prompt: list[int], n: int, rng: np.random.Generator) -> tuple[list[int], list[Distribution]]:
         """``n`` tokens sampled from the target's chain after ``prompt``, and the distribution of each."""
-        self._clear(self.tgt)
-        for start in range(0, len(prompt), CHUNK):
-            part = prompt[start : start + CHUNK]
-            last = start + len(part) == len(prompt)
-            self.tgt_batch.fill(part, start, 0, [last and i == len(part) - 1 for i in range(len(part))])
-            self._decode(self.tgt, self.tgt_batch, "the prompt's decode")
-        dists = [target_distribution(self._logits(self.tgt, len(part) - 1), self.sampling)]
+        dists = [target_distribution(self._logits(self.tgt, self._decode_prompt(prompt)), self.sampling)]
         out = [dists[-1].sample(rng)]
         while len(out) < n:
             self.tgt_batch.fill([out[-1]], len(prompt) + len(out) - 1, 0, [True])

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["Limits", "Replay", "draft_length", "draft_room", "first_draft_agreement", "fitted_prompt_length", "replay",
-           "total"]
+__all__ = ["DraftChains", "Limits", "Replay", "draft_length", "draft_room", "first_draft_agreement",
+           "fitted_prompt_length", "matching_prefix", "replay", "total"]
 
 
 def draft_room(n_ctx: int, prompt_tokens: int, remaining: int) -> int:
@@ -34,6 +35,14 @@ def draft_room(n_ctx: int, prompt_tokens: int, remaining: int) -> int:
     ``remaining`` the tokens ``n_predict`` still allows (the last accepted one included); none when not positive.
     The greedy and the sampling children size their draft chains by it, the replay its drafts."""
     return max(0, min(n_ctx - prompt_tokens - 2, remaining - 1))
+
+
+class DraftChains(Protocol):
+    """What :func:`replay` reads of the draft chains: a list of them, or chains drafted when first asked for."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Sequence[int]: ...
 
 
 def draft_length(n_max: int, heads: int) -> int:
@@ -92,7 +101,8 @@ class Replay:
         return tuple(a / d if d else None for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True))
 
 
-def _matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
+def matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
+    """How many of ``draft``'s first tokens equal ``truth``'s: what a greedy verification keeps."""
     n = 0
     for drafted, actual in zip(draft, truth, strict=False):
         if drafted != actual:
@@ -101,7 +111,7 @@ def _matching_prefix(draft: Sequence[int], truth: Sequence[int]) -> int:
     return n
 
 
-def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, limits: Limits) -> Replay:
+def replay(greedy: Sequence[int], chains: DraftChains, n_max: int, limits: Limits) -> Replay:
     """Replay llama-server's draft-mtp schedule over ``greedy`` (the trunk's greedy continuation).
 
     Args:
@@ -150,7 +160,7 @@ def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, l
             chain = chains[last] if last < len(chains) else ()
             if len(chain) < k:
                 raise ValueError(f"the draft chain at position {last} has {len(chain)} tokens; the step needs {k}")
-            a = _matching_prefix(chain[:k], greedy[last + 1 : last + 1 + k])
+            a = matching_prefix(chain[:k], greedy[last + 1 : last + 1 + k])
             steps += 1
             draft_n += k
             draft_accepted += a
@@ -171,18 +181,27 @@ def replay(greedy: Sequence[int], chains: Sequence[Sequence[int]], n_max: int, l
     )
 
 
-def total(replays: Sequence[Replay]) -> Replay:
-    """The sum of several requests' replays at the same ``n_max``."""
+def _common_n_max(replays: Sequence[Replay]) -> int:
+    """The ``n_max`` all of ``replays`` were made at.
+
+    Raises:
+        ValueError: no replays, or replays at different ``n_max``.
+    """
     if not replays:
         raise ValueError("nothing to add up")
     n_max = replays[0].n_max
     if any(r.n_max != n_max for r in replays):
         raise ValueError("replays of different n_max")
+    return n_max
+
+
+def total(replays: Sequence[Replay]) -> Replay:
+    """The sum of several requests' replays at the same ``n_max``."""
     draft_n, draft_n_accepted, steps, generated, target_decodes = column_sums(
         (r.draft_n, r.draft_n_accepted, r.steps, r.generated, r.target_decodes) for r in replays
     )
     return Replay(
-        n_max=n_max,
+        n_max=_common_n_max(replays),
         draft_n=draft_n,
         draft_n_accepted=draft_n_accepted,
         steps=steps,

@@ -61,12 +61,13 @@ def _sampling(args: argparse.Namespace) -> Any:
     """The probabilistic mode's :class:`~gguf_mtp.check.accept_sampling.Sampling`, or ``None`` in greedy mode."""
     import dataclasses
 
-    from gguf_mtp.check.accept_sampling import Sampling
     from gguf_mtp.errors import ParameterError
 
     requests = request_sampling(args)
     if requests is None:
         return None
+    from gguf_mtp.check.accept_sampling import Sampling  # with numpy, which greedy's process does without
+
     if args.text or args.outtypes is not None:
         raise ParameterError("spec-draft-sampling probabilistic predicts server runs; it takes neither --text nor "
                              "--outtypes", parameter="spec_draft_sampling")
