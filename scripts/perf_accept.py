@@ -1,7 +1,7 @@
 """The acceptance case of the benchmark: ``gguf-mtp accept`` against ``gguf-mtp bench`` on the same model.
 
-Issue 30's goals: predicting llama-server's acceptance (``accept --n-max 1,2,3`` on the built-in prompts) takes at
-most 0.2x the wall time of measuring it (``bench --n-max 1,2,3`` with llama.cpp's own llama-server, which starts
+Issue 40's goals (issue 30 asked 0.2x): predicting llama-server's acceptance (``accept --n-max 1,2,3`` on the
+built-in prompts) takes at most 0.25x the wall time of measuring it (``bench --n-max 1,2,3`` with llama.cpp's own llama-server, which starts
 the server four times and generates every prompt four times), and its peak RSS stays within the model's size
 + 100 MiB (llama.cpp maps the model; accept keeps only token ids and one row per position besides).
 
@@ -32,8 +32,8 @@ __all__ = ["ACCEPT_MD", "run_accept", "write_accept_report"]
 PYTHON = sys.executable
 ACCEPT_MD = "accept.md"
 ACCEPT_JSON = "accept.json"
-#: Issue 30: accept takes at most this much of bench's wall time, and this much memory beyond the model's size.
-MAX_OVER_BENCH = 0.2
+#: Issue 40 (issue 30 asked 0.2): accept takes at most this much of bench's wall time.
+MAX_OVER_BENCH = 0.25
 MAX_RSS_OVER_MODEL = 100 * 2**20
 TOKENS = 128
 THREADS = 1  # the same for both: with 2 on 2 cores the server's trunk and head thread pools wait on each other
@@ -109,7 +109,7 @@ def render_accept_markdown(results: dict[str, Any]) -> str:
         "",
         *conditions_and_summary(results, bytes_out=False),
     ]
-    lines += ["", *goals_table(results["targets"], "issue 30"),
+    lines += ["", *goals_table(results["targets"], "issue 40"),
               "accept's time splits between the greedy generation (`greedy`: generated as llama-server generates "
               "it at the largest n-max, the head drafting and the trunk verifying each draft in one batch, which "
               "also gives every row and first draft the replays need) and the draft chains the other n-max start a "
