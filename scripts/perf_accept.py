@@ -1,9 +1,10 @@
 """The acceptance case of the benchmark: ``gguf-mtp accept`` against ``gguf-mtp bench`` on the same model.
 
 Issue 40's goals (issue 30 asked 0.2x): predicting llama-server's acceptance (``accept --n-max 1,2,3`` on the
-built-in prompts) takes at most 0.25x the wall time of measuring it (``bench --n-max 1,2,3`` with llama.cpp's own llama-server, which starts
-the server four times and generates every prompt four times), and its peak RSS stays within the model's size
-+ 100 MiB (llama.cpp maps the model; accept keeps only token ids and one row per position besides).
+built-in prompts) takes at most 0.25x the wall time of measuring it (``bench --n-max 1,2,3`` with llama.cpp's own
+llama-server, which starts the server four times and generates every prompt four times), and its peak RSS stays
+within the model's size + 100 MiB (llama.cpp maps the model; accept keeps only token ids and one row per position
+besides).
 
 The model is the designed test model of :mod:`gguf_mtp.testing.cycle_model` (a head right on about 70 % of
 tokens, so the runs draft and accept as a working head does): tiny (6 MiB) in a quick run, about 1 GB in a full

@@ -283,7 +283,6 @@ def test_a_failed_verification_says_which_files_are_kept_and_where(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import gguf_mtp.check.verify
-    import gguf_mtp.jobs.graft
 
     real = gguf_mtp.check.verify.verify
 
@@ -293,8 +292,7 @@ def test_a_failed_verification_says_which_files_are_kept_and_where(
         Path(composite).write_bytes(bytes(data))
         return real(composite, **kwargs)
 
-    monkeypatch.setattr(gguf_mtp.check.verify, "verify", verify_a_damaged_copy)
-    monkeypatch.setattr(gguf_mtp.jobs.graft, "verify_composite", verify_a_damaged_copy)
+    monkeypatch.setattr(gguf_mtp.check.verify, "verify", verify_a_damaged_copy)  # compose and graft import it late
     out = tmp_path / "out"
     argv = _argv(command, pair, tmp_path, out)
     capsys.readouterr()
