@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import huggingface_hub
 import huggingface_hub.constants
@@ -22,7 +23,7 @@ from support.hub_standin import FIRST_COMMIT, RecordingHub
 
 from gguf_mtp import HubError, ShardSetError, UnsafeOutputError, VerificationError
 from gguf_mtp.check.verify import Check, VerifyReport
-from gguf_mtp.release.pipeline import STATE_NAME, run_pipeline, select_target_files
+from gguf_mtp.release.pipeline import STATE_NAME, PipelineReport, run_pipeline, select_target_files
 from gguf_mtp.release.pipeline.disk import SHARD_HEADER_GROWTH
 from gguf_mtp.testing.tiny_checkpoints import write_mtpv2_checkpoint
 from gguf_mtp.testing.tiny_models import write_target
@@ -268,7 +269,7 @@ def online(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
-def _run(hub: RecordingHub, tmp_path: Path, head: Path, **kwargs: object) -> object:
+def _run(hub: RecordingHub, tmp_path: Path, head: Path | str, **kwargs: object) -> object:
     options = dict(
         target_repo=TARGET_REPO,
         target_files=PATTERN,
@@ -874,17 +875,11 @@ def test_dry_run_lists_the_download_and_writes_nothing(hf_home: Path, target_rep
     assert not (tmp_path / "new").exists()
 
 
-def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
-    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+def test_dry_run_asks_the_hub_for_sizes_and_only_reads(online: None, target_repo: Path, tmp_path: Path) -> None:
     hub = RecordingHub(source=target_repo)
     for shard in SHARDS:
         hub.files[shard] = {"size": 10**9 + len(shard), "sha256": "ab" * 32, "blob_id": None}
-    report = run_pipeline(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
-                          work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True,
-                          progress=False)
+    report = cast(PipelineReport, _run(hub, tmp_path, HEAD_REPO, out_repo="me/Out", dry_run=True))
     assert set(hub.methods) == {"list_repo_files", "get_paths_info"}  # no whoami, no create_repo, no download
     assert [d["size"] for d in report.planned["download"]] == [10**9 + len(s) for s in SHARDS]
     # downloaded, then composed (each shard's header grown)
@@ -894,14 +889,10 @@ def test_dry_run_asks_the_hub_for_sizes_and_only_reads(
 
 
 def test_dry_run_names_the_composite_as_compose_does_for_a_whole_file_name_basename(
-    target_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    online: None, target_repo: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    hub = RecordingHub(source=target_repo)
-    report = run_pipeline(target_repo=TARGET_REPO, target_files=PATTERN, head_repo=HEAD_REPO, out_repo="me/Out",
-                          work_dir=tmp_path / "work", cache_dir=tmp_path / "cache", api=hub, dry_run=True,
-                          basename="Out-MTP.gguf", progress=False)
+    report = cast(PipelineReport, _run(RecordingHub(source=target_repo), tmp_path, HEAD_REPO, out_repo="me/Out",
+                                       dry_run=True, basename="Out-MTP.gguf"))
     # compose takes a whole file name as its prefix (never Out-MTP.gguf-00001-of-00003.gguf)
     assert report.planned["upload"] == [f"Out-MTP-0000{i}-of-00003.gguf" for i in (1, 2, 3)] + ["README.md"]
 

@@ -237,13 +237,19 @@ def test_a_standalone_draft_runs_the_mtp_step_only(nemotron_draft0: Path) -> Non
     assert report.llama is not None and report.llama.trunk_decode_ok is None
 
 
+def _metadata_check_with_target_kv(target_split: Path, draft: Path, tmp_path: Path, key: str, value: int) -> Check:
+    """verify's "target metadata" check of a composite whose target carries one more u32 KV ``key``."""
+    target = copy_model(target_split, tmp_path / "target")
+    add_raw_kvs(target, [encode_kv(key, GGUFValueType.UINT32, value)])
+    composite = _compose(target, draft, tmp_path / "out")
+    return verify(composite, target=target, llama=False, progress=False).check("target metadata")
+
+
 def test_target_stating_zero_nextn_layers_may_change_it(
     nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
 ) -> None:
-    target = copy_model(nemotron_split, tmp_path / "target")
-    add_raw_kvs(target, [encode_kv("nemotron_h_moe.nextn_predict_layers", GGUFValueType.UINT32, 0)])
-    composite = _compose(target, nemotron_draft0, tmp_path / "out")
-    metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
+    metadata = _metadata_check_with_target_kv(nemotron_split, nemotron_draft0, tmp_path,
+                                              "nemotron_h_moe.nextn_predict_layers", 0)
     assert metadata.ok, metadata.detail
     assert "nextn_predict_layers 0->1" in metadata.detail
 
@@ -251,10 +257,7 @@ def test_target_stating_zero_nextn_layers_may_change_it(
 def test_target_key_without_a_dot_is_compared_like_any_other(
     nemotron_split: Path, nemotron_draft0: Path, tmp_path: Path
 ) -> None:
-    target = copy_model(nemotron_split, tmp_path / "target")
-    add_raw_kvs(target, [encode_kv("undotted", GGUFValueType.UINT32, 7)])
-    composite = _compose(target, nemotron_draft0, tmp_path / "out")
-    metadata = verify(composite, target=target, llama=False, progress=False).check("target metadata")
+    metadata = _metadata_check_with_target_kv(nemotron_split, nemotron_draft0, tmp_path, "undotted", 7)
     assert metadata.ok, metadata.detail
     assert metadata.detail == (  # the 37 KVs of the target, and "undotted"
         "all 38 target KVs unchanged except block_count 3->4, attention.head_count_kv extended, "
